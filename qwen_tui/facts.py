@@ -1,0 +1,116 @@
+"""What the checks learned about the nodes: plain data shared by probe, netcheck,
+advice, estimate and plan. No I/O here.
+
+Everything is keyed by node index (the position in `preset.cluster.nodes`, which is
+also the node rank), so two local "nodes" on one host stay distinct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class GPU:
+    index: int
+    name: str  # "NVIDIA H200"
+    memory_total_mib: int
+    uuid: str = ""
+
+
+@dataclass
+class FileFact:
+    """A data file or model directory as seen on one node."""
+
+    path: str
+    exists: bool
+    size_bytes: int = 0
+    sha256: Optional[str] = None  # of the file, or of the sorted (name, size, sha256) list of a directory
+
+
+@dataclass
+class NodeFacts:
+    """What one node's probe found. None means "not probed / unknown", not "absent"."""
+
+    hostname: Optional[str] = None
+    addresses: dict[str, list[str]] = field(default_factory=dict)  # interface -> IPv4 addresses
+    route_interface: Optional[str] = None  # interface that routes to the master address
+    gpus: Optional[list[GPU]] = None  # [] = CPU-only node
+    driver_version: Optional[str] = None
+    cuda_version: Optional[str] = None
+    ib_devices: list[str] = field(default_factory=list)
+    cpu_count: Optional[int] = None
+    memory_total_mib: Optional[int] = None
+    python_version: Optional[str] = None
+    versions: dict[str, Optional[str]] = field(default_factory=dict)  # torch, transformers, peft, deepspeed, ... (None = missing)
+    training_importable: Optional[bool] = None
+    disk_free_bytes: Optional[int] = None  # in the output dir's filesystem
+    data: Optional[FileFact] = None
+    model: Optional[FileFact] = None
+    missing_tools: list[str] = field(default_factory=list)  # e.g. ["iperf3", "nvidia-smi"]
+    error: Optional[str] = None  # the probe itself failed (unreachable, auth, timeout)
+
+    @property
+    def gpu_count(self) -> Optional[int]:
+        return None if self.gpus is None else len(self.gpus)
+
+    @property
+    def gpu_model(self) -> Optional[str]:
+        if not self.gpus:
+            return None
+        return self.gpus[0].name
+
+    @property
+    def gpu_memory_gib(self) -> Optional[float]:
+        if not self.gpus:
+            return None
+        return min(g.memory_total_mib for g in self.gpus) / 1024
+
+
+@dataclass
+class LinkFacts:
+    """Network checks between the master (node 0) and one worker node."""
+
+    port_reachable: Optional[bool] = None  # master_port on the master, from this node
+    port_error: Optional[str] = None
+    bandwidth_gbps: Optional[float] = None  # iperf3, this node -> master
+    bandwidth_error: Optional[str] = None
+    firewall: list[str] = field(default_factory=list)  # rules seen that may block the job's ports
+
+
+@dataclass
+class ClusterFacts:
+    nodes: dict[int, NodeFacts] = field(default_factory=dict)
+    links: dict[int, LinkFacts] = field(default_factory=dict)  # worker index -> link to master
+    master_port_free: Optional[bool] = None
+    shared_storage: Optional[bool] = None  # measured: output_dir is one filesystem on all nodes
+    rehearsal_ok: Optional[bool] = None
+    rehearsal_bandwidth_gbps: Optional[float] = None
+
+    def min_bandwidth_gbps(self) -> Optional[float]:
+        vals = [lk.bandwidth_gbps for lk in self.links.values() if lk.bandwidth_gbps is not None]
+        return min(vals) if vals else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ClusterFacts":
+        def node(x: dict[str, Any]) -> NodeFacts:
+            x = dict(x)
+            if x.get("gpus") is not None:
+                x["gpus"] = [GPU(**g) for g in x["gpus"]]
+            for k in ("data", "model"):
+                if x.get(k) is not None:
+                    x[k] = FileFact(**x[k])
+            return NodeFacts(**x)
+
+        return cls(
+            nodes={int(k): node(v) for k, v in d.get("nodes", {}).items()},
+            links={int(k): LinkFacts(**v) for k, v in d.get("links", {}).items()},
+            master_port_free=d.get("master_port_free"),
+            shared_storage=d.get("shared_storage"),
+            rehearsal_ok=d.get("rehearsal_ok"),
+            rehearsal_bandwidth_gbps=d.get("rehearsal_bandwidth_gbps"),
+        )

@@ -1,0 +1,188 @@
+"""How qwen-tui talks to a node: run a command, copy a file, start a detached job.
+
+`Transport` is the protocol the launcher, probe and checks use; `LocalTransport`
+runs on this machine with subprocess, `qwen_tui.nodes.ssh.SSHTransport` over SSH.
+Commands are always argv lists. When a shell is unavoidable (a detached job that
+records its exit code), the argv travels as positional parameters of a fixed
+script, never pasted into it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Protocol, Sequence
+
+# A detached job: run argv in `cwd`, output appended to `log`, exit code written to
+# `rcfile` when it ends. The job is its own session/process group so one signal to
+# the group reaches torchrun and every rank it spawned.
+JOB_SCRIPT = (
+    'cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; }; '
+    'log=$2; rcf=$3; shift 3; '
+    '"$@" >>"$log" 2>&1 </dev/null; rc=$?; echo "$rc" >"$rcf.tmp" && mv -f "$rcf.tmp" "$rcf"'
+)
+
+
+def job_argv(argv: Sequence[str], env: Mapping[str, str], cwd: str, log: str, rcfile: str) -> list[str]:
+    """argv for `sh -c JOB_SCRIPT` that runs `env K=V ... argv` detached-ready."""
+    envs = [f"{k}={v}" for k, v in env.items()]
+    return ["sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, "env", *envs, *argv]
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+@dataclass
+class CommandResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class TransportError(RuntimeError):
+    """The node could not be reached or the command could not be run (not a non-zero exit)."""
+
+
+class Transport(Protocol):
+    label: str
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: Optional[bytes] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> CommandResult: ...
+
+    def start_job(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, log: str,
+                  rcfile: str, timeout: float = 30.0) -> int:
+        """Start a detached job in its own process group; return its pid (= pgid)."""
+        ...
+
+    def signal_group(self, pgid: int, sig: int, *, timeout: float = 15.0) -> bool:
+        """Send `sig` to the process group; False if no such group is alive."""
+        ...
+
+    def group_alive(self, pgid: int, *, timeout: float = 15.0) -> bool: ...
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int = 1 << 20, timeout: float = 15.0) -> bytes: ...
+
+    def put_file(self, local: str, remote: str, *, timeout: float = 600.0, progress=None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """This machine, through subprocess. Used for `localhost` nodes."""
+
+    def __init__(self, label: str = "localhost"):
+        self.label = label
+
+    def run(self, argv, *, timeout, input=None, env=None, cwd=None) -> CommandResult:
+        full_env = {**os.environ, **(env or {})}
+        try:
+            p = subprocess.run(list(argv), input=input, capture_output=True, timeout=timeout,
+                               env=full_env, cwd=cwd)
+        except FileNotFoundError as e:
+            return CommandResult(127, "", f"{argv[0]}: command not found ({e.strerror})")
+        except subprocess.TimeoutExpired:
+            return CommandResult(124, "", f"timed out after {timeout:g}s: {quote_argv(argv)}")
+        return CommandResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+
+    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        p = subprocess.Popen(job_argv(argv, env, cwd, log, rcfile), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        # Reap it in the background so it does not linger as a zombie while we watch.
+        import threading
+
+        threading.Thread(target=p.wait, daemon=True).start()
+        return p.pid
+
+    def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def group_alive(self, pgid, *, timeout=15.0) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A group whose only members are zombies is dead for our purposes.
+        return any(_pgid_of(pid) == pgid and not _is_zombie(pid) for pid in _all_pids())
+
+    def read_file(self, path, *, offset=0, limit=1 << 20, timeout=15.0) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except FileNotFoundError:
+            return b""
+
+    def put_file(self, local, remote, *, timeout=600.0, progress=None) -> None:
+        import shutil
+
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{remote}.part"
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, remote)
+        if progress:
+            size = os.path.getsize(remote)
+            progress(size, size)
+
+    def close(self) -> None:
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _stat_fields(pid: int) -> Optional[list[str]]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: split after the last ')'
+    return s[s.rfind(")") + 2:].split()
+
+
+def _pgid_of(pid: int) -> Optional[int]:
+    f = _stat_fields(pid)
+    return int(f[2]) if f else None
+
+
+def _is_zombie(pid: int) -> bool:
+    f = _stat_fields(pid)
+    return bool(f) and f[0] == "Z"
+
+
+def stop_group(t: Transport, pgid: int, grace: float = 10.0) -> bool:
+    """SIGTERM the group, wait up to `grace` seconds, then SIGKILL. True when it is gone."""
+    if not t.group_alive(pgid):
+        return True
+    t.signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not t.group_alive(pgid):
+            return True
+        time.sleep(0.2)
+    t.signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        if not t.group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return not t.group_alive(pgid)

@@ -1,0 +1,356 @@
+"""The preset: one YAML file that says everything about a run.
+
+`load_preset(path)` parses with a safe loader into a validated pydantic model and
+turns every problem into a `PresetError` whose lines read
+`presets/x.yaml:14 training.zero_stage: must be 2 or 3, got 4`. Loading never
+writes. `save_preset(preset, path)` writes atomically (temp file in the same
+directory, fsync, rename) and keeps a header comment with the command that runs it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PRESET_VERSION = 1
+
+# Host names, users and paths are passed to ssh/torchrun as quoted argv, never
+# through a shell, so only what makes no sense anywhere (control characters) is refused here.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Node(_Strict):
+    """One machine. `host` is an address, a DNS name, an ssh_config alias or `localhost`."""
+
+    host: str = Field(min_length=1)
+    user: Optional[str] = None
+    port: int = Field(default=22, ge=1, le=65535)
+    gpus: int = Field(default=1, ge=1, le=64, description="processes (GPUs) on this node")
+    workdir: str = Field(default=".", min_length=1, description="directory the worker runs in")
+    python: str = Field(default="python3", min_length=1, description="the node's Python")
+    name: Optional[str] = Field(default=None, description="label shown in the UI; default host")
+
+    @field_validator("host", "user", "workdir", "python", "name")
+    @classmethod
+    def _no_control_chars(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and _CONTROL.search(v):
+            raise ValueError("must not contain control characters")
+        return v
+
+    @property
+    def label(self) -> str:
+        return self.name or self.host
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in ("localhost", "127.0.0.1", "::1")
+
+
+class Cluster(_Strict):
+    nodes: list[Node] = Field(min_length=1)
+    ssh_config: Optional[str] = Field(default=None, description="ssh_config file; default ~/.ssh/config")
+    identity_file: Optional[str] = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
+    known_hosts: Optional[str] = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
+    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    shared_storage: bool = Field(default=False, description="output_dir is on storage every node sees")
+
+
+class Network(_Strict):
+    master_addr: Optional[str] = Field(default=None, description="address workers use to reach node 0; default its host")
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    interface: Optional[str] = Field(default=None, description="NCCL/GLOO_SOCKET_IFNAME for every node; default from the probe")
+    nccl_ib_disable: Optional[bool] = None
+    rdzv_timeout: int = Field(default=60, ge=1, le=3600, description="seconds to wait for every node to join")
+    nccl_timeout: int = Field(default=1800, ge=1, le=86400, description="seconds a collective may hang")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+
+class Training(_Strict):
+    """The worker's arguments, by the worker's own names where it has them."""
+
+    model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
+    data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
+    eval_data: Optional[str] = None
+    output_dir: str = Field(default="output", min_length=1)
+    method: Literal["full", "lora", "qlora"] = "lora"
+    zero_stage: Optional[int] = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
+    offload: Literal["none", "optimizer", "all"] = "none"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    model_max_length: int = Field(default=2048, ge=8, le=1_048_576)
+    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096)
+    learning_rate: float = Field(default=2e-4, gt=0, lt=1)
+    num_train_epochs: float = Field(default=1.0, gt=0)
+    max_steps: int = Field(default=-1, ge=-1)
+    warmup_ratio: float = Field(default=0.03, ge=0, le=1)
+    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    weight_decay: float = Field(default=0.0, ge=0)
+    gradient_checkpointing: bool = True
+    lora_r: int = Field(default=64, ge=1, le=4096)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.05, ge=0, lt=1)
+    lora_target_modules: Optional[list[str]] = None
+    save_strategy: Literal["steps", "epoch", "no"] = "steps"
+    save_steps: int = Field(default=500, ge=1)
+    save_total_limit: Optional[int] = Field(default=2, ge=1)
+    logging_steps: int = Field(default=1, ge=1)
+    seed: int = 42
+    resume_from_checkpoint: Optional[str] = None
+    lazy_preprocess: bool = False
+    merge_lora: bool = False
+    extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _zero(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v not in (2, 3):
+            raise ValueError(f"must be 2 or 3 (or null for plain DDP), got {v}")
+        return v
+
+
+class Preset(_Strict):
+    version: int = PRESET_VERSION
+    name: Optional[str] = None
+    description: Optional[str] = None
+    cluster: Cluster
+    network: Network = Field(default_factory=Network)
+    training: Training
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != PRESET_VERSION:
+            raise ValueError(f"this qwen-tui reads preset version {PRESET_VERSION}, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> "Preset":
+        seen: dict[tuple[str, int], int] = {}
+        for i, n in enumerate(self.cluster.nodes):
+            if n.is_local:
+                continue  # several local "nodes" are several torchrun agents on one machine
+            key = (n.host, n.port)
+            if key in seen:
+                raise ValueError(f"cluster.nodes.{i}.host: {n.host}:{n.port} is also node {seen[key]}")
+            seen[key] = i
+        return self
+
+    # Derived values every face shows the same way.
+    @property
+    def world_size(self) -> int:
+        return sum(n.gpus for n in self.cluster.nodes)
+
+    @property
+    def effective_batch_size(self) -> int:
+        t = self.training
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world_size
+
+    @property
+    def master_addr(self) -> str:
+        if self.network.master_addr:
+            return self.network.master_addr
+        host = self.cluster.nodes[0].host
+        return "127.0.0.1" if host == "localhost" else host
+
+
+class PresetError(ValueError):
+    """A preset could not be loaded or saved. `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+# ---------------------------------------------------------------- loading
+
+def _line_of(root: Optional[yaml.Node], loc: tuple[Any, ...]) -> Optional[int]:
+    """1-based line of the deepest YAML node along `loc` (a pydantic error location)."""
+    node, line = root, None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == str(part):
+                    nxt, line = v, k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    """The pydantic model class that owns the field at `loc` (to suggest near misses)."""
+    model: Any = Preset
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        for cand in (ann, *getattr(ann, "__args__", ())):
+            inner = getattr(cand, "__args__", (cand,))
+            found = next((c for c in (cand, *inner) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            if found:
+                model = found
+                break
+        else:
+            return None
+    return model
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = err["loc"]
+    if err["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        hint = ""
+        if model is not None:
+            near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+            if near:
+                hint = f" (did you mean {near[0]!r}?)"
+        return f"unknown key{hint}"
+    if err["type"] == "missing":
+        return "is required"
+    msg = err["msg"]
+    msg = msg.removeprefix("Value error, ")
+    if "input" in err and err["type"] not in ("value_error",) and not isinstance(err["input"], (dict, list)):
+        msg = f"{msg}, got {err['input']!r}"
+    return msg
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_preset(text: str, source: str = "<preset>") -> Preset:
+    """Validate YAML text. Raises PresetError with `source:line field: problem` lines."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(e, "problem", None) or str(e)
+        raise PresetError([f"{where} not valid YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise PresetError([f"{source}:1 (top level): must be a mapping with cluster and training, got {type(data).__name__}"])
+    try:
+        return Preset.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            # model-level validators put the field path into the message
+            if not loc and ":" in err["msg"]:
+                path, _, rest = err["msg"].removeprefix("Value error, ").partition(": ")
+                loc_guess = tuple(int(p) if p.isdigit() else p for p in path.split("."))
+                line = _line_of(root, loc_guess)
+                lines.append(f"{source}:{line or 1} {path}: {rest}")
+                continue
+            line = _line_of(root, loc)
+            lines.append(f"{source}:{line or 1} {_fmt_loc(loc)}: {_describe(err)}")
+        raise PresetError(lines) from None
+
+
+def load_preset(path: str | os.PathLike[str]) -> Preset:
+    """Read and validate a preset file. Never writes anything."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PresetError([f"{p}: no such preset file"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PresetError([f"{p}: cannot read: {e}"]) from None
+    return parse_preset(text, str(p))
+
+
+# ---------------------------------------------------------------- saving
+
+def header_for(path: str | os.PathLike[str], preset: Preset) -> str:
+    title = preset.name or Path(path).stem
+    lines = [f"# qwen-tui preset: {title}"]
+    if preset.description:
+        lines += [f"# {ln}" for ln in preset.description.splitlines()]
+    lines += [f"# Run it:   qwen-tui replay {path}", f"# Check it: qwen-tui check {path}", ""]
+    return "\n".join(lines)
+
+
+def dump_preset(preset: Preset) -> str:
+    """YAML for a preset: defaults left out except the fields a reader needs to see."""
+    data = preset.model_dump(mode="json", exclude_defaults=True)
+    data = {"version": preset.version, **data}
+    data.setdefault("training", {})
+    for key in ("method", "zero_stage"):  # always visible: they decide the run
+        data["training"].setdefault(key, getattr(preset.training, key))
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None) -> Path:
+    """Write atomically: a reader sees the old file or the new one, never half of one.
+
+    An existing header comment (the lines starting with `#` at the top) is kept unless
+    `header` is given; a new file gets one with the command that runs it.
+    """
+    p = Path(path)
+    body = dump_preset(preset)
+    parse_preset(body, str(p))  # never write what we could not read back
+    if header is None:
+        header = ""
+        if p.exists():
+            old = p.read_text(encoding="utf-8").splitlines(keepends=True)
+            keep = []
+            for ln in old:
+                if not ln.startswith("#"):
+                    break
+                keep.append(ln)
+            header = "".join(keep)
+        if not header:
+            header = header_for(p, preset)
+    if header and not header.endswith("\n"):
+        header += "\n"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(header + body)
+            f.flush()
+            os.fsync(f.fileno())
+        if p.exists():
+            os.chmod(tmp, p.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
