@@ -1,0 +1,225 @@
+"""Preset (+ what the checks learned) -> LaunchPlan: the exact command and
+environment of every node. Pure: no I/O, no clock, no randomness.
+
+The TUI, `qwen-tui replay`, `--dry-run` and every export render this one plan, so a
+preset replayed headless does exactly what the wizard would have done.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .facts import ClusterFacts
+from .nodes.transport import quote_argv
+from .preset import Node, Preset, Training
+
+# Where a remote node keeps its part of a run, relative to the node's workdir.
+REMOTE_RUNS = ".qwen-tui/runs"
+METRICS_NAME = "metrics.jsonl"
+# torchrun's static rendezvous waits 900 s for a missing node unless told otherwise.
+_RDZV_KEY = "timeout"
+
+
+@dataclass
+class NodeCommand:
+    rank: int  # node rank; node 0 is the master
+    label: str
+    host: str
+    local: bool
+    nproc: int
+    workdir: str
+    run_dir: str  # where this node's log and exit code live (on that node)
+    env: dict[str, str]
+    argv: list[str]
+
+    @property
+    def log_path(self) -> str:
+        return posixpath.join(self.run_dir, f"node-{self.rank}.log")
+
+    @property
+    def rc_path(self) -> str:
+        return posixpath.join(self.run_dir, f"node-{self.rank}.rc")
+
+    def shell_line(self) -> str:
+        """One line a person can paste into a shell on that node."""
+        envs = [f"{k}={v}" for k, v in self.env.items()]
+        return f"cd {quote_argv([self.workdir])} && " + quote_argv(["env", *envs, *self.argv])
+
+
+@dataclass
+class LaunchPlan:
+    run_id: str
+    nnodes: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    effective_batch_size: int
+    batch_formula: str
+    metrics_file: str  # on the master node
+    output_dir: str
+    nodes: list[NodeCommand] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LaunchPlan":
+        d = dict(d)
+        d["nodes"] = [NodeCommand(**n) for n in d["nodes"]]
+        return cls(**d)
+
+
+def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False) -> list[str]:
+    """The worker's argv after `-m training.finetune`, by the worker's own flag names."""
+    a = [
+        "--model_name_or_path", t.model,
+        "--data_path", t.data,
+        "--output_dir", t.output_dir,
+        "--model_max_length", str(t.model_max_length),
+        "--per_device_train_batch_size", str(t.per_device_train_batch_size),
+        "--gradient_accumulation_steps", str(t.gradient_accumulation_steps),
+        "--learning_rate", repr(t.learning_rate),
+        "--num_train_epochs", repr(t.num_train_epochs),
+        "--max_steps", str(t.max_steps),
+        "--warmup_ratio", repr(t.warmup_ratio),
+        "--lr_scheduler_type", t.lr_scheduler_type,
+        "--weight_decay", repr(t.weight_decay),
+        "--save_strategy", t.save_strategy,
+        "--save_steps", str(t.save_steps),
+        "--logging_steps", str(t.logging_steps),
+        "--seed", str(t.seed),
+        "--metrics_file", metrics_file,
+    ]
+    if t.eval_data:
+        a += ["--eval_data_path", t.eval_data]
+    if t.save_total_limit is not None:
+        a += ["--save_total_limit", str(t.save_total_limit)]
+    if t.precision == "bf16":
+        a.append("--bf16")
+    elif t.precision == "fp16":
+        a.append("--fp16")
+    if t.gradient_checkpointing:
+        a.append("--gradient_checkpointing")
+    if t.method in ("lora", "qlora"):
+        a += ["--use_lora", "--lora_r", str(t.lora_r), "--lora_alpha", str(t.lora_alpha),
+              "--lora_dropout", repr(t.lora_dropout)]
+        if t.lora_target_modules:
+            a += ["--lora_target_modules", ",".join(t.lora_target_modules)]
+        if t.method == "qlora":
+            a.append("--q_lora")
+        if t.merge_lora:
+            a.append("--merge_lora")
+    if t.zero_stage is not None:
+        name = f"zero{t.zero_stage}" + ("" if t.offload == "none" else f"_offload_{t.offload}")
+        a += ["--deepspeed", f"builtin:{name}"]
+    if t.resume_from_checkpoint:
+        a += ["--resume_from_checkpoint", t.resume_from_checkpoint]
+    if t.lazy_preprocess:
+        a.append("--lazy_preprocess")
+    if t.device == "cpu":
+        a.append("--use_cpu")
+    if save_on_each_node:
+        a.append("--save_on_each_node")
+    return a + list(t.extra_args)
+
+
+def _backend(preset: Preset) -> str:
+    if preset.network.backend != "auto":
+        return preset.network.backend
+    return "gloo" if preset.training.device == "cpu" else "nccl"
+
+
+def _interface(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Optional[str]:
+    if preset.network.interface:
+        return preset.network.interface
+    nf = facts.nodes.get(rank) if facts else None
+    return nf.route_interface if nf else None
+
+
+def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Optional[bool]:
+    if preset.network.nccl_ib_disable is not None:
+        return preset.network.nccl_ib_disable
+    nf = facts.nodes.get(rank) if facts else None
+    if nf is None or nf.gpus is None:
+        return None
+    return not nf.ib_devices
+
+
+def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
+    if node.is_local:
+        return local_run_dir
+    return posixpath.join(REMOTE_RUNS, run_id)
+
+
+def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str = ".",
+              facts: Optional[ClusterFacts] = None) -> LaunchPlan:
+    """Build the plan. `local_run_dir` is the run directory on this machine (absolute),
+    `base_dir` the directory relative local workdirs are taken from."""
+    nodes = preset.cluster.nodes
+    backend = _backend(preset)
+    master_addr = preset.master_addr
+    port = preset.network.master_port
+    master = nodes[0]
+    metrics_file = posixpath.join(node_run_dir(master, run_id, local_run_dir), METRICS_NAME)
+    if not master.is_local:
+        # the master's worker resolves a relative path against its workdir
+        metrics_file = posixpath.join(master.workdir, metrics_file) if posixpath.isabs(master.workdir) else metrics_file
+    shared = preset.cluster.shared_storage or all(n.is_local for n in nodes)
+    wargs = worker_args(preset.training, metrics_file=metrics_file, save_on_each_node=not shared and len(nodes) > 1)
+    t = preset.training
+    ebs = preset.effective_batch_size
+    gpus = [n.gpus for n in nodes]
+    per_node = str(gpus[0]) if len(set(gpus)) == 1 else "(" + "+".join(map(str, gpus)) + ")/nodes"
+    formula = (f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
+               f" x {per_node} GPUs per node x {len(nodes)} nodes = {ebs}")
+    if len(set(gpus)) != 1:
+        formula = (f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
+                   f" x {preset.world_size} GPUs in all = {ebs}")
+
+    cmds = []
+    for rank, node in enumerate(nodes):
+        env = {
+            "NNODES": str(len(nodes)),
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(port),
+            "GPUS_PER_NODE": str(node.gpus),
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "QWEN_TUI_NCCL_TIMEOUT": str(preset.network.nccl_timeout),
+        }
+        if backend == "gloo" and node.is_local and sum(n.is_local for n in nodes) > 1:
+            # several CPU "nodes" on one host would fight over its cores
+            env["OMP_NUM_THREADS"] = "1"
+        iface = _interface(preset, facts, rank)
+        if iface:
+            env["GLOO_SOCKET_IFNAME"] = iface
+            env["NCCL_SOCKET_IFNAME"] = iface
+        ib = _ib_disable(preset, facts, rank)
+        if ib is not None and backend == "nccl":
+            env["NCCL_IB_DISABLE"] = "1" if ib else "0"
+        env.update(preset.network.env)
+        argv = [
+            node.python, "-m", "torch.distributed.run",
+            "--nnodes", str(len(nodes)),
+            "--node_rank", str(rank),
+            "--nproc_per_node", str(node.gpus),
+            "--master_addr", master_addr,
+            "--master_port", str(port),
+            "--rdzv-conf", f"{_RDZV_KEY}={preset.network.rdzv_timeout}",
+            "--max-restarts", "0",
+            "-m", "training.finetune", *wargs,
+        ]
+        workdir = node.workdir
+        if node.is_local and not posixpath.isabs(workdir):
+            workdir = posixpath.normpath(posixpath.join(base_dir, workdir))
+        cmds.append(NodeCommand(rank=rank, label=node.label, host=node.host, local=node.is_local,
+                                nproc=node.gpus, workdir=workdir,
+                                run_dir=node_run_dir(node, run_id, local_run_dir), env=env, argv=argv))
+    return LaunchPlan(run_id=run_id, nnodes=len(nodes), world_size=preset.world_size, master_addr=master_addr,
+                      master_port=port, backend=backend, effective_batch_size=ebs, batch_formula=formula,
+                      metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds)

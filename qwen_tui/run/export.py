@@ -1,0 +1,116 @@
+"""Render a LaunchPlan as batch scripts: SLURM (sbatch + srun), PBS, or one plain
+shell script per node. Same argv and environment as `replay`; only the node rank
+and master address come from the scheduler where it assigns the nodes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Callable
+
+from ..plan import LaunchPlan, NodeCommand
+
+FORMATS = ("slurm", "pbs", "sh")
+
+
+def _argv_with(cmd: NodeCommand, replace: dict[str, str]) -> str:
+    """Quote argv, but let the values of `replace` flags be shell expressions."""
+    out, skip = [], False
+    for i, a in enumerate(cmd.argv):
+        if skip:
+            skip = False
+            continue
+        if a in replace and i + 1 < len(cmd.argv):
+            out += [shlex.quote(a), replace[a]]
+            skip = True
+        else:
+            out.append(shlex.quote(a))
+    return " ".join(out)
+
+
+def _env_lines(env: dict[str, str], skip: tuple[str, ...] = ()) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k not in skip]
+
+
+def _header(plan: LaunchPlan) -> list[str]:
+    return [
+        f"# qwen-tui launch plan {plan.run_id}: {plan.nnodes} nodes, world size {plan.world_size}, "
+        f"backend {plan.backend}",
+        f"# effective batch size: {plan.batch_formula}",
+    ]
+
+
+def render_sh(plan: LaunchPlan, cmd: NodeCommand) -> str:
+    lines = ["#!/usr/bin/env bash", *_header(plan), f"# node {cmd.rank} ({cmd.label}): run this on that node",
+             "set -euo pipefail", f"cd {shlex.quote(cmd.workdir)}", *_env_lines(cmd.env),
+             "exec " + " ".join(shlex.quote(a) for a in cmd.argv), ""]
+    return "\n".join(lines)
+
+
+def render_slurm(plan: LaunchPlan) -> str:
+    head = plan.nodes[0]
+    gpus = head.nproc
+    env_skip = ("NODE_RANK", "MASTER_ADDR")
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name=qwen-tui-{plan.run_id}",
+        f"#SBATCH --nodes={plan.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus}",
+        f"#SBATCH --cpus-per-task={max(4, 8 * gpus)}",
+        *_header(plan),
+        "set -euo pipefail",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_ADDR",
+        *_env_lines(head.env, env_skip),
+        f"cd {shlex.quote(head.workdir)}",
+        # one task per node; each computes its node rank from SLURM inside the task
+        "srun --kill-on-bad-exit=1 bash -c " + shlex.quote(
+            "NODE_RANK=$SLURM_NODEID exec "
+            + _argv_with(head, {"--node_rank": '"$SLURM_NODEID"', "--master_addr": '"$MASTER_ADDR"'})),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_pbs(plan: LaunchPlan) -> str:
+    head = plan.nodes[0]
+    gpus = head.nproc
+    env_skip = ("NODE_RANK", "MASTER_ADDR")
+    inner = ("cd " + shlex.quote(head.workdir) + " && "
+             + " ".join(f"{k}={shlex.quote(v)}" for k, v in head.env.items() if k not in env_skip)
+             + ' NODE_RANK="$1" MASTER_ADDR="$2" '
+             + _argv_with(head, {"--node_rank": '"$1"', "--master_addr": '"$2"'}))
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#PBS -N qwen-tui-{plan.run_id}"[:240],
+        f"#PBS -l select={plan.nnodes}:ngpus={gpus}:mpiprocs=1",
+        "#PBS -j oe",
+        *_header(plan),
+        "set -euo pipefail",
+        'mapfile -t HOSTS < <(sort -u "$PBS_NODEFILE")',
+        f'if [ "${{#HOSTS[@]}}" -ne {plan.nnodes} ]; then echo "expected {plan.nnodes} nodes, got ${{#HOSTS[@]}}" >&2; exit 1; fi',
+        'MASTER_ADDR=${HOSTS[0]}',
+        "NODE_SCRIPT=" + shlex.quote(inner),
+        "pids=()",
+        'for i in "${!HOSTS[@]}"; do',
+        # the node script travels as one quoted word; rank and master are its positional args
+        '  ssh -o BatchMode=yes "${HOSTS[$i]}" bash -c "$(printf %q "$NODE_SCRIPT")" qwen-tui "$i" "$MASTER_ADDR" &',
+        '  pids+=("$!")',
+        "done",
+        'rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done',
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render(plan: LaunchPlan, fmt: str) -> dict[str, str]:
+    """File name -> script text."""
+    if fmt == "sh":
+        return {f"node-{c.rank}.sh": render_sh(plan, c) for c in plan.nodes}
+    renderers: dict[str, Callable[[LaunchPlan], str]] = {"slurm": render_slurm, "pbs": render_pbs}
+    if fmt not in renderers:
+        raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    suffix = {"slurm": "sbatch", "pbs": "pbs"}[fmt]
+    return {f"{plan.run_id}.{suffix}": renderers[fmt](plan)}

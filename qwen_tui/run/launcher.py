@@ -1,0 +1,216 @@
+"""Run a LaunchPlan on its nodes and watch it until it ends.
+
+Each node's torchrun starts as a detached job in its own process group (so it
+survives qwen-tui and one signal reaches every rank), writing its log and, when
+it ends, its exit code into the node's run directory. The Launcher polls those
+exit-code files: the first node that fails, or whose job vanishes without one,
+stops the whole run. Stopping sends SIGTERM to every node's group, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..nodes.transport import Transport, stop_group
+from ..plan import LaunchPlan, NodeCommand
+from .metrics import MetricsFollower
+from .rundir import RunDir
+
+RUNNING, OK, FAILED, STOPPED, LOST = "running", "ok", "failed", "stopped", "lost"
+
+
+@dataclass
+class NodeState:
+    rank: int
+    label: str
+    status: str = "pending"
+    pid: Optional[int] = None
+    rc: Optional[int] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class RunOutcome:
+    status: str  # ok | failed | stopped
+    message: str
+    failed_rank: Optional[int] = None
+    nodes: dict[int, NodeState] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": 0, "stopped": 130}.get(self.status, 1)
+
+
+class LaunchError(RuntimeError):
+    def __init__(self, message: str, errors: dict[int, str]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def _parallel(fn: Callable[[NodeCommand], object], cmds: list[NodeCommand]) -> dict[int, object]:
+    """node rank -> result or the exception it raised (never just the first one)."""
+    out: dict[int, object] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(cmds))) as ex:
+        futs = {c.rank: ex.submit(fn, c) for c in cmds}
+        for rank, f in futs.items():
+            try:
+                out[rank] = f.result()
+            except Exception as e:  # collected per node and reported by the caller
+                out[rank] = e
+    return out
+
+
+class Launcher:
+    def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
+                 *, stop_grace: float = 10.0):
+        self.plan = plan
+        self.transports = transports
+        self.run_dir = run_dir
+        self.stop_grace = stop_grace
+        self.nodes = {c.rank: NodeState(c.rank, c.label) for c in plan.nodes}
+        self.metrics = MetricsFollower(transports[0], plan.metrics_file)
+        self._stop_requested = threading.Event()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ start / attach
+    def start(self) -> None:
+        """Start every node; if any fails to start, stop the ones that did and raise."""
+        self.run_dir.write_plan(self.plan)
+
+        def go(c: NodeCommand) -> int:
+            return self.transports[c.rank].start_job(c.argv, env=c.env, cwd=c.workdir,
+                                                     log=c.log_path, rcfile=c.rc_path)
+
+        results = _parallel(go, self.plan.nodes)
+        errors = {r: f"{type(v).__name__}: {v}" for r, v in results.items() if isinstance(v, Exception)}
+        pids = {r: int(v) for r, v in results.items() if not isinstance(v, Exception)}
+        for r, pid in pids.items():
+            self.nodes[r].pid, self.nodes[r].status = pid, RUNNING
+        self.run_dir.write_pids(pids)
+        if errors:
+            for r, e in errors.items():
+                self.nodes[r].status, self.nodes[r].error = FAILED, e
+            self.stop_all()
+            names = ", ".join(f"node {r} ({self.nodes[r].label}): {e}" for r, e in errors.items())
+            self.run_dir.write_state(status="failed", message=f"could not start {names}")
+            raise LaunchError(f"could not start {names}", errors)
+        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id)
+
+    @classmethod
+    def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
+        plan = run_dir.read_plan()
+        la = cls(plan, transports, run_dir)
+        for r, pid in run_dir.read_pids().items():
+            la.nodes[r].pid, la.nodes[r].status = pid, RUNNING
+        return la
+
+    # ------------------------------------------------------------ watch
+    def _check_node(self, c: NodeCommand) -> None:
+        st = self.nodes[c.rank]
+        if st.status not in (RUNNING,):
+            return
+        t = self.transports[c.rank]
+        raw = t.read_file(c.rc_path).strip()
+        if raw:
+            st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
+            st.status = OK if st.rc == 0 else FAILED
+            return
+        if st.pid is not None and not t.group_alive(st.pid):
+            # gone, and no exit code: killed from outside (or the node rebooted); re-read in
+            # case the rc file landed between the two reads
+            raw = t.read_file(c.rc_path).strip()
+            if raw:
+                st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
+                st.status = OK if st.rc == 0 else FAILED
+            else:
+                st.status, st.error = LOST, "its processes were killed or the node went away (no exit code)"
+
+    def poll(self) -> Optional[RunOutcome]:
+        """Refresh node states and metrics. Returns the outcome once the run is over."""
+        errs = _parallel(self._check_node, self.plan.nodes)
+        for r, e in errs.items():
+            if isinstance(e, Exception) and self.nodes[r].status == RUNNING:
+                self.nodes[r].status, self.nodes[r].error = LOST, f"cannot reach node: {e}"
+        try:
+            self.metrics.poll()
+        except Exception as e:  # the master may be unreachable for a moment; its node state says so
+            self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
+        bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
+        if bad:
+            first = bad[0]
+            self.stop_all()
+            why = first.error or f"exited with code {first.rc}"
+            out = RunOutcome("failed", f"node {first.rank} ({first.label}) failed: {why}", first.rank, self.nodes)
+            self._record(out)
+            return out
+        if all(s.status == OK for s in self.nodes.values()):
+            self.metrics.poll()
+            end = self.metrics.progress.end
+            if end and end.get("status") != "ok":
+                out = RunOutcome("failed", f"training ended with status {end.get('status')}: {end.get('error', '')}",
+                                 0, self.nodes)
+            else:
+                out = RunOutcome("ok", "training finished on every node", None, self.nodes)
+            self._record(out)
+            return out
+        return None
+
+    def _record(self, out: RunOutcome) -> None:
+        self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,
+                                 ended=time.time(),
+                                 nodes={str(r): {"status": s.status, "rc": s.rc, "error": s.error}
+                                        for r, s in out.nodes.items()})
+
+    def wait(self, *, interval: float = 0.5, on_update: Optional[Callable[["Launcher"], None]] = None,
+             max_seconds: Optional[float] = None) -> RunOutcome:
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        while True:
+            if self._stop_requested.is_set():
+                return self._stopped()
+            out = self.poll()
+            if on_update:
+                on_update(self)
+            if out is not None:
+                return out
+            if deadline is not None and time.monotonic() > deadline:
+                self.stop_all()
+                out = RunOutcome("failed", f"run did not finish within {max_seconds:g}s", None, self.nodes)
+                self._record(out)
+                return out
+            self._stop_requested.wait(interval)
+
+    def request_stop(self) -> None:
+        """Thread-safe: make wait() stop every node and return."""
+        self._stop_requested.set()
+
+    def _stopped(self) -> RunOutcome:
+        self.stop_all()
+        out = RunOutcome("stopped", "stopped by the user; every node's processes were ended", None, self.nodes)
+        self._record(out)
+        return out
+
+    # ------------------------------------------------------------ stop
+    def stop_all(self) -> dict[int, bool]:
+        """Stop every node's process group in parallel. rank -> True when nothing is left."""
+        with self._lock:
+            def stop(c: NodeCommand) -> bool:
+                pid = self.nodes[c.rank].pid
+                if pid is None:
+                    return True
+                gone = stop_group(self.transports[c.rank], pid, grace=self.stop_grace)
+                if self.nodes[c.rank].status == RUNNING:
+                    self.nodes[c.rank].status = STOPPED
+                return gone
+
+            res = _parallel(stop, self.plan.nodes)
+        return {r: (v is True) for r, v in res.items()}
+
+    def log_tail(self, rank: int, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
+        """The last lines of a node's log, read on the node (only the tail crosses the wire)."""
+        c = self.plan.nodes[rank]
+        res = self.transports[rank].run(["tail", "-c", str(max_bytes), c.log_path], timeout=15)
+        return res.stdout.splitlines()[-lines:] if res.ok else []

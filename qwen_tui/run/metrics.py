@@ -1,0 +1,88 @@
+"""Follow the worker's metrics.jsonl (append-only, one JSON object a line) from the
+master node, incrementally, through a Transport, and keep a summary for the views."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class TrainingProgress:
+    start: Optional[dict[str, Any]] = None
+    end: Optional[dict[str, Any]] = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_steps(self) -> Optional[int]:
+        return self.start.get("total_steps") if self.start else None
+
+    @property
+    def last(self) -> Optional[dict[str, Any]]:
+        return self.steps[-1] if self.steps else None
+
+    @property
+    def losses(self) -> list[float]:
+        return [s["loss"] for s in self.steps if isinstance(s.get("loss"), (int, float))]
+
+    def eta_seconds(self) -> Optional[float]:
+        last, total = self.last, self.total_steps
+        if not last or not total or len(self.steps) < 2:
+            return None
+        t0, t1 = self.steps[0].get("time"), last.get("time")
+        s0, s1 = self.steps[0].get("step"), last.get("step")
+        if None in (t0, t1, s0, s1) or s1 <= s0:
+            return None
+        return max(0.0, (total - s1) * (t1 - t0) / (s1 - s0))
+
+    def add(self, rec: dict[str, Any]) -> None:
+        ev = rec.get("event")
+        if ev == "start":
+            self.start = rec
+        elif ev == "end":
+            self.end = rec
+        elif "step" in rec:
+            self.steps.append(rec)
+
+
+class MetricsFollower:
+    """Reads only what was appended since the last call; a partial last line waits."""
+
+    def __init__(self, transport, path: str):
+        self.transport = transport
+        self.path = path
+        self.offset = 0
+        self._partial = b""
+        self.progress = TrainingProgress()
+        self.bad_lines = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        chunk = self.transport.read_file(self.path, offset=self.offset)
+        if not chunk:
+            return []
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        out = []
+        for ln in lines:
+            if not ln.strip():
+                continue
+            try:
+                rec = json.loads(ln)
+            except json.JSONDecodeError:
+                self.bad_lines += 1
+                continue
+            if isinstance(rec, dict):
+                self.progress.add(rec)
+                out.append(rec)
+        return out
+
+
+def fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

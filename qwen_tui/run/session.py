@@ -1,0 +1,180 @@
+"""The headless flow shared by `replay`, `demo` and `attach`: checks, plan, launch,
+follow. The wizard runs the same steps one screen at a time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from ..facts import ClusterFacts
+from ..nodes.transport import LocalTransport, Transport
+from ..plan import LaunchPlan, make_plan
+from ..preset import Preset, load_preset, save_preset
+from .launcher import LaunchError, Launcher
+from .rundir import RunDir, default_runs_root, new_run_id, write_json_atomic
+
+
+def local_port_free(port: int, host: str = "") -> Optional[str]:
+    """None when a listener could bind `port` here, else why not."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        return f"port {port} is in use on this machine ({e.strerror})"
+    finally:
+        s.close()
+    return None
+
+
+def connect(preset: Preset, *, accept_new_host_keys: bool) -> dict[int, Transport | Exception]:
+    """A transport per node index; local nodes need no connection."""
+    if all(n.is_local for n in preset.cluster.nodes):
+        return {i: LocalTransport(n.label) for i, n in enumerate(preset.cluster.nodes)}
+    from ..nodes.connect import connect_all
+
+    return connect_all(preset, accept_new_host_keys=accept_new_host_keys)
+
+
+def print_plan(plan: LaunchPlan, console: Console) -> None:
+    console.print(f"[bold]plan {plan.run_id}[/]: {plan.nnodes} nodes, world size {plan.world_size}, "
+                  f"backend {plan.backend}, master {plan.master_addr}:{plan.master_port}")
+    console.print(f"effective batch size: {plan.batch_formula}")
+    for c in plan.nodes:
+        console.rule(f"node {c.rank}: {c.label}" + (" (local)" if c.local else ""))
+        for k, v in c.env.items():
+            console.print(f"  {k}={v}", markup=False, highlight=False)
+        console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
+
+
+def run_checks(preset: Preset, transports: dict[int, Transport], console: Console) -> tuple[ClusterFacts, list]:
+    """Gather facts and advice. Returns (facts, advice list)."""
+    facts = ClusterFacts()
+    advice: list = []
+    if all(n.is_local for n in preset.cluster.nodes):
+        why = local_port_free(preset.network.master_port)
+        facts.master_port_free = why is None
+        if why:
+            advice.append(_Problem("PORT_IN_USE", "error", f"master port: {why}",
+                                   "pick another network.master_port"))
+    else:
+        from ..nodes.checks import gather_facts
+
+        facts = gather_facts(preset, transports)
+    try:
+        from ..advice import advise
+    except ImportError:
+        pass  # the advice rules are optional until they land; the port check above still runs
+    else:
+        advice = advice + list(advise(preset, facts))
+    return facts, advice
+
+
+class _Problem:
+    """A finding of the launch checks themselves, shaped like advice.Advice."""
+
+    def __init__(self, code: str, level: str, message: str, fix: str):
+        self.code, self.level, self.message, self.fix = code, level, message, fix
+
+
+def print_advice(advice: list, console: Console) -> None:
+    if not advice:
+        console.print("[green]checks: nothing to warn about[/]")
+        return
+    t = Table(title="checks and advice")
+    for col in ("level", "code", "message", "fix"):
+        t.add_column(col)
+    colours = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+    for a in advice:
+        fix = getattr(a.fix, "label", a.fix) if a.fix else ""
+        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, a.message, str(fix or ""))
+    console.print(t)
+
+
+def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
+                       force: bool, skip_checks: bool, max_seconds: Optional[float]) -> int:
+    console = Console(stderr=False)
+    preset = load_preset(preset_path)
+    name = preset.name or Path(preset_path).stem
+    root = Path(runs_root).absolute() if runs_root else default_runs_root()
+    run_id = new_run_id(name)
+    run_path = root / run_id
+    plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd())
+    if dry_run:
+        print_plan(plan, console)
+        return 0
+
+    conns = connect(preset, accept_new_host_keys=accept_new_host_keys)
+    failed = {i: e for i, e in conns.items() if isinstance(e, Exception)}
+    transports: dict[int, Transport] = {i: t for i, t in conns.items() if not isinstance(t, Exception)}
+    try:
+        if failed:
+            for i, e in failed.items():
+                console.print(f"[bold red]node {i} ({preset.cluster.nodes[i].label}): {e}[/]")
+            console.print("[bold red]not launched: every node must be reachable[/]")
+            return 1
+        facts = ClusterFacts()
+        if not skip_checks:
+            facts, advice = run_checks(preset, transports, console)
+            print_advice(advice, console)
+            errors = [a for a in advice if a.level == "error"]
+            if errors and not force:
+                console.print(f"[bold red]not launched: {len(errors)} error(s) above (--force launches anyway)[/]")
+                return 1
+            plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd(), facts=facts)
+        print_plan(plan, console)
+        rd = RunDir.create(root, run_id)
+        save_preset(preset, rd.path / "preset.yaml")
+        write_json_atomic(rd.path / "facts.json", facts.to_dict())
+        la = Launcher(plan, transports, rd)
+        try:
+            la.start()
+        except LaunchError as e:
+            console.print(f"[bold red]{e}[/]")
+            return 1
+        console.print(f"run directory: {rd.path}  (re-attach: qwen-tui attach {rd.path})")
+        from .live import follow
+
+        out = follow(la, console, max_seconds=max_seconds)
+        return out.exit_code
+    finally:
+        for t in transports.values():
+            t.close()
+
+
+def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
+    console = Console()
+    rd = RunDir(Path(run_dir))
+    plan = rd.read_plan()
+    preset = load_preset(rd.path / "preset.yaml")
+    conns = connect(preset, accept_new_host_keys=accept_new_host_keys)
+    bad = {i: e for i, e in conns.items() if isinstance(e, Exception)}
+    transports = {i: t for i, t in conns.items() if not isinstance(t, Exception)}
+    try:
+        if bad:
+            for i, e in bad.items():
+                console.print(f"[bold red]node {i}: {e}[/]")
+            return 1
+        la = Launcher.attach(rd, transports)
+        if stop:
+            res = la.stop_all()
+            left = [r for r, ok in res.items() if not ok]
+            out = la._stopped() if not left else None
+            if left:
+                console.print(f"[bold red]processes left on node(s) {left}[/]")
+                return 1
+            console.print(out.message)
+            return 0
+        from .live import follow
+
+        return follow(la, console).exit_code
+    finally:
+        for t in transports.values():
+            t.close()
+
+
