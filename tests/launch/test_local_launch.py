@@ -1,0 +1,168 @@
+"""Local launch end to end: two torchrun agents on this machine, a real rendezvous,
+the tiny model trained for real; Ctrl-C, a failing node and a busy port."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "presets" / "local-demo.yaml"
+pytestmark = pytest.mark.slow
+
+
+def run_processes(run_id: str) -> list[int]:
+    """pids of every process whose command line mentions the run (its metrics path does)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if run_id in cmd and "pytest" not in cmd and state != "Z":
+            out.append(int(d))
+    return out
+
+
+def preset_copy(tmp_path, port, **training):
+    data = yaml.safe_load(DEMO.read_text())
+    data["network"]["master_port"] = port
+    data["training"].update(training)
+    data["training"]["output_dir"] = str(tmp_path / "out")
+    p = tmp_path / "demo.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def qwen_tui(*args, cwd, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"}, **kw)
+
+
+def only_run(runs: Path) -> Path:
+    dirs = [d for d in runs.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_demo_preset_trains_and_loss_falls(tmp_path):
+    """The README's demo command, unchanged preset: exits 0 and the loss falls."""
+    runs = tmp_path / "runs"
+    res = qwen_tui("replay", str(DEMO), "--runs-dir", str(runs), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rd = only_run(runs)
+    recs = [json.loads(ln) for ln in (rd / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "event" not in r]
+    assert recs[0]["event"] == "start" and recs[0]["world_size"] == 2
+    assert recs[-1]["event"] == "end" and recs[-1]["status"] == "ok"
+    losses = [r["loss"] for r in steps]
+    assert len(losses) >= 5
+    # falls by a margin, not by noise: the last logged loss well under the first
+    assert losses[-1] < losses[0] * 0.8, losses
+    state = json.loads((rd / "state.json").read_text())
+    assert state["status"] == "ok"
+    assert {n["rc"] for n in state["nodes"].values()} == {0}
+    assert (rd / "node-0.log").exists() and (rd / "node-1.log").exists()
+    assert "loss" in res.stdout and "training finished on every node" in res.stdout
+    assert run_processes(rd.name) == []
+
+
+def _wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigint_stops_every_process(tmp_path):
+    runs = tmp_path / "runs"
+    p = preset_copy(tmp_path, free_port(), max_steps=100000, logging_steps=1)
+    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
+        _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
+        assert len(run_processes(rd.name)) >= 4  # 2 agents + 2 ranks at least
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert "stopped by the user" in out
+    assert json.loads((rd / "state.json").read_text())["status"] == "stopped"
+    assert run_processes(rd.name) == []
+
+
+def test_failing_node_is_named_and_nothing_is_left(tmp_path):
+    runs = tmp_path / "runs"
+    p = preset_copy(tmp_path, free_port(), max_steps=100000)
+    res_holder = {}
+    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
+        pids = json.loads((rd / "pids.json").read_text())
+        # kill node 1's whole process group from outside, as a crash or OOM-kill would
+        os.killpg(pids["1"], signal.SIGKILL)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        res_holder["secs"] = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-2000:]
+    assert "node 1 (localhost) failed" in out
+    assert res_holder["secs"] < 30
+    state = json.loads((rd / "state.json").read_text())
+    assert state["status"] == "failed" and state["failed_rank"] == 1
+    assert run_processes(rd.name) == []
+
+
+def test_busy_master_port_refuses_to_launch(tmp_path):
+    runs = tmp_path / "runs"
+    s = socket.socket()
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        res = qwen_tui("replay", str(preset_copy(tmp_path, port)), "--runs-dir", str(runs), cwd=tmp_path, timeout=60)
+    finally:
+        s.close()
+    assert res.returncode == 1
+    assert f"port {port} is in use" in res.stdout
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_bad_worker_python_fails_fast_naming_node(tmp_path):
+    runs = tmp_path / "runs"
+    data = yaml.safe_load(preset_copy(tmp_path, free_port()).read_text())
+    data["cluster"]["nodes"][1]["python"] = "/nonexistent/python3"
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    res = qwen_tui("replay", str(p), "--runs-dir", str(runs), cwd=tmp_path, timeout=120)
+    assert res.returncode == 1
+    assert "node 1 (localhost) failed: exited with code 127" in res.stdout
+    rd = only_run(runs)
+    assert run_processes(rd.name) == []
