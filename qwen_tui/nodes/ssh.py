@@ -1,0 +1,332 @@
+"""SSHTransport: the Transport protocol over one reused paramiko connection.
+
+One connection per node carries every command (a channel each), SFTP and job
+starts. Every step has a bound: TCP connect, banner, authentication, opening a
+channel, each command (also enforced on the node with `timeout`, because closing
+a channel without a pty does not stop the remote process). Commands are argv
+lists, each element shlex-quoted; nothing a user typed is ever pasted into a
+shell string unquoted.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import select
+import signal as _signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+import paramiko
+
+from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
+from qwen_tui.nodes.transport import CommandResult, TransportError, job_argv, quote_argv
+
+# Runs argv in a directory without a shell seeing the directory's name.
+_IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
+# Starts a detached job: makes the log and rc directories, then `setsid` puts the
+# job in a new session (pid = pgid) that outlives this SSH session; prints its pid.
+_DETACH = ('mkdir -p -- "$1" "$2" || exit 98; shift 2; '
+           'setsid "$@" </dev/null >/dev/null 2>&1 & echo "$!"')
+
+# sshd's default MaxSessions is 10 channels per connection; stay under it.
+MAX_CHANNELS = 8
+
+
+@dataclass
+class SSHTarget:
+    """Where and how to reach one node, after ssh_config has been applied."""
+
+    label: str
+    hostname: str
+    port: int = 22
+    user: Optional[str] = None
+    identity_files: list[str] = field(default_factory=list)
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: float = 10.0
+    look_for_keys: bool = True  # also try ~/.ssh/id_* and the agent when no IdentityFile is set
+
+    @property
+    def address(self) -> str:
+        who = f"{self.user}@" if self.user else ""
+        return f"{who}{self.hostname}:{self.port}"
+
+
+class AuthFailed(TransportError):
+    pass
+
+
+class Unreachable(TransportError):
+    pass
+
+
+class SSHTransport:
+    def __init__(self, target: SSHTarget, *, password: Optional[str] = None,
+                 accept_new_host_keys: Consent = False):
+        self.target = target
+        self.label = target.label
+        self._password = password  # memory only; needed again only to reconnect
+        self._consent = accept_new_host_keys
+        self._client: Optional[paramiko.SSHClient] = None
+        self._sftp: Optional[paramiko.SFTPClient] = None
+        self._lock = threading.RLock()  # guards the client and the one SFTP session
+        self._connect_lock = threading.Lock()
+        self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
+
+    # ------------------------------------------------------------ connection
+    def connect(self) -> "SSHTransport":
+        if self._active():
+            return self
+        with self._connect_lock:
+            if not self._active():
+                with self._lock:
+                    self._close_locked()
+                client = self._new_client()
+                with self._lock:
+                    self._client = client
+        return self
+
+    def _active(self) -> bool:
+        c = self._client
+        tr = c.get_transport() if c is not None else None
+        return tr is not None and tr.is_active()
+
+    def _new_client(self) -> paramiko.SSHClient:
+        t = self.target
+        import os
+
+        kh = os.path.expanduser(t.known_hosts)
+        client = paramiko.SSHClient()
+        if os.path.exists(kh):
+            try:
+                client.load_host_keys(kh)
+            except (OSError, paramiko.SSHException) as e:
+                raise HostKeyError(f"{t.label}: cannot read known_hosts {kh}: {e}") from None
+        client.set_missing_host_key_policy(
+            ConsentPolicy(t.label, t.hostname, t.port, kh, self._consent))
+        keys = [os.path.expanduser(k) for k in t.identity_files]
+        keys = [k for k in keys if os.path.exists(k)]
+        ct = t.connect_timeout
+        try:
+            client.connect(
+                t.hostname, port=t.port, username=t.user, password=self._password,
+                key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
+                channel_timeout=ct, allow_agent=t.look_for_keys, look_for_keys=t.look_for_keys and not keys)
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise ChangedHostKey(t.label, t.hostname, e.key, e.expected_key, kh) from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            how = ", ".join(filter(None, [f"key {', '.join(keys)}" if keys else "",
+                                          "password" if self._password else ""])) or "default keys/agent"
+            raise AuthFailed(f"{t.label}: authentication failed for {t.address} (tried {how}): {e}") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise Unreachable(f"{t.label}: connect to {t.address} timed out after {ct:g}s") from None
+        except paramiko.SSHException as e:
+            client.close()
+            if "No authentication methods" in str(e):
+                raise AuthFailed(f"{t.label}: no key or password to log into {t.address} "
+                                 f"(set cluster.identity_file or run the key setup)") from None
+            raise TransportError(f"{t.label}: SSH to {t.address} failed: {e}") from None
+        except OSError as e:
+            client.close()
+            raise Unreachable(f"{t.label}: cannot reach {t.address}: {e.strerror or e}") from None
+        tr = client.get_transport()
+        if tr is not None:
+            tr.set_keepalive(15)  # a node that dies is noticed even on an idle connection
+        return client
+
+    def server_key(self) -> paramiko.PKey:
+        """The host key this connection verified."""
+        return self._transport().get_remote_server_key()
+
+    def _transport(self) -> paramiko.Transport:
+        self.connect()
+        c = self._client
+        tr = c.get_transport() if c is not None else None
+        if tr is None or not tr.is_active():
+            raise Unreachable(f"{self.label}: connection to {self.target.address} lost")
+        return tr
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except (OSError, paramiko.SSHException):
+                pass  # closing a dead channel: nothing left to release
+            self._sftp = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ------------------------------------------------------------ commands
+    @staticmethod
+    def command_line(argv: Sequence[str], *, timeout: Optional[float] = None,
+                     env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> str:
+        """The one string sshd hands to the login shell: every element quoted."""
+        full: list[str] = []
+        if timeout is not None:
+            # the node bounds the command too: a closed channel would not stop it
+            full += ["timeout", "-k", "2", f"{max(1, int(timeout + 0.999))}"]
+        if cwd is not None:
+            full += ["sh", "-c", _IN_DIR, "sh", cwd]
+        if env:
+            full += ["env", *[f"{k}={v}" for k, v in env.items()]]
+        full += list(argv)
+        return quote_argv(full)
+
+    def run(self, argv, *, timeout, input=None, env=None, cwd=None) -> CommandResult:
+        if not argv:
+            raise ValueError("empty argv")
+        cmd = self.command_line(argv, timeout=timeout, env=env, cwd=cwd)
+        deadline = time.monotonic() + timeout + 3
+        if not self._channels.acquire(timeout=timeout):
+            return CommandResult(124, "", f"{self.label}: no free SSH channel within {timeout:g}s")
+        try:
+            try:
+                chan = self._transport().open_session(timeout=self.target.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                self.close()  # next call reconnects
+                raise Unreachable(f"{self.label}: cannot open a channel to {self.target.address}: {e}") from None
+            try:
+                chan.settimeout(max(1.0, timeout))
+                chan.exec_command(cmd)
+                if input:
+                    chan.sendall(input)
+                chan.shutdown_write()
+                out, err = bytearray(), bytearray()
+                while True:
+                    got = False
+                    while chan.recv_ready():
+                        out += chan.recv(65536); got = True
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536); got = True
+                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    if chan.closed and not got and not chan.exit_status_ready():
+                        raise Unreachable(f"{self.label}: channel closed before the command finished")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return CommandResult(124, out.decode(errors="replace"),
+                                             err.decode(errors="replace") +
+                                             f"\ntimed out after {timeout:g}s: {quote_argv(argv)}")
+                    if not got:
+                        select.select([chan], [], [], min(0.05, left))
+                rc = chan.recv_exit_status()
+                # `timeout` exits 124 (TERM) or 137 (KILL) when the node's own bound hit
+                if rc == -1:
+                    rc = 255
+                return CommandResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+            except (socket.timeout, TimeoutError):
+                return CommandResult(124, "", f"timed out after {timeout:g}s: {quote_argv(argv)}")
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise Unreachable(f"{self.label}: connection failed during a command: {e}") from None
+            finally:
+                chan.close()
+        finally:
+            self._channels.release()
+
+    # ------------------------------------------------------------ detached jobs
+    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
+        inner = job_argv(argv, env, cwd, log, rcfile)
+        dirs = [posixpath.dirname(log) or ".", posixpath.dirname(rcfile) or "."]
+        r = self.run(["sh", "-c", _DETACH, "sh", *dirs, *inner], timeout=timeout)
+        if not r.ok:
+            raise TransportError(f"{self.label}: could not start job (rc {r.rc}): {r.stderr.strip()[-500:]}")
+        try:
+            return int(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise TransportError(f"{self.label}: job start printed no pid: {r.stdout!r} {r.stderr!r}") from None
+
+    def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
+        name = _signal.Signals(sig).name.removeprefix("SIG")
+        r = self.run(["kill", "-s", name, "--", f"-{int(pgid)}"], timeout=timeout)
+        return r.ok
+
+    def group_alive(self, pgid, *, timeout=15.0) -> bool:
+        # ps, not `kill -0`: a group of zombies (unreaped children of a dead parent) is dead.
+        r = self.run(["ps", "-A", "-o", "pgid=,stat="], timeout=timeout)
+        if r.rc == 124:
+            raise TransportError(f"{self.label}: ps timed out")
+        if r.ok:
+            for line in r.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == str(int(pgid)) and not parts[1].startswith("Z"):
+                    return True
+            return False
+        r = self.run(["kill", "-0", "--", f"-{int(pgid)}"], timeout=timeout)
+        return r.ok
+
+    # ------------------------------------------------------------ files
+    def _sftp_client(self, timeout: float) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._sftp is None or self._sftp.get_channel() is None or self._sftp.get_channel().closed:
+                try:
+                    self._sftp = paramiko.SFTPClient.from_transport(
+                        self._transport(), window_size=4 << 20, max_packet_size=32768)
+                except (paramiko.SSHException, OSError, EOFError) as e:
+                    raise Unreachable(f"{self.label}: cannot start SFTP: {e}") from None
+            self._sftp.get_channel().settimeout(timeout)
+            return self._sftp
+
+    def read_file(self, path, *, offset=0, limit=1 << 20, timeout=15.0) -> bytes:
+        with self._lock:  # one SFTP session per connection, used by one thread at a time
+            sftp = self._sftp_client(timeout)
+            try:
+                with sftp.open(path, "rb") as f:
+                    f.seek(offset)
+                    return f.read(limit)
+            except FileNotFoundError:
+                return b""
+            except (socket.timeout, TimeoutError):
+                self._sftp = None
+                raise TransportError(f"{self.label}: reading {path} timed out after {timeout:g}s") from None
+            except (paramiko.SSHException, EOFError) as e:
+                self._sftp = None
+                raise TransportError(f"{self.label}: reading {path} failed: {e}") from None
+
+    def put_file(self, local, remote, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
+        """Copy to `remote.part`, then rename: a reader never sees half a file."""
+        parent = posixpath.dirname(remote)
+        if parent:
+            r = self.run(["mkdir", "-p", "--", parent], timeout=min(timeout, 30))
+            if not r.ok:
+                raise TransportError(f"{self.label}: mkdir {parent}: {r.stderr.strip()}")
+        tmp = remote + ".part"
+        with self._lock:
+            sftp = self._sftp_client(timeout)
+            try:
+                sftp.put(local, tmp, callback=progress, confirm=True)
+                sftp.posix_rename(tmp, remote)
+            except (socket.timeout, TimeoutError):
+                self._sftp = None
+                raise TransportError(f"{self.label}: copying to {remote} timed out after {timeout:g}s") from None
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                self._sftp = None
+                raise TransportError(f"{self.label}: copying to {remote} failed: {e}") from None
+
+    def get_file(self, remote, local, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
+        with self._lock:
+            sftp = self._sftp_client(timeout)
+            try:
+                sftp.get(remote, local, callback=progress)
+            except (socket.timeout, TimeoutError):
+                self._sftp = None
+                raise TransportError(f"{self.label}: reading {remote} timed out after {timeout:g}s") from None
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                self._sftp = None
+                raise TransportError(f"{self.label}: reading {remote} failed: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self.label!r}, {self.target.address})"
+

@@ -1,0 +1,31 @@
+"""Constants and preset builders shared by the cluster tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+N_NODES = 3
+# A known password, hostile on purpose: no file or log may ever contain it.
+PASSWORD = "qt pa$$ 'w0rd'; $(touch /tmp/qt-pwned)"
+
+
+def preset_dict(cluster, sshdir: Path, **training) -> dict:
+    return {
+        "name": "netns",
+        "cluster": {
+            "nodes": [{"host": n.hostname, "gpus": 1, "workdir": str(REPO), "python": sys.executable}
+                      for n in cluster.nodes],
+            "ssh_config": str(sshdir / "config"),
+            "known_hosts": str(sshdir / "known_hosts"),
+            "connect_timeout": 5,
+        },
+        "network": {"master_addr": cluster.nodes[0].addr, "master_port": 29500, "backend": "gloo",
+                    "rdzv_timeout": 30},
+        "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "method": "lora",
+                     "zero_stage": None, "precision": "fp32", "device": "cpu", "max_steps": 6,
+                     "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                     "model_max_length": 64, "gradient_checkpointing": False, "lora_r": 8,
+                     "save_strategy": "no", **training},
+    }
