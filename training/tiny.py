@@ -1,0 +1,186 @@
+"""A tiny Qwen2 model and tokenizer, built offline in about a second.
+
+    python -m training.tiny OUT_DIR          # build (idempotent)
+    --model_name_or_path builtin:tiny        # the worker builds it on first use
+
+It is what the local demo and the tests train: hidden 64, 2 layers, 4 heads
+(2 KV heads), a byte-level BPE of at most 1k tokens (750 today) trained on the demo chat data with
+Qwen's own pre-tokenizer regex, `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`
+as the last ids, and Qwen2's ChatML chat template. It loads with the Auto
+classes under HF_HUB_OFFLINE=1 like any Qwen2 checkpoint. The build is
+deterministic: same seed, same corpus, same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUILTIN_TINY = "builtin:tiny"
+VOCAB_SIZE = 1024  # BPE vocabulary including the 3 special tokens
+SEED = 1234
+LM_HEAD_STD = 0.2
+# Qwen2's pre-tokenizer split (the same regex as the real vocabulary).
+QWEN_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2-Instruct's chat template, verbatim.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+BUILD_WAIT_S = 300  # how long a non-building process waits for another one's build
+
+
+def _corpus() -> list[str]:
+    """Texts the BPE learns its merges from: the demo chat data, rendered as ChatML."""
+    from training.demo_data.make_demo_chat import build
+
+    texts = []
+    for rec in build():
+        texts.append(
+            "".join(f"<|im_start|>{t['from']}\n{t['value']}<|im_end|>\n" for t in rec["conversations"])
+        )
+    return texts
+
+
+def _build_tokenizer(out: Path) -> None:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        special_tokens=[],
+    )
+    # Strip the markup so merges are learnt on text; the specials are added after.
+    texts = [t.replace("<|im_start|>", "").replace("<|im_end|>", "") for t in _corpus()]
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)  # appended: they become the last ids, as in Qwen
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        model_max_length=32768,
+        padding_side="right",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def _build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,  # as in Qwen2.5-7B; see the lm_head note below
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        rope_theta=10000.0,
+        use_cache=True,
+    )
+    torch.manual_seed(SEED)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        # With every weight at std 0.02 the logits of a 64-wide model can barely move unless the
+        # output layer itself trains, so LoRA (which freezes it) would hardly lower the loss. A
+        # wider output layer gives the adapters logits they can steer: the demo then learns visibly.
+        model.lm_head.weight.normal_(0.0, LM_HEAD_STD)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    model.save_pretrained(out)
+
+
+def build_tiny(out_dir: str | os.PathLike) -> Path:
+    """Builds the tiny model into out_dir unless a complete one is already there.
+
+    Writes into a temporary sibling directory and renames it into place, so a
+    reader never sees a half-built model and concurrent builders (several
+    nodes on one shared home) cannot corrupt each other: the first rename wins,
+    the others discard their copy.
+    """
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by several users' jobs
+    try:
+        _build_tokenizer(tmp)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tmp)
+        _build_model(tmp, len(tok), tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id)
+        (tmp / "BUILT_BY").write_text("training.tiny: tiny offline Qwen2 for tests and the demo\n")
+        if out.exists() and not any(out.iterdir()):
+            out.rmdir()  # an empty target (e.g. made by mkdtemp in a test) is ours to fill
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            # Someone else renamed a complete build into place first: use theirs.
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("QWEN_TUI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qwen-tui")
+    return Path(root) / "tiny-qwen2"
+
+
+def ensure_builtin_tiny(local_rank: int) -> Path:
+    """Resolves `builtin:tiny`: local rank 0 builds it, the other ranks wait for the rename."""
+    out = default_cache_dir()
+    if local_rank == 0:
+        return build_tiny(out)
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while not (out / "config.json").is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {BUILD_WAIT_S}s for local rank 0 to build the tiny model in {out}")
+        time.sleep(0.2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m training.tiny OUT_DIR", file=sys.stderr)
+        return 2
+    out = build_tiny(argv[0])
+    print(json.dumps({"model_dir": str(out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
