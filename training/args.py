@@ -1,0 +1,149 @@
+"""Command-line flags of the worker.
+
+Names follow Hugging Face TrainingArguments (and Qwen's finetune.py) so users
+can bring their commands along; boolean flags are plain store_true switches.
+Everything here is cheap: no torch import, so a bad flag fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from training.errors import InputError
+
+SCHEDULERS = [
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+    "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
+]
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+EPILOG = """\
+examples:
+  python -m training.finetune --model_name_or_path builtin:tiny --data_path builtin:demo-chat \\
+      --output_dir out --use_lora --max_steps 40 --learning_rate 2e-3
+  torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m training.finetune --model_name_or_path Qwen/Qwen2.5-7B-Instruct --data_path chat.jsonl \\
+      --output_dir out --bf16 --use_lora --deepspeed training/ds_config_zero2.json
+
+exit codes: 0 trained and saved; 2 bad input or configuration (nothing written); 1 anything else.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training.finetune",
+        description="Fine-tune a Qwen2/2.5/3 chat model (full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
+        "Run under torchrun for several processes or nodes.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model_name_or_path", required=True,
+                   help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
+                   "'builtin:tiny' is a tiny offline Qwen2 built on first use")
+
+    d = p.add_argument_group("data")
+    d.add_argument("--data_path", required=True,
+                   help="JSON or JSON-lines file of chat records: Qwen's {'id', 'conversations': [{'from', 'value'}]} "
+                   "or OpenAI-style {'messages': [{'role', 'content'}]}; 'builtin:demo-chat' is the shipped demo set")
+    d.add_argument("--eval_data_path", default=None, help="optional evaluation file in the same formats; "
+                   "its loss is logged at the end (and every --eval_steps)")
+    d.add_argument("--model_max_length", type=int, default=8192,
+                   help="maximum tokens per record; longer records are truncated and counted (default 8192)")
+    d.add_argument("--lazy_preprocess", action="store_true",
+                   help="tokenize records on the fly instead of all up front (records are still validated up front)")
+    d.add_argument("--dataloader_num_workers", type=int, default=0,
+                   help="data loader worker processes (default 0: tokenize in the training process)")
+
+    t = p.add_argument_group("training")
+    t.add_argument("--output_dir", required=True, help="where checkpoints, the final model and metrics.jsonl go")
+    t.add_argument("--per_device_train_batch_size", type=int, default=8, help="micro-batch size per process (default 8)")
+    t.add_argument("--per_device_eval_batch_size", type=int, default=None,
+                   help="evaluation batch size per process (default: the training micro-batch size)")
+    t.add_argument("--gradient_accumulation_steps", type=int, default=1,
+                   help="micro-batches per optimizer step (default 1)")
+    t.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
+    t.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs to train (default 3; ignored if --max_steps > 0)")
+    t.add_argument("--max_steps", type=int, default=-1, help="optimizer steps to train; overrides --num_train_epochs when > 0")
+    t.add_argument("--warmup_ratio", type=float, default=0.0, help="fraction of steps for linear warm-up (default 0)")
+    t.add_argument("--lr_scheduler_type", default="linear", choices=SCHEDULERS, help="learning-rate schedule (default linear)")
+    t.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay, not applied to biases and norms (default 0)")
+    t.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1 (default 0.9)")
+    t.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2 (default 0.999; Qwen's recipes use 0.95)")
+    t.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
+    t.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping norm; 0 disables (default 1.0)")
+    prec = t.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", action="store_true", help="train in bfloat16 mixed precision")
+    prec.add_argument("--fp16", action="store_true", help="train in float16 mixed precision (CUDA only)")
+    t.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    t.add_argument("--seed", type=int, default=42, help="seed for initialisation, dropout and data order (default 42)")
+    t.add_argument("--deepspeed", default=None, metavar="CONFIG",
+                   help="DeepSpeed JSON config (training/ds_config_zero2.json, training/ds_config_zero3.json); "
+                   "its 'auto' fields are filled from these flags; the ZeRO stage comes from it")
+    t.add_argument("--use_cpu", action="store_true", help="train on CPU with gloo (chosen automatically without CUDA)")
+    t.add_argument("--ddp_timeout", type=int, default=1800,
+                   help="seconds a process waits for the others (process-group set-up and collectives; default 1800)")
+
+    s = p.add_argument_group("saving and logging")
+    s.add_argument("--save_strategy", default="steps", choices=["no", "steps", "epoch"],
+                   help="when to write checkpoints (default steps)")
+    s.add_argument("--save_steps", type=int, default=500, help="checkpoint every N optimizer steps (default 500)")
+    s.add_argument("--save_total_limit", type=int, default=None, help="keep at most N checkpoints, deleting the oldest")
+    s.add_argument("--save_on_each_node", action="store_true",
+                   help="every node writes its own checkpoints (clusters without shared storage)")
+    s.add_argument("--resume_from_checkpoint", default=None, metavar="PATH|auto",
+                   help="continue from a checkpoint directory, or 'auto' for the latest complete one in --output_dir")
+    s.add_argument("--logging_steps", type=int, default=1, help="write a metrics record every N optimizer steps (default 1)")
+    s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
+    s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
+
+    lo = p.add_argument_group("LoRA / Q-LoRA")
+    lo.add_argument("--use_lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
+    lo.add_argument("--q_lora", action="store_true",
+                    help="Q-LoRA: LoRA on a 4-bit nf4 base (bitsandbytes) or on an already GPTQ/AWQ-quantized checkpoint; implies --use_lora")
+    lo.add_argument("--lora_r", type=int, default=64, help="LoRA rank (default 64)")
+    lo.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha (default 16)")
+    lo.add_argument("--lora_dropout", type=float, default=0.05, help="LoRA dropout (default 0.05)")
+    lo.add_argument("--lora_target_modules", default=DEFAULT_LORA_TARGETS,
+                    help=f"comma-separated module names to adapt (default: every decoder projection, {DEFAULT_LORA_TARGETS})")
+    lo.add_argument("--merge_lora", action="store_true", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses and checks flags. argparse exits with 2 on an unknown or malformed flag itself."""
+    args = build_parser().parse_args(argv)
+    if args.q_lora:
+        args.use_lora = True
+    if args.metrics_file is None:
+        args.metrics_file = os.path.join(args.output_dir, "metrics.jsonl")
+    if args.per_device_eval_batch_size is None:
+        args.per_device_eval_batch_size = args.per_device_train_batch_size
+    args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]
+    check_args(args)
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                "model_max_length", "logging_steps", "lora_r", "lora_alpha"]
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise InputError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.learning_rate <= 0:
+        raise InputError(f"--learning_rate must be positive, got {args.learning_rate}")
+    if args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise InputError("give --max_steps > 0 or --num_train_epochs > 0")
+    if not 0.0 <= args.warmup_ratio < 1.0:
+        raise InputError(f"--warmup_ratio must be in [0, 1), got {args.warmup_ratio}")
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise InputError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    if args.save_strategy == "steps" and args.save_steps <= 0:
+        raise InputError(f"--save_steps must be positive with --save_strategy steps, got {args.save_steps}")
+    if args.use_lora and not args.lora_target_modules:
+        raise InputError("--lora_target_modules is empty")
+    if args.merge_lora and not args.use_lora:
+        raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
+    if args.model_max_length < 8:
+        raise InputError(f"--model_max_length {args.model_max_length} is too short for a chat turn")

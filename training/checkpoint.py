@@ -1,0 +1,106 @@
+"""Checkpoint directories: naming, completeness, rotation and atomic publication.
+
+A checkpoint is written into `checkpoint-N.tmp` and renamed to `checkpoint-N`
+only when every process has finished writing, so a directory named
+`checkpoint-N` is always complete; `trainer_state.json` inside it is written
+last as a second witness. The recipe decides what goes inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from training.errors import InputError
+
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+
+
+def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = []
+    for p in out.iterdir():
+        m = CKPT_RE.match(p.name)
+        if m and p.is_dir() and (p / STATE_FILE).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
+    """`auto` -> the latest complete checkpoint in output_dir (None when there is none yet)."""
+    if not arg:
+        return None
+    if arg == "auto":
+        found = complete_checkpoints(output_dir)
+        return found[-1][1] if found else None
+    p = Path(arg)
+    if not p.is_dir():
+        raise InputError(f"--resume_from_checkpoint {arg}: no such directory")
+    if not (p / STATE_FILE).is_file():
+        raise InputError(f"--resume_from_checkpoint {arg}: not a complete checkpoint (no {STATE_FILE})")
+    return p
+
+
+def read_state(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{ckpt / STATE_FILE}: unreadable checkpoint state: {e}") from None
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def staging_dir(output_dir: str, step: int) -> tuple[Path, Path]:
+    return Path(output_dir) / f"checkpoint-{step}.tmp", Path(output_dir) / f"checkpoint-{step}"
+
+
+def clear(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Makes a fully written checkpoint visible under its final name."""
+    if final.exists():
+        # The same step written again (a run resumed from an earlier checkpoint): the new one wins.
+        old = final.with_name(final.name + ".old")
+        clear(old)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+
+
+def rotate(output_dir: str, limit: int | None) -> list[Path]:
+    """Deletes the oldest complete checkpoints beyond `limit`; returns what it deleted."""
+    if not limit or limit <= 0:
+        return []
+    found = complete_checkpoints(output_dir)
+    doomed = [p for _, p in found[:-limit]]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed
+
+
+def move_contents(src: Path, dst: Path) -> None:
+    """Moves every file of src into dst (each rename is atomic) and removes src."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.iterdir()):
+        target = dst / p.name
+        if p.is_dir():
+            clear(target)
+        os.replace(p, target)
+    src.rmdir()

@@ -1,0 +1,261 @@
+"""Chat records -> token ids and labels, batches, and the data order.
+
+Masking: the conversation is rendered once with the tokenizer's own chat
+template, and the character span of every assistant turn (from the end of
+its `<|im_start|>assistant\\n` header through its end-of-turn token) is found
+in that text, anchored on the turn's content. Tokens whose characters lie
+inside such a span get labels; all others get -100. Working on the rendered
+text rather than on prefixes of the conversation keeps this right for
+templates that render earlier turns differently from the last one (Qwen3
+drops old thinking blocks and adds an empty one to the last reply).
+
+Data order: one seeded permutation of the whole data set per epoch, cut into
+global batches of world_size x micro_batch x accumulation records. Rank r takes
+its slice of each global batch, so the order does not depend on the number of
+processes and a resumed run continues exactly where the checkpoint left off.
+Records beyond the last full global batch of an epoch are not used in that
+epoch (every rank must run the same number of micro-batches).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from training.errors import InputError
+from training.records import Conversation
+
+IGNORE_INDEX = -100
+log = logging.getLogger("training")
+
+# ChatML, for a tokenizer that ships without a chat template (some base models).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass
+class Encoded:
+    input_ids: list[int]
+    labels: list[int]
+    truncated: bool = False
+
+
+@dataclass
+class DataStats:
+    records: int = 0
+    truncated: int = 0  # longer than model_max_length, cut
+    dropped: int = 0  # no supervised token left after the cut
+    tokens: int = 0
+    label_tokens: int = 0
+    truncated_ids: list[str] = field(default_factory=list)
+
+
+class ChatEncoder:
+    """Renders conversations with the chat template and labels the assistant turns."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self.tok = tokenizer
+        self.max_length = max_length
+        if not getattr(tokenizer, "chat_template", None):
+            log.warning("tokenizer has no chat template: using ChatML (Qwen's format)")
+            tokenizer.chat_template = CHATML_TEMPLATE
+        if not getattr(tokenizer, "is_fast", True):
+            raise InputError("the tokenizer is not a fast (Rust) tokenizer: assistant masking needs character offsets")
+        probe = [{"role": "user", "content": "hi"}]
+        bare = self.render(probe)
+        with_prompt = self.render(probe, add_generation_prompt=True)
+        # The assistant header is what the generation prompt adds ("<|im_start|>assistant\n").
+        self.header = with_prompt[len(bare):] if with_prompt.startswith(bare) else "<|im_start|>assistant\n"
+        if not self.header:
+            self.header = "<|im_start|>assistant\n"
+        vocab = tokenizer.get_vocab()
+        self.end_of_turn = "<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token
+        if not self.end_of_turn:
+            raise InputError("the tokenizer has neither <|im_end|> nor an eos token to end an assistant turn")
+
+    def render(self, messages, add_generation_prompt: bool = False) -> str:
+        return self.tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def assistant_spans(self, text: str, conv: Conversation) -> list[tuple[int, int]]:
+        spans, cursor = [], 0
+        for t, msg in enumerate(conv.messages):
+            content = msg["content"]
+            if msg["role"] == "assistant" and "</think>" in content:
+                content = content.split("</think>")[-1]  # templates re-render the thinking part
+            anchor = content.strip()
+            if not anchor:
+                continue
+            pos = text.find(anchor, cursor)
+            if pos < 0:
+                if msg["role"] == "assistant":
+                    raise InputError(f"record {conv.index} (id {conv.id!r}): the chat template dropped assistant turn {t}")
+                continue  # the template rewrote a system or user turn; it carries no labels anyway
+            if msg["role"] == "assistant":
+                head = text.rfind(self.header, cursor, pos)
+                end = text.find(self.end_of_turn, pos + len(anchor))
+                if head < 0 or end < 0:
+                    raise InputError(f"record {conv.index} (id {conv.id!r}): cannot find the assistant header or "
+                                     f"end-of-turn token of turn {t} in the rendered chat")
+                spans.append((head + len(self.header), end + len(self.end_of_turn)))
+                cursor = end + len(self.end_of_turn)
+            else:
+                cursor = pos + len(anchor)
+        return spans
+
+    def encode(self, conv: Conversation) -> Encoded:
+        text = self.render(conv.messages)
+        spans = self.assistant_spans(text, conv)
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        labels = [IGNORE_INDEX] * len(ids)
+        s = 0
+        for i, (a, b) in enumerate(enc["offset_mapping"]):
+            while s < len(spans) and spans[s][1] <= a:
+                s += 1
+            if s < len(spans) and b > a and spans[s][0] <= a and b <= spans[s][1]:
+                labels[i] = ids[i]
+        truncated = len(ids) > self.max_length
+        if truncated:
+            ids, labels = ids[: self.max_length], labels[: self.max_length]
+        return Encoded(ids, labels, truncated)
+
+
+def _has_labels(e: Encoded) -> bool:
+    # The first token is never predicted, so a label there alone teaches nothing.
+    return any(x != IGNORE_INDEX for x in e.labels[1:])
+
+
+class EagerDataset(torch.utils.data.Dataset):
+    """Tokenizes everything up front; records left without labels after truncation are dropped."""
+
+    def __init__(self, convs: list[Conversation], encoder: ChatEncoder):
+        self.items: list[Encoded] = []
+        self.stats = DataStats(records=len(convs))
+        for conv in convs:
+            e = encoder.encode(conv)
+            if e.truncated:
+                self.stats.truncated += 1
+                self.stats.truncated_ids.append(conv.id)
+            if not _has_labels(e):
+                self.stats.dropped += 1
+                continue
+            self.stats.tokens += len(e.input_ids)
+            self.stats.label_tokens += sum(1 for x in e.labels if x != IGNORE_INDEX)
+            self.items.append(e)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Encoded:
+        return self.items[i]
+
+
+class LazyDataset(torch.utils.data.Dataset):
+    """Tokenizes a record when it is read (--lazy_preprocess); truncation is counted as it happens.
+
+    The counters live in this process (and in each data-loader worker): the
+    training loop sums what the batches report instead.
+    """
+
+    def __init__(self, convs: list[Conversation], encoder: ChatEncoder):
+        self.convs = convs
+        self.encoder = encoder
+        self.stats = DataStats(records=len(convs))
+
+    def __len__(self):
+        return len(self.convs)
+
+    def __getitem__(self, i: int) -> Encoded:
+        return self.encoder.encode(self.convs[i])
+
+
+def build_dataset(convs: list[Conversation], encoder: ChatEncoder, lazy: bool):
+    return LazyDataset(convs, encoder) if lazy else EagerDataset(convs, encoder)
+
+
+class Collator:
+    """Pads a micro-batch to its own longest record (never to model_max_length)."""
+
+    def __init__(self, pad_id: int, pad_to_multiple_of: int = 1):
+        self.pad_id = pad_id
+        self.multiple = pad_to_multiple_of
+
+    def __call__(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
+        n = max(len(e.input_ids) for e in items)
+        n = -(-n // self.multiple) * self.multiple
+        ids = torch.full((len(items), n), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(items), n), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(items), n), dtype=torch.long)
+        for row, e in enumerate(items):
+            k = len(e.input_ids)
+            ids[row, :k] = torch.tensor(e.input_ids)
+            labels[row, :k] = torch.tensor(e.labels)
+            mask[row, :k] = 1
+        labels[:, 0] = IGNORE_INDEX  # never predicted (no previous token)
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": labels,
+            "truncated": torch.tensor(sum(e.truncated for e in items)),
+        }
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """Yields this rank's micro-batches (lists of record indices), optimizer step by optimizer step.
+
+    Starts at `start_step` (a resumed run) and stops after `total_steps`.
+    """
+
+    def __init__(self, n_records: int, world_size: int, rank: int, micro_batch: int, accumulation: int,
+                 seed: int, total_steps: int, start_step: int = 0):
+        self.n = n_records
+        self.world, self.rank = world_size, rank
+        self.mb, self.gas = micro_batch, accumulation
+        self.seed = seed
+        self.global_batch = world_size * micro_batch * accumulation
+        self.steps_per_epoch = n_records // self.global_batch
+        self.total_steps, self.start_step = total_steps, start_step
+
+    def _perm(self, epoch: int) -> list[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def micro_batches(self, step: int) -> list[list[int]]:
+        """The `accumulation` micro-batches that this rank trains on in 0-based optimizer step `step`."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        batch = self._perm(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
+        out = []
+        for m in range(self.gas):
+            start = (m * self.world + self.rank) * self.mb
+            out.append(batch[start:start + self.mb])
+        return out
+
+    def __iter__(self):
+        perm, perm_epoch = None, None
+        for step in range(self.start_step, self.total_steps):
+            epoch, k = divmod(step, self.steps_per_epoch)
+            if epoch != perm_epoch:
+                perm, perm_epoch = self._perm(epoch), epoch
+            batch = perm[k * self.global_batch:(k + 1) * self.global_batch]
+            for m in range(self.gas):
+                start = (m * self.world + self.rank) * self.mb
+                yield batch[start:start + self.mb]
+
+    def __len__(self):
+        return (self.total_steps - self.start_step) * self.gas
+
+
+def eval_batches(n_records: int, world_size: int, rank: int, batch_size: int) -> list[list[int]]:
+    """This rank's evaluation batches; every rank gets the same number (ZeRO-3 needs each forward on all ranks).
+
+    An empty list stands for a padding batch that the evaluator runs with no labels.
+    """
+    mine = list(range(rank, n_records, world_size))
+    per_rank = -(-n_records // world_size)
+    n_batches = -(-per_rank // batch_size)
+    return [mine[i * batch_size:(i + 1) * batch_size] for i in range(n_batches)]

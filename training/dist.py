@@ -1,0 +1,97 @@
+"""Process-group set-up and the few collectives the recipe needs.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT; torch itself honours GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME. A
+plain `python -m training.finetune` is one process of a world of one; it gets
+a process group only when DeepSpeed needs one (on a free local port).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env() -> DistEnv:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return DistEnv(
+        rank=int(os.environ.get("RANK", "0")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=world,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+    )
+
+
+def pick_device(env: DistEnv, use_cpu: bool) -> torch.device:
+    if use_cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.cuda.set_device(env.local_rank)
+    return torch.device("cuda", env.local_rank)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init(env: DistEnv, device: torch.device, timeout_s: int, need_group: bool) -> None:
+    """Creates the process group (gloo on CPU, nccl on GPU) with a bounded wait."""
+    if dist.is_initialized() or not (need_group or env.world_size > 1):
+        return
+    if env.world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
+                            rank=env.rank, world_size=env.world_size, **kwargs)
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_floats(x: float, device: torch.device) -> list[float]:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    if not active():
+        return [x]
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.item() for o in out]
+
+
+def destroy() -> None:
+    if active():
+        dist.destroy_process_group()

@@ -1,0 +1,111 @@
+"""DeepSpeed JSON configs: read, check and fill their "auto" fields from the flags.
+
+The shipped configs leave batch sizes, accumulation, clipping and precision
+as "auto", so the command line is the single source of truth; a number in the
+config that contradicts a flag is an error rather than a silent winner.
+Light on purpose (json only), so a broken config fails before torch loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+from training.errors import InputError
+
+log = logging.getLogger("training")
+
+
+def load(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{path}: DeepSpeed config not found")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: DeepSpeed config is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read DeepSpeed config: {e}") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: DeepSpeed config must be a JSON object")
+    stage = zero_stage(cfg)
+    if stage not in (0, 1, 2, 3):
+        raise InputError(f"{path}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    return cfg
+
+
+def zero_stage(cfg: dict | None) -> int:
+    if not cfg:
+        return 0
+    zo = cfg.get("zero_optimization") or {}
+    return zo.get("stage", 0) if isinstance(zo, dict) else -1
+
+
+def _set(path: str, cfg: dict, section: dict, key: str, value) -> None:
+    """Fills "auto" (or a missing key); an explicit different value conflicts with the flags."""
+    cur = section.get(key, "auto")
+    if cur == "auto":
+        section[key] = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(cur, (int, float)):
+        if abs(float(cur) - float(value)) > 1e-12 * max(1.0, abs(float(value))):
+            raise InputError(f"{path}: '{key}' is {cur} but the command line gives {value}; set it to \"auto\"")
+    elif cur != value:
+        raise InputError(f"{path}: '{key}' is {cur!r} but the command line gives {value!r}; set it to \"auto\"")
+
+
+def fill(path: str, raw: dict, args, world_size: int, hidden_size: int, on_cpu: bool) -> dict:
+    cfg = copy.deepcopy(raw)
+    mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    _set(path, cfg, cfg, "train_micro_batch_size_per_gpu", mb)
+    _set(path, cfg, cfg, "gradient_accumulation_steps", gas)
+    _set(path, cfg, cfg, "train_batch_size", mb * gas * world_size)
+    _set(path, cfg, cfg, "gradient_clipping", args.max_grad_norm)
+    for name, on in (("bf16", args.bf16), ("fp16", args.fp16)):
+        section = cfg.setdefault(name, {})
+        if section.get("enabled", "auto") == "auto":
+            section["enabled"] = on
+        elif bool(section["enabled"]) != on:
+            raise InputError(f"{path}: '{name}.enabled' is {section['enabled']} but --{name} is "
+                             f"{'given' if on else 'not given'}; set it to \"auto\"")
+
+    zo = cfg.setdefault("zero_optimization", {})
+    if zo.get("reduce_bucket_size") == "auto":
+        zo["reduce_bucket_size"] = hidden_size * hidden_size
+    if zo.get("stage3_prefetch_bucket_size") == "auto":
+        zo["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+    if zo.get("stage3_param_persistence_threshold") == "auto":
+        zo["stage3_param_persistence_threshold"] = 10 * hidden_size
+    if zo.get("stage3_gather_16bit_weights_on_model_save") == "auto":
+        zo["stage3_gather_16bit_weights_on_model_save"] = True
+
+    offload = (zo.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+    if offload and "optimizer" not in cfg:
+        # ZeRO-Offload wants DeepSpeed's own CPU Adam, which it only builds from a config section.
+        cfg["optimizer"] = {"type": "AdamW", "params": {}}
+    if "optimizer" in cfg:
+        params = cfg["optimizer"].setdefault("params", {})
+        _set(path, cfg, params, "lr", args.learning_rate)
+        _set(path, cfg, params, "betas", [args.adam_beta1, args.adam_beta2])
+        _set(path, cfg, params, "eps", args.adam_epsilon)
+        _set(path, cfg, params, "weight_decay", args.weight_decay)
+        if on_cpu and not offload:
+            params.setdefault("torch_adam", True)  # FusedAdam would compile a CUDA-less op for a minute
+    if "scheduler" in cfg:
+        log.warning("%s: ignoring its 'scheduler' section: --lr_scheduler_type/--warmup_ratio set the schedule", path)
+        del cfg["scheduler"]
+    cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
+
+    leftover = [k for k, v in _walk(cfg) if v == "auto"]
+    if leftover:
+        raise InputError(f"{path}: cannot fill \"auto\" for {', '.join(leftover)}")
+    return cfg
+
+
+def _walk(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _walk(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v

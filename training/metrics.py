@@ -1,0 +1,42 @@
+"""OUTPUT_DIR/metrics.jsonl: one JSON object per line, appended and flushed, rank 0 only.
+
+The monitor tails this file while training runs, so a record is written in
+one call and flushed at once; the file is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+
+class MetricsWriter:
+    def __init__(self, path: str, enabled: bool):
+        self.path = path
+        self.enabled = enabled
+        self._f = None
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        if self._f is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._f = open(self.path, "a", encoding="utf-8")
+        rec = {k: _clean(v) for k, v in record.items()}
+        rec.setdefault("time", time.time())
+        self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _clean(v):
+    # JSON has no NaN/Infinity: a diverged loss is written as null, not as invalid JSON.
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

@@ -1,0 +1,169 @@
+"""Loading the model and tokenizer, and turning them into what the method trains.
+
+full:  every weight trains.
+lora:  peft LoRA adapters on the decoder projections; the base is frozen.
+qlora: LoRA on a 4-bit base: nf4 via bitsandbytes for a normal checkpoint, or
+       the checkpoint's own GPTQ/AWQ quantization (Qwen's -Int4 releases),
+       after peft's k-bit preparation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+from training.errors import InputError
+
+log = logging.getLogger("training")
+PREQUANTIZED = {"gptq": ("optimum", "gptqmodel"), "awq": ("awq",)}
+
+
+def resolve_model_source(name_or_path: str, local_rank: int) -> str:
+    """`builtin:tiny` -> the cached tiny model; a local directory must hold a config.json."""
+    if name_or_path == "builtin:tiny":
+        from training.tiny import ensure_builtin_tiny
+
+        return str(ensure_builtin_tiny(local_rank))
+    if name_or_path.startswith("builtin:"):
+        raise InputError(f"unknown built-in model {name_or_path!r}; known: builtin:tiny")
+    p = Path(name_or_path).expanduser()
+    looks_local = p.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_local:
+        if not p.is_dir():
+            raise InputError(f"{name_or_path}: model directory not found")
+        if not (p / "config.json").is_file():
+            raise InputError(f"{name_or_path}: no config.json in the model directory")
+        return str(p)
+    return name_or_path  # a hub id such as Qwen/Qwen2.5-7B-Instruct
+
+
+def read_config_dict(source: str) -> dict:
+    """The model's config.json as a dict, without importing transformers where it is local."""
+    p = Path(source) / "config.json"
+    if p.is_file():
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{p}: config.json is not valid JSON: {e}") from None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source).to_dict()
+    except (OSError, ValueError) as e:
+        raise InputError(f"{source}: cannot load the model config: {str(e).splitlines()[0]}") from None
+
+
+def quantization_method(config: dict) -> str | None:
+    q = config.get("quantization_config")
+    if not q:
+        return None
+    return str(q.get("quant_method", "unknown")).lower()
+
+
+def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
+    """Returns 'full', 'lora' or 'qlora', or raises InputError for a setup that cannot work."""
+    quant = quantization_method(config)
+    if args.fp16 and not on_cuda:
+        raise InputError("--fp16 needs a CUDA GPU; use --bf16 or full precision on CPU")
+    if quant and not args.q_lora:
+        raise InputError(f"{args.model_name_or_path}: the checkpoint is {quant}-quantized; "
+                         "only --q_lora can train it (LoRA on the frozen quantized base)")
+    if not args.q_lora:
+        return "lora" if args.use_lora else "full"
+    if stage == 3:
+        raise InputError("--q_lora does not work with ZeRO-3 (quantized weights cannot be partitioned); "
+                         "use training/ds_config_zero2.json or no --deepspeed")
+    if args.merge_lora and quant:
+        raise InputError(f"--merge_lora cannot merge into a {quant}-quantized base; merge into the unquantized model")
+    if quant:
+        if quant not in PREQUANTIZED:
+            raise InputError(f"{args.model_name_or_path}: --q_lora supports GPTQ, AWQ or a plain checkpoint, not {quant!r}")
+        missing = [m for m in PREQUANTIZED[quant] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise InputError(f"--q_lora on a {quant.upper()} checkpoint needs the Python packages: {', '.join(missing)}")
+        if not on_cuda:
+            raise InputError(f"--q_lora on a {quant.upper()} checkpoint needs a CUDA GPU (its kernels have no CPU path here)")
+        return "qlora"
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise InputError("--q_lora needs the bitsandbytes package for 4-bit nf4 quantization")
+    return "qlora"
+
+
+def load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{source}: cannot load the tokenizer: {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        # Qwen ships <|endoftext|> as pad; padded positions carry no labels either way.
+        tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
+    return tok
+
+
+def load_model(args, source: str, method: str, device, load_dtype, quant: str | None):
+    """Loads the causal LM in load_dtype; for Q-LoRA quantizes to nf4 on load (unless already quantized)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": load_dtype}
+    if method == "qlora":
+        compute = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+        if quant is None:
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=compute,
+            )
+        kwargs["dtype"] = compute
+        kwargs["device_map"] = {"": device}  # quantize straight onto this process's device
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
+    return model
+
+
+def apply_method(args, model, method: str):
+    """Enables gradient checkpointing and wraps the model with LoRA adapters where asked."""
+    if method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=args.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    elif args.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input grads, so it also works with a frozen base.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if method == "full":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    unknown = [m for m in args.lora_target_modules if m not in present]
+    if unknown:
+        raise InputError(f"--lora_target_modules: the model has no modules named {', '.join(unknown)}")
+    cfg = LoraConfig(
+        r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+        target_modules=args.lora_target_modules, bias="none", task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, cfg)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    log.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters",
+             args.lora_r, args.lora_alpha, ",".join(args.lora_target_modules), trainable, total)
+    return model
+
+
+def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer) -> None:
+    """Loads the unquantized base afresh on CPU, merges the saved adapter and saves the full model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,541 @@
+"""The fine-tuning recipe: set-up, the training loop, checkpoints and the final save.
+
+Features: full / LoRA / Q-LoRA; plain DDP (or one process) and DeepSpeed
+ZeRO-2/3; CPU with gloo and CUDA with nccl; assistant-only loss normalised by
+the number of supervised tokens in the whole optimizer step (so gradient
+accumulation and the number of processes do not change the loss); per-batch
+padding; metrics.jsonl on rank 0; atomic checkpoints with rotation; exact
+resume (step, optimizer, scheduler, data order, dropout RNG); final model or
+adapter, a consolidated ZeRO-3 model, and an optional merged LoRA model.
+
+Order of set-up (see setup()): everything that can be wrong with the user's
+input is checked before the process group, the model or any file is touched,
+so bad input exits with code 2 in seconds and leaves the output directory alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from training import checkpoint as ckpt
+from training import dist, dsconfig
+from training.data import ChatEncoder, Collator, StepSampler, build_dataset, eval_batches, IGNORE_INDEX
+from training.errors import InputError
+from training.metrics import MetricsWriter
+from training.model import (apply_method, check_method, load_model, load_tokenizer, merge_adapter,
+                            quantization_method, read_config_dict, resolve_model_source)
+from training.records import load_conversations
+
+log = logging.getLogger("training")
+
+
+class FinetuneRecipe:
+    def __init__(self, args):
+        self.args = args
+        self.env = dist.read_env()
+        self.metrics: MetricsWriter | None = None
+        self.started = False
+        self.step = 0
+        self.engine = None  # the DeepSpeed engine, when --deepspeed is given
+        self.ddp = None
+        self.scaler = None
+        self._hf_ds_config = None  # keeps transformers' ZeRO-3 hook alive while loading
+        self.lazy_truncated = 0  # with --lazy_preprocess: truncations met in training batches
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        a, env = self.args, self.env
+        # 1. Cheap checks of the input, in the order a user would fix them.
+        self.ds_raw = dsconfig.load(a.deepspeed) if a.deepspeed else None
+        self.stage = dsconfig.zero_stage(self.ds_raw)
+        self.device = dist.pick_device(env, a.use_cpu)
+        if a.deepspeed and self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # also when --use_cpu on a GPU machine
+        train_convs = load_conversations(a.data_path)
+        eval_convs = load_conversations(a.eval_data_path) if a.eval_data_path else None
+        self.resume_dir = ckpt.resolve_resume(a.resume_from_checkpoint, a.output_dir)
+        self.resume_state = ckpt.read_state(self.resume_dir) if self.resume_dir else None
+        self.source = resolve_model_source(a.model_name_or_path, env.local_rank)
+        self.model_config = read_config_dict(self.source)
+        self.quant = quantization_method(self.model_config)
+        self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
+
+        # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
+        self.tokenizer = load_tokenizer(self.source)
+        encoder = ChatEncoder(self.tokenizer, a.model_max_length)
+        self.train_ds = build_dataset(train_convs, encoder, a.lazy_preprocess)
+        self.eval_ds = build_dataset(eval_convs, encoder, a.lazy_preprocess) if eval_convs else None
+        self._log_data_stats()
+        self.global_batch = env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
+        self.steps_per_epoch = len(self.train_ds) // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise InputError(f"{a.data_path}: {len(self.train_ds)} usable records, fewer than one global batch of "
+                             f"{self.global_batch} (= {env.world_size} processes x {a.per_device_train_batch_size} "
+                             f"x {a.gradient_accumulation_steps} accumulation)")
+        self.total_steps = a.max_steps if a.max_steps > 0 else math.ceil(a.num_train_epochs * self.steps_per_epoch)
+        if self.resume_state:
+            self._check_resume_compatible()
+            self.step = int(self.resume_state["step"])
+
+        # 3. Processes, model, optimizer.
+        dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
+        torch.manual_seed(a.seed)
+        hidden = int(self.model_config.get("hidden_size") or 4096)
+        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu")
+                          if self.ds_raw else None)
+        self._build_model()
+        self._build_optimizer()
+        self._build_loader()
+        if self.resume_dir:
+            self._load_training_state()
+
+        # 4. Only now does anything get written.
+        os.makedirs(a.output_dir, exist_ok=True)
+        self.metrics = MetricsWriter(a.metrics_file, enabled=env.is_main)
+        self.metrics.write({
+            "event": "start", "world_size": env.world_size, "method": self.method, "zero_stage": self.stage,
+            "total_steps": self.total_steps, "start_step": self.step, "steps_per_epoch": self.steps_per_epoch,
+            "global_batch_size": self.global_batch, "micro_batch_size": a.per_device_train_batch_size,
+            "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,
+            "data": a.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
+            "truncated_records": self.train_ds.stats.truncated, "dropped_records": self.train_ds.stats.dropped,
+            "model_max_length": a.model_max_length, "device": self.device.type,
+            "precision": "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
+            "resumed_from": str(self.resume_dir) if self.resume_dir else None,
+            "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
+            "lazy_preprocess": a.lazy_preprocess,
+        })
+        self.started = True
+        log.info("training %s for %d steps (%d per epoch, global batch %d) on %d process(es), %s%s",
+                 self.method, self.total_steps, self.steps_per_epoch, self.global_batch, env.world_size,
+                 self.device.type, f", ZeRO-{self.stage}" if a.deepspeed else "")
+
+    def _log_data_stats(self) -> None:
+        s, a = self.train_ds.stats, self.args
+        if a.lazy_preprocess:
+            log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)",
+                     a.data_path, s.records)
+            return
+        log.info("%s: %d records, %d tokens, %d of them supervised", a.data_path, s.records, s.tokens, s.label_tokens)
+        if s.truncated:
+            shown = ", ".join(s.truncated_ids[:5]) + (" ..." if s.truncated > 5 else "")
+            log.warning("%s: %d record(s) longer than --model_max_length %d were truncated (ids: %s)",
+                        a.data_path, s.truncated, a.model_max_length, shown)
+        if s.dropped:
+            log.warning("%s: %d record(s) had no assistant token left after truncation and are skipped",
+                        a.data_path, s.dropped)
+
+    def _check_resume_compatible(self) -> None:
+        st = self.resume_state
+        if int(st.get("global_batch_size", self.global_batch)) != self.global_batch:
+            raise InputError(f"{self.resume_dir}: trained with a global batch of {st['global_batch_size']}, "
+                             f"now {self.global_batch}: the data order and step count would not continue")
+        if st.get("method") and st["method"] != self.method:
+            raise InputError(f"{self.resume_dir}: a {st['method']} checkpoint cannot resume a {self.method} run")
+        if int(st.get("zero_stage", self.stage)) != self.stage:
+            raise InputError(f"{self.resume_dir}: saved with ZeRO stage {st['zero_stage']}, now {self.stage}")
+        if int(st["step"]) >= self.total_steps:
+            raise InputError(f"{self.resume_dir}: already at step {st['step']} of {self.total_steps}")
+
+    def _load_dtype(self):
+        a = self.args
+        half = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else None
+        if half is None:
+            return torch.float32
+        if a.deepspeed or self.method != "full":
+            return half  # DeepSpeed keeps its own fp32 master copy; a LoRA base is frozen
+        return torch.float32  # plain full fine-tuning: fp32 weights, autocast for the compute
+
+    def _build_model(self) -> None:
+        a = self.args
+        if self.stage == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # Tells from_pretrained to partition the weights across ranks as it loads them.
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        source = self.source
+        if self.resume_dir and self.method == "full" and not a.deepspeed:
+            source = str(self.resume_dir)  # the checkpoint holds the full model in HF format
+        model = load_model(a, source, self.method, self.device, self._load_dtype(), self.quant)
+        model = apply_method(a, model, self.method)
+        if self.resume_dir and self.method != "full" and not a.deepspeed:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(model, load_file(str(self.resume_dir / "adapter_model.safetensors")))
+        if self.method != "qlora" and self.stage != 3:
+            model.to(self.device)
+        self.model = model
+
+    def trainable_params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _build_optimizer(self) -> None:
+        a, env = self.args, self.env
+        from transformers import get_scheduler
+
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        # No weight decay on biases and norm weights (1-D), as in HF Trainer.
+        groups = [
+            {"params": [p for n, p in named if p.ndim >= 2], "weight_decay": a.weight_decay},
+            {"params": [p for n, p in named if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        groups = [g for g in groups if g["params"]]
+        warmup = math.ceil(a.warmup_ratio * self.total_steps)
+
+        def make_scheduler(optimizer):
+            return get_scheduler(a.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                                 num_training_steps=self.total_steps)
+
+        if a.deepspeed:
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+            optimizer = None
+            if "optimizer" not in self.ds_config:
+                optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
+                                              eps=a.adam_epsilon)
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=self.model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+                lr_scheduler=make_scheduler, config=self.ds_config,
+            )
+            return
+        fused = self.device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for _, p in named)
+        self.optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
+                                           eps=a.adam_epsilon, fused=fused or None)
+        self.scheduler = make_scheduler(self.optimizer)
+        if a.fp16:
+            self.scaler = torch.amp.GradScaler("cuda")
+        if env.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            )
+
+    def _build_loader(self) -> None:
+        a, env = self.args, self.env
+        pad_id = self.tokenizer.pad_token_id
+        self.collator = Collator(pad_id, pad_to_multiple_of=8 if self.device.type == "cuda" else 1)
+        self.sampler = StepSampler(len(self.train_ds), env.world_size, env.rank, a.per_device_train_batch_size,
+                                   a.gradient_accumulation_steps, a.seed, self.total_steps, start_step=self.step)
+        self.loader = torch.utils.data.DataLoader(
+            self.train_ds, batch_sampler=self.sampler, collate_fn=self.collator,
+            num_workers=a.dataloader_num_workers, pin_memory=self.device.type == "cuda",
+            # Its own generator: a loader seeds its workers from the global RNG otherwise, and a
+            # resumed run would then draw different dropout masks than an uninterrupted one.
+            generator=torch.Generator().manual_seed(a.seed),
+        )
+
+    # ------------------------------------------------------------- the loop
+    @property
+    def wrapped(self):
+        """What the forward pass goes through: the DeepSpeed engine, DDP, or the bare model."""
+        return self.engine or self.ddp or self.model
+
+    @property
+    def unwrapped(self):
+        return self.engine.module if self.engine else self.model
+
+    def _autocast(self):
+        a = self.args
+        if self.engine is None and (a.bf16 or a.fp16):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
+        return contextlib.nullcontext()
+
+    def _forward_loss(self, batch: dict, num_items: torch.Tensor) -> torch.Tensor:
+        """Summed token cross-entropy / num_items (HF's own loss, so fused-loss kernels can replace it)."""
+        with self._autocast():
+            out = self.wrapped(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               labels=batch["labels"], num_items_in_batch=num_items, use_cache=False)
+        return out.loss
+
+    def train(self) -> None:
+        a, env = self.args, self.env
+        gas = a.gradient_accumulation_steps
+        self.wrapped.train()
+        batches = iter(self.loader)
+        window = _Window()
+        t_start = time.perf_counter()
+        while self.step < self.total_steps:
+            t0 = time.perf_counter()
+            micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()} for _ in range(gas)]
+            # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
+            counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
+                                   sum(int(b["attention_mask"].sum()) for b in micro),
+                                   sum(int(b["truncated"]) for b in micro)], dtype=torch.float64)
+            counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
+            n_labels, n_tokens, n_trunc = counts.tolist()
+            # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
+            num_items = torch.tensor(max(n_labels, 1.0) / env.world_size, device=self.device)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+            lr = self._current_lr()
+            for i, batch in enumerate(micro):
+                last = i == gas - 1
+                sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
+                with sync:
+                    loss = self._forward_loss(batch, num_items)
+                    self._backward(loss)
+                if self.engine is not None:
+                    self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
+                loss_sum += loss.detach().double() * num_items.double()
+            grad_norm = self._optimizer_step()
+            self.step += 1
+            loss_sum = dist.all_reduce_sum(loss_sum)
+            if n_trunc and a.lazy_preprocess:
+                self.lazy_truncated += int(n_trunc)
+                log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
+                            self.step, int(n_trunc), a.model_max_length)
+            window.add(loss_sum.item(), n_labels, n_tokens, time.perf_counter() - t0)
+            if self.step % a.logging_steps == 0 or self.step == self.total_steps:
+                self._log_step(window, lr, grad_norm)
+                window = _Window()
+            if a.eval_steps > 0 and self.eval_ds is not None and self.step % a.eval_steps == 0:
+                self.evaluate()
+            if self._should_save():
+                self.save_checkpoint()
+        self.train_runtime = time.perf_counter() - t_start
+
+    def _current_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.engine is not None:
+            self.engine.backward(loss, scale_wrt_gas=False)  # our loss is already normalised per step
+        elif self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _optimizer_step(self) -> float:
+        a = self.args
+        if self.engine is not None:
+            norm = self.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
+            return float(norm) if norm is not None else float("nan")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable_params(), max_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _log_step(self, w: "_Window", lr: float, grad_norm: float) -> None:
+        rec = {
+            "step": self.step,
+            "epoch": round(self.step / self.steps_per_epoch, 4),
+            "loss": w.loss_sum / max(w.labels, 1.0),
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "tokens": int(w.tokens),
+            "label_tokens": int(w.labels),
+            "tokens_per_second": w.tokens / w.seconds if w.seconds > 0 else None,
+            "step_time": w.seconds / w.steps,
+        }
+        if self.device.type == "cuda":
+            rec["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.metrics.write(rec)
+        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", self.step, self.total_steps,
+                 rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
+
+    def _should_save(self) -> bool:
+        a = self.args
+        if a.save_strategy == "steps":
+            return self.step % a.save_steps == 0
+        if a.save_strategy == "epoch":
+            return self.step % self.steps_per_epoch == 0
+        return False
+
+    # ----------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Token-mean loss on --eval_data_path over all ranks; logged as an {"event": "eval"} record."""
+        a, env = self.args, self.env
+        self.wrapped.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for idx in eval_batches(len(self.eval_ds), env.world_size, env.rank, a.per_device_eval_batch_size):
+            # A rank without records left still runs a forward (ZeRO-3 gathers weights collectively).
+            batch = self.collator([self.eval_ds[i] for i in (idx or [0])])
+            if not idx:
+                batch["labels"].fill_(IGNORE_INDEX)
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            loss = self._forward_loss(batch, torch.tensor(1.0, device=self.device))
+            total += torch.stack([loss.detach().double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
+        total = dist.all_reduce_sum(total)
+        self.wrapped.train()
+        eval_loss = (total[0] / total[1].clamp(min=1)).item()
+        self.metrics.write({"event": "eval", "step": self.step, "eval_loss": eval_loss, "eval_tokens": int(total[1])})
+        log.info("eval at step %d: loss %.4f over %d tokens", self.step, eval_loss, int(total[1]))
+        return eval_loss
+
+    # ------------------------------------------------------------ checkpoints
+    @property
+    def is_saver(self) -> bool:
+        """The process that writes shared files: rank 0, or each node's first process with --save_on_each_node."""
+        return self.env.local_rank == 0 if self.args.save_on_each_node else self.env.is_main
+
+    def save_model(self, out: Path) -> None:
+        """Writes the model (or the LoRA adapter) and tokenizer in HF format. Collective under ZeRO-3."""
+        if self.stage == 3:
+            # Gathers the partitioned weights (only the trainable ones for LoRA) onto rank 0, which
+            # alone writes them: with --save_on_each_node other nodes keep only DeepSpeed's shards.
+            state_dict = self.engine._zero3_consolidated_16bit_state_dict(
+                exclude_frozen_parameters=self.method != "full")
+            if self.env.is_main:
+                self.unwrapped.save_pretrained(out, state_dict=state_dict)
+                self.tokenizer.save_pretrained(out)
+        elif self.is_saver:
+            self.unwrapped.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+
+    def save_checkpoint(self) -> None:
+        a, env = self.args, self.env
+        tmp, final = ckpt.staging_dir(a.output_dir, self.step)
+        if self.is_saver:
+            ckpt.clear(tmp)  # left over from a run that died mid-save
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        tmp.mkdir(parents=True, exist_ok=True)  # a rank on a node without shared storage
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(tmp), tag="ds", exclude_frozen_parameters=self.method != "full")
+        elif self.is_saver:
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            if self.scaler is not None:
+                torch.save(self.scaler.state_dict(), tmp / "scaler.pt")
+        torch.save(_rng_state(), tmp / f"rng_state_{env.rank}.pth")
+        self.save_model(tmp)
+        if self.is_saver:
+            ckpt.write_json(tmp / ckpt.STATE_FILE, {
+                "step": self.step, "epoch": self.step / self.steps_per_epoch, "total_steps": self.total_steps,
+                "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
+                "zero_stage": self.stage, "seed": a.seed, "model": a.model_name_or_path, "time": time.time(),
+            })
+        dist.barrier()
+        if self.is_saver:
+            ckpt.publish(tmp, final)
+            for gone in ckpt.rotate(a.output_dir, a.save_total_limit):
+                log.info("deleted %s (--save_total_limit %d)", gone, a.save_total_limit)
+        dist.barrier()
+        if env.is_main:
+            self.metrics.write({"event": "checkpoint", "step": self.step, "path": str(final)})
+        log.info("saved %s", final)
+
+    def _load_training_state(self) -> None:
+        """Restores optimizer, scheduler and (for DeepSpeed) weights; model weights of plain runs came with the model."""
+        d = self.resume_dir
+        if self.engine is not None:
+            path, _ = self.engine.load_checkpoint(str(d), tag="ds", load_module_strict=self.method == "full")
+            if path is None:
+                raise InputError(f"{d}: no DeepSpeed state in the checkpoint (was it written without --deepspeed?)")
+        else:
+            if not (d / "optimizer.pt").is_file():
+                raise InputError(f"{d}: no optimizer.pt (was it written with --deepspeed?)")
+            self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=self.device, weights_only=True))
+            self.scheduler.load_state_dict(torch.load(d / "scheduler.pt", weights_only=True))
+            if self.scaler is not None and (d / "scaler.pt").is_file():
+                self.scaler.load_state_dict(torch.load(d / "scaler.pt", weights_only=True))
+        rng = d / f"rng_state_{self.env.rank}.pth"
+        if rng.is_file():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        else:
+            log.warning("%s: no RNG state for rank %d; dropout will not repeat exactly", d, self.env.rank)
+        log.info("resumed from %s at step %d", d, self.step)
+
+    def save_final(self) -> None:
+        """The trained model (or adapter) into output_dir, plus output_dir/merged with --merge_lora."""
+        a = self.args
+        out = Path(a.output_dir)
+        tmp = out / ".final.tmp"
+        if self.is_saver:
+            ckpt.clear(tmp)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        self.save_model(tmp)
+        dist.barrier()
+        if self.is_saver:
+            ckpt.move_contents(tmp, out)
+            if a.merge_lora:
+                merged_tmp, merged = out / ".merged.tmp", out / "merged"
+                ckpt.clear(merged_tmp)
+                dtype = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else torch.float32
+                merge_adapter(self.source, str(out), str(merged_tmp), dtype, self.tokenizer)
+                ckpt.clear(merged)
+                os.rename(merged_tmp, merged)
+                log.info("saved the merged model in %s", merged)
+        dist.barrier()
+        log.info("saved the final %s in %s", "adapter" if self.method != "full" else "model", out)
+
+    # ----------------------------------------------------------------- end
+    def replica_checksums(self) -> list[float] | None:
+        """One number per rank summarising the trainable weights: equal when the replicas stayed in step.
+
+        Not meaningful under ZeRO-3, where every rank holds a different shard.
+        """
+        if self.stage == 3:
+            return None
+        total = 0.0
+        with torch.no_grad():
+            for i, p in enumerate(self.trainable_params()):
+                total += (p.double().sum() + (i + 1) * 1e-3 * p.double().pow(2).sum()).item()
+        return dist.all_gather_floats(total, self.device)
+
+    def finish(self) -> None:
+        sums = self.replica_checksums()
+        trunc = self.lazy_truncated if self.args.lazy_preprocess else self.train_ds.stats.truncated
+        self.metrics.write({
+            "event": "end", "status": "ok", "step": self.step, "total_steps": self.total_steps,
+            "train_runtime": getattr(self, "train_runtime", None), "truncated_records": trunc,
+            "replica_checksums": sums, "replicas_in_sync": None if sums is None else len(set(sums)) == 1,
+            "output_dir": os.path.abspath(self.args.output_dir),
+        })
+
+    def fail(self, error: BaseException) -> None:
+        if self.started and self.metrics is not None:
+            self.metrics.write({"event": "end", "status": "error", "step": self.step,
+                                "error": f"{type(error).__name__}: {error}"})
+
+    def cleanup(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        dist.destroy()
+
+
+class _Window:
+    """Sums over the optimizer steps between two metrics records."""
+
+    def __init__(self):
+        self.loss_sum = self.labels = self.tokens = self.seconds = 0.0
+        self.steps = 0
+
+    def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:
+        self.loss_sum += loss_sum
+        self.labels += labels
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
