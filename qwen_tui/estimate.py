@@ -1,0 +1,529 @@
+"""Memory per GPU, step time and scaling, from a model's shape alone (pure; no torch).
+
+Memory (`estimate_memory`)
+==========================
+Peak memory of one rank is the resident model states plus the largest of three
+moments of a training step, each a sum of tensors that are alive together:
+
+- loss backward (start of backward): every activation autograd saved, the
+  logits and loss tensors, and (mixed precision with fp32 weights) the bf16 copies
+  of the weights that autocast made and the matmuls saved;
+- layer recompute (gradient checkpointing only): the per-layer checkpoints, one
+  decoder layer's activations recomputed, and the gradients accumulated so far;
+- end of backward / optimizer step: all gradients, plus the embedding's gradient
+  while it is added into the tied lm_head gradient.
+
+Model states, in bytes per parameter (P all, Pt trainable, N = world size):
+
+- no ZeRO: weights in their dtype, gradients of the trainable ones (and DDP's
+  bucket copy of them when N > 1), AdamW m and v in the trainable dtype (fused
+  torch AdamW: 8 bytes fp32 or 4 bytes bf16 per parameter);
+- ZeRO-2 (DeepSpeed `estimate_zero2_model_states_mem_needs`): 2P bf16 weights +
+  18P/N (2 bf16 grads, 4 fp32 grads, 4 fp32 master, 8 Adam), offload: 2P;
+- ZeRO-3 (`estimate_zero3_model_states_mem_needs`): 4 x largest layer + 18P/N;
+  optimizer offload: 4 x largest + 2P/N; all offloaded: 4 x largest.
+  For LoRA the 18 bytes apply to Pt; frozen weights stay 2 bytes (ZeRO-3: 2/N).
+- Q-LoRA: projections in 4 bits (0.52 bytes/param: nf4 + double-quantized
+  absmax; GPTQ-Int4 with group 128 is the same within 1%), and
+  `prepare_model_for_kbit_training` casts the rest (embeddings, lm_head, norms)
+  to fp32.
+
+Activations, bytes per token per decoder layer (h hidden, q = heads x head_dim,
+k = kv_heads x head_dim, i intermediate, a = 2 for bf16/fp16 compute else 4,
+r = bytes of the residual stream: 4 when weights are fp32, else 2). Counted
+tensor by tensor from what PyTorch autograd saves in transformers' Qwen2 layer
+with sdpa attention (no attention matrix is stored):
+
+- full: 2 RMSNorms x (4h fp32 input + r*h normalised + a*h cast for the
+  projection) + a(q + 2k) rotated q, k and v + 2a*q (attention output, o_proj
+  input) + 4a*i (gate, SiLU, up, product);
+- LoRA (frozen base; a frozen matmul saves no input): 2 x 4h + a(q + 2k) + a*q +
+  3a*i, plus per adapted projection (1 + a) x in_features (dropout mask + the
+  input cast for lora_A; a alone without dropout); Q-LoRA adds the inputs that
+  bitsandbytes' 4-bit matmul saves, a(2h + q + i);
+- Qwen3's q/k norms add (4 + 2a)(q + k) (full) or 4(q + k) (LoRA);
+- gradient checkpointing (non-reentrant, per layer) keeps r*h per token per
+  layer and recomputes one layer at a time in backward.
+
+Logits and loss: transformers' causal-LM loss upcasts the logits to fp32 and
+log_softmax saves its fp32 output; its backward holds that output, the incoming
+gradient and its result together: 12 bytes x tokens x vocab (the bf16 logits held
+by the output are dropped before backward). The end of the forward holds 10 bytes
+x tokens x vocab.
+
+Overhead, on top of what torch allocates: the CUDA context (0.6 GiB), cuBLAS
+workspaces (0.0645 GiB, measured), NCCL buffers (0.5 GiB when N > 1), DeepSpeed's
+reduce/all-gather buckets (4.5x bucket size with overlap_comm, DeepSpeed's
+documentation), and allocator fragmentation: 10% of the step's transient tensors
+(measured reserved - allocated on the H200 ranged 2-30%).
+
+Checked against: DeepSpeed's own estimators (model states, exactly) in
+tests/unit/test_estimate.py, and peak memory measured on one H200
+(../shared/fixtures/peak_memory_h200.csv, every row within 15%).
+
+Step time (`estimate_step`, `scaling`)
+======================================
+- Model FLOPs per token (Kaplan et al. 2020; Chowdhery et al. 2022, PaLM,
+  appendix B): forward 2*Pm + 4*L*s*q (Pm = parameters in matmuls, lm_head
+  included; the attention term counts the causal half of 2 matmuls of s x q per
+  token). Backward is 2x forward for full fine-tuning; with a frozen base it
+  skips weight gradients, so 1x forward (Hu et al. 2021, LoRA); gradient
+  checkpointing adds one more forward.
+- Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
+  efficiency (model FLOPs utilisation) is assumed 0.35 unless measured: on one
+  H200 the stock HF Trainer path measured 0.06-0.12 and a tuned loop 0.49 (see
+  LAB-NOTES). Q-LoRA runs at 0.6x that (4-bit dequantisation in every matmul).
+- Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
+  NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
+  2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
+  bus bandwidth: the measured link between nodes when there are several nodes
+  (a ring crosses each node's link once per pass), NVLink/PCIe inside one.
+  DDP all-reduces the gradients once per step (no_sync while accumulating);
+  ZeRO-2 reduce-scatters the bf16 gradients every micro-batch and all-gathers the
+  updated bf16 weights once per step; ZeRO-3 all-gathers the bf16 weights in
+  forward and in backward (and again in the recompute with checkpointing) and
+  reduce-scatters the gradients, every micro-batch. LoRA communicates only the
+  adapters' gradients, except that ZeRO-3 still gathers the frozen base.
+- Overlap: DDP and ZeRO-2 gradient reduction overlaps the backward of the same
+  micro-batch, ZeRO-3's gathers overlap forward and backward (prefetch); what
+  does not fit under the compute is exposed. ZeRO-2's weight all-gather after
+  the optimizer step is always exposed. Without overlap every byte waits.
+- Scaling: weak scaling, micro-batch and accumulation per GPU fixed;
+  efficiency(n) = tokens/s on n nodes / (n x tokens/s on 1 node).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .modelspec import LORA_TARGETS_ALL, ModelSpec
+
+GIB = 1024**3
+
+CUDA_CONTEXT_GIB = 0.6
+CUBLAS_WORKSPACE_GIB = 0.0645  # measured on the H200: allocated by the first matmul of a process
+NCCL_BUFFERS_GIB = 0.5
+FRAGMENTATION = 0.10
+DS_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce/allgather bucket sizes
+DS_OVERLAP_FACTOR = 4.5  # DeepSpeed docs: overlap_comm uses 4.5x the bucket sizes
+QUANT_BYTES = {4: 0.52, 8: 1.02}
+DEFAULT_EFFICIENCY = 0.35
+QLORA_EFFICIENCY_FACTOR = 0.6
+CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
+PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_gib: float
+    bf16_tflops: float  # dense
+    hbm_gbs: float
+    intra_node_gbs: float  # NCCL bus bandwidth inside one node (NVLink or PCIe)
+
+
+# Datasheet numbers (dense bf16, no sparsity); memory as nvidia-smi's memory.total / 1024.
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (
+    GPUSpec("H200", 143771 / 1024, 989, 4800, 360),
+    GPUSpec("H100", 81559 / 1024, 989, 3350, 360),
+    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25),
+    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720),
+    GPUSpec("A100-80G", 81920 / 1024, 312, 2039, 230),
+    GPUSpec("A100-40G", 40960 / 1024, 312, 1555, 230),
+    GPUSpec("L40S", 46068 / 1024, 362, 864, 25),
+    GPUSpec("A10", 23028 / 1024, 125, 600, 25),
+    GPUSpec("L4", 23034 / 1024, 121, 300, 25),
+    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25),
+    GPUSpec("V100-32G", 32768 / 1024, 125, 900, 130),
+    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300),
+)}
+
+
+def gpu_spec(name: str, memory_mib: Optional[int] = None) -> Optional[GPUSpec]:
+    """Matches a table key (`H100`) or what nvidia-smi prints (`NVIDIA A100-SXM4-40GB`)."""
+    if name in GPUS:
+        return GPUS[name]
+    n = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace(" ", "").replace("_", "-")
+    for key in sorted(GPUS, key=len, reverse=True):
+        k = key.upper()
+        base = k.split("-")[0]
+        if base not in n:
+            continue
+        if k == "H100-PCIE" and "PCIE" not in n:
+            continue
+        if k.startswith("A100"):
+            want_40 = "40G" in n or (memory_mib is not None and memory_mib < 60_000)
+            if (k == "A100-40G") != want_40:
+                continue
+        return GPUS[key]
+    return None
+
+
+# ---------------------------------------------------------------- the run's parameters
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the estimate needs from `preset.training`, with overrides applied."""
+
+    method: str = "lora"
+    zero_stage: Optional[int] = 2
+    offload: str = "none"
+    precision: str = "bf16"
+    seq: int = 2048
+    micro_batch: int = 1
+    grad_accum: int = 1
+    gradient_checkpointing: bool = True
+    lora_r: int = 64
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] = LORA_TARGETS_ALL
+    master_fp32: Optional[bool] = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
+
+    @classmethod
+    def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
+        """From a preset's Training (or anything with its attribute names); overrides by RunShape names."""
+        if isinstance(training, RunShape):
+            base = asdict(training)
+        elif training is None:
+            base = {}
+        else:
+            g = lambda k, d: getattr(training, k, d)  # noqa: E731
+            targets = g("lora_target_modules", None)
+            base = dict(
+                method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),
+                precision=g("precision", "bf16"), seq=g("model_max_length", 2048),
+                micro_batch=g("per_device_train_batch_size", 1), grad_accum=g("gradient_accumulation_steps", 1),
+                gradient_checkpointing=g("gradient_checkpointing", True), lora_r=g("lora_r", 64),
+                lora_dropout=g("lora_dropout", 0.05),
+                lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
+            )
+        base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
+        if "lora_targets" in base:
+            base["lora_targets"] = tuple(base["lora_targets"])
+        return cls(**base)
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def half(self) -> bool:
+        return self.precision in ("bf16", "fp16")
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak memory of one GPU, GiB. The parts are what is alive at the peak moment
+    (`phase`), so they add up to `total`; `peak_allocated` is what
+    torch.cuda.max_memory_allocated would report (total minus context and fragmentation)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    overhead: float
+    total: float
+    peak_allocated: float
+    phase: str
+    world_size: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def fits(self, gpu_gib: float) -> bool:
+        return self.total <= gpu_gib
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = round(v, 3)
+        return d
+
+
+# ---------------------------------------------------------------- memory
+
+def _layer_act_bytes(spec: ModelSpec, run: RunShape, a: int, r: int) -> float:
+    """Bytes autograd saves per token in one decoder layer (see the module docstring)."""
+    h, q, k, i = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
+    if run.method == "full":
+        b = 2 * (4 + r + a) * h + a * (q + 2 * k) + 2 * a * q + 4 * a * i
+        if spec.qk_norm:
+            b += (4 + 2 * a) * (q + k)
+        return b
+    b = 2 * 4 * h + a * (q + 2 * k) + a * q + 3 * a * i
+    per_in = (1 + a) if run.lora_dropout > 0 else a
+    shapes = spec.module_shapes()
+    for t in run.lora_targets:
+        if t in shapes:
+            b += per_in * shapes[t][0] + a * run.lora_r
+    if spec.qk_norm:
+        b += 4 * (q + k)
+    if run.method == "qlora":
+        b += a * (2 * h + q + i)
+    return b
+
+
+def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, float, float, float, list[str]]:
+    """(weights, gradients, optimizer, autocast weight copies) in bytes, and notes."""
+    P = spec.total_params
+    notes: list[str] = []
+    lora = run.method in ("lora", "qlora")
+    Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
+    Pf = P if lora else 0  # frozen base (LoRA adds its own params on top)
+    if run.method == "qlora":
+        bits = spec.quant_bits or 4
+        quantized = spec.layers * spec.layer_linear_params
+        frozen_bytes = quantized * QUANT_BYTES.get(bits, 0.52) + (P - quantized) * 4  # kbit prep: rest in fp32
+    else:
+        frozen_bytes = Pf * (2 if run.half else 4)
+    largest = spec.largest_layer_params
+    zs = run.zero_stage
+    if zs is None or not run.half:
+        if zs is not None and not run.half:
+            notes.append("ZeRO without bf16/fp16 estimated like plain data parallel")
+        if lora:
+            w, g, o = frozen_bytes + 4 * Pt, 4 * Pt, 8 * Pt
+            cache = 2 * Pt if run.half else 0
+            if run.method == "qlora" and run.half:
+                cache += 2 * spec.vocab * spec.hidden  # the fp32 lm_head, cast for its matmul
+        else:
+            master = run.master_fp32 if run.master_fp32 is not None else True
+            pb = 4 if (master or not run.half) else 2
+            w, g, o = pb * P, pb * P, 2 * pb * P
+            cache = 2 * spec.matmul_params if (pb == 4 and run.half) else 0
+        if world > 1:
+            g += g  # DDP's gradient buckets are a second copy (gradient_as_bucket_view=False)
+        return w, g, o, cache, notes
+    # DeepSpeed with bf16/fp16: the module runs in half precision, fp32 master in the optimizer.
+    if zs == 2:
+        if run.offload != "none":
+            w, g, o = 2 * Pt, 0, 0
+        else:
+            w, g, o = 2 * Pt, 2 * Pt + 4 * Pt / world, 12 * Pt / world
+        w += frozen_bytes if lora else 0
+    else:
+        if run.offload == "all":
+            w, g, o = 4 * largest, 0, 0
+        elif run.offload == "optimizer":
+            w, g, o = 4 * largest + 2 * Pt / world, 0, 0
+        else:
+            w, g, o = 4 * largest + 2 * Pt / world, 6 * Pt / world, 12 * Pt / world
+        if lora and run.offload != "all":
+            w += frozen_bytes / world
+    return w, g, o, 0, notes
+
+
+def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, **overrides: Any) -> MemoryEstimate:
+    """Peak memory per GPU for `training` (a preset's Training or a RunShape) on `world_size` GPUs.
+
+    Overrides take RunShape names (micro_batch=4, gradient_checkpointing=False, zero_stage=2, ...).
+    """
+    run = RunShape.of(training, **overrides)
+    world = max(1, int(world_size))
+    w, g, o, cache, notes = _model_states(spec, run, world)
+    ds = run.zero_stage is not None and run.half
+    lora = run.method in ("lora", "qlora")
+    a = 2 if run.half else 4
+    fp32_weights_amp = run.half and not ds and (run.method == "qlora" or (not lora and (run.master_fp32 is not False)))
+    r = 4 if (not run.half or fp32_weights_amp) else 2
+    T, V, h, L = run.tokens, spec.vocab, spec.hidden, spec.layers
+    layer = _layer_act_bytes(spec, run, a, r) * T
+    final_norm = (4 + (r if not lora else 0)) * h * T
+    lm_cast = 2 * V * h if (cache and (not lora or run.method == "qlora")) else 0
+    grads_in_fwd = g if (run.grad_accum > 1 or ds) else 0.0
+    transient_tied = 4 * V * h if (not lora and spec.tied_embeddings and not ds) else 0
+
+    phases: list[tuple[str, float, float, float, float, float]] = []  # name, weights+, grads, acts, logits
+    if run.gradient_checkpointing:
+        ckpt = L * r * h * T
+        fwd_end = (cache, grads_in_fwd, ckpt + final_norm, 10 * T * V)
+        bwd_start = (lm_cast, grads_in_fwd, ckpt + final_norm, 12 * T * V)
+        layer_cast = (cache - lm_cast) / max(L, 1)
+        recompute = (lm_cast + layer_cast, g, ckpt + 2 * layer, 0.0)  # the layer and its input gradients
+        phases += [("end of forward", *fwd_end), ("loss backward", *bwd_start), ("layer recompute", *recompute)]
+    else:
+        acts = L * layer + final_norm
+        phases += [("end of forward", cache, grads_in_fwd, acts, 10 * T * V),
+                   ("loss backward", cache, grads_in_fwd, acts, 12 * T * V)]
+    phases.append(("end of backward", 0.0, g + transient_tied, 0.0, 0.0))
+    name, extra_w, grads, acts, logits = max(phases, key=lambda p: p[1] + p[2] + p[3] + p[4])
+
+    buffers = 0.0
+    if ds and world > 1:
+        trainable = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else spec.total_params
+        if run.zero_stage == 2:
+            buffers = 2 * DS_OVERLAP_FACTOR * min(DS_BUCKET_ELEMENTS, trainable)
+        else:
+            buffers = 2 * 2 * h * h  # reduce bucket (h^2) and prefetch bucket (0.9 h^2), bf16
+    transient = extra_w + acts + logits + max(0.0, grads - (g if grads_in_fwd else 0.0))
+    workspace = CUBLAS_WORKSPACE_GIB * GIB
+    allocated = w + extra_w + grads + o + acts + logits + workspace + buffers
+    overhead = workspace + buffers + CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * transient
+    if world > 1:
+        overhead += NCCL_BUFFERS_GIB * GIB
+    total = w + extra_w + grads + o + acts + logits + overhead
+    if run.offload != "none" and not ds:
+        notes.append("offload needs DeepSpeed ZeRO: ignored")
+    return MemoryEstimate(
+        weights=(w + extra_w) / GIB, gradients=grads / GIB, optimizer=o / GIB, activations=acts / GIB,
+        logits=logits / GIB, overhead=overhead / GIB, total=total / GIB, peak_allocated=allocated / GIB,
+        phase=name, world_size=world, notes=notes,
+    )
+
+
+def max_micro_batch(spec: ModelSpec, training: Any, world_size: int, gpu_gib: float, limit: int = 4096,
+                    **overrides: Any) -> int:
+    """Largest micro-batch whose estimate fits in gpu_gib (0 if not even 1 fits). Memory grows with it."""
+    overrides.pop("micro_batch", None)
+
+    def fits(mb: int) -> bool:
+        return estimate_memory(spec, training, world_size, micro_batch=mb, **overrides).fits(gpu_gib)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# ---------------------------------------------------------------- step time and scaling
+
+@dataclass
+class StepEstimate:
+    nodes: int
+    gpus_per_node: int
+    tokens_per_step: int  # all ranks, one optimizer step
+    flops_per_token: float
+    compute_s: float
+    comm_bytes_per_gpu: float  # bytes each rank sends per optimizer step (algorithm bytes x ring factor)
+    comm_s: float  # all communication, back to back
+    exposed_comm_s: float  # what overlap cannot hide
+    optimizer_s: float
+    step_time_s: float  # with overlap
+    step_time_no_overlap_s: float
+    tokens_per_second: float
+    bus_gbps: float  # bandwidth the collectives run at, Gbit/s
+    strategy: str  # ddp | zero2 | zero3
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ScalePoint:
+    nodes: int
+    step_time_s: float
+    tokens_per_second: float
+    scaling_efficiency: float
+    step_time_no_overlap_s: float
+    efficiency_no_overlap: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
+    """Training FLOPs per token: forward x (3 full, 2 LoRA) + 1 forward more with checkpointing."""
+    fwd = 2 * spec.matmul_params + 4 * spec.layers * run.seq * spec.q_dim
+    lora = run.method in ("lora", "qlora")
+    if lora:
+        fwd += 2 * spec.lora_params(run.lora_r, list(run.lora_targets))
+    mult = 2.0 if lora else 3.0
+    if run.gradient_checkpointing:
+        mult += 1.0
+    return fwd * mult
+
+
+def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
+                  bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
+                  efficiency: float = DEFAULT_EFFICIENCY, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
+                  hbm_gbs: float = GPUS["H100"].hbm_gbs, **overrides: Any) -> StepEstimate:
+    """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring.
+
+    bandwidth_gbps: link between nodes in Gbit/s (None: as fast as inside a node).
+    """
+    run = RunShape.of(training, **overrides)
+    nodes, g = max(1, nodes), max(1, gpus_per_node)
+    world = nodes * g
+    lora = run.method in ("lora", "qlora")
+    P = spec.total_params
+    Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
+    eff = efficiency * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
+    fpt = flops_per_token(spec, run)
+    micro_compute = run.tokens * fpt / (gpu_tflops * 1e12 * eff)
+    compute = micro_compute * run.grad_accum
+    passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
+    bwd_window = micro_compute * (passes - 1) / passes  # backward (with its recompute) follows one forward
+
+    intra = intra_node_gbs * 8  # Gbit/s
+    bus = intra if nodes == 1 else min(intra, bandwidth_gbps if bandwidth_gbps else intra)
+    Bps = bus * 1e9 / 8
+    ring = (world - 1) / world if world > 1 else 0.0
+    ds = run.zero_stage is not None and run.half
+    strategy = "ddp" if not ds else f"zero{run.zero_stage}"
+    gb = 2 if run.half else 4
+    if not ds and lora:
+        gb = 4  # peft keeps adapters (and their gradients) in fp32
+    elif not ds and run.master_fp32 is not False:
+        gb = 4
+    if strategy == "ddp":
+        per_step_overlappable = 2 * ring * Pt * gb  # one all-reduce per step, under the last backward
+        exposed = max(0.0, per_step_overlappable / Bps - bwd_window)
+        total_bytes = per_step_overlappable
+    elif strategy == "zero2":
+        micro = ring * Pt * 2  # reduce-scatter of bf16 gradients, every micro-batch
+        gather = ring * Pt * 2  # updated bf16 weights, once per step, exposed
+        exposed = run.grad_accum * max(0.0, micro / Bps - bwd_window) + gather / Bps
+        total_bytes = run.grad_accum * micro + gather
+    else:
+        gathers = 3 if run.gradient_checkpointing else 2
+        micro = ring * (gathers * P * 2 + Pt * 2)
+        exposed = run.grad_accum * max(0.0, micro / Bps - micro_compute)
+        total_bytes = run.grad_accum * micro
+    comm = total_bytes / Bps if world > 1 else 0.0
+    if world == 1:
+        exposed = 0.0
+
+    # AdamW touches param, grad, m, v (read + write, fp32): 32 bytes per trainable parameter of this rank.
+    shard = Pt / world if ds else Pt
+    opt = shard * 32 / (hbm_gbs * 1e9)
+    if ds and run.offload != "none":
+        opt = shard * g / CPU_ADAM_PARAMS_PER_S + shard * 4 / (PCIE_GBS * 1e9)
+        if run.offload == "all" and run.zero_stage == 3:
+            opt += run.grad_accum * (2 if run.gradient_checkpointing else 1) * 2 * P / world * 2 / (PCIE_GBS * 1e9)
+    step = compute + exposed + opt
+    step_no = compute + comm + opt
+    tokens = run.tokens * run.grad_accum * world
+    return StepEstimate(
+        nodes=nodes, gpus_per_node=g, tokens_per_step=tokens, flops_per_token=fpt, compute_s=compute,
+        comm_bytes_per_gpu=total_bytes, comm_s=comm, exposed_comm_s=exposed, optimizer_s=opt,
+        step_time_s=step, step_time_no_overlap_s=step_no, tokens_per_second=tokens / step,
+        bus_gbps=bus, strategy=strategy,
+    )
+
+
+def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: Optional[float],
+            **kwargs: Any) -> list[ScalePoint]:
+    """Predicted step time, tokens/s and weak-scaling efficiency for 1..max_nodes nodes."""
+    out: list[ScalePoint] = []
+    base = base_no = None
+    for n in range(1, max(1, max_nodes) + 1):
+        s = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs)
+        tps_no = s.tokens_per_step / s.step_time_no_overlap_s
+        if base is None:
+            base, base_no = s.tokens_per_second, tps_no
+        out.append(ScalePoint(nodes=n, step_time_s=s.step_time_s, tokens_per_second=s.tokens_per_second,
+                              scaling_efficiency=s.tokens_per_second / (n * base),
+                              step_time_no_overlap_s=s.step_time_no_overlap_s,
+                              efficiency_no_overlap=tps_no / (n * base_no)))
+    return out
+
+
+def round_sig(x: float, digits: int = 3) -> float:
+    return 0.0 if x == 0 else round(x, -int(math.floor(math.log10(abs(x)))) + digits - 1)
