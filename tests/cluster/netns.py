@@ -7,8 +7,10 @@ Layout (all under one id so that concurrent sessions do not collide):
   root namespace    qt<id>h = 10.A.B.1/24, veth onto br0: where the tests (the
                     "laptop" running qwen-tui) reach the nodes from
 Each node's sshd runs under `unshare --uts --mount --pid --fork --mount-proc`:
-its own hostname, its own /root (home, authorized_keys, known_hosts), its own
-/etc/shadow (a root password), /etc/hosts, and its own process table with sshd
+its own hostname, its own home for root (an /etc/passwd whose root entry points
+at the node's directory: authorized_keys, known_hosts; /root itself stays
+visible because Python may live there), its own /etc/shadow (a root password),
+/etc/hosts, and its own process table with sshd
 as init (which reaps orphans). The rest of the filesystem is shared, so the
 host's Python venv is every node's Python.
 """
@@ -44,7 +46,7 @@ class NSNode:
 
     @property
     def home(self) -> Path:
-        """What the node sees as /root."""
+        """root's home on the node."""
         return self.dir / "home"
 
 
@@ -93,6 +95,7 @@ class NetnsCluster:
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.addr} {n.hostname}\n" for n in self.nodes)
         shadow = self._shadow()
         for n in self.nodes:
+            n.dir.mkdir(parents=True, exist_ok=True)
             sh("ip", "netns", "add", n.netns)
             self._made.append(n.netns)
             sh("ip", "link", "add", f"qt{self.id}v{n.index}", "type", "veth", "peer", "name", "eth0",
@@ -118,10 +121,20 @@ class NetnsCluster:
             lines.append(":".join(parts))
         return "\n".join(lines) + "\n"
 
+    def _passwd(self, home: Path) -> str:
+        lines = []
+        for line in Path("/etc/passwd").read_text().splitlines():
+            parts = line.split(":")
+            if parts[0] == self.user:
+                parts[5] = str(home)
+            lines.append(":".join(parts))
+        return "\n".join(lines) + "\n"
+
     def _start_sshd(self, n: NSNode, hosts: str, shadow: str) -> None:
         d = n.dir
         (d / "etc").mkdir(parents=True, exist_ok=True)
         n.home.mkdir(mode=0o700, exist_ok=True)
+        (d / "etc" / "passwd").write_text(self._passwd(n.home))
         key = d / "etc" / "ssh_host_ed25519_key"
         if not key.exists():
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", n.hostname, "-f", str(key))
@@ -147,7 +160,7 @@ LogLevel ERROR
         (d / "sshd.log").touch()
         script = (
             'set -e; hostname "$1"; '
-            'mount --bind "$2/home" /root; mount --bind "$2/etc/hosts" /etc/hosts; '
+            'mount --bind "$2/etc/passwd" /etc/passwd; mount --bind "$2/etc/hosts" /etc/hosts; '
             'mount --bind "$2/etc/shadow" /etc/shadow; mkdir -p /run/sshd; '
             'exec /usr/sbin/sshd -D -e -f "$2/etc/sshd_config" 2>>"$2/sshd.log"'
         )

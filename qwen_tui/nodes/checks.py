@@ -1,0 +1,215 @@
+"""All node checks in one pass: connect, probe, consistency, ports, firewall,
+bandwidth. Fills ClusterFacts faithfully (the planner and the advice rules read
+it) and returns findings, each placed in the node x check matrix."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from qwen_tui.facts import ClusterFacts, NodeFacts
+from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, worst
+from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
+from qwen_tui.nodes.probe import probe_all
+from qwen_tui.nodes.transport import Transport
+from qwen_tui.preset import Preset
+
+COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "port", "nccl-ports", "firewall",
+           "bandwidth", "rehearsal"]
+FIXES = {
+    "python": "install Python 3.10+ on the node, or set cluster.nodes[{i}].python to its path",
+    "torchrun": "{py} -m pip install torch  (torchrun comes with torch)",
+    "iperf3": "apt-get install iperf3  (or dnf install iperf3)",
+    "nvidia-smi": "install the NVIDIA driver (apt-get install nvidia-driver-XXX), or set training.device: cpu",
+}
+LOW_DISK = 20 << 30
+
+
+@dataclass
+class CheckReport:
+    facts: ClusterFacts
+    findings: list[Finding] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def cell(self, node: int, column: str) -> tuple[Optional[str], list[Finding]]:
+        """(verdict, findings) for one matrix cell: ok / info / warning / error / None (not checked)."""
+        fs = [f for f in self.findings if f.node == node and f.check == column]
+        lv = worst(f.level for f in fs)
+        return lv, fs
+
+    def to_dict(self) -> dict[str, Any]:
+        matrix = {}
+        for i, lab in enumerate(self.labels):
+            matrix[lab] = {c: self.verdict(i, c) for c in COLUMNS}
+        return {"ok": self.ok, "seconds": round(self.seconds, 2), "labels": self.labels, "matrix": matrix,
+                "findings": [f.to_dict() for f in self.findings], "facts": self.facts.to_dict()}
+
+    def verdict(self, i: int, column: str) -> str:
+        lv, _ = self.cell(i, column)
+        if lv is None:
+            return "ok" if column in self._checked.get(i, set()) else "-"
+        return {"info": "ok"}.get(lv, lv)
+
+    _checked: dict = field(default_factory=dict)
+
+
+def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
+    """Compare nodes with each other and with the preset (pure)."""
+    out: list[Finding] = []
+    nodes = preset.cluster.nodes
+    ok = {i: f for i, f in facts.nodes.items() if f.error is None or f.gpus is None and "nvidia" in (f.error or "")}
+    ref_i = 0 if 0 in ok else (min(ok) if ok else None)
+    want_gpu = preset.training.device != "cpu"
+    for i, f in sorted(facts.nodes.items()):
+        lab, py = nodes[i].label, nodes[i].python
+        if "python" in f.missing_tools:
+            out.append(Finding(ERROR, "PYTHON_MISSING", f"{lab}: {f.error}", FIXES["python"].format(i=i), i, "python"))
+            continue
+        if f.error and "workdir" in f.error:
+            out.append(Finding(ERROR, "WORKDIR_MISSING", f"{lab}: {f.error}",
+                               f"create it, or sync the code (qwen-tui check --sync)", i, "code"))
+            continue
+        if f.error and f.gpus is not None:
+            out.append(Finding(ERROR, "PROBE_FAILED", f"{lab}: {f.error}", "", i, "python"))
+            continue
+        if f.versions.get("torch") is None:
+            out.append(Finding(ERROR, "TORCH_MISSING", f"{lab}: torch is not installed for {py}",
+                               FIXES["torchrun"].format(py=py), i, "python"))
+        elif "torchrun" in f.missing_tools:
+            out.append(Finding(WARNING, "TORCHRUN_MISSING", f"{lab}: no torchrun next to {py} "
+                               "(qwen-tui runs `python -m torch.distributed.run`, which is enough)", "", i, "python"))
+        # GPUs
+        if f.gpus is None:
+            out.append(Finding(ERROR if want_gpu else WARNING, "GPU_QUERY_FAILED", f"{lab}: {f.error}",
+                               "check the driver with nvidia-smi on the node", i, "gpu"))
+        elif not f.gpus:
+            lvl = ERROR if preset.training.device == "cuda" else (WARNING if want_gpu else INFO)
+            msg = f"{lab}: CPU-only (no nvidia-smi)" + ("" if not want_gpu else "; training wants GPUs")
+            out.append(Finding(lvl, "CPU_ONLY", msg, FIXES["nvidia-smi"] if want_gpu else "", i, "gpu"))
+        else:
+            desc = f"{lab}: {len(f.gpus)} x {f.gpu_model} ({f.gpu_memory_gib:.0f} GiB), driver {f.driver_version}"
+            if len(f.gpus) < nodes[i].gpus:
+                out.append(Finding(ERROR, "TOO_FEW_GPUS", desc + f"; the preset asks for {nodes[i].gpus}",
+                                   f"set cluster.nodes[{i}].gpus: {len(f.gpus)}", i, "gpu"))
+            else:
+                out.append(Finding(INFO, "GPUS", desc, "", i, "gpu"))
+        if not f.training_importable:
+            out.append(Finding(ERROR, "CODE_MISSING", f"{lab}: `training` is not importable in {nodes[i].workdir}",
+                               "copy the project there: qwen-tui check --sync", i, "code"))
+        if f.disk_free_bytes is not None and f.disk_free_bytes < LOW_DISK:
+            out.append(Finding(WARNING, "LOW_DISK", f"{lab}: {f.disk_free_bytes / 2**30:.1f} GiB free for "
+                               f"{preset.training.output_dir}", "free space or point training.output_dir elsewhere",
+                               i, "disk"))
+        if "iperf3" in f.missing_tools:
+            out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
+                               i, "bandwidth"))
+        if want_gpu and "nvidia-smi" in f.missing_tools and f.gpus:
+            pass  # cannot happen: gpus come from nvidia-smi
+    if ref_i is None:
+        return out
+    ref = facts.nodes[ref_i]
+    for i, f in sorted(ok.items()):
+        if i == ref_i:
+            continue
+        lab = nodes[i].label
+        for pkg in ("torch", "transformers", "peft", "deepspeed", "accelerate"):
+            a, b = ref.versions.get(pkg), f.versions.get(pkg)
+            if a != b and (a or b):
+                lvl = ERROR if pkg == "torch" else WARNING
+                out.append(Finding(lvl, "VERSION_MISMATCH", f"{lab}: {pkg} {b or 'missing'}, master has {a or 'missing'}",
+                                   f"{nodes[i].python} -m pip install {pkg}=={a}" if a else "", i, "python"))
+        if ref.python_version and f.python_version and ref.python_version.rsplit(".", 1)[0] != \
+                f.python_version.rsplit(".", 1)[0]:
+            out.append(Finding(WARNING, "PYTHON_MISMATCH", f"{lab}: Python {f.python_version}, master has "
+                               f"{ref.python_version}", "", i, "python"))
+        if ref.gpus and f.gpus and ref.gpu_model != f.gpu_model:
+            out.append(Finding(WARNING, "GPU_MODEL_MISMATCH", f"{lab}: {f.gpu_model}, master has {ref.gpu_model}; "
+                               "the slowest GPU sets the pace", "", i, "gpu"))
+        if ref.gpus is not None and f.gpus is not None and len(ref.gpus) != len(f.gpus):
+            out.append(Finding(WARNING, "GPU_COUNT_MISMATCH", f"{lab}: {len(f.gpus)} GPUs, master has {len(ref.gpus)}",
+                               "", i, "gpu"))
+    for kind in ("data", "model"):
+        r = getattr(ref, kind)
+        for i, f in sorted(facts.nodes.items()):
+            x = getattr(f, kind)
+            if x is None or f.error and "python" in f.missing_tools:
+                continue
+            lab = nodes[i].label
+            if not x.exists:
+                out.append(Finding(ERROR, f"{kind.upper()}_MISSING", f"{lab}: {kind} {x.path} is missing",
+                                   "copy it from the master: qwen-tui check --sync", i, kind))
+            elif r is not None and r.exists and i != ref_i and x.sha256 != r.sha256:
+                out.append(Finding(ERROR, f"{kind.upper()}_DIFFERS",
+                                   f"{lab}: {kind} {x.path} differs from the master's "
+                                   f"({x.size_bytes} vs {r.size_bytes} bytes, sha256 {x.sha256[:12]} vs {r.sha256[:12]})",
+                                   "qwen-tui check --sync --overwrite replaces it with the master's copy", i, kind))
+    return out
+
+
+def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: Optional[dict] = None,
+               network: bool = True, bandwidth_seconds: float = 2.0,
+               warn_below_gbps: float = 10.0) -> CheckReport:
+    t0 = time.monotonic()
+    nodes = preset.cluster.nodes
+    facts = ClusterFacts(shared_storage=preset.cluster.shared_storage if preset.cluster.shared_storage else None)
+    rep = CheckReport(facts, labels=[n.label for n in nodes])
+    checked: dict[int, set] = {i: set() for i in range(len(nodes))}
+    for i, e in (connect_errors or {}).items():
+        facts.nodes[i] = NodeFacts(error=str(e))
+        rep.findings.append(Finding(ERROR, "UNREACHABLE", str(e), _connect_fix(e), i, "ssh"))
+    for i in transports:
+        checked[i].add("ssh")
+    probes = probe_all(preset, transports)
+    ephemeral = {}
+    for i, v in probes.items():
+        if isinstance(v, BaseException):
+            facts.nodes[i] = NodeFacts(error=f"probe: {v}")
+            rep.findings.append(Finding(ERROR, "PROBE_FAILED", f"{nodes[i].label}: {v}", "", i, "python"))
+            continue
+        facts.nodes[i], raw = v
+        if raw.get("ephemeral_ports"):
+            ephemeral[i] = tuple(raw["ephemeral_ports"])
+        checked[i] |= {"python", "gpu", "code", "disk"}
+        if raw.get("data") is not None:
+            checked[i].add("data")
+        if raw.get("model") is not None:
+            checked[i].add("model")
+    rep.findings += consistency(preset, facts)
+    alive = {i: t for i, t in transports.items()
+             if i in facts.nodes and "python" not in facts.nodes[i].missing_tools}
+    if network and len(nodes) > 1 and 0 in alive:
+        rep.findings += check_ports(preset, alive, facts, ephemeral=ephemeral)
+        rep.findings += check_firewalls(preset, transports, facts)
+        rep.findings += check_bandwidth(preset, alive, facts, seconds=bandwidth_seconds,
+                                        warn_below_gbps=warn_below_gbps)
+        for i in alive:
+            checked[i] |= {"port", "nccl-ports", "firewall"} | ({"bandwidth"} if i else set())
+    rep._checked = checked
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+def _connect_fix(e: BaseException) -> str:
+    name = type(e).__name__
+    if name == "UnknownHostKey":
+        return "verify the fingerprint, then rerun with --accept-new-host-keys"
+    if name == "ChangedHostKey":
+        return "find out why the key changed before removing the old known_hosts entry"
+    if name == "AuthFailed":
+        return "set up keys: qwen-tui keys PRESET (asks the password once)"
+    return "check the host name, port and that sshd runs (ssh -v HOST)"
+
+
+def gather_facts(preset: Preset, transports: dict[int, Transport]) -> ClusterFacts:
+    """What the launcher's pre-flight needs: the facts (findings go with them in run_checks)."""
+    return run_checks(preset, transports).facts

@@ -1,0 +1,29 @@
+"""A finding of the node checks: shaped like advice.Advice (level, code, message,
+fix) so the same table prints both, plus where it belongs in the node x check
+matrix (node index, check column)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+_RANK = {ERROR: 2, WARNING: 1, INFO: 0}
+
+
+@dataclass
+class Finding:
+    level: str  # error | warning | info
+    code: str
+    message: str
+    fix: str = ""
+    node: Optional[int] = None  # None: the cluster as a whole
+    check: str = ""  # matrix column: ssh, probe, gpu, python, code, data, model, disk, port, nccl-ports, firewall, bandwidth, rehearsal
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worst(levels) -> Optional[str]:
+    levels = list(levels)
+    return max(levels, key=lambda x: _RANK[x]) if levels else None

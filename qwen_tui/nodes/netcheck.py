@@ -1,0 +1,359 @@
+"""Network checks between the master (node 0) and the workers.
+
+- ports: short-lived listeners (the master port on the master; a sample of
+  ephemeral ports, where NCCL and gloo put their own sockets, on every node),
+  and connects from every other node within one bounded window;
+- firewall rules that could drop the job's traffic (iptables, nft, ufw), where
+  they are readable;
+- iperf3 from each worker to the master, one at a time (in parallel they would
+  share the master's link and each look slower);
+- the interface variables per node from what the probe found.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from typing import Optional
+
+from qwen_tui.facts import ClusterFacts, LinkFacts
+from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
+from qwen_tui.nodes.results import NodeResults, on_nodes
+from qwen_tui.nodes.transport import Transport
+from qwen_tui.preset import Preset
+
+WARN_BELOW_GBPS = 10.0
+IPERF_PORT = 5201
+
+# Bind the given ports on all addresses, accept until the window ends; print
+# {"bound": {port: null | error}, "peers": {port: [addr...]}}.
+LISTEN = r'''
+import json, select, socket, sys, time
+a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]
+socks, bound, peers = {}, {}, {}
+for p in a["ports"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("0.0.0.0", p)); s.listen(64); socks[s] = p; bound[p] = None; peers[p] = []
+    except OSError as e:
+        bound[p] = e.strerror or str(e); s.close()
+print("READY", flush=True)
+while socks and time.monotonic() < end:
+    r, _, _ = select.select(list(socks), [], [], max(0.0, min(0.2, end - time.monotonic())))
+    for s in r:
+        c, addr = s.accept(); peers[socks[s]].append(addr[0]); c.close()
+print(json.dumps({"bound": bound, "peers": peers}))
+'''
+
+# Connect to each (host, port) until it answers or the window ends; "refused"
+# is retried (the listener may not be up yet), a timeout is not.
+CONNECT = r'''
+import json, socket, sys, time
+a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]; res = {}
+for host, port in a["targets"]:
+    err = "not tried"
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            socket.create_connection((host, port), timeout=left).close(); err = None; break
+        except ConnectionRefusedError:
+            err = "connection refused"; time.sleep(0.1)
+        except socket.timeout:
+            err = f"timed out after {a['window']:g}s (packets dropped: a firewall?)"; break
+        except OSError as e:
+            err = e.strerror or str(e); time.sleep(0.1)
+    res[f"{host}:{port}"] = err
+print(json.dumps(res))
+'''
+
+
+def node_address(preset: Preset, facts: ClusterFacts, i: int) -> Optional[str]:
+    """The address other nodes use for node i: master_addr for the master, else the
+    address on the interface that routes to the master."""
+    if i == 0:
+        return preset.master_addr
+    nf = facts.nodes.get(i)
+    if nf and nf.route_interface and nf.addresses.get(nf.route_interface):
+        return nf.addresses[nf.route_interface][0]
+    return None
+
+
+def sample_ports(rng_range: Optional[tuple[int, int]], k: int, avoid: set[int], rng: random.Random) -> list[int]:
+    lo, hi = rng_range or (32768, 60999)  # Linux default ephemeral range
+    out: list[int] = []
+    while len(out) < k:
+        p = rng.randint(lo, hi)
+        if p not in avoid and p not in out:
+            out.append(p)
+    return out
+
+
+def check_ports(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
+                window: Optional[float] = None, sample: int = 2, seed: Optional[int] = None,
+                ephemeral: Optional[dict[int, tuple[int, int]]] = None) -> list[Finding]:
+    """Fill facts.master_port_free and facts.links[i].port_*; return findings."""
+    nodes = preset.cluster.nodes
+    port = preset.network.master_port
+    window = window or max(3.0, min(preset.cluster.connect_timeout, 10.0))
+    rng = random.Random(seed)
+    idx = sorted(transports)
+    findings: list[Finding] = []
+    listen_ports = {i: ([port] if i == 0 else []) + sample_ports((ephemeral or {}).get(i), sample, {port, IPERF_PORT}, rng)
+                    for i in idx}
+    addrs = {i: node_address(preset, facts, i) for i in idx}
+    listeners: dict[int, object] = {}
+    ready = {i: threading.Event() for i in idx}
+
+    def listen(i: int) -> None:
+        listeners[i] = transports[i].run(
+            [nodes[i].python, "-c", LISTEN, json.dumps({"ports": listen_ports[i], "window": window + 2})],
+            timeout=window + 15)
+
+    threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in idx]
+    for th in threads:
+        th.start()
+    time.sleep(0.3)  # listeners start; connectors retry "refused" anyway
+
+    def connect(i: int) -> dict:
+        targets = [(addrs[j], p) for j in idx if j != i and addrs[j] for p in listen_ports[j]]
+        r = transports[i].run([nodes[i].python, "-c", CONNECT, json.dumps({"targets": targets, "window": window})],
+                              timeout=window + 15)
+        if not r.ok:
+            raise RuntimeError(f"connect test failed (rc {r.rc}): {r.stderr.strip()[-300:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    conns = on_nodes(connect, idx, timeout=window + 25)
+    for th in threads:
+        th.join(timeout=window + 20)
+
+    # master port free on the master?
+    lr = listeners.get(0)
+    bound: dict = {}
+    if lr is not None and getattr(lr, "ok", False):
+        try:
+            bound = json.loads(lr.stdout.strip().splitlines()[-1])["bound"]
+        except (json.JSONDecodeError, IndexError, KeyError):
+            bound = {}
+    if lr is None or not getattr(lr, "ok", False):
+        facts.master_port_free = None
+        findings.append(Finding(ERROR, "PORT_TEST_FAILED", f"could not run the port listener on the master: "
+                                f"{getattr(lr, 'stderr', 'no answer')!s:.300}", "", 0, "port"))
+    else:
+        err = bound.get(str(port))
+        facts.master_port_free = err is None
+        if err is not None:
+            findings.append(Finding(ERROR, "MASTER_PORT_IN_USE",
+                                    f"port {port} on the master ({nodes[0].label}) cannot be bound: {err}",
+                                    "pick another network.master_port, or stop what listens there "
+                                    f"(ss -ltnp 'sport = :{port}')", 0, "port"))
+    for i in idx:
+        lk = facts.links.setdefault(i, LinkFacts())
+        res = conns.get(i)
+        if isinstance(res, BaseException):
+            lk.port_reachable, lk.port_error = None, str(res)
+            findings.append(Finding(ERROR, "PORT_TEST_FAILED", f"{nodes[i].label}: port test did not run: {res}",
+                                    "", i, "port"))
+            continue
+        if i != 0 and facts.master_port_free:
+            key = f"{addrs[0]}:{port}"
+            err = res.get(key)
+            lk.port_reachable, lk.port_error = err is None, err
+            if err is not None:
+                findings.append(Finding(
+                    ERROR, "MASTER_PORT_UNREACHABLE",
+                    f"{nodes[i].label} cannot reach the master port {addrs[0]}:{port}: {err}",
+                    f"open TCP port {port} from {nodes[i].label} to {nodes[0].label} (firewall), "
+                    f"or pick a network.master_port that is open", i, "port"))
+        bad = []
+        for j in idx:
+            if j == i or not addrs[j]:
+                continue
+            for p in listen_ports[j]:
+                if j == 0 and p == port:
+                    continue
+                if listeners.get(j) is not None and getattr(listeners[j], "ok", False):
+                    try:
+                        if json.loads(listeners[j].stdout.strip().splitlines()[-1])["bound"].get(str(p)):
+                            continue  # that port was busy on the listener: not a network finding
+                    except (json.JSONDecodeError, IndexError, KeyError):
+                        pass
+                err = res.get(f"{addrs[j]}:{p}")
+                if err is not None:
+                    bad.append(f"{nodes[j].label}:{p} ({err})")
+        if bad:
+            findings.append(Finding(ERROR, "HIGH_PORTS_BLOCKED",
+                                    f"{nodes[i].label} cannot reach ephemeral ports that NCCL/gloo use: "
+                                    + ", ".join(bad),
+                                    "allow TCP between the nodes on the ephemeral range "
+                                    "(/proc/sys/net/ipv4/ip_local_port_range)", i, "nccl-ports"))
+    return findings
+
+
+# ------------------------------------------------------------ firewall
+
+def _iptables_rules(text: str, tool: str) -> list[str]:
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith("-P ") and ln.split()[-1] in ("DROP", "REJECT"):
+            out.append(f"{tool}: {ln}")
+        elif ln.startswith("-A ") and (" -j DROP" in ln or " -j REJECT" in ln):
+            out.append(f"{tool}: {ln}")
+    return out
+
+
+def _nft_rules(text: str) -> list[str]:
+    out, table = [], ""
+    for ln in text.splitlines():
+        s = ln.strip()
+        if s.startswith("table "):
+            table = s.rstrip(" {")
+        # iptables-nft keeps its rules in ip/ip6 tables named like iptables' own: shown above already
+        if table.split()[1:2] in (["ip"], ["ip6"]) and table.split()[-1] in ("filter", "nat", "mangle", "raw", "security"):
+            continue
+        if (" drop" in f" {s}" or " reject" in f" {s}") and not s.startswith(("table", "chain")):
+            out.append(f"nft ({table}): {s}")
+    return out
+
+
+def read_firewall(t: Transport) -> tuple[list[str], list[str]]:
+    """(rules that drop or reject, notes about what could not be read)."""
+    rules, notes = [], []
+    for tool in ("iptables", "ip6tables"):
+        r = t.run([tool, "-S"], timeout=10)
+        if r.ok:
+            rules += _iptables_rules(r.stdout, tool)
+        elif r.rc != 127:
+            notes.append(f"{tool} not readable: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    r = t.run(["nft", "list", "ruleset"], timeout=10)
+    if r.ok:
+        rules += _nft_rules(r.stdout)
+    elif r.rc != 127:
+        notes.append(f"nft not readable: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    r = t.run(["ufw", "status"], timeout=10)
+    if r.ok and "Status: active" in r.stdout:
+        rules += [f"ufw: {ln.strip()}" for ln in r.stdout.splitlines() if "DENY" in ln or "REJECT" in ln]
+        if "Default: deny (incoming)" in r.stdout:
+            rules.append("ufw: default deny (incoming)")
+    return rules, notes
+
+
+def check_firewalls(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts) -> list[Finding]:
+    res = on_nodes(lambda i: read_firewall(transports[i]), sorted(transports), timeout=60)
+    findings = []
+    for i, v in sorted(res.items()):
+        label = preset.cluster.nodes[i].label
+        lk = facts.links.setdefault(i, LinkFacts())
+        if isinstance(v, BaseException):
+            findings.append(Finding(WARNING, "FIREWALL_UNREAD", f"{label}: firewall not read: {v}", "", i, "firewall"))
+            continue
+        rules, notes = v
+        lk.firewall = rules
+        if rules:
+            findings.append(Finding(WARNING, "FIREWALL_RULES", f"{label}: {len(rules)} rule(s) that drop or reject: "
+                                    + "; ".join(rules[:5]), "make sure they spare the master port and the "
+                                    "ephemeral range between the nodes", i, "firewall"))
+        for n in notes:
+            findings.append(Finding(INFO, "FIREWALL_UNREAD", f"{label}: {n}", "run the check as a user who "
+                                    "may read the firewall (root) to see its rules", i, "firewall"))
+    return findings
+
+
+# ------------------------------------------------------------ iperf3
+
+def iperf_pair(server: Transport, client: Transport, server_addr: str, *, seconds: float = 2.0,
+               port: int = IPERF_PORT) -> float:
+    """Gbit/s from client to server, measured by the iperf3 program on both nodes."""
+    box: dict = {}
+
+    def serve() -> None:
+        box["r"] = server.run(["iperf3", "-s", "-1", "-p", str(port)], timeout=seconds + 20)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 8
+    while True:
+        r = client.run(["iperf3", "-c", server_addr, "-p", str(port), "-t", f"{seconds:g}", "-J",
+                        "--connect-timeout", "3000"], timeout=seconds + 15)
+        data = {}
+        try:
+            data = json.loads(r.stdout) if r.stdout.strip() else {}
+        except json.JSONDecodeError:
+            pass
+        err = data.get("error") or ("" if r.ok else (r.stderr.strip() or f"rc {r.rc}"))
+        if not err:
+            break
+        if "refused" in err and time.monotonic() < deadline and th.is_alive():
+            time.sleep(0.3)  # the server is not listening yet
+            continue
+        th.join(timeout=2)
+        srv = box.get("r")
+        if srv is not None and srv.rc == 127:
+            raise RuntimeError(f"iperf3 missing on the master ({server.label})")
+        if r.rc == 127:
+            raise RuntimeError(f"iperf3 missing on {client.label}")
+        raise RuntimeError(f"iperf3 {client.label} -> {server.label}: {err}")
+    th.join(timeout=seconds + 20)
+    return data["end"]["sum_received"]["bits_per_second"] / 1e9
+
+
+def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
+                    seconds: float = 2.0, warn_below_gbps: float = WARN_BELOW_GBPS) -> list[Finding]:
+    nodes = preset.cluster.nodes
+    findings = []
+    fix_install = "apt-get install iperf3 (or dnf install iperf3)"
+    for i in sorted(transports):
+        if i == 0:
+            continue
+        lk = facts.links.setdefault(i, LinkFacts())
+        missing = [j for j in (0, i) if "iperf3" in (facts.nodes.get(j).missing_tools if facts.nodes.get(j) else [])]
+        if missing:
+            lk.bandwidth_error = "iperf3 missing on " + ", ".join(nodes[j].label for j in missing)
+            findings.append(Finding(WARNING, "IPERF3_MISSING", f"{nodes[i].label}: bandwidth not measured: "
+                                    f"{lk.bandwidth_error}", fix_install, i, "bandwidth"))
+            continue
+        try:
+            g = iperf_pair(transports[0], transports[i], preset.master_addr, seconds=seconds)
+        except Exception as e:  # per node: recorded in the facts and shown in the matrix
+            lk.bandwidth_error = str(e)
+            findings.append(Finding(WARNING, "BANDWIDTH_UNMEASURED", f"{nodes[i].label}: {e}",
+                                    fix_install if "missing" in str(e) else "", i, "bandwidth"))
+            continue
+        lk.bandwidth_gbps = round(g, 3)
+        if g < warn_below_gbps:
+            findings.append(Finding(WARNING, "LOW_BANDWIDTH",
+                                    f"{nodes[i].label} -> master: {g:.2f} Gbit/s (under {warn_below_gbps:g}); "
+                                    "gradient all-reduce will be slow over this link",
+                                    "use a faster interface (network.interface) or fewer nodes", i, "bandwidth"))
+        else:
+            findings.append(Finding(INFO, "BANDWIDTH", f"{nodes[i].label} -> master: {g:.2f} Gbit/s", "", i,
+                                    "bandwidth"))
+    return findings
+
+
+# ------------------------------------------------------------ interface variables
+
+def interface_env(preset: Preset, facts: ClusterFacts) -> dict[int, dict[str, str]]:
+    """Per node: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE from the probe,
+    unless the preset fixes them."""
+    out: dict[int, dict[str, str]] = {}
+    net = preset.network
+    for i in range(len(preset.cluster.nodes)):
+        env: dict[str, str] = {}
+        nf = facts.nodes.get(i)
+        iface = net.interface or (nf.route_interface if nf else None)
+        if iface:
+            env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
+        if net.nccl_ib_disable is not None:
+            env["NCCL_IB_DISABLE"] = "1" if net.nccl_ib_disable else "0"
+        elif nf is not None and nf.error is None:
+            env["NCCL_IB_DISABLE"] = "0" if nf.ib_devices else "1"
+        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+            if k in net.env:
+                env[k] = net.env[k]
+        out[i] = env
+    return out

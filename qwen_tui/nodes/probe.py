@@ -1,0 +1,230 @@
+"""Node probe: one Python snippet per node, run by the node's own Python, prints
+one JSON object that becomes NodeFacts.
+
+The snippet travels as an argv element (`python -c SNIPPET ARGS_JSON`), never
+through a shell. It imports torch on the node (never in qwen-tui's process) and
+hashes the data file and model directory there. nvidia-smi's CSV comes back raw
+and is parsed here (`parse_gpu_csv`, tested on real H200 output).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Optional
+
+from qwen_tui.facts import GPU, FileFact, NodeFacts
+from qwen_tui.nodes.results import NodeResults, on_nodes
+from qwen_tui.nodes.transport import Transport
+from qwen_tui.preset import Preset
+
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]
+VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes")
+TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
+
+SNIPPET = r'''
+import hashlib, json, os, platform, shutil, socket, subprocess, sys
+a = json.loads(sys.argv[1])
+out = {"hostname": socket.gethostname(), "python_version": platform.python_version(),
+       "python": sys.executable, "cpu_count": os.cpu_count(), "cwd": os.getcwd()}
+def run(argv, t=20):
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=t)
+        return {"rc": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": argv[0] + ": not found"}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "out": "", "err": argv[0] + ": timed out"}
+try:
+    out["memory_total_mib"] = int(open("/proc/meminfo").read().split()[1]) // 1024
+except (OSError, ValueError, IndexError):
+    out["memory_total_mib"] = None
+addrs = {}
+r = run(["ip", "-j", "-4", "addr"])
+if r["rc"] == 0:
+    for itf in json.loads(r["out"] or "[]"):
+        addrs[itf["ifname"]] = [x["local"] for x in itf.get("addr_info", []) if x.get("family") == "inet"]
+out["addresses"] = addrs
+try:  # the interface the kernel would use to reach the master (no packet is sent)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((a["master"], 9))
+    mine = s.getsockname()[0]; s.close()
+    out["route_src"] = mine
+    out["route_interface"] = next((i for i, v in addrs.items() if mine in v), None)
+except OSError as e:
+    out["route_interface"] = None; out["route_error"] = str(e)
+tools = {}
+bindir = os.path.dirname(sys.executable)
+for t in a["tools"]:
+    p = shutil.which(t) or (os.path.join(bindir, t) if os.path.exists(os.path.join(bindir, t)) else None)
+    tools[t] = p
+out["tools"] = tools
+if tools.get("nvidia-smi"):
+    out["nvidia_smi"] = run(a["gpu_query"]); out["nvidia_smi_version"] = run(["nvidia-smi", "--version"])
+ib = "/sys/class/infiniband"
+out["ib_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
+try:
+    out["ephemeral_ports"] = [int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split()]
+except (OSError, ValueError):
+    out["ephemeral_ports"] = None
+from importlib import metadata
+vers = {}
+for m in a["versioned"]:
+    try:
+        vers[m] = metadata.version(m)
+    except metadata.PackageNotFoundError:
+        vers[m] = None
+out["versions"] = vers
+if vers.get("torch"):
+    try:
+        import torch
+        out["cuda_version"] = torch.version.cuda
+        out["torch_cuda_available"] = bool(torch.cuda.is_available())
+    except Exception as e:  # reported: a torch that does not import is a finding
+        out["torch_error"] = f"{type(e).__name__}: {e}"
+sys.path.insert(0, os.getcwd())
+try:
+    import importlib.util
+    import training
+    out["training_importable"] = importlib.util.find_spec("training.finetune") is not None
+    if not out["training_importable"]:
+        out["training_error"] = "training.finetune not found in " + os.getcwd()
+except Exception as e:
+    out["training_importable"] = False; out["training_error"] = f"{type(e).__name__}: {e}"
+def free(p):
+    p = os.path.abspath(os.path.expanduser(p))
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return shutil.disk_usage(p).free
+out["disk_free_bytes"] = free(a["output_dir"])
+def sha_file(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+def fact(p):
+    if p is None:
+        return None
+    q = os.path.abspath(os.path.expanduser(p))
+    if os.path.isfile(q):
+        return {"path": q, "exists": True, "size_bytes": os.path.getsize(q), "sha256": sha_file(q)}
+    if os.path.isdir(q):
+        items = []
+        for root, dirs, files in os.walk(q):
+            dirs.sort()
+            for n in sorted(files):
+                f = os.path.join(root, n)
+                items.append([os.path.relpath(f, q), os.path.getsize(f), sha_file(f)])
+        h = hashlib.sha256(json.dumps(items).encode()).hexdigest()
+        return {"path": q, "exists": True, "size_bytes": sum(i[1] for i in items), "sha256": h}
+    return {"path": q, "exists": False}
+out["data"] = fact(a["data"]); out["model"] = fact(a["model"])
+print(json.dumps(out))
+'''
+
+
+def local_path(spec: str) -> Optional[str]:
+    """The path to check on a node, or None for builtin: specs and hub ids."""
+    if spec.startswith("builtin:"):
+        return None
+    if spec.startswith(("/", ".", "~")):
+        return spec
+    if re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", spec):
+        return None  # a hub id; each node resolves it itself (a relative dir named a/b is ambiguous)
+    return spec
+
+
+QUERY_FIELDS = ["index", "name", "uuid", "memory.total", "driver_version"]
+
+
+def gpu_rows(text: str, fields: Optional[list[str]] = None) -> list[dict[str, str]]:
+    """Rows of nvidia-smi --query-gpu CSV as dicts; a header row (with units) names the
+    columns, else `fields` does (the order of the --query-gpu list)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    cols = list(fields or QUERY_FIELDS)
+    if lines and lines[0].lower().startswith("index"):
+        cols = [re.sub(r"\s*\[.*\]$", "", c.strip()) for c in lines[0].split(",")]
+        lines = lines[1:]
+    rows = []
+    for ln in lines:
+        vals = dict(zip(cols, (v.strip() for v in ln.split(","))))
+        if vals.get("index", "").isdigit():
+            rows.append(vals)
+    return rows
+
+
+def parse_gpu_csv(text: str, fields: Optional[list[str]] = None) -> list[GPU]:
+    gpus = []
+    for vals in gpu_rows(text, fields):
+        mem = re.match(r"(\d+)", vals.get("memory.total", ""))
+        gpus.append(GPU(index=int(vals["index"]), name=vals.get("name", "?"),
+                        memory_total_mib=int(mem.group(1)) if mem else 0, uuid=vals.get("uuid", "")))
+    return gpus
+
+
+def parse_driver(text: str, fields: Optional[list[str]] = None) -> Optional[str]:
+    rows = gpu_rows(text, fields)
+    return rows[0].get("driver_version") if rows else None
+
+
+def parse_cuda_from_version(text: str) -> Optional[str]:
+    m = re.search(r"CUDA Version\s*:\s*([\d.]+)", text)
+    return m.group(1) if m else None
+
+
+def facts_from_json(d: dict) -> NodeFacts:
+    f = NodeFacts(hostname=d.get("hostname"), addresses=d.get("addresses") or {},
+                  route_interface=d.get("route_interface"), ib_devices=d.get("ib_devices") or [],
+                  cpu_count=d.get("cpu_count"), memory_total_mib=d.get("memory_total_mib"),
+                  python_version=d.get("python_version"), versions=d.get("versions") or {},
+                  training_importable=d.get("training_importable"), disk_free_bytes=d.get("disk_free_bytes"),
+                  cuda_version=d.get("cuda_version"))
+    smi = d.get("nvidia_smi")
+    if smi is None:
+        f.gpus = []  # no nvidia-smi: a CPU-only node (or no driver)
+    elif smi["rc"] == 0:
+        f.gpus = parse_gpu_csv(smi["out"])
+        f.driver_version = parse_driver(smi["out"])
+        cuda = parse_cuda_from_version((d.get("nvidia_smi_version") or {}).get("out", ""))
+        if cuda:
+            f.versions["cuda_driver"] = cuda
+    else:
+        f.gpus = None  # nvidia-smi is there but failed: unknown, not absent
+        f.error = f"nvidia-smi failed (rc {smi['rc']}): {smi['err'].strip()[-300:]}"
+    for k in ("data", "model"):
+        if d.get(k):
+            setattr(f, k, FileFact(**d[k]))
+    f.missing_tools = sorted(t for t, p in (d.get("tools") or {}).items() if not p)
+    return f
+
+
+def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180.0) -> tuple[NodeFacts, dict]:
+    """Probe one node. Returns (facts, raw JSON). A missing python is a fact, not a crash."""
+    node = preset.cluster.nodes[index]
+    tr = preset.training
+    args = {"master": preset.master_addr, "tools": list(TOOLS), "gpu_query": GPU_QUERY,
+            "versioned": list(VERSIONED), "output_dir": tr.output_dir,
+            "data": local_path(tr.data), "model": local_path(tr.model)}
+    r = t.run([node.python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
+    if r.rc == 96:
+        host = t.run(["hostname"], timeout=10)
+        return NodeFacts(hostname=host.stdout.strip() or None,
+                         error=f"workdir {node.workdir} does not exist on the node"), {"workdir_missing": True}
+    if r.rc == 127 or (r.rc != 0 and not r.stdout.strip() and "not found" in r.stderr):
+        host = t.run(["hostname"], timeout=10)
+        return NodeFacts(hostname=host.stdout.strip() or None, missing_tools=["python"],
+                         error=f"python {node.python!r} not found on the node"), {"python_missing": True}
+    if r.rc != 0:
+        return NodeFacts(error=f"probe failed (rc {r.rc}): {(r.stderr.strip() or r.stdout.strip())[-500:]}"), {}
+    try:
+        raw = json.loads(r.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return NodeFacts(error=f"probe printed no JSON: {r.stdout[-300:]!r} {r.stderr[-300:]!r}"), {}
+    return facts_from_json(raw), raw
+
+
+def probe_all(preset: Preset, transports: dict[int, Transport], *, timeout: float = 180.0) -> NodeResults:
+    """node -> (NodeFacts, raw) in parallel."""
+    labels = {i: n.label for i, n in enumerate(preset.cluster.nodes)}
+    return on_nodes(lambda i: probe_node(transports[i], preset, i, timeout=timeout), sorted(transports),
+                    timeout=timeout + 15, labels=labels)
