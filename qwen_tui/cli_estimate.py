@@ -1,0 +1,164 @@
+"""`qwen-tui estimate PRESET [--json]`: memory per GPU, step time, scaling and the advice.
+
+The JSON keys are documented in docs/advice.md and stay stable: gpu_memory_gb,
+step_time_s, tokens_per_second, scaling_efficiency, advice, plus the details.
+Nothing here writes the preset: a fix is shown, never applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional
+
+from .advice import CKPT_OFF_HEADROOM, advise, make_context
+from .estimate import DEFAULT_EFFICIENCY, GPUS, estimate_memory, max_micro_batch, scaling
+from .facts import ClusterFacts
+from .preset import load_preset
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU needed)")
+    p.add_argument("preset", help="a preset YAML file")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
+    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check (ClusterFacts.to_dict())")
+    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU model when there are no probe facts")
+    p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
+    p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
+    p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
+                   help=f"model FLOPs utilisation assumed for compute time (default {DEFAULT_EFFICIENCY})")
+    p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")
+    p.set_defaults(func=run)
+    return p
+
+
+def _r(x: Optional[float], n: int = 3) -> Optional[float]:
+    return None if x is None else round(x, n)
+
+
+def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = None,
+                 gpu_memory_gib: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+                 efficiency: float = DEFAULT_EFFICIENCY, max_nodes: Optional[int] = None,
+                 base_dir: Optional[str] = None) -> dict[str, Any]:
+    """The estimate as plain data (what --json prints)."""
+    c = make_context(preset, facts, gpu=gpu, gpu_memory_gib=gpu_memory_gib, bandwidth_gbps=bandwidth_gbps,
+                     efficiency=efficiency, base_dir=base_dir)
+    advice = advise(preset, facts, spec=c.spec, gpu=c.gpu, gpu_memory_gib=c.gpu_memory_gib,
+                    bandwidth_gbps=c.bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
+    t, w = preset.training, preset.world_size
+    report: dict[str, Any] = {
+        "model": None, "error": None,
+        "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
+                "source": c.gpu_memory_where or None},
+        "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps,
+        "efficiency": efficiency,
+        "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
+        "step": None, "scaling_efficiency": [],
+        "recommended": {"micro_batch": None, "gradient_checkpointing": None},
+        "advice": [a.to_dict() for a in advice],
+    }
+    if c.spec is None:
+        report["error"] = c.spec_error
+        return report
+    spec = c.spec
+    report["model"] = {"name": t.model, "params": spec.total_params,
+                       "trainable_params": spec.total_params if t.method == "full"
+                       else spec.lora_params(t.lora_r, t.lora_target_modules)}
+    mem = estimate_memory(spec, t, w)
+    report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
+    g = max(n.gpus for n in preset.cluster.nodes)
+    kw = c.step_kwargs()
+    n_max = max_nodes or max(4, len(preset.cluster.nodes))
+    points = scaling(spec, t, n_max, g, c.bandwidth_gbps, **kw)
+    from .estimate import estimate_step
+
+    step = estimate_step(spec, t, len(preset.cluster.nodes), g, c.bandwidth_gbps, **kw)
+    report["step"] = {k: (_r(v, 4) if isinstance(v, float) else v) for k, v in step.to_dict().items()}
+    report["step_time_s"] = _r(step.step_time_s)
+    report["tokens_per_second"] = round(step.tokens_per_second, 1)
+    report["tokens_per_step"] = step.tokens_per_step
+    report["scaling_efficiency"] = [{k: (_r(v) if isinstance(v, float) else v) for k, v in p.to_dict().items()}
+                                    for p in points]
+    if c.gpu_memory_gib and not c.cpu:
+        off = estimate_memory(spec, t, w, gradient_checkpointing=False)
+        ckpt = not off.total <= CKPT_OFF_HEADROOM * c.gpu_memory_gib
+        report["recommended"] = {
+            "micro_batch": max_micro_batch(spec, t, w, c.gpu_memory_gib, gradient_checkpointing=ckpt) or None,
+            "gradient_checkpointing": ckpt,
+        }
+    return report
+
+
+def _print_human(report: dict[str, Any], preset_path: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    gpu = report["gpu"]
+    con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
+              f"GPU {gpu['name'] or '?'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'}); "
+              f"link {report['bandwidth_gbps'] or '?'} Gbit/s")
+    if report["error"]:
+        con.print(f"[yellow]{report['error']}[/]")
+    m = report["gpu_memory_gb"]
+    if m:
+        mdl = report["model"]
+        con.print(f"model {mdl['name']}: {mdl['params'] / 1e9:.2f} B parameters, {mdl['trainable_params'] / 1e6:,.1f} M trained")
+        tb = Table(title=f"Memory per GPU (GiB) at the peak: {m['phase']}")
+        for col in ("weights", "gradients", "optimizer", "activations", "logits", "overhead", "total"):
+            tb.add_column(col, justify="right")
+        tb.add_row(*(f"{m[k]:.2f}" for k in ("weights", "gradients", "optimizer", "activations", "logits",
+                                              "overhead", "total")))
+        con.print(tb)
+        fits = m["fits"]
+        con.print("fits" if fits else "[red]does not fit[/]" if fits is False else "GPU memory unknown: pass --gpu",
+                  f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
+        s = report["step"]
+        con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, "
+                  f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden), "
+                  f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "
+                  f"(efficiency {report['efficiency']} assumed)")
+        st = Table(title="Scaling (same micro-batch per GPU)")
+        for col in ("nodes", "s/step", "tokens/s", "efficiency", "no overlap"):
+            st.add_column(col, justify="right")
+        for p in report["scaling_efficiency"]:
+            st.add_row(str(p["nodes"]), f"{p['step_time_s']:.2f}", f"{p['tokens_per_second']:,.0f}",
+                       f"{p['scaling_efficiency']:.0%}", f"{p['efficiency_no_overlap']:.0%}")
+        con.print(st)
+        rec = report["recommended"]
+        if rec["micro_batch"] is not None:
+            con.print(f"recommended: micro-batch up to {rec['micro_batch']}, gradient checkpointing "
+                      f"{'on' if rec['gradient_checkpointing'] else 'off'}")
+    if not report["advice"]:
+        con.print("[green]no advice[/]")
+    colours = {"error": "red", "warning": "yellow", "info": "cyan"}
+    for a in report["advice"]:
+        fix = a["fix"]
+        how = ""
+        if fix:
+            how = f"  -> {fix['label']}" + (f" ({', '.join(f'{k}: {v!r}' for k, v in fix['changes'].items())})"
+                                            if fix["changes"] and len(str(fix["changes"])) < 120 else "")
+            if fix["hint"]:
+                how += f"; {fix['hint']}"
+        con.print(f"[{colours[a['level']]}]{a['level']:7s}[/] {a['code']}: {a['message']}{how}", highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    preset = load_preset(args.preset)
+    facts = None
+    if args.facts:
+        try:
+            with open(args.facts, encoding="utf-8") as f:
+                facts = ClusterFacts.from_dict(json.load(f))
+        except (OSError, ValueError, TypeError) as e:
+            print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
+            return 2
+    report = build_report(preset, facts, gpu=args.gpu, gpu_memory_gib=args.gpu_memory_gib,
+                          bandwidth_gbps=args.bandwidth_gbps, efficiency=args.efficiency, max_nodes=args.max_nodes)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_human(report, args.preset)
+    return 0
