@@ -96,6 +96,18 @@ def print_advice(advice: list, console: Console) -> None:
     console.print(t)
 
 
+def start_run(preset: Preset, plan: LaunchPlan, transports: dict[int, Transport], facts: ClusterFacts,
+              root: Path) -> Launcher:
+    """Record the run (plan, preset, facts) in a new run directory and start every
+    node. The one launch step of `replay` and the wizard. Raises LaunchError."""
+    rd = RunDir.create(root, plan.run_id)
+    save_preset(preset, rd.path / "preset.yaml")
+    write_json_atomic(rd.path / "facts.json", facts.to_dict())
+    la = Launcher(plan, transports, rd)
+    la.start()
+    return la
+
+
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float]) -> int:
     console = Console(stderr=False)
@@ -128,16 +140,12 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
                 return 1
             plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd(), facts=facts)
         print_plan(plan, console)
-        rd = RunDir.create(root, run_id)
-        save_preset(preset, rd.path / "preset.yaml")
-        write_json_atomic(rd.path / "facts.json", facts.to_dict())
-        la = Launcher(plan, transports, rd)
         try:
-            la.start()
+            la = start_run(preset, plan, transports, facts, root)
         except LaunchError as e:
             console.print(f"[bold red]{e}[/]")
             return 1
-        console.print(f"run directory: {rd.path}  (re-attach: qwen-tui attach {rd.path})")
+        console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
         from .live import follow
 
         out = follow(la, console, max_seconds=max_seconds)

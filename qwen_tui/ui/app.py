@@ -1,0 +1,239 @@
+"""The wizard's App: wiring only. It owns the one in-memory Preset (+ ClusterFacts),
+applies the changes screens ask for through pydantic, and switches between steps.
+Each step lives in its own file under screens/."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import Worker, WorkerState
+
+from ..facts import ClusterFacts
+from ..preset import Preset, PresetError, load_preset, save_preset
+from . import core
+from .messages import ChangePreset, StateChanged
+from .modals import Confirm, Form, Notice, host_key_question
+from .state import STEPS, TITLES, WizardState, new_preset
+
+
+def _screens() -> dict[str, Any]:
+    from .screens.network import NetworkScreen
+    from .screens.nodes import NodesScreen
+    from .screens.review import ReviewScreen
+    from .screens.run import RunScreen
+    from .screens.ssh import SSHScreen
+    from .screens.training import TrainingScreen
+
+    return {"nodes": NodesScreen, "ssh": SSHScreen, "network": NetworkScreen, "training": TrainingScreen,
+            "review": ReviewScreen, "run": RunScreen}
+
+
+class WizardApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "qwen-tui"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        *[Binding(f"f{i + 1}", f"goto('{s}')", TITLES[s]) for i, s in enumerate(STEPS)],
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+o", "open", "Open"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, preset_path: Optional[str] = None, *, preset: Optional[Preset] = None,
+                 facts: Optional[ClusterFacts] = None, runs_root: Optional[str] = None,
+                 reattach: bool = True) -> None:
+        super().__init__()
+        self.load_error: Optional[str] = None
+        path = Path(preset_path) if preset_path else None
+        if preset is None and path is not None:
+            try:
+                preset = load_preset(path)
+            except PresetError as e:
+                self.load_error = str(e)
+                preset = None
+        self.state = WizardState(preset=preset or new_preset(), path=path, facts=facts or ClusterFacts())
+        self.state.recompute()
+        self.runs_root = Path(runs_root).absolute() if runs_root else None
+        self.reattach = reattach
+        self.transports: dict[int, Any] = {}
+        self.password: Optional[str] = None  # asked once in the SSH step; memory only
+
+    # ---------------------------------------------------------------- start
+    def on_mount(self) -> None:
+        for name, cls in _screens().items():
+            self.install_screen(cls(), name)
+        self.push_screen("nodes")
+        if self.load_error:
+            self.push_screen(Notice("The preset could not be opened", self.load_error))
+        if self.reattach:
+            self.call_after_refresh(self._reattach_if_running)
+
+    def _reattach_if_running(self) -> None:
+        from ..run.rundir import default_runs_root
+        from .screens.run import find_running
+
+        rd = find_running(self.runs_root or default_runs_root())
+        if rd is not None:
+            self.notify(f"re-attaching to the running job in {rd.path}", title="Run")
+            self.action_goto("run")
+            self.get_screen("run").attach(rd)
+
+    # ---------------------------------------------------------------- state
+    def on_change_preset(self, msg: ChangePreset) -> None:
+        try:
+            new = core.with_changes(self.state.preset, msg.changes)
+        except PresetError as e:
+            screen = self.screen
+            if hasattr(screen, "show_field_errors"):
+                screen.show_field_errors(getattr(e, "field_errors", []), msg.changes)
+            else:
+                self.notify(str(e), severity="error", title="Not applied")
+            return
+        if hasattr(self.screen, "show_field_errors"):
+            self.screen.show_field_errors([], msg.changes)
+        self.set_preset(new, note=msg.note)
+
+    def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None:
+        old_nodes = self.state.preset.cluster.nodes
+        self.state.preset = preset
+        self.state.dirty = self.state.dirty or dirty
+        where = lambda nodes: [(n.host, n.user, n.port) for n in nodes]  # noqa: E731
+        if where(preset.cluster.nodes) != where(old_nodes):
+            self.forget_connections()
+        self.facts_changed()
+        if note:
+            self.notify(note)
+
+    def facts_changed(self) -> None:
+        self.state.recompute()
+        self.screen.post_message(StateChanged())
+
+    def forget_connections(self) -> None:
+        """Nodes changed: connections and per-node checks no longer describe them."""
+        for t in self.transports.values():
+            t.close()
+        self.transports.clear()
+        self.state.nodes.clear()
+        self.state.facts = ClusterFacts(links={}, master_port_free=self.state.facts.master_port_free)
+
+    # ---------------------------------------------------------------- connections (worker threads)
+    def connect(self, indices: Optional[list[int]] = None, on_progress=None) -> dict[int, Any]:
+        """Connect the nodes not yet connected; node -> Transport | exception. Called from a worker.
+        A new host key is accepted only if the person says yes in a modal."""
+        from ..nodes.transport import LocalTransport
+
+        p = self.state.preset
+        want = [i for i in (indices if indices is not None else range(len(p.cluster.nodes))) if i not in self.transports]
+        out: dict[int, Any] = {i: self.transports[i] for i in (indices or []) if i in self.transports}
+
+        def one(i: int) -> Any:
+            node = p.cluster.nodes[i]
+            if on_progress:
+                on_progress(i, "connecting")
+            if node.is_local:
+                return LocalTransport(node.label)
+            from ..nodes.connect import transport_for
+
+            return transport_for(node, p, accept_new_host_keys=self.ask_host_key, password=self.password)
+
+        with cf.ThreadPoolExecutor(max_workers=max(1, len(want))) as ex:
+            futs = {i: ex.submit(one, i) for i in want}
+            for i, f in futs.items():
+                try:
+                    out[i] = f.result()
+                    self.transports[i] = out[i]
+                except Exception as e:  # per node: every node gets its own row
+                    out[i] = e
+        return out
+
+    def ask_host_key(self, label: str, host: str, key: Any) -> bool:
+        """Consent callback for a new host key, called on a connecting thread: shows a
+        modal on the UI thread and waits (bounded) for the answer."""
+        from ..nodes.hostkeys import fingerprint
+
+        answer: cf.Future = cf.Future()
+        q = host_key_question(label, host, key.get_name(), fingerprint(key))
+        self.call_from_thread(self.push_screen, q, answer.set_result)
+        try:
+            return bool(answer.result(timeout=300))
+        except cf.TimeoutError:
+            return False
+
+    # ---------------------------------------------------------------- actions
+    def action_goto(self, step: str) -> None:
+        if self.screen.is_modal:
+            return
+        self.switch_screen(step)
+
+    def action_save(self) -> None:
+        if self.state.path is None:
+            self.push_screen(Form("Save preset as", [("path", "file", "presets/my-run.yaml")]), self._save_to)
+            return
+        self._save_to({"path": str(self.state.path)})
+
+    def _save_to(self, answer: Optional[dict[str, Any]]) -> None:
+        if not answer or not answer.get("path"):
+            return
+        path = Path(os.path.expanduser(answer["path"]))
+        try:
+            save_preset(self.state.preset, path)
+        except (OSError, PresetError) as e:
+            self.push_screen(Notice("Not saved", str(e)))
+            return
+        self.state.path, self.state.dirty = path, False
+        self.notify(f"saved {path}", title="Preset")
+        self.screen.post_message(StateChanged())
+
+    def action_open(self) -> None:
+        self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))]), self._open)
+
+    def _open(self, answer: Optional[dict[str, Any]]) -> None:
+        if not answer:
+            return
+        path = Path(os.path.expanduser(answer["path"]))
+        try:
+            preset = load_preset(path)
+        except PresetError as e:
+            self.push_screen(Notice("The preset could not be opened", str(e)))
+            return
+        self.state.path = path
+        self.set_preset(preset, dirty=False)
+        self.state.dirty = False
+        self.notify(f"opened {path}", title="Preset")
+
+    async def action_quit(self) -> None:
+        if self.state.dirty:
+            def done(yes: Optional[bool]) -> None:
+                if yes:
+                    self.exit(0)
+            self.push_screen(Confirm("Quit without saving?",
+                                     "The preset has unsaved changes (ctrl+s saves). A running job keeps "
+                                     "running either way; reopening qwen-tui re-attaches."), done)
+            return
+        self.exit(0)
+
+    # ---------------------------------------------------------------- errors and teardown
+    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
+        # workers run with exit_on_error=False: their errors land here, never crash the app
+        if ev.state == WorkerState.ERROR:
+            err = ev.worker.error
+            self.notify(f"{type(err).__name__}: {err}", title=f"{ev.worker.name} failed", severity="error",
+                        timeout=10)
+
+    def on_unmount(self) -> None:
+        mon = getattr(self.get_screen("run"), "monitor", None) if "run" in self._installed_screens else None
+        if mon is not None:
+            mon.stop()
+        for t in self.transports.values():
+            t.close()
+
+
+def run_app(preset_path: Optional[str] = None) -> int:
+    app = WizardApp(preset_path)
+    rc = app.run()
+    return int(rc or 0)

@@ -1,0 +1,174 @@
+"""Modal questions: a new host key, a password, stop-all, a node's fields, an
+import, a path. Each returns its answer through `dismiss`."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
+
+
+class Confirm(ModalScreen[bool]):
+    """Yes/no. `y` / `n` (or Escape) answer from the keyboard."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, title: str, body: str, yes: str = "Yes", no: str = "No", danger: bool = False) -> None:
+        super().__init__(classes="modal")
+        self.title_text, self.body, self.yes, self.no, self.danger = title, body, yes, no, danger
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Static(self.body, classes="dialog-body", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self.yes} (y)", id="yes", variant="error" if self.danger else "primary")
+                yield Button(f"{self.no} (n)", id="no")
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        self.dismiss(ev.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+def host_key_question(label: str, host: str, key_type: str, fingerprint: str) -> Confirm:
+    return Confirm(f"New host key: {label}",
+                   f"{host} offers a host key this machine has never seen:\n\n"
+                   f"    {key_type} {fingerprint}\n\n"
+                   f"Compare it with the node's own fingerprint (on the node: "
+                   f"ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub).\n"
+                   f"Accept it and record it in known_hosts?", yes="Accept", no="Refuse")
+
+
+class PasswordPrompt(ModalScreen[Optional[str]]):
+    """Asked once; the answer lives in memory only and is never shown."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, body: str) -> None:
+        super().__init__(classes="modal")
+        self.title_text, self.body = title, body
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Static(self.body, classes="dialog-body", markup=False)
+            yield Input(password=True, placeholder="password", id="password")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("OK (enter)", id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_input_submitted(self, ev: Input.Submitted) -> None:
+        self.dismiss(ev.value)
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        self.dismiss(self.query_one("#password", Input).value if ev.button.id == "ok" else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class Form(ModalScreen[Optional[dict[str, Any]]]):
+    """A few labelled inputs. Answers {name: text}; the caller validates through the core."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "OK")]
+
+    def __init__(self, title: str, fields: list[tuple[str, str, str]], error: str = "") -> None:
+        # fields: (name, label, initial text)
+        super().__init__(classes="modal")
+        self.title_text, self.fields, self.error = title, fields, error
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            with Grid(classes="form-grid"):
+                for name, label, value in self.fields:
+                    yield Label(label)
+                    yield Input(value=value, id=f"f-{name}")
+            yield Static(self.error, classes="field-error", id="form-error", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("OK (ctrl+s)", id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def values(self) -> dict[str, Any]:
+        return {name: self.query_one(f"#f-{name}", Input).value for name, _, _ in self.fields}
+
+    def on_input_submitted(self, ev: Input.Submitted) -> None:
+        self.action_ok()
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        if ev.button.id == "ok":
+            self.action_ok()
+        else:
+            self.dismiss(None)
+
+    def action_ok(self) -> None:
+        self.dismiss(self.values())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ImportNodes(ModalScreen[Optional[tuple[str, str]]]):
+    """Paste a hostfile / SLURM node list, or read ~/.ssh/config. Answers (kind, text)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "Import")]
+
+    def __init__(self, ssh_config_text: str = "") -> None:
+        super().__init__(classes="modal")
+        self.ssh_config_text = ssh_config_text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Import nodes", classes="dialog-title")
+            yield Select([("hostfile (host slots=N)", "hostfile"), ("SLURM node list", "slurm"),
+                          ("~/.ssh/config hosts", "ssh_config")], value="hostfile", allow_blank=False,
+                         id="kind")
+            yield TextArea("", id="text")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Import (ctrl+s)", id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_select_changed(self, ev: Select.Changed) -> None:
+        if ev.value == "ssh_config" and self.ssh_config_text:
+            self.query_one("#text", TextArea).text = self.ssh_config_text
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        if ev.button.id == "ok":
+            self.action_ok()
+        else:
+            self.dismiss(None)
+
+    def action_ok(self) -> None:
+        self.dismiss((str(self.query_one("#kind", Select).value), self.query_one("#text", TextArea).text))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class Notice(ModalScreen[None]):
+    """An error that needs reading (several lines), not a toast."""
+
+    BINDINGS = [Binding("escape,enter", "close", "Close")]
+
+    def __init__(self, title: str, body: str) -> None:
+        super().__init__(classes="modal")
+        self.title_text, self.body = title, body
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Static(self.body, classes="dialog-body", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Close (enter)", id="close", variant="primary")
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

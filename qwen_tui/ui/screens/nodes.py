@@ -1,0 +1,189 @@
+"""Step 1, Nodes: the machines of the run. Add, edit, remove, import a hostfile /
+SLURM node list / ~/.ssh/config, and probe them all in parallel."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Label, Static
+
+from .. import core
+from ..messages import ActionDone, ChangePreset, NodeProgress
+from ..modals import Form, ImportNodes, Notice
+from .base import StepScreen
+
+_NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
+                ("workdir", "workdir"), ("python", "python"), ("name", "label")]
+
+
+def _status_text(status: str) -> Text:
+    if status == "ok":
+        return Text("✔ probed", style="green")
+    if status.startswith("error"):
+        return Text(f"✘ {status[6:].strip()[:60]}", style="red")
+    if status in ("probing", "connecting"):
+        return Text(f"… {status}", style="yellow")
+    return Text(status, style="dim")
+
+
+class NodesScreen(StepScreen):
+    STEP = "nodes"
+    BINDINGS = [
+        Binding("a", "add", "Add"),
+        Binding("e,enter", "edit", "Edit"),
+        Binding("delete,x", "remove", "Remove"),
+        Binding("i", "import_nodes", "Import"),
+        Binding("p", "probe", "Probe all"),
+    ]
+
+    def body(self) -> ComposeResult:
+        yield Label("Nodes: the machines of this run. Node 0 is the master (this machine runs qwen-tui).",
+                    classes="intro")
+        yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
+        yield Static(id="findings")
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        t.add_columns("#", "host", "user", "port", "GPUs", "GPU model", "status")
+        super().on_mount()
+
+    def refresh_state(self) -> None:
+        st = self.state
+        t = self.query_one(DataTable)
+        row = t.cursor_row
+        t.clear()
+        for i, n in enumerate(st.preset.cluster.nodes):
+            nf = st.node_facts(i)
+            model = (nf.gpu_model or ("CPU only" if nf.gpus == [] else "?")) if nf else "?"
+            found = "" if not nf or nf.gpu_count is None else f" ({nf.gpu_count} seen)"
+            t.add_row(str(i), n.label if n.name else n.host, n.user or "(ssh default)", str(n.port),
+                      f"{n.gpus}{found}", model, _status_text(st.node(i).probe), key=str(i))
+        if row is not None and t.row_count:
+            t.move_cursor(row=min(row, t.row_count - 1))
+        lines = Text()
+        for f in st.findings:
+            lines.append(f"{'✘' if f.level == 'error' else '!'} {f.code}: {f.message}\n",
+                         style="red" if f.level == "error" else "yellow")
+            if f.fix:
+                lines.append(f"    fix: {f.fix}\n", style="dim")
+        for i in range(len(st.preset.cluster.nodes)):
+            nf = st.node_facts(i)
+            if nf and nf.error:
+                lines.append(f"✘ node {i}: {nf.error}\n", style="red")
+        if not lines:
+            lines = Text("No findings across nodes yet: probe (p) checks GPUs, versions, data and disk on every node.",
+                         style="dim")
+        self.query_one("#findings", Static).update(lines)
+
+    # ---------------------------------------------------------------- edit
+    def _nodes(self) -> list[dict[str, Any]]:
+        return [n.model_dump(exclude_defaults=True) for n in self.state.preset.cluster.nodes]
+
+    def _form(self, title: str, initial: dict[str, Any], index: Optional[int], error: str = "") -> None:
+        fields = [(k, label, "" if initial.get(k) is None else str(initial[k])) for k, label in _NODE_FIELDS]
+
+        def done(ans: Optional[dict[str, Any]]) -> None:
+            if ans is None:
+                return
+            node = {k: v.strip() for k, v in ans.items() if v.strip()}
+            nodes = self._nodes()
+            if index is None:
+                nodes.append(node)
+            else:
+                nodes[index] = node
+            try:
+                core.with_changes(self.state.preset, {"cluster.nodes": nodes})
+            except core.PresetError as e:  # show the form again, with the problem next to it
+                self._form(title, ans, index, error=str(e))
+                return
+            self.post_message(ChangePreset({"cluster.nodes": nodes}))
+
+        self.app.push_screen(Form(title, fields, error), done)
+
+    def action_add(self) -> None:
+        self._form("Add node", {"host": "", "port": 22, "gpus": 8}, None)
+
+    def action_edit(self) -> None:
+        i = self.query_one(DataTable).cursor_row
+        if i is None or i >= len(self.state.preset.cluster.nodes):
+            return
+        self._form(f"Edit node {i}", self.state.preset.cluster.nodes[i].model_dump(), i)
+
+    def action_remove(self) -> None:
+        i = self.query_one(DataTable).cursor_row
+        nodes = self._nodes()
+        if len(nodes) <= 1:
+            self.notify("a run needs at least one node", severity="warning")
+            return
+        del nodes[i]
+        self.post_message(ChangePreset({"cluster.nodes": nodes}, note=f"removed node {i}"))
+
+    def action_import_nodes(self) -> None:
+        cfg = os.path.expanduser(self.state.preset.cluster.ssh_config or "~/.ssh/config")
+        text = ""
+        if os.path.exists(cfg):
+            with open(cfg, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+
+        def done(ans: Optional[tuple[str, str]]) -> None:
+            if not ans:
+                return
+            kind, body = ans
+            try:
+                new = core.import_nodes(kind, body)
+            except ValueError as e:
+                self.app.push_screen(Notice("Nothing imported", str(e)))
+                return
+            self.post_message(ChangePreset({"cluster.nodes": new}, note=f"imported {len(new)} nodes from a {kind}"))
+
+        self.app.push_screen(ImportNodes(text), done)
+
+    # ---------------------------------------------------------------- probe
+    def action_probe(self) -> None:
+        for i in range(len(self.state.preset.cluster.nodes)):
+            self.state.node(i).probe = "connecting"
+        self.refresh_all()
+        self.probe_all()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="probe")
+    def probe_all(self) -> None:
+        import concurrent.futures as cf
+
+        preset = self.state.preset
+        conns = self.wizard.connect(on_progress=lambda i, s: self.post_message(NodeProgress("probe", i, s)))
+
+        def one(i: int) -> None:
+            t = conns.get(i)
+            if isinstance(t, BaseException) or t is None:
+                self.post_message(NodeProgress("probe", i, "error", error=str(t)))
+                return
+            self.post_message(NodeProgress("probe", i, "probing"))
+            try:
+                nf = core.probe_node(preset, i, t)
+            except Exception as e:  # one node's failure is that node's row, not the app's
+                self.post_message(NodeProgress("probe", i, "error", error=f"{type(e).__name__}: {e}"))
+                return
+            self.post_message(NodeProgress("probe", i, "error" if nf.error else "ok", facts=nf, error=nf.error))
+
+        n = len(preset.cluster.nodes)
+        with cf.ThreadPoolExecutor(max_workers=max(1, n)) as ex:
+            list(ex.map(one, range(n)))
+        self.post_message(ActionDone("probe"))
+
+    def on_node_progress(self, msg: NodeProgress) -> None:
+        if msg.action != "probe":
+            return
+        st = self.state
+        st.node(msg.index).probe = f"error: {msg.error}" if msg.status == "error" else msg.status
+        if msg.facts is not None:
+            st.facts.nodes[msg.index] = msg.facts
+        self.refresh_all()
+
+    def on_action_done(self, msg: ActionDone) -> None:
+        if msg.action == "probe":
+            self.wizard.facts_changed()

@@ -1,0 +1,128 @@
+"""Step 5, Review: the exact command and environment of every node (the same
+LaunchPlan `replay` and the exports render), the preset as YAML; save, export
+SLURM/PBS/shell scripts, launch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Label, Static, TabbedContent, TabPane
+
+from ...plan import LaunchPlan, make_plan
+from ...preset import dump_preset
+from ..modals import Confirm, Form, Notice
+from .base import StepScreen
+
+PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
+
+
+def preview_plan(state) -> LaunchPlan:
+    return make_plan(state.preset, run_id=PREVIEW_RUN_ID, local_run_dir=f"runs/{PREVIEW_RUN_ID}",
+                     base_dir=os.getcwd(), facts=state.facts)
+
+
+def plan_text(plan: LaunchPlan) -> Text:
+    t = Text()
+    t.append(f"{plan.nnodes} nodes, world size {plan.world_size}, backend {plan.backend}, "
+             f"master {plan.master_addr}:{plan.master_port}\n", style="bold")
+    t.append(f"effective batch size: {plan.batch_formula}\n\n")
+    for c in plan.nodes:
+        t.append(f"── node {c.rank}: {c.label}{' (this machine)' if c.local else ''} ──\n", style="bold cyan")
+        for k, v in c.env.items():
+            t.append(f"  {k}", style="green")
+            t.append(f"={v}\n")
+        t.append(f"  {c.shell_line()}\n\n")
+    return t
+
+
+class ReviewScreen(StepScreen):
+    STEP = "review"
+    BINDINGS = [Binding("l", "launch", "Launch"), Binding("x", "export", "Export")]
+
+    def body(self) -> ComposeResult:
+        yield Static(id="review-summary")
+        with TabbedContent(id="review-tabs"):
+            with TabPane("Commands per node", id="tab-commands"):
+                with VerticalScroll():
+                    yield Static(id="commands")
+            with TabPane("Preset YAML", id="tab-yaml"):
+                with VerticalScroll():
+                    yield Static(id="yaml")
+
+    def refresh_state(self) -> None:
+        st = self.state
+        self.query_one("#commands", Static).update(plan_text(preview_plan(st)))
+        self.query_one("#yaml", Static).update(Syntax(dump_preset(st.preset), "yaml", theme="ansi_dark",
+                                                      background_color="default"))
+        errs = [a for a in st.advice if a.level == "error"]
+        warns = [a for a in st.advice if a.level == "warning"]
+        s = Text()
+        where = str(st.path) if st.path else "not saved yet"
+        s.append(f"preset: {where}{' (unsaved changes)' if st.dirty else ''}\n", style="yellow" if st.dirty else "")
+        if errs:
+            s.append(f"✘ {len(errs)} error(s): " + "; ".join(a.code for a in errs) + "\n", style="bold red")
+        if warns:
+            s.append(f"! {len(warns)} warning(s): " + "; ".join(a.code for a in warns) + "\n", style="yellow")
+        if not errs and not warns:
+            s.append("✔ no errors or warnings\n", style="green")
+        s.append("l launches  ·  x exports scripts  ·  ctrl+s saves the preset", style="dim")
+        self.query_one("#review-summary", Static).update(s)
+
+    # ---------------------------------------------------------------- export
+    def action_export(self) -> None:
+        stem = st.path.stem if (st := self.state).path else (st.preset.name or "run")
+        self.app.push_screen(Form("Export scripts", [("format", "format (slurm, pbs, sh)", "slurm"),
+                                                     ("output", "directory", f"export/{stem}")]), self._export)
+
+    def _export(self, ans: Optional[dict[str, Any]]) -> None:
+        if not ans:
+            return
+        from ...run.export import FORMATS, render
+        from ...run.rundir import new_run_id
+
+        fmt = ans["format"].strip()
+        if fmt not in FORMATS:
+            self.app.push_screen(Notice("Not exported", f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"))
+            return
+        st = self.state
+        run_id = new_run_id(st.preset.name)
+        plan = make_plan(st.preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd(),
+                         facts=st.facts)
+        out = Path(os.path.expanduser(ans["output"]))
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, text in render(plan, fmt).items():
+                tmp = out / f".{name}.tmp"
+                tmp.write_text(text)
+                tmp.chmod(0o755)
+                os.replace(tmp, out / name)
+        except OSError as e:
+            self.app.push_screen(Notice("Not exported", str(e)))
+            return
+        self.notify(f"wrote {fmt} scripts to {out}", title="Export")
+
+    # ---------------------------------------------------------------- launch
+    def action_launch(self) -> None:
+        errs = [a for a in self.state.advice if a.level == "error"]
+        if self.state.run_status == "running":
+            self.notify("a run is already going: see the Run step (F6)", severity="warning")
+            return
+
+        def go(yes: Optional[bool]) -> None:
+            if yes:
+                self.wizard.switch_screen("run")
+                self.wizard.get_screen("run").launch(force=bool(errs))
+
+        if errs:
+            self.app.push_screen(Confirm("Launch despite errors?",
+                                         "\n".join(f"{a.code}: {a.message}" for a in errs), yes="Launch",
+                                         danger=True), go)
+        else:
+            go(True)

@@ -1,0 +1,161 @@
+"""Step 2, SSH: a key (generated or chosen), installed on every node with a password
+asked once (memory only), then connections and the all-pairs check. A new host key
+is shown with its fingerprint and accepted only on confirmation; a changed one is
+refused (the infra module raises ChangedHostKey and we show why)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Input, Label, Static
+
+from ..messages import ActionDone, NodeProgress
+from ..modals import PasswordPrompt
+from .base import StepScreen
+
+
+def _cell(s: str) -> Text:
+    if s in ("connected", "local", "ok"):
+        return Text(f"✔ {s}", style="green")
+    if s.startswith("error") or s.startswith("refused"):
+        return Text(f"✘ {s.removeprefix('error: ')[:70]}", style="red")
+    if s.endswith("ing"):
+        return Text(f"… {s}", style="yellow")
+    return Text(s, style="dim")
+
+
+class SSHScreen(StepScreen):
+    STEP = "ssh"
+    BINDINGS = [
+        Binding("c", "connect", "Connect all"),
+        Binding("k", "install_key", "Install key"),
+        Binding("v", "verify_pairs", "Verify pairs"),
+    ]
+
+    def body(self) -> ComposeResult:
+        yield Label("SSH: qwen-tui logs into every node with a key. It can make one and install it for you.",
+                    classes="intro")
+        with Horizontal(classes="row"):
+            yield Label("private key", classes="field-label")
+            yield Input(placeholder="~/.ssh/id_ed25519 (made if missing)", id="identity")
+        yield DataTable(id="ssh-table", cursor_type="row")
+        yield Static(id="pairs")
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).add_columns("#", "node", "address", "connection", "host key")
+        self.query_one("#identity", Input).value = self.state.preset.cluster.identity_file or ""
+        super().on_mount()
+
+    def on_input_changed(self, ev: Input.Changed) -> None:
+        if ev.input.id == "identity":
+            self.change("cluster.identity_file", ev.value.strip() or None)
+
+    def refresh_state(self) -> None:
+        st = self.state
+        t = self.query_one(DataTable)
+        t.clear()
+        for i, n in enumerate(st.preset.cluster.nodes):
+            ns = st.node(i)
+            conn = "local" if n.is_local else ns.ssh
+            addr = "this machine" if n.is_local else f"{n.user + '@' if n.user else ''}{n.host}:{n.port}"
+            t.add_row(str(i), n.label, addr, _cell(conn), Text(ns.host_key or "-", style="dim"))
+        rep = st.key_report
+        if rep is None:
+            msg = Text("All-pairs check not run yet (v). Nodes log into each other for torchrun/DeepSpeed; "
+                       "installing the key (k) also sets that up.", style="dim")
+            if all(n.is_local for n in st.preset.cluster.nodes):
+                msg = Text("Every node is this machine: no SSH needed.", style="green")
+        else:
+            labels = [n.label for n in st.preset.cluster.nodes]
+            msg = Text()
+            for line in rep.matrix_lines(labels) if hasattr(rep, "matrix_lines") else []:
+                msg.append(line + "\n", style="green" if line.endswith(": ok") else "red")
+            for i, e in sorted(getattr(rep, "installed", {}).items()):
+                if isinstance(e, BaseException):
+                    msg.append(f"install on node {i}: {e}\n", style="red")
+        self.query_one("#pairs", Static).update(msg)
+
+    # ---------------------------------------------------------------- connect
+    def action_connect(self) -> None:
+        self.connect_all()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
+    def connect_all(self) -> None:
+        res = self.wizard.connect(on_progress=lambda i, s: self.post_message(NodeProgress("ssh", i, s)))
+        for i, r in res.items():
+            if isinstance(r, BaseException):
+                self.post_message(NodeProgress("ssh", i, "error", error=str(r)))
+            else:
+                fp = ""
+                key = getattr(r, "server_key", None)
+                if callable(key):
+                    from ...nodes.hostkeys import fingerprint
+
+                    k = key()
+                    fp = f"{k.get_name()} {fingerprint(k)}"
+                self.post_message(NodeProgress("ssh", i, "connected", facts=fp))
+        self.post_message(ActionDone("ssh"))
+
+    def on_node_progress(self, msg: NodeProgress) -> None:
+        if msg.action != "ssh":
+            return
+        ns = self.state.node(msg.index)
+        if msg.status == "error":
+            changed = "HOST KEY CHANGED" in (msg.error or "")
+            ns.ssh = f"{'refused' if changed else 'error'}: {msg.error}"
+            if changed:
+                ns.host_key = "CHANGED: refused"
+        else:
+            ns.ssh = msg.status
+            if msg.facts:
+                ns.host_key = msg.facts
+        self.refresh_all()
+
+    def on_action_done(self, msg: ActionDone) -> None:
+        if msg.error:
+            self.notify(msg.error, severity="error", title=msg.action)
+        self.wizard.facts_changed()
+
+    # ---------------------------------------------------------------- keys
+    def action_install_key(self) -> None:
+        if all(n.is_local for n in self.state.preset.cluster.nodes):
+            self.notify("every node is this machine: nothing to install")
+            return
+
+        def got(pw: Optional[str]) -> None:
+            if pw is None:
+                return
+            self.wizard.password = pw  # memory only: never in the preset, a log or the screen
+            self.install_key()
+
+        if self.wizard.password is not None:
+            self.install_key()
+        else:
+            self.app.push_screen(PasswordPrompt("Password for the nodes",
+                                                "Asked once, kept in memory only, used to install the key."), got)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
+    def install_key(self) -> None:
+        from ...nodes.keys import setup_keys
+
+        st = self.state
+        ident = os.path.expanduser(st.preset.cluster.identity_file) if st.preset.cluster.identity_file else None
+        rep = setup_keys(st.preset, self.wizard.password, identity=ident, accept_new_host_keys=self.wizard.ask_host_key)
+        self.app.call_from_thread(self._keys_done, rep)
+
+    def _keys_done(self, rep) -> None:
+        self.state.key_report = rep
+        for i, v in rep.installed.items():
+            self.state.node(i).ssh = f"error: {v}" if isinstance(v, BaseException) else "key installed"
+        self.notify("key installed on every node" if rep.ok else "key setup found problems: see below",
+                    severity="information" if rep.ok else "error", title="SSH keys")
+        self.wizard.facts_changed()
+
+    def action_verify_pairs(self) -> None:
+        self.action_install_key()  # setup_keys is idempotent and ends with the all-pairs matrix

@@ -1,0 +1,180 @@
+"""Step 4, Training: the form on the left, the live panel on the right. Every
+change goes through the App (pydantic validates; a bad value shows its error under
+its input) and the panel recomputes: effective batch and its formula, memory per
+GPU against the smallest GPU, step time, tokens/s, scaling, and the advice list
+whose fixes apply with one key (F8 the first, Enter the highlighted one)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Input, Label, OptionList, Select, Static
+
+from .. import core
+from ..messages import ChangePreset
+from ..widgets.advice_list import AdviceList
+from .base import StepScreen
+
+# (dotted path, label, kind); kind: "text", "opt" (empty = None), or a list of Select choices
+FIELDS: list[tuple[str, str, Any]] = [
+    ("training.model", "model (hub id or path)", "text"),
+    ("training.data", "data (JSON/JSONL)", "text"),
+    ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),
+    ("training.zero_stage", "ZeRO stage", [("none (DDP)", "none"), ("ZeRO-2", 2), ("ZeRO-3", 3)]),
+    ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
+    ("training.device", "device", [("auto", "auto"), ("GPU (cuda)", "cuda"), ("CPU", "cpu")]),
+    ("training.model_max_length", "sequence length", "text"),
+    ("training.per_device_train_batch_size", "batch per GPU", "text"),
+    ("training.gradient_accumulation_steps", "accumulation", "text"),
+    ("training.learning_rate", "learning rate", "text"),
+    ("training.num_train_epochs", "epochs", "text"),
+    ("training.max_steps", "max steps (-1: epochs)", "text"),
+    ("training.output_dir", "output dir", "text"),
+    ("training.save_steps", "save every N steps", "text"),
+    ("training.save_total_limit", "keep checkpoints", "opt"),
+    ("training.resume_from_checkpoint", "resume from", "opt"),
+]
+
+
+def _wid(path: str) -> str:
+    return path.replace(".", "-")
+
+
+def _shown(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
+class TrainingScreen(StepScreen):
+    STEP = "training"
+    BINDINGS = [Binding("f8", "fix_first", "Apply fix")]
+
+    def body(self) -> ComposeResult:
+        t = self.state.preset
+        with Horizontal(id="training-split"):
+            with VerticalScroll(id="training-form"):
+                for path, label, kind in FIELDS:
+                    v = core.get_path(t, path)
+                    with Horizontal(classes="form-row"):
+                        yield Label(label, classes="field-label")
+                        # initial values at construction: a Select set later would first
+                        # announce its default option as a change
+                        if isinstance(kind, list):
+                            yield Select(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
+                                         compact=True)
+                        else:
+                            yield Input(value=_shown(v), id=_wid(path), compact=True)
+                    yield Static("", id=f"err-{_wid(path)}", classes="field-error")
+            with Vertical(id="live"):
+                yield Label("Live estimate", classes="section")
+                yield Static(id="estimate")
+                yield Label("Advice", classes="section")
+                yield AdviceList(id="advice")
+
+    def on_screen_resume(self) -> None:
+        self._fill_from_preset()
+        super().on_screen_resume()
+
+    def _fill_from_preset(self) -> None:
+        """Another step (or a fix, or opening a preset) may have changed the values."""
+        t = self.state.preset
+        for path, _, kind in FIELDS:
+            v = core.get_path(t, path)
+            if isinstance(kind, list):
+                w = self.query_one(f"#{_wid(path)}", Select)
+                want = "none" if v is None else v
+                if w.value != want:
+                    w.value = want
+            else:
+                w = self.query_one(f"#{_wid(path)}", Input)
+                if not self.query_one(f"#err-{_wid(path)}", Static).render().plain and w.value != _shown(v):
+                    w.value = _shown(v)
+
+    # ---------------------------------------------------------------- edits
+    def on_input_changed(self, ev: Input.Changed) -> None:
+        path = (ev.input.id or "").replace("-", ".")
+        kind = next((k for p, _, k in FIELDS if p == path), None)
+        if kind is None:
+            return
+        text = ev.value.strip()
+        value: Optional[str] = None if (kind == "opt" and not text) else text
+        cur = core.get_path(self.state.preset, path)
+        if _shown(cur) == (value or "") and not self.query_one(f"#err-{_wid(path)}", Static).render().plain:
+            return  # filled from the preset, or unchanged
+        self.post_message(ChangePreset({path: value}))
+
+    def on_select_changed(self, ev: Select.Changed) -> None:
+        path = (ev.select.id or "").replace("-", ".")
+        if not path.startswith("training."):
+            return
+        value = None if ev.value == "none" else ev.value
+        self.change(path, value)
+
+    def show_field_errors(self, errors: list, changes: dict[str, Any]) -> None:
+        for path in changes:
+            if path.startswith("training."):
+                msg = "; ".join(e.message for e in errors if e.path == path or e.path.startswith(path + "."))
+                if errors and not msg:
+                    msg = "; ".join(f"{e.path}: {e.message}" for e in errors)
+                w = self.query_one(f"#err-{_wid(path)}", Static)
+                w.update(Text(msg, style="red"))
+                w.set_class(bool(msg), "-shown")
+
+    # ---------------------------------------------------------------- panel
+    def refresh_state(self) -> None:
+        st = self.state
+        est = st.estimate
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style="bold", min_width=16)
+        t.add_column()
+        if est is not None:
+            t.add_row("effective batch", Text(str(est.effective_batch), style="bold cyan"))
+            t.add_row("", Text(est.batch_formula, style="dim"))
+            if est.memory_gib is not None:
+                fits = est.smallest_gpu_gib is None or est.memory_gib <= est.smallest_gpu_gib
+                smallest = f" of {est.smallest_gpu_gib:.0f} GiB (smallest GPU)" if est.smallest_gpu_gib else ""
+                t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB{smallest}",
+                                                 style="green" if fits else "bold red"))
+            else:
+                t.add_row("memory per GPU", Text("-", style="dim"))
+            gpu_run = st.preset.training.device != "cpu"  # the estimator models GPUs only
+            step = est.step_seconds
+            t.add_row("step time", Text(("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
+                                        if step is not None and gpu_run else "-"))
+            t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}" if est.tokens_per_s and gpu_run else "-"))
+            t.add_row("scaling", Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run
+                                      else "-"))
+            bw = st.facts.min_bandwidth_gbps()
+            t.add_row("slowest link", Text(f"{bw:.1f} Gbit/s" if bw is not None else "not measured",
+                                           style="dim" if bw is None else ""))
+            for n in est.notes:
+                t.add_row("", Text(n, style="dim italic"))
+        self.query_one("#estimate", Static).update(t)
+        self.query_one(AdviceList).show(st.advice)
+
+    # ---------------------------------------------------------------- fixes
+    def _apply(self, item: core.AdviceItem) -> None:
+        try:
+            new = core.apply_fix(self.state.preset, item)
+        except (ValueError, core.PresetError) as e:
+            self.notify(str(e), severity="error", title="Fix not applied")
+            return
+        self.wizard.set_preset(new, note=f"applied: {item.fix_label}")
+        self._fill_from_preset()
+
+    def action_fix_first(self) -> None:
+        item = next((a for a in self.state.advice if a.fix is not None), None)
+        if item is None:
+            self.notify("no finding with a fix")
+            return
+        self._apply(item)
+
+    def on_option_list_option_selected(self, ev: OptionList.OptionSelected) -> None:
+        items = getattr(self.query_one(AdviceList), "items", [])
+        idx = int(ev.option.id[1:]) if ev.option.id and ev.option.id.startswith("a") else None
+        if idx is not None and idx < len(items) and items[idx].fix is not None:
+            self._apply(items[idx])

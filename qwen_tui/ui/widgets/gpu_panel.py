@@ -1,0 +1,66 @@
+"""One node of the Run screen: status, and per GPU utilisation and memory (CPU load
+on a CPU-only node)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from ...run.gpumon import NodeSample
+from .bars import bar
+
+_STATUS = {"running": "green", "ok": "bold green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
+           "pending": "dim"}
+
+
+class GpuPanel(Static):
+    def __init__(self, rank: int, label: str, **kw) -> None:
+        super().__init__(**kw)
+        self.rank, self.label = rank, label
+        self.sample: Optional[NodeSample] = None
+        self.status, self.error = "pending", None
+        self.border_title = f"node {rank}: {label}"
+
+    def set_sample(self, s: NodeSample) -> None:
+        self.sample = s
+        self._redraw()
+
+    def set_status(self, status: str, error: Optional[str]) -> None:
+        self.status, self.error = status, error
+        self.set_class(status in ("failed", "lost"), "-failed")
+        self._redraw()
+
+    def _redraw(self) -> None:
+        rows: list = []
+        head = Text()
+        head.append(self.status, style=_STATUS.get(self.status, ""))
+        rows.append(head)
+        if self.error:
+            rows.append(Text(self.error[-300:], style="red"))
+        s = self.sample
+        if s is None:
+            rows.append(Text("waiting for the first sample…", style="dim"))
+        elif s.error and not s.gpus:
+            rows.append(Text(f"monitor: {s.error}", style="yellow"))
+        elif s.gpus:
+            for g in s.gpus:
+                util = None if g.util_pct is None else g.util_pct / 100
+                line = Text(f"GPU{g.index} ")
+                line.append_text(bar(util, 10, "green"))
+                line.append(f" {g.util_pct or 0:3.0f}%  mem ")
+                line.append_text(bar(g.mem_fraction, 10, "magenta"))
+                used = (g.mem_used_mib or 0) / 1024
+                total = (g.mem_total_mib or 0) / 1024
+                line.append(f" {used:5.1f}/{total:.0f} GiB")
+                rows.append(line)
+        else:
+            line = Text("CPU  ")
+            util = None if s.cpu_util_pct is None else s.cpu_util_pct / 100
+            line.append_text(bar(util, 14, "cyan"))
+            line.append(f" {s.cpu_util_pct or 0:3.0f}%")
+            rows.append(line)
+            rows.append(Text(f"load {s.load1:.2f} on {s.cpu_count} cores (no GPU)", style="dim"))
+        self.update(Group(*rows))

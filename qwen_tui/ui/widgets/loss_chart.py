@@ -1,0 +1,72 @@
+"""The master's loss curve (block plot) with learning rate, tokens/s, step and ETA."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from ...run.metrics import TrainingProgress, fmt_duration
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def spark(values: list[float], width: int) -> str:
+    """One-row sparkline of the last `width` values."""
+    values = values[-width:]
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(_BLOCKS[1 + round((v - lo) / span * 7)] for v in values)
+
+
+def plot(values: list[float], width: int, height: int) -> list[Text]:
+    """Column plot of the last `width` values (resampled by bucket means), `height` rows."""
+    if not values:
+        return [Text("no loss yet", style="dim")] + [Text("")] * (height - 1)
+    if len(values) > width:
+        step = len(values) / width
+        values = [sum(values[int(i * step):max(int(i * step) + 1, int((i + 1) * step))]) /
+                  max(1, len(values[int(i * step):max(int(i * step) + 1, int((i + 1) * step))])) for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    levels = [round((v - lo) / span * (height * 8 - 1)) + 1 for v in values]
+    rows = []
+    for r in range(height - 1, -1, -1):
+        t = Text()
+        for lv in levels:
+            t.append(_BLOCKS[max(0, min(8, lv - r * 8))], style="bright_green")
+        rows.append(t)
+    rows[0] = Text(f"{hi:8.4f} ", style="dim") + rows[0]
+    rows[-1] = Text(f"{lo:8.4f} ", style="dim") + rows[-1]
+    for i in range(1, len(rows) - 1):
+        rows[i] = Text(" " * 9) + rows[i]
+    return rows
+
+
+class LossChart(Static):
+    def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6) -> None:
+        if prog is None or not prog.steps:
+            self.update(Text("waiting for the first logged step…", style="dim"))
+            return
+        last = prog.last or {}
+        total = prog.total_steps
+        lr = last.get("learning_rate", last.get("lr"))
+        tps = last.get("tokens_per_s", last.get("tokens_per_second"))
+        info = Text()
+        info.append(f"step {last.get('step')}" + (f"/{total}" if total else ""), style="bold")
+        info.append(f"   loss {last.get('loss', float('nan')):.4f}")
+        if lr is not None:
+            info.append(f"   lr {lr:.2e}")
+        if tps is not None:
+            info.append(f"   {tps:,.0f} tokens/s")
+        info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
+        lrs = [s.get("learning_rate", s.get("lr")) for s in prog.steps]
+        lrs = [v for v in lrs if isinstance(v, (int, float))]
+        parts = [info, *plot(prog.losses, width, height)]
+        if lrs:
+            parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style="cyan"))
+        self.update(Group(*parts))
