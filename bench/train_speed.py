@@ -1,0 +1,470 @@
+"""Training speed on one GPU: the stock Qwen recipe against our worker's fast path, same data.
+
+    python bench/train_speed.py --out bench/results/DIR            # every configuration, one process each
+    python bench/train_speed.py --configs ours-lora-7b --steps 5   # some of them
+    python bench/train_speed.py --smoke --out /tmp/s               # every code path on the 1.5B shape, few steps
+
+Models are random-init Qwen2.5 shapes built from their public configs (1.5B, 7B), bf16, on the
+GPU. Data: one synthetic chat set, record lengths log-uniform in [50, 2000] tokens, the first
+third of each record masked as prompt; every configuration reads the same records in the same
+order. Throughput counts real tokens (no padding).
+
+stock  HF Trainer + DeepSpeed ZeRO-2 (training/ds_config_zero2.json) + gradient checkpointing,
+       per-device batch 2, accumulation 8, every record padded to model_max_length (2048) as Qwen's
+       published finetune.py does; LoRA r=64 alpha=16 dropout 0.05 on all linear projections, or
+       full fine-tuning.
+ours   training.fast: packed rows (no padding, flash varlen attention that keeps records apart),
+       Liger fused linear cross-entropy (no full logits), per-decoder-layer torch.compile, fused
+       AdamW, the token budget per micro-batch from a two-probe memory measurement, gradient
+       checkpointing only if nothing fits without it (training.fast.autobatch); 64 records per
+       optimizer step. Q-LoRA: the same with the decoder's linear layers in bitsandbytes nf4.
+
+MFU: model FLOPs per real token = k*N + 12*L*h*s with k = 6 (full) or 4 (LoRA, frozen base: no
+weight gradients), N = the parameters that take part in matmuls (all but the input embedding;
+a tied embedding counts once, as the LM head), s = the token-weighted mean record length
+(sum len^2 / sum len, the context a token attends over), against 989 TFLOP/s dense bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PEAK_TFLOPS = 989.0
+SEQ = 2048
+MIN_LEN, MAX_LEN = 50, 2000
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# From the public config.json of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct.
+SHAPES = {
+    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
+               rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+
+CONFIGS = {
+    "stock-lora-7b": dict(shape="7b", method="lora", recipe="stock"),
+    "ours-lora-7b": dict(shape="7b", method="lora", recipe="ours"),
+    "ours-qlora-7b": dict(shape="7b", method="qlora", recipe="ours"),
+    "stock-full-1.5b": dict(shape="1.5b", method="full", recipe="stock"),
+    "ours-full-1.5b": dict(shape="1.5b", method="full", recipe="ours"),
+}
+PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("ours-qlora-7b", "ours-lora-7b")]
+
+
+# ------------------------------------------------------------------ data
+
+
+def make_records(n: int, vocab: int, seed: int = 0) -> list:
+    """n synthetic chat records: lengths log-uniform in [MIN_LEN, MAX_LEN], random ids, first third masked."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = int(round(math.exp(rng.uniform(math.log(MIN_LEN), math.log(MAX_LEN)))))
+        ids = [rng.randrange(0, vocab - 1000) for _ in range(length)]
+        prompt = max(1, length // 3)
+        labels = [-100] * prompt + ids[prompt:]
+        out.append(SimpleNamespace(input_ids=ids, labels=labels))
+    return out
+
+
+def effective_seq(records) -> float:
+    lens = [len(r.input_ids) for r in records]
+    return sum(x * x for x in lens) / sum(lens)
+
+
+def flops_per_token(shape: str, method: str, seq: float) -> float:
+    c = SHAPES[shape]
+    h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
+    per_layer = h * (h + 2 * kv) + (h + 2 * kv) + h * h + 3 * h * c["intermediate_size"] + 2 * h
+    n_matmul = L * per_layer + h + V * h  # layers, final norm, LM head (tied or not); not the input embedding
+    k = 6 if method == "full" else 4
+    return k * n_matmul + 12 * L * h * seq
+
+
+# ------------------------------------------------------------------ model
+
+
+def build_model(shape: str, dtype, device):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**SHAPES[shape], use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            model = Qwen2ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    model.config.use_cache = False
+    return model
+
+
+def quantize_nf4(model, compute_dtype):
+    """Replaces the decoder's projection Linears by bitsandbytes nf4 Linear4bit (double quantization),
+    quantizing the random weights on the GPU: what from_pretrained(load_in_4bit) would load."""
+    import bitsandbytes as bnb
+    import torch
+
+    n = 0
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, torch.nn.Linear) or name not in LORA_TARGETS:
+                    continue
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                      device="meta")
+                w = bnb.nn.Params4bit(child.weight.data, requires_grad=False, compress_statistics=True,
+                                      quant_type="nf4")
+                q.weight = w.to(child.weight.device)
+                if child.bias is not None:
+                    q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(parent, name, q)
+                n += 1
+    torch.cuda.empty_cache()
+    return n
+
+
+def add_lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=64, lora_alpha=16, lora_dropout=0.05, target_modules=LORA_TARGETS, bias="none",
+                     task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+# ------------------------------------------------------------------ stock recipe
+
+
+def run_stock(cfg: dict, args, records, result: dict) -> None:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    t0 = time.perf_counter()
+    model = build_model(cfg["shape"], torch.bfloat16, dev)
+    if cfg["method"] == "lora":
+        model.enable_input_require_grads()  # Qwen's finetune.py: LoRA + gradient checkpointing
+        model = add_lora(model)
+    result["build_s"] = time.perf_counter() - t0
+
+    class Padded(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(records)
+
+        def __getitem__(self, i):
+            r = records[i]
+            n = len(r.input_ids)
+            ids = torch.zeros(SEQ, dtype=torch.long)  # pad id 0 (labels -100, attention mask 0)
+            ids[:n] = torch.tensor(r.input_ids)
+            lab = torch.full((SEQ,), -100, dtype=torch.long)
+            lab[:n] = torch.tensor(r.labels)
+            mask = torch.zeros(SEQ, dtype=torch.long)
+            mask[:n] = 1
+            return {"input_ids": ids, "labels": lab, "attention_mask": mask}
+
+    real_tokens = []
+
+    def collate(items):
+        batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+        real_tokens.append(int(batch["attention_mask"].sum()))
+        return batch
+
+    marks = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            torch.cuda.synchronize()
+            marks.append((time.perf_counter(), len(real_tokens)))
+
+    ds_cfg = json.loads((ROOT / "training" / "ds_config_zero2.json").read_text())
+    total_steps = args.stock_warmup + args.stock_steps
+    targs = TrainingArguments(
+        output_dir=str(Path(args.tmp) / "stock"), per_device_train_batch_size=2, gradient_accumulation_steps=8,
+        max_steps=total_steps, learning_rate=1e-4 if cfg["method"] == "lora" else 1e-5, weight_decay=0.1,
+        adam_beta2=0.95, warmup_ratio=0.01, lr_scheduler_type="cosine", bf16=True, gradient_checkpointing=True,
+        deepspeed=ds_cfg, logging_steps=10**6, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, remove_unused_columns=False, seed=42, data_seed=42,
+    )
+    trainer = Trainer(model=model, args=targs, train_dataset=Padded(), data_collator=collate,
+                      callbacks=[Clock()])
+    # Same records, same order as ours: no shuffling.
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
+    torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    trainer.train()
+    result["train_wall_s"] = time.perf_counter() - t0
+    (ta, na), (tb, nb) = marks[args.stock_warmup - 1], marks[-1]
+    tokens = sum(real_tokens[na:nb])
+    result.update(
+        timed_steps=len(marks) - args.stock_warmup, timed_s=tb - ta, real_tokens=tokens,
+        tokens_per_s=tokens / (tb - ta), records_per_step=16, micro_batch="2 x 2048 padded",
+        padded_tokens=(nb - na) * 2 * SEQ,
+        gradient_checkpointing=True,
+        peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / 2**30,
+        peak_reserved_gib=torch.cuda.max_memory_reserved(dev) / 2**30,
+    )
+
+
+# ------------------------------------------------------------------ our fast path
+
+
+def run_ours(cfg: dict, args, records, result: dict) -> None:
+    import torch
+
+    from training.fast import autobatch
+    from training.fast.attention import use_packed_attention, varlen_available
+    from training.fast.compile import compile_decoder_layers
+    from training.fast.loss import liger_available
+    from training.fast.optim import make_adamw
+    from training.fast.packing import pack, pack_batches
+    from training.fast.step import micro_batch_loss_sum, to_device
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    method = cfg["method"]
+    t0 = time.perf_counter()
+    # Full fine-tuning keeps fp32 master weights (bf16 autocast); LoRA a frozen bf16 base with fp32 adapters.
+    model = build_model(cfg["shape"], torch.float32 if method == "full" else torch.bfloat16, dev)
+    if method == "qlora":
+        result["nf4_layers"] = quantize_nf4(model, torch.bfloat16)
+    if method in ("lora", "qlora"):
+        model = add_lora(model)
+    result["build_s"] = time.perf_counter() - t0
+    ce = "liger" if (liger_available() and not args.no_liger) else "chunked"
+    use_packed_attention(model)
+    result.update(ce=ce, varlen_flash=varlen_available(), compile=not args.no_compile)
+    model.train()
+    vocab = SHAPES[cfg["shape"]]["vocab_size"]
+
+    def probe(tokens: int):
+        n_rec = tokens // SEQ
+        recs = [SimpleNamespace(input_ids=[(i * 7919 + j) % (vocab - 1000) for j in range(SEQ)],
+                                labels=[(i * 7919 + j) % (vocab - 1000) for j in range(SEQ)]) for i in range(n_rec)]
+        b = to_device(pack(recs, tokens, 0, max_segment=SEQ), dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            s, n = micro_batch_loss_sum(model, b, ce, max_segment=SEQ)
+        (s / n).backward()
+        model.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    gc_on = False
+    if args.tokens:
+        budget = args.tokens
+    else:
+        plan = autobatch.probe_plan(model, probe, dev, SEQ, fraction=args.mem_fraction, max_tokens=args.max_tokens)
+        if not plan.fits:
+            gc_on = True
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            plan = autobatch.probe_plan(model, probe, dev, SEQ, fraction=args.mem_fraction, max_tokens=args.max_tokens)
+        budget = plan.tokens
+        result.update(probe_bytes_per_token=plan.bytes_per_token, probe_fixed_gib=plan.fixed_bytes / 2**30)
+    result.update(probe_s=time.perf_counter() - t0, tokens_per_micro_batch=budget, gradient_checkpointing=gc_on)
+    if not args.no_compile:
+        compile_decoder_layers(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_adamw([{"params": params, "weight_decay": 0.1}], lr=1e-4 if method != "full" else 1e-5,
+                     betas=(0.9, 0.95), fused=True)
+    result["fused_adamw"] = opt.is_fused
+
+    R = args.records_per_step
+    steps = args.warmup + args.steps
+    marks, tokens_done, micro = [], [], 0
+    torch.cuda.reset_peak_memory_stats(dev)
+    t_start = time.perf_counter()
+    for step in range(steps):
+        recs = records[step * R:(step + 1) * R]
+        rows = pack_batches(recs, budget, 0, pad_multiple=1024, max_segment=SEQ)
+        n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
+        step_loss = 0.0
+        for row in rows:
+            b = to_device({k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in row.items()}, dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                s, _ = micro_batch_loss_sum(model, b, ce, max_segment=SEQ)
+            loss = s / n_label
+            loss.backward()
+            step_loss = step_loss + loss.detach()
+            micro += 1
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step == 0:
+            torch.cuda.synchronize()
+            result["first_step_s"] = time.perf_counter() - t_start
+        if step >= args.warmup - 1:
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+            tokens_done.append(sum(len(r.input_ids) for r in recs))
+    timed = marks[-1] - marks[0]
+    tokens = sum(tokens_done[1:])
+    result.update(
+        timed_steps=args.steps, timed_s=timed, real_tokens=tokens, tokens_per_s=tokens / timed,
+        records_per_step=R, micro_batch=f"packed rows of <= {budget} tokens", micro_batches=micro,
+        last_loss=float(step_loss),
+        peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / 2**30,
+        peak_reserved_gib=torch.cuda.max_memory_reserved(dev) / 2**30,
+    )
+
+
+# ------------------------------------------------------------------ driver
+
+
+def worker_main(args) -> int:
+    import torch
+
+    cfg = dict(CONFIGS[args.worker])
+    if args.shape:
+        cfg["shape"] = args.shape
+    n_steps = max((args.stock_warmup + args.stock_steps) * 16, (args.warmup + args.steps) * args.records_per_step)
+    records = make_records(n_steps, SHAPES[cfg["shape"]]["vocab_size"], seed=0)
+    result = {"config": args.worker, **cfg, "status": "running"}
+    try:
+        (run_stock if cfg["recipe"] == "stock" else run_ours)(cfg, args, records, result)
+        used = records[: (result["timed_steps"] + 1) * result["records_per_step"]]
+        s = effective_seq(used)
+        f = flops_per_token(cfg["shape"], cfg["method"], s)
+        result.update(status="ok", seq_eff=s, flops_per_token=f, mfu=result["tokens_per_s"] * f / (PEAK_TFLOPS * 1e12),
+                      flops_rule="6N+12Lhs" if cfg["method"] == "full" else "4N+12Lhs")
+    except torch.cuda.OutOfMemoryError as e:
+        result.update(status="OOM", error=str(e).splitlines()[0])
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0 if result["status"] == "ok" else 3
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    for m in ("torch", "transformers", "peft", "accelerate", "deepspeed", "liger_kernel", "bitsandbytes", "triton"):
+        try:
+            mod = __import__(m)
+            out[m] = getattr(mod, "__version__", "?")
+        except ImportError as e:
+            out[m] = f"missing ({e})"
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+        out["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2) if torch.cuda.is_available() else 0
+    except (ImportError, RuntimeError) as e:
+        out["gpu"] = f"unknown ({e})"
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    out["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    return out
+
+
+def table(results: list[dict]) -> str:
+    by = {r["config"]: r for r in results}
+    lines = ["| configuration | real tokens/s | MFU (rule) | micro-batch | grad ckpt | peak alloc GiB | peak reserved GiB | ratio |",
+             "| --- | ---: | --- | --- | --- | ---: | ---: | --- |"]
+    ratio = {a: (b, by[a]["tokens_per_s"] / by[b]["tokens_per_s"]) for a, b in PAIRS
+             if a in by and b in by and by[a].get("status") == "ok" and by[b].get("status") == "ok"}
+    for r in results:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['config']} | {r.get('status')}: {r.get('error', '')[:80]} | | | | | | |")
+            continue
+        rt = f"{ratio[r['config']][1]:.2f}x {ratio[r['config']][0]}" if r["config"] in ratio else ""
+        lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% ({r['flops_rule']}) | "
+                     f"{r['micro_batch']} | {'on' if r['gradient_checkpointing'] else 'off'} | "
+                     f"{r['peak_allocated_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {rt} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    p.add_argument("--out", default=None, help="folder for results.json, results.md and per-configuration logs")
+    p.add_argument("--steps", type=int, default=12, help="timed optimizer steps, ours (default 12)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed first steps, ours (compilation; default 3)")
+    p.add_argument("--stock-steps", type=int, default=4, help="timed optimizer steps, stock (default 4)")
+    p.add_argument("--stock-warmup", type=int, default=1, help="untimed first steps, stock (default 1)")
+    p.add_argument("--records-per-step", type=int, default=64, help="records per optimizer step, ours (default 64)")
+    p.add_argument("--tokens", type=int, default=0, help="fixed packed micro-batch budget (default: probe)")
+    p.add_argument("--max-tokens", type=int, default=49152, help="largest packed micro-batch the probe may pick")
+    p.add_argument("--mem-fraction", type=float, default=0.85, help="device memory share the probe plans for")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-liger", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="every configuration on the 1.5B shape, 2+1 steps")
+    p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tmp", default="/tmp/train_speed")
+    p.add_argument("--timeout", type=float, default=400, help="seconds one configuration may run (default 400)")
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+
+    if args.smoke:
+        args.shape, args.steps, args.warmup, args.stock_steps, args.stock_warmup = "1.5b", 2, 2, 1, 1
+    out = Path(args.out or (ROOT / "bench" / "results" / "train_speed_tmp"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = versions()
+    print(json.dumps(env), flush=True)
+    results = []
+    passthrough = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--stock-steps", str(args.stock_steps),
+                   "--stock-warmup", str(args.stock_warmup), "--records-per-step", str(args.records_per_step),
+                   "--tokens", str(args.tokens), "--max-tokens", str(args.max_tokens),
+                   "--mem-fraction", str(args.mem_fraction), "--tmp", args.tmp]
+    passthrough += ["--no-compile"] * args.no_compile + ["--no-liger"] * args.no_liger
+    if args.shape:
+        passthrough += ["--shape", args.shape]
+    for name in args.configs.split(","):
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
+        js = Path(args.tmp) / f"{name}.json"
+        js.unlink(missing_ok=True)
+        cmd = [sys.executable, __file__, "--worker", name, "--json", str(js)] + passthrough
+        t0 = time.perf_counter()
+        with open(out / "runs.log", "a") as log:
+            log.write(f"===== {name}: {' '.join(cmd)}\n")
+            log.flush()
+            try:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        wall = time.perf_counter() - t0
+        if js.is_file():
+            r = json.loads(js.read_text())
+        else:
+            tail = (out / "runs.log").read_text().splitlines()[-4:]
+            r = {"config": name, "status": f"failed rc={rc}", "error": " | ".join(tail)}
+        r["process_wall_s"] = wall
+        results.append(r)
+        print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s in {wall:.0f}s", flush=True)
+        (out / "results.json").write_text(json.dumps({"env": env, "results": results}, indent=1))
+    (out / "results.json").write_text(json.dumps({"env": env, "results": results}, indent=1))
+    md = table(results)
+    (out / "results.md").write_text(f"# train_speed\n\n```\n{json.dumps(env, indent=1)}\n```\n\n{md}\n")
+    print(md)
+    return 0 if all(r.get("status") == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,12 @@
+"""The worker's fast path on a GPU, each piece a switch the user can turn off.
+
+packing.py    padding-free batches: records packed into one row, position_ids restart per record
+attention.py  the attention that keeps packed records apart (flash varlen on CUDA, per-record SDPA elsewhere)
+loss.py       cross-entropy that never builds the full logits (Liger's fused kernel, or chunked in torch)
+compile.py    torch.compile of each decoder layer (one graph reused by every layer)
+optim.py      fused AdamW where the device has it
+autobatch.py  the largest packed micro-batch that fits, and gradient checkpointing only when nothing fits without it
+step.py       one micro-batch's forward and summed loss, for either path
+
+Nothing here imports qwen_tui.
+"""

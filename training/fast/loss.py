@@ -1,0 +1,96 @@
+"""Causal-LM cross-entropy from the last hidden states, without building the full logits.
+
+The full logits of a micro-batch are tokens x vocabulary (152k for Qwen2.5): at 16k tokens
+that is 4.6 GiB in bf16 and twice that again for the float32 softmax and its gradient. Here
+the loss and both gradients are computed chunk by chunk in the forward pass (the way Liger's
+fused linear cross-entropy does it), so at most one chunk of logits exists at a time and no
+logits are kept for backward.
+
+impl="liger"    Liger-Kernel's fused Triton kernel (CUDA; needs the liger-kernel package)
+impl="chunked"  the same algorithm in plain torch (any device)
+impl="plain"    full logits, F.cross_entropy: the reference
+
+All return the SUM of token losses and the number of labelled tokens, so a caller can divide by
+the labelled tokens of a whole optimizer step (the same normalisation for packed and padded
+batches). Labels are shifted here: position t predicts labels[t + 1].
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+IMPLS = ("liger", "chunked", "plain")
+
+
+def liger_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("liger_kernel") is not None
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """(B, T) labels -> (B, T) targets: targets[:, t] = labels[:, t + 1], the last one ignored."""
+    pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
+    return torch.cat([labels[:, 1:], pad], dim=1)
+
+
+class _ChunkedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, chunk: int):
+        need_w = ctx.needs_input_grad[1]
+        need_h = ctx.needs_input_grad[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        for a in range(0, hidden.shape[0], chunk):
+            h = hidden[a:a + chunk]
+            y = target[a:a + chunk]
+            valid = y != IGNORE_INDEX
+            yi = torch.where(valid, y, torch.zeros_like(y))
+            logits = (h @ weight.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, yi.unsqueeze(1)).squeeze(1)
+            total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+            if need_h or need_w:
+                g = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place of the logits
+                g[torch.arange(g.shape[0], device=g.device), yi] -= 1.0
+                g.mul_(valid.unsqueeze(1))
+                g = g.to(hidden.dtype)
+                if need_h:
+                    grad_h[a:a + chunk] = g @ weight
+                if need_w:
+                    grad_w.add_((g.t() @ h).float())
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_w * grad_out).to(ctx.weight_dtype) if grad_w is not None else None
+        return gh, gw, None, None
+
+
+def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                             impl: str = "chunked", chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden (B, T, H) last hidden states, weight (V, H) the LM head, labels (B, T) unshifted.
+
+    Returns (sum of token losses as float32, number of labelled tokens)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown cross-entropy implementation {impl!r}; known: {', '.join(IMPLS)}")
+    target = shift_labels(labels).reshape(-1)
+    n = (target != IGNORE_INDEX).sum()
+    h = hidden.reshape(-1, hidden.shape[-1])
+    w = weight if weight.dtype == h.dtype else weight.to(h.dtype)  # differentiable cast (fp32 master weights)
+    if impl == "plain":
+        logits = (h @ w.t()).float()
+        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum"), n
+    if impl == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(w, h, target)
+        return loss.float(), n
+    return _ChunkedLinearCE.apply(h, w, target, chunk_size), n

@@ -1,0 +1,49 @@
+"""One micro-batch through the decoder and the loss, for a packed or a padded batch.
+
+The decoder (not the CausalLM head) runs, so the full logits are never built unless
+ce="plain"; the loss comes back as a sum over labelled tokens with their count, and the
+caller divides by the labelled tokens of the whole optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.fast.compile import decoder_of, lm_head_of
+from training.fast.loss import linear_cross_entropy_sum
+
+
+@dataclass
+class FastPath:
+    """The switches; what the worker's flags set (None = decided automatically)."""
+    packing: bool = True
+    ce: str = "chunked"  # "liger", "chunked" or "plain"
+    compile: bool = False
+    fused_adamw: bool = True
+    gradient_checkpointing: bool | None = None  # None: only if memory needs it
+    tokens_per_micro_batch: int | None = None  # None: the largest that fits (packing only)
+    max_segment: int = 2048  # the longest record (model_max_length): a constant bound for the attention
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = None,
+                         chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch on the model's device: a packed row (input_ids, labels, position_ids, cu_seq_lens) or a
+    padded batch (input_ids, labels, attention_mask). Returns (loss sum, labelled tokens)."""
+    decoder = decoder_of(model)
+    head = lm_head_of(model)
+    if "cu_seq_lens" in batch:
+        bound = max_segment if max_segment is not None else int(batch["max_length"])
+        if bound < int(batch["max_length"]):
+            raise ValueError(f"a segment of {batch['max_length']} tokens is longer than max_segment {bound}")
+        out = decoder(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                      packed_cu_seq_lens=batch["cu_seq_lens"], packed_max_length=bound)
+    else:
+        out = decoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
+    hidden = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
+    return linear_cross_entropy_sum(hidden, head.weight, batch["labels"], impl=ce, chunk_size=chunk_size)
