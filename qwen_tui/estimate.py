@@ -19,8 +19,10 @@ Model states, in bytes per parameter (P all, Pt trainable, N = world size):
   bucket copy of them when N > 1), AdamW m and v in the trainable dtype (fused
   torch AdamW: 8 bytes fp32 or 4 bytes bf16 per parameter);
 - ZeRO-2 (DeepSpeed `estimate_zero2_model_states_mem_needs`): 2P bf16 weights +
-  18P/N (2 bf16 grads, 4 fp32 grads, 4 fp32 master, 8 Adam), offload: 2P;
-- ZeRO-3 (`estimate_zero3_model_states_mem_needs`): 4 x largest layer + 18P/N;
+  18P/N (2 bf16 grads, 4 fp32 grads, 4 fp32 master, 8 Adam), offload: 2P. The
+  bucket buffers it leaves out are counted in the overhead;
+- ZeRO-3 (`estimate_zero3_model_states_mem_needs`): 4 x largest layer + 18P/N
+  (2 bf16 weight shard, 4 gradients, 12 fp32 master and Adam);
   optimizer offload: 4 x largest + 2P/N; all offloaded: 4 x largest.
   For LoRA the 18 bytes apply to Pt; frozen weights stay 2 bytes (ZeRO-3: 2/N).
 - Q-LoRA: projections in 4 bits (0.52 bytes/param: nf4 + double-quantized
@@ -300,7 +302,7 @@ def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, fl
         if run.offload != "none":
             w, g, o = 2 * Pt, 0, 0
         else:
-            w, g, o = 2 * Pt, 2 * Pt + 4 * Pt / world, 12 * Pt / world
+            w, g, o = 2 * Pt, 6 * Pt / world, 12 * Pt / world  # gradients partitioned too (stage 2)
         w += frozen_bytes if lora else 0
     else:
         if run.offload == "all":
@@ -308,7 +310,8 @@ def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, fl
         elif run.offload == "optimizer":
             w, g, o = 4 * largest + 2 * Pt / world, 0, 0
         else:
-            w, g, o = 4 * largest + 2 * Pt / world, 6 * Pt / world, 12 * Pt / world
+            # DeepSpeed's 18 bytes/param over N: 2 bf16 weight shard + 4 gradient + 12 fp32 master and Adam
+            w, g, o = 4 * largest + 2 * Pt / world, 4 * Pt / world, 12 * Pt / world
         if lora and run.offload != "all":
             w += frozen_bytes / world
     return w, g, o, 0, notes

@@ -41,6 +41,7 @@ class ModelSpec:
     head_dim: int = 0  # 0 = hidden // heads
     qkv_bias: bool = True  # Qwen2/2.5: True; Qwen3: attention_bias (False)
     qk_norm: bool = False  # Qwen3
+    o_bias: bool = False  # Qwen3 with attention_bias puts a bias on o_proj too
     quant_method: Optional[str] = None  # quantization_config.quant_method ("gptq", "awq", "fp8", ...)
     quant_bits: Optional[int] = None
     max_position: Optional[int] = None
@@ -79,6 +80,8 @@ class ModelSpec:
         n = sum(a * b for a, b in self.module_shapes().values())
         if self.qkv_bias:
             n += self.q_dim + 2 * self.kv_dim
+        if self.o_bias:
+            n += self.hidden
         return n
 
     @property
@@ -109,7 +112,8 @@ class ModelSpec:
     @property
     def largest_layer_params(self) -> int:
         """Largest single module's own parameters, as DeepSpeed's ZeRO-3 estimator counts them."""
-        own = [a * b + (b if self.qkv_bias and n in ("q_proj", "k_proj", "v_proj") else 0)
+        own = [a * b + (b if (self.qkv_bias and n in ("q_proj", "k_proj", "v_proj"))
+                        or (self.o_bias and n == "o_proj") else 0)
                for n, (a, b) in self.module_shapes().items()]
         return max(self.embedding_params, *own)
 
@@ -140,6 +144,7 @@ def spec_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
+        qwen3_bias = mtype == "qwen3" and bool(cfg.get("attention_bias", False))
         spec = ModelSpec(
             name=name,
             layers=int(cfg["num_hidden_layers"]),
@@ -149,8 +154,10 @@ def spec_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
             kv_heads=int(cfg.get("num_key_value_heads") or heads),
             vocab=int(cfg["vocab_size"]),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            qkv_bias=bool(cfg.get("attention_bias", True)) if mtype != "qwen3" else bool(cfg.get("attention_bias", False)),
+            # transformers' Qwen3Config defaults head_dim to 128, Qwen2 derives it
+            head_dim=int(cfg.get("head_dim") or (128 if mtype == "qwen3" else hidden // heads)),
+            qkv_bias=True if mtype != "qwen3" else qwen3_bias,  # Qwen2 always has q/k/v biases
+            o_bias=qwen3_bias,
             qk_norm=mtype == "qwen3",
             max_position=cfg.get("max_position_embeddings"),
             architecture=mtype or "qwen2",
