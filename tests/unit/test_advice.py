@@ -1,0 +1,291 @@
+"""Every rule, triggered and not triggered; fixes apply to a new, valid preset."""
+
+import pytest
+
+from qwen_tui.advice import RULES, Advice, Fix, advise, apply_fix
+from qwen_tui.facts import GPU, ClusterFacts, FileFact, LinkFacts, NodeFacts
+from qwen_tui.preset import Preset
+
+
+def preset(nodes=2, gpus=8, **training):
+    t = dict(model="Qwen/Qwen2.5-7B-Instruct", data="/data/chat.jsonl", method="lora", zero_stage=2,
+             model_max_length=2048, per_device_train_batch_size=1, gradient_accumulation_steps=8,
+             gradient_checkpointing=True)
+    net = training.pop("network", {})
+    cluster = training.pop("cluster", {})
+    t.update(training)
+    return Preset.model_validate({
+        "cluster": {"nodes": [{"host": f"gpu{i}", "gpus": gpus} for i in range(nodes)], "shared_storage": True,
+                    **cluster},
+        "network": net, "training": t})
+
+
+def gpu_node(i=0, name="NVIDIA H100 80GB HBM3", n=8, mib=81559, **kw):
+    return NodeFacts(hostname=f"gpu{i}", gpus=[GPU(j, name, mib) for j in range(n)], **kw)
+
+
+def facts(nodes=2, **kw):
+    return ClusterFacts(nodes={i: gpu_node(i) for i in range(nodes)}, **kw)
+
+
+def codes(p, f=None, **kw):
+    return [a.code for a in advise(p, f, **kw)]
+
+
+# a baseline that triggers nothing: 7B LoRA, ZeRO-2, 2 x 8 H100, effective batch 128, fast link
+def test_clean_preset_has_no_advice():
+    p = preset()
+    f = facts(links={1: LinkFacts(port_reachable=True, bandwidth_gbps=100)}, shared_storage=True, master_port_free=True)
+    # checkpointing is needed at micro-batch 4 x 4096 tokens; without it the baseline would get CKPT_UNNEEDED
+    p = preset(per_device_train_batch_size=4, gradient_accumulation_steps=2, model_max_length=4096)
+    assert advise(p, f) == []
+
+
+def test_every_rule_is_registered_and_pure():
+    assert len(RULES) >= 15
+    p = preset()
+    before = p.model_dump()
+    advise(p, facts(), gpu="H100", bandwidth_gbps=1)
+    assert p.model_dump() == before
+
+
+# ---------------------------------------------------------------- memory
+
+def test_oom_with_largest_fitting_micro_batch():
+    p = preset(method="full", zero_stage=2, per_device_train_batch_size=16, gradient_accumulation_steps=1,
+               gradient_checkpointing=False)
+    adv = {a.code: a for a in advise(p, gpu="H100")}
+    oom = adv["OOM"]
+    assert oom.level == "error" and "GiB" in oom.message and "79.6" in oom.message
+    assert oom.fix is not None
+    fixed = apply_fix(p, oom.fix)
+    assert "OOM" not in codes(fixed, gpu="H100")
+
+
+def test_oom_not_triggered_when_it_fits_or_on_cpu():
+    assert "OOM" not in codes(preset(), gpu="H200")
+    p = preset(method="full", zero_stage=None, per_device_train_batch_size=64, device="cpu")
+    assert "OOM" not in codes(p, gpu="H100")
+    cpu_facts = ClusterFacts(nodes={0: NodeFacts(gpus=[]), 1: NodeFacts(gpus=[])})
+    assert "OOM" not in codes(preset(method="full", zero_stage=None, per_device_train_batch_size=64), cpu_facts)
+
+
+def test_oom_uses_smallest_gpu_from_facts():
+    f = ClusterFacts(nodes={0: gpu_node(0, "NVIDIA H200", mib=143771), 1: gpu_node(1, "NVIDIA A10", mib=23028)})
+    adv = [a for a in advise(preset(per_device_train_batch_size=4, model_max_length=4096), f) if a.code == "OOM"]
+    assert adv and "node 1" in adv[0].message
+
+
+def test_memory_tight():
+    p = preset(method="lora", per_device_train_batch_size=4, gradient_checkpointing=True, model_max_length=4096)
+    from qwen_tui.advice import make_context
+
+    total = make_context(p, gpu="H100").memory().total
+    assert "MEMORY_TIGHT" in codes(p, gpu_memory_gib=total / 0.95)
+    assert "MEMORY_TIGHT" not in codes(p, gpu_memory_gib=total / 0.5)
+
+
+def test_ckpt_unneeded():
+    p = preset(per_device_train_batch_size=1, model_max_length=1024, gradient_checkpointing=True)
+    adv = [a for a in advise(p, gpu="H200") if a.code == "CKPT_UNNEEDED"]
+    assert adv and "faster" in adv[0].message and adv[0].fix.changes == {"training.gradient_checkpointing": False}
+    assert "CKPT_UNNEEDED" not in codes(preset(gradient_checkpointing=False), gpu="H200")
+    # long batches need it: 7B LoRA at 4 x 8192 without checkpointing does not fit an H100
+    assert "CKPT_UNNEEDED" not in codes(preset(per_device_train_batch_size=4, model_max_length=8192), gpu="H100")
+
+
+# ---------------------------------------------------------------- network
+
+def test_zero3_slow_link_says_what_zero2_gives():
+    p = preset(method="full", zero_stage=3, nodes=4, gpus=8, model="Qwen/Qwen2.5-1.5B-Instruct")
+    adv = [a for a in advise(p, gpu="H100", bandwidth_gbps=10) if a.code == "ZERO3_SLOW_LINK"]
+    assert adv and "ZeRO-2 would take" in adv[0].message and "10 Gbit/s" in adv[0].message
+    assert adv[0].fix.changes["training.zero_stage"] == 2
+    assert "ZERO3_SLOW_LINK" not in codes(p, gpu="H100", bandwidth_gbps=3200)
+    assert "ZERO3_SLOW_LINK" not in codes(preset(method="full", zero_stage=2, nodes=4), gpu="H100", bandwidth_gbps=10)
+    assert "ZERO3_SLOW_LINK" not in codes(preset(method="full", zero_stage=3, nodes=1), gpu="H100", bandwidth_gbps=10)
+
+
+def test_low_bandwidth():
+    f = facts(links={1: LinkFacts(bandwidth_gbps=4.6)})
+    adv = [a for a in advise(preset(), f) if a.code == "LOW_BANDWIDTH"]
+    assert adv and adv[0].node == 1 and "4.6 Gbit/s" in adv[0].message
+    f_ib = ClusterFacts(nodes={0: gpu_node(0), 1: gpu_node(1, ib_devices=["mlx5_0"])},
+                        links={1: LinkFacts(bandwidth_gbps=2.0)})
+    adv = [a for a in advise(preset(network={"nccl_ib_disable": True}), f_ib) if a.code == "LOW_BANDWIDTH"]
+    assert adv[0].fix.changes == {"network.nccl_ib_disable": False}
+    assert "LOW_BANDWIDTH" not in codes(preset(), facts(links={1: LinkFacts(bandwidth_gbps=25)}))
+
+
+def test_port_unreachable_and_in_use():
+    f = facts(links={1: LinkFacts(port_reachable=False, port_error="timed out")}, master_port_free=False)
+    adv = {a.code: a for a in advise(preset(), f)}
+    assert adv["PORT_UNREACHABLE"].level == "error" and "timed out" in adv["PORT_UNREACHABLE"].message
+    assert adv["PORT_UNREACHABLE"].fix.hint
+    assert apply_fix(preset(), adv["PORT_IN_USE"].fix).network.master_port == 29501
+    ok = facts(links={1: LinkFacts(port_reachable=True)}, master_port_free=True)
+    assert not {"PORT_UNREACHABLE", "PORT_IN_USE"} & set(codes(preset(), ok))
+
+
+def test_timeouts():
+    p = preset(network={"rdzv_timeout": 1800, "nccl_timeout": 36000, "env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}})
+    adv = {a.code: a for a in advise(p)}
+    assert {"RDZV_TIMEOUT_LONG", "NCCL_TIMEOUT_LONG", "TIMEOUT_NONE"} <= set(adv)
+    fixed = apply_fix(p, adv["TIMEOUT_NONE"].fix)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in fixed.network.env
+    assert apply_fix(p, adv["RDZV_TIMEOUT_LONG"].fix).network.rdzv_timeout == 120
+    assert not {"RDZV_TIMEOUT_LONG", "NCCL_TIMEOUT_LONG", "TIMEOUT_NONE"} & set(codes(preset()))
+
+
+# ---------------------------------------------------------------- cluster consistency
+
+def test_gpu_mismatch_models_and_counts():
+    f = ClusterFacts(nodes={0: gpu_node(0), 1: gpu_node(1, "NVIDIA A100-SXM4-80GB", mib=81920)})
+    assert "GPU_MISMATCH" in codes(preset(), f)
+    p = Preset.model_validate({**preset().model_dump(), "cluster": {"nodes": [{"host": "a", "gpus": 8},
+                                                                             {"host": "b", "gpus": 4}]}})
+    adv = [a for a in advise(p) if a.code == "GPU_MISMATCH"]
+    assert adv and apply_fix(p, adv[0].fix).cluster.nodes[0].gpus == 4
+    assert "GPU_MISMATCH" not in codes(preset(), facts())
+
+
+def test_gpu_count_more_processes_than_gpus():
+    f = ClusterFacts(nodes={0: gpu_node(0), 1: gpu_node(1, n=4)})
+    adv = [a for a in advise(preset(), f) if a.code == "GPU_COUNT"]
+    assert adv and adv[0].node == 1 and apply_fix(preset(), adv[0].fix).cluster.nodes[1].gpus == 4
+    assert "GPU_COUNT" not in codes(preset(), facts())
+
+
+def test_version_mismatch_and_missing_package():
+    f = facts()
+    f.nodes[0].versions = {"torch": "2.5.1", "transformers": "4.51.0", "peft": "0.14.0", "deepspeed": "0.16.0"}
+    f.nodes[1].versions = {"torch": "2.6.0", "transformers": "4.51.3", "peft": None, "deepspeed": "0.16.0"}
+    adv = advise(preset(), f)
+    vm = {a.message.split()[0]: a for a in adv if a.code == "VERSION_MISMATCH"}
+    assert vm["torch"].level == "error" and "2.6.0" in vm["torch"].message
+    assert vm["transformers"].level == "warning"
+    assert [a.node for a in adv if a.code == "PACKAGE_MISSING"] == [1]
+    same = facts()
+    for nf in same.nodes.values():
+        nf.versions = dict(f.nodes[0].versions)
+    assert not {"VERSION_MISMATCH", "PACKAGE_MISSING"} & set(codes(preset(), same))
+
+
+def test_data_and_model_missing_or_different():
+    f = facts()
+    f.nodes[0].data = FileFact("/data/chat.jsonl", True, 100, "aa")
+    f.nodes[1].data = FileFact("/data/chat.jsonl", False)
+    f.nodes[0].model = FileFact("/m/qwen", True, 5, "x")
+    f.nodes[1].model = FileFact("/m/qwen", False)
+    p = preset(model="/m/qwen")
+    assert {"DATA_MISSING", "MODEL_MISSING"} <= set(codes(p, f))
+    f.nodes[1].data = FileFact("/data/chat.jsonl", True, 120, "bb")
+    f.nodes[1].model = FileFact("/m/qwen", True, 6, "y")
+    c = codes(p, f)
+    assert {"DATA_DIFFERS", "MODEL_DIFFERS"} <= set(c) and "DATA_MISSING" not in c
+    f.nodes[1].data = FileFact("/data/chat.jsonl", True, 100, "aa")
+    f.nodes[1].model = FileFact("/m/qwen", True, 5, "x")
+    assert not {"DATA_DIFFERS", "MODEL_DIFFERS", "DATA_MISSING", "MODEL_MISSING"} & set(codes(p, f))
+    # builtin data is never looked for
+    f.nodes[1].data = FileFact("builtin:demo-chat", False)
+    assert "DATA_MISSING" not in codes(preset(data="builtin:demo-chat"), f)
+
+
+def test_duplicate_host():
+    f = facts()
+    f.nodes[1].hostname = "gpu0"
+    adv = [a for a in advise(preset(), f) if a.code == "DUPLICATE_HOST"]
+    assert adv and adv[0].level == "error"
+    assert len(apply_fix(preset(), adv[0].fix).cluster.nodes) == 1
+    p = Preset.model_validate({**preset().model_dump(), "cluster": {"nodes": [{"host": "a", "port": 22},
+                                                                             {"host": "a", "port": 2222}]}})
+    assert "DUPLICATE_HOST" in codes(p)
+    assert "DUPLICATE_HOST" not in codes(preset(), facts())
+
+
+def test_no_shared_storage():
+    assert "NO_SHARED_STORAGE" in codes(preset(), facts(shared_storage=False))
+    adv = [a for a in advise(preset(), facts(shared_storage=False)) if a.code == "NO_SHARED_STORAGE"][0]
+    assert apply_fix(preset(), adv.fix).cluster.shared_storage is False
+    assert "NO_SHARED_STORAGE" not in codes(preset(), facts(shared_storage=True))
+    assert "NO_SHARED_STORAGE" not in codes(preset(save_strategy="no"), facts(shared_storage=False))
+    assert "NO_SHARED_STORAGE" not in codes(preset(cluster={"shared_storage": False}), facts(shared_storage=False))
+
+
+# ---------------------------------------------------------------- method and model
+
+def test_qlora_rules():
+    adv = {a.code: a for a in advise(preset(method="qlora", zero_stage=3))}
+    assert apply_fix(preset(method="qlora", zero_stage=3), adv["QLORA_ZERO3"].fix).training.zero_stage == 2
+    assert "QLORA_ZERO3" not in codes(preset(method="qlora", zero_stage=2))
+    p = preset(method="full", extra_args=["--q_lora"])
+    fixed = apply_fix(p, [a for a in advise(p) if a.code == "QLORA_FULL"][0].fix)
+    assert fixed.training.method == "qlora" and fixed.training.extra_args == []
+    assert "QLORA_FULL" not in codes(preset(method="full"))
+
+
+def test_qlora_unquantizable(tmp_path):
+    import json
+
+    cfg = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+           "quantization_config": {"quant_method": "fp8"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert "QLORA_UNQUANTIZABLE" in codes(preset(method="qlora", model=str(tmp_path)))
+    assert "QLORA_UNQUANTIZABLE" in codes(preset(method="qlora", model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4",
+                                                 device="cpu"))
+    assert "QLORA_UNQUANTIZABLE" not in codes(preset(method="qlora"))
+    assert "QLORA_UNQUANTIZABLE" not in codes(preset(method="qlora", model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4"))
+
+
+def test_int4_needs_qlora():
+    p = preset(method="lora", zero_stage=3, model="Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4")
+    adv = [a for a in advise(p) if a.code == "INT4_NEEDS_QLORA"]
+    assert adv and adv[0].level == "error"
+    fixed = apply_fix(p, adv[0].fix)
+    assert fixed.training.method == "qlora" and fixed.training.zero_stage == 2
+    assert "INT4_NEEDS_QLORA" not in codes(fixed)
+    assert "INT4_NEEDS_QLORA" not in codes(preset(method="lora"))
+
+
+def test_lora_batch_range():
+    low = preset(per_device_train_batch_size=1, gradient_accumulation_steps=1)  # 16
+    adv = [a for a in advise(low) if a.code == "LORA_BATCH_RANGE"][0]
+    assert "16" in adv.message
+    assert 64 <= apply_fix(low, adv.fix).effective_batch_size <= 256
+    high = preset(per_device_train_batch_size=32, gradient_accumulation_steps=4)  # 2048
+    adv = [a for a in advise(high) if a.code == "LORA_BATCH_RANGE"][0]
+    assert 64 <= apply_fix(high, adv.fix).effective_batch_size <= 256
+    assert "LORA_BATCH_RANGE" not in codes(preset())  # 128
+    assert "LORA_BATCH_RANGE" not in codes(preset(method="full", gradient_accumulation_steps=1))
+
+
+def test_unknown_model_is_info_not_a_crash():
+    p = preset(model="mistralai/Mistral-7B")
+    adv = advise(p, gpu="H100", bandwidth_gbps=1)
+    assert [a.level for a in adv if a.code == "MODEL_UNKNOWN"] == ["info"]
+    assert "OOM" not in [a.code for a in adv]
+
+
+# ---------------------------------------------------------------- fixes
+
+def test_apply_fix_returns_a_new_validated_preset():
+    p = preset()
+    q = apply_fix(p, Fix("Use ZeRO-3", {"training.zero_stage": 3}))
+    assert q.training.zero_stage == 3 and p.training.zero_stage == 2 and q is not p
+    with pytest.raises(ValueError):
+        apply_fix(p, Fix("bad", {"training.zero_stage": 4}))
+    with pytest.raises(KeyError):
+        apply_fix(p, Fix("bad", {"training.no_such_field": 1}))
+
+
+def test_advice_is_sorted_and_serialisable():
+    p = preset(method="qlora", zero_stage=3, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+               network={"rdzv_timeout": 3600})
+    adv = advise(p)
+    levels = [a.level for a in adv]
+    assert levels == sorted(levels, key=["error", "warning", "info"].index)
+    for a in adv:
+        d = a.to_dict()
+        assert set(d) >= {"code", "level", "message", "fix"} and d["code"].isupper()
+        assert isinstance(a, Advice)
