@@ -1,0 +1,93 @@
+"""qwen-tui estimate: stable JSON keys, human tables, facts and overrides, unknown models."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qwen_tui.cli import main
+from qwen_tui.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
+
+REPO = Path(__file__).resolve().parents[2]
+PRESET_14B = REPO / "presets" / "qwen2.5-14b-full-4node-zero3.yaml"
+STABLE_KEYS = {"gpu_memory_gb", "step_time_s", "tokens_per_second", "scaling_efficiency", "advice",
+               "recommended", "model", "gpu", "step", "tokens_per_step", "error"}
+
+
+def run_json(capsys, *argv):
+    assert main(["estimate", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_keys_and_values(capsys):
+    out = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "25")
+    assert STABLE_KEYS <= set(out)
+    mem = out["gpu_memory_gb"]
+    parts = sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations", "logits", "overhead"))
+    assert mem["total"] == pytest.approx(parts, abs=0.01)
+    assert mem["fits"] is True
+    assert out["step_time_s"] > 0 and out["tokens_per_second"] > 0
+    assert [p["nodes"] for p in out["scaling_efficiency"]] == [1, 2, 3, 4]
+    assert out["scaling_efficiency"][0]["scaling_efficiency"] == pytest.approx(1.0)
+    codes = {a["code"] for a in out["advice"]}
+    assert "ZERO3_SLOW_LINK" in codes
+    for a in out["advice"]:
+        assert set(a) >= {"code", "level", "message", "fix"}
+
+
+def test_bandwidth_changes_the_prediction(capsys):
+    slow = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "10")
+    fast = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "1600")
+    assert slow["step_time_s"] > fast["step_time_s"]
+    assert "ZERO3_SLOW_LINK" not in {a["code"] for a in fast["advice"]}
+
+
+def test_facts_file_supplies_gpu_and_bandwidth(tmp_path, capsys):
+    f = ClusterFacts(nodes={i: NodeFacts(gpus=[GPU(j, "NVIDIA A100-SXM4-40GB", 40960) for j in range(8)])
+                            for i in range(4)},
+                     links={i: LinkFacts(bandwidth_gbps=5.0) for i in (1, 2, 3)})
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(f.to_dict()))
+    out = run_json(capsys, PRESET_14B, "--facts", path)
+    assert out["gpu"]["name"] == "A100-40G" and out["gpu"]["memory_gib"] == pytest.approx(40.0)
+    assert out["bandwidth_gbps"] == 5.0
+    assert "LOW_BANDWIDTH" in {a["code"] for a in out["advice"]}
+
+
+def test_memory_override_triggers_oom(capsys):
+    out = run_json(capsys, PRESET_14B, "--gpu-memory-gib", "8")
+    assert out["gpu_memory_gb"]["fits"] is False
+    assert "OOM" in {a["code"] for a in out["advice"]}
+
+
+def test_unknown_model_reports_instead_of_crashing(tmp_path, capsys):
+    text = PRESET_14B.read_text().replace("Qwen/Qwen2.5-14B-Instruct", "someone/UnknownLM-3B")
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    out = run_json(capsys, p, "--gpu", "H100")
+    assert out["gpu_memory_gb"] is None and out["step_time_s"] is None and "unknown model" in out["error"]
+    assert "MODEL_UNKNOWN" in {a["code"] for a in out["advice"]}
+    assert main(["estimate", str(p)]) == 0
+    assert "unknown model" in capsys.readouterr().out
+
+
+def test_human_output_has_tables_and_advice(capsys):
+    assert main(["estimate", str(PRESET_14B), "--gpu", "H100", "--bandwidth-gbps", "25"]) == 0
+    out = capsys.readouterr().out
+    for word in ("weights", "activations", "tokens/s", "efficiency", "ZERO3_SLOW_LINK", "Use ZeRO-2"):
+        assert word in out
+
+
+def test_bad_facts_file(tmp_path, capsys):
+    bad = tmp_path / "f.json"
+    bad.write_text("{not json")
+    assert main(["estimate", str(PRESET_14B), "--facts", str(bad)]) == 2
+    assert "cannot read facts" in capsys.readouterr().err
+
+
+def test_estimate_never_writes_the_preset(tmp_path, capsys):
+    p = tmp_path / "p.yaml"
+    p.write_text(PRESET_14B.read_text())
+    before = p.stat().st_mtime_ns, p.read_bytes()
+    run_json(capsys, p, "--gpu-memory-gib", "8")
+    assert (p.stat().st_mtime_ns, p.read_bytes()) == before
