@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from textual.app import App
 from textual.binding import Binding
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker
 
 from ..facts import ClusterFacts
 from ..preset import Preset, PresetError, load_preset, save_preset
@@ -46,7 +46,7 @@ class WizardApp(App[int]):
 
     def __init__(self, preset_path: Optional[str] = None, *, preset: Optional[Preset] = None,
                  facts: Optional[ClusterFacts] = None, runs_root: Optional[str] = None,
-                 reattach: bool = True) -> None:
+                 reattach: bool = True, base_dir: Optional[str] = None) -> None:
         super().__init__()
         self.load_error: Optional[str] = None
         path = Path(preset_path) if preset_path else None
@@ -60,6 +60,7 @@ class WizardApp(App[int]):
         self.state.recompute()
         self.runs_root = Path(runs_root).absolute() if runs_root else None
         self.reattach = reattach
+        self.base_dir = base_dir or os.getcwd()  # relative local workdirs resolve against it
         self.transports: dict[int, Any] = {}
         self.password: Optional[str] = None  # asked once in the SSH step; memory only
 
@@ -218,12 +219,11 @@ class WizardApp(App[int]):
         self.exit(0)
 
     # ---------------------------------------------------------------- errors and teardown
-    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
-        # workers run with exit_on_error=False: their errors land here, never crash the app
-        if ev.state == WorkerState.ERROR:
-            err = ev.worker.error
-            self.notify(f"{type(err).__name__}: {err}", title=f"{ev.worker.name} failed", severity="error",
-                        timeout=10)
+    def worker_failed(self, worker: Worker) -> None:
+        """Workers run with exit_on_error=False: their errors land here (via the
+        screen that owns them), never crash the app."""
+        err = worker.error
+        self.notify(f"{type(err).__name__}: {err}", title=f"{worker.name} failed", severity="error", timeout=10)
 
     def on_unmount(self) -> None:
         mon = getattr(self.get_screen("run"), "monitor", None) if "run" in self._installed_screens else None

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
 
 from ..messages import StateChanged
 from ..state import STEPS, WizardState
@@ -44,6 +45,10 @@ class StepScreen(Screen):
 
     def on_screen_resume(self) -> None:
         self.refresh_all()
+
+    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
+        if ev.state == WorkerState.ERROR:  # StateChanged does not bubble: hand it to the App
+            self.wizard.worker_failed(ev.worker)
 
     def on_state_changed(self, _: StateChanged) -> None:
         self.refresh_all()

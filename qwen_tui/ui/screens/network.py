@@ -25,6 +25,7 @@ def _yn(v, err=None) -> Text:
 
 class NetworkScreen(StepScreen):
     STEP = "network"
+    AUTO_FOCUS = "DataTable"  # letter keys act; Tab reaches the inputs
     BINDINGS = [Binding("r", "check", "Run checks")]
 
     def body(self) -> ComposeResult:

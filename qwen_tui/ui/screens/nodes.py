@@ -81,7 +81,7 @@ class NodesScreen(StepScreen):
         self.query_one("#findings", Static).update(lines)
 
     # ---------------------------------------------------------------- edit
-    def _nodes(self) -> list[dict[str, Any]]:
+    def _node_dicts(self) -> list[dict[str, Any]]:
         return [n.model_dump(exclude_defaults=True) for n in self.state.preset.cluster.nodes]
 
     def _form(self, title: str, initial: dict[str, Any], index: Optional[int], error: str = "") -> None:
@@ -91,7 +91,7 @@ class NodesScreen(StepScreen):
             if ans is None:
                 return
             node = {k: v.strip() for k, v in ans.items() if v.strip()}
-            nodes = self._nodes()
+            nodes = self._node_dicts()
             if index is None:
                 nodes.append(node)
             else:
@@ -116,7 +116,7 @@ class NodesScreen(StepScreen):
 
     def action_remove(self) -> None:
         i = self.query_one(DataTable).cursor_row
-        nodes = self._nodes()
+        nodes = self._node_dicts()
         if len(nodes) <= 1:
             self.notify("a run needs at least one node", severity="warning")
             return

@@ -23,9 +23,9 @@ from .base import StepScreen
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
 
 
-def preview_plan(state) -> LaunchPlan:
+def preview_plan(state, base_dir: str) -> LaunchPlan:
     return make_plan(state.preset, run_id=PREVIEW_RUN_ID, local_run_dir=f"runs/{PREVIEW_RUN_ID}",
-                     base_dir=os.getcwd(), facts=state.facts)
+                     base_dir=base_dir, facts=state.facts)
 
 
 def plan_text(plan: LaunchPlan) -> Text:
@@ -58,7 +58,7 @@ class ReviewScreen(StepScreen):
 
     def refresh_state(self) -> None:
         st = self.state
-        self.query_one("#commands", Static).update(plan_text(preview_plan(st)))
+        self.query_one("#commands", Static).update(plan_text(preview_plan(st, self.wizard.base_dir)))
         self.query_one("#yaml", Static).update(Syntax(dump_preset(st.preset), "yaml", theme="ansi_dark",
                                                       background_color="default"))
         errs = [a for a in st.advice if a.level == "error"]
@@ -93,7 +93,7 @@ class ReviewScreen(StepScreen):
             return
         st = self.state
         run_id = new_run_id(st.preset.name)
-        plan = make_plan(st.preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd(),
+        plan = make_plan(st.preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=self.wizard.base_dir,
                          facts=st.facts)
         out = Path(os.path.expanduser(ans["output"]))
         try:

@@ -5,7 +5,6 @@ Stop-all asks first. Quitting leaves the run going; reopening re-attaches."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -117,7 +116,8 @@ class RunScreen(StepScreen):
             return
         root = app.runs_root or default_runs_root()
         run_id = new_run_id(preset.name or (app.state.path.stem if app.state.path else None))
-        plan = make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=os.getcwd(), facts=facts)
+        plan = make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=app.base_dir,
+                         facts=facts)
         try:
             la = start_run(preset, plan, conns, facts, root)
         except LaunchError as e:
@@ -176,9 +176,7 @@ class RunScreen(StepScreen):
         self.launcher = la
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
-        box = self.query_one("#gpu-panels", Horizontal)
-        box.remove_children()
-        box.mount_all([GpuPanel(c.rank, c.label, classes="gpu-panel", id=f"gpu-{c.rank}") for c in la.plan.nodes])
+        self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
         self._status(Text(f"running · {la.plan.nnodes} nodes · world size {la.plan.world_size} · "
                           f"run dir {la.run_dir.path}", style="green"))
         if self.monitor is not None:
@@ -191,6 +189,11 @@ class RunScreen(StepScreen):
         self.monitor = GpuMonitor(la.transports, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes)
         self.monitor.start()
         self.wizard.facts_changed()
+
+    def show_panels(self, nodes: list[tuple[int, str]]) -> None:
+        box = self.query_one("#gpu-panels", Horizontal)
+        box.remove_children()
+        box.mount_all([GpuPanel(r, label, classes="gpu-panel", id=f"gpu-{r}") for r, label in nodes])
 
     # ---------------------------------------------------------------- updates
     def _status(self, t: Text) -> None:
@@ -210,7 +213,8 @@ class RunScreen(StepScreen):
         log = self.query_one(Log)
         log.clear()
         log.write_lines(snap.log)
-        label = self.launcher.plan.nodes[snap.log_rank].label if self.launcher else snap.log_rank
+        panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
+        label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})  ·  n: next node")
 
     def on_run_ended(self, msg: RunEnded) -> None:

@@ -32,6 +32,7 @@ def _cell(s: str) -> Text:
 
 class SSHScreen(StepScreen):
     STEP = "ssh"
+    AUTO_FOCUS = "DataTable"  # letter keys act; Tab reaches the key path
     BINDINGS = [
         Binding("c", "connect", "Connect all"),
         Binding("k", "install_key", "Install key"),

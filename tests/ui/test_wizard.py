@@ -1,0 +1,178 @@
+"""Pilot tests of the wizard: every step on localhost nodes with the local-demo
+preset, live advice, field errors, node editing, and errors that never crash."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable, Input, Select
+
+from qwen_tui.preset import load_preset
+from qwen_tui.ui.app import WizardApp
+from qwen_tui.ui.widgets.advice_list import AdviceList
+
+from .conftest import DEMO, slow_h200_facts
+
+pytestmark = pytest.mark.anyio
+SIZE = (140, 44)
+
+
+def codes(app) -> list[str]:
+    return [a.code for a in app.state.advice]
+
+
+async def test_every_step_opens_from_its_key(tmp_path):
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        seen = []
+        for key in ("f2", "f3", "f4", "f5", "f6", "f1"):
+            await pilot.press(key)
+            await pilot.pause()
+            seen.append(app.screen.STEP)
+        assert seen == ["ssh", "network", "training", "review", "run", "nodes"]
+        # the preset filled the Nodes step: two localhost nodes
+        t = app.screen.query_one(DataTable)
+        assert t.row_count == 2 and str(t.get_row_at(0)[1]) == "localhost"
+
+
+async def test_zero3_warning_appears_and_disappears_on_a_slow_link(tmp_path):
+    """Two GPU nodes on a measured 2 Gbit/s link: ZeRO-3 warns at once, ZeRO-2 clears
+    it; the warning's fix applies with one key."""
+    app = WizardApp(str(DEMO), facts=slow_h200_facts(2.0), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        scr = app.screen
+        # the demo trains on CPU in fp32; as GPU training in bf16 the ZeRO choice matters
+        scr.query_one("#training-device", Select).value = "auto"
+        scr.query_one("#training-precision", Select).value = "bf16"
+        await pilot.pause()
+        assert "ZERO3_SLOW_LINK" not in codes(app)
+        scr.query_one("#training-zero_stage", Select).value = 3
+        await pilot.pause()
+        assert app.state.preset.training.zero_stage == 3
+        assert "ZERO3_SLOW_LINK" in codes(app)
+        shown = [a.code for a in scr.query_one(AdviceList).items]
+        assert "ZERO3_SLOW_LINK" in shown
+        scr.query_one("#training-zero_stage", Select).value = 2
+        await pilot.pause()
+        assert "ZERO3_SLOW_LINK" not in codes(app)
+        assert "ZERO3_SLOW_LINK" not in [a.code for a in scr.query_one(AdviceList).items]
+
+        # again, then apply its fix from the advice list with Enter
+        scr.query_one("#training-zero_stage", Select).value = 3
+        await pilot.pause()
+        lst = scr.query_one(AdviceList)
+        idx = [a.code for a in lst.items].index("ZERO3_SLOW_LINK")
+        lst.focus()
+        lst.highlighted = idx
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.state.preset.training.zero_stage == 2
+        assert "ZERO3_SLOW_LINK" not in codes(app)
+        assert scr.query_one("#training-zero_stage", Select).value == 2  # the form follows the fix
+
+
+async def test_invalid_value_shows_its_error_and_keeps_the_preset(tmp_path):
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        inp = app.screen.query_one("#training-learning_rate", Input)
+        inp.focus()
+        inp.value = ""
+        await pilot.press(*"abc")
+        await pilot.pause()
+        err = app.screen.query_one("#err-training-learning_rate")
+        assert "number" in str(err.render()).lower()
+        assert app.state.preset.training.learning_rate == 0.002  # unchanged
+        inp.value = ""
+        await pilot.press(*"1e-4")
+        await pilot.pause()
+        assert app.state.preset.training.learning_rate == 1e-4
+        assert str(err.render()).strip() == ""
+        # effective batch follows the batch field at once
+        b = app.screen.query_one("#training-per_device_train_batch_size", Input)
+        b.value = "4"
+        await pilot.pause()
+        assert app.state.estimate.effective_batch == 8
+        assert "= 8" in app.state.estimate.batch_formula
+
+
+async def test_nodes_add_edit_remove_import_and_save(tmp_path, demo_copy):
+    path = demo_copy()
+    app = WizardApp(str(path), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("a")
+        await pilot.pause()
+        form = app.screen
+        form.query_one("#f-host", Input).value = "gpu-node-7"
+        form.query_one("#f-gpus", Input).value = "8"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        nodes = app.state.preset.cluster.nodes
+        assert [n.host for n in nodes] == ["localhost", "localhost", "gpu-node-7"] and nodes[2].gpus == 8
+        # an invalid port is refused with the reason in the form, not a crash
+        app.screen.query_one(DataTable).move_cursor(row=2)
+        await pilot.press("e")
+        await pilot.pause()
+        app.screen.query_one("#f-port", Input).value = "99999"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert "65535" in str(app.screen.query_one("#form-error").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.state.preset.cluster.nodes[2].port == 22
+        await pilot.press("x")
+        await pilot.pause()
+        assert len(app.state.preset.cluster.nodes) == 2
+        # import a hostfile
+        await pilot.press("i")
+        await pilot.pause()
+        app.screen.query_one("#text").text = "worker-1 slots=8\nworker-2 slots=8\n"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert [(n.host, n.gpus) for n in app.state.preset.cluster.nodes] == [("worker-1", 8), ("worker-2", 8)]
+        assert app.state.dirty
+        await pilot.press("ctrl+s")  # save back to the opened preset (atomic, header kept)
+        await pilot.pause()
+        assert not app.state.dirty
+    saved = load_preset(path)
+    assert [n.host for n in saved.cluster.nodes] == ["worker-1", "worker-2"]
+
+
+async def test_probe_localhost_nodes_in_parallel(tmp_path, demo_copy):
+    app = WizardApp(str(demo_copy()), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        for _ in range(300):
+            await pilot.pause(0.1)
+            if all(app.state.node(i).probe not in ("connecting", "probing", "not probed") for i in range(2)):
+                break
+        assert [app.state.node(i).probe for i in range(2)] == ["ok", "ok"], app.state.nodes
+        assert app.state.facts.nodes[0].python_version
+        assert app.state.step_status("nodes") in ("ok", "warn", "bad")  # probed: no longer "todo"
+
+
+async def test_a_failing_worker_becomes_a_notice_not_a_crash(tmp_path):
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        def boom(*a, **k):
+            raise RuntimeError("node exploded")
+        app.connect = boom  # the network worker's first call
+        await pilot.press("f3")
+        await pilot.press("r")
+        await pilot.pause(0.5)
+        assert app.is_running and app.screen.STEP == "network"
+        assert any("node exploded" in str(n.message) for n in app._notifications)
+
+
+async def test_bad_preset_opens_with_the_errors_shown(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ncluster:\n  nodes: []\ntraining:\n  model: x\n  data: y\n  zero_stage: 4\n")
+    app = WizardApp(str(bad), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        body = str(app.screen.query_one(".dialog-body").render())
+        assert "zero_stage" in body and "bad.yaml:7" in body
+        await pilot.press("enter")
+        assert app.screen.STEP == "nodes"  # and the wizard starts from a fresh preset
