@@ -12,10 +12,7 @@ import os
 
 from training.errors import InputError
 
-SCHEDULERS = [
-    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-    "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
-]
+SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]
 DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 EPILOG = """\
@@ -79,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward to save memory")
     t.add_argument("--seed", type=int, default=42, help="seed for initialisation, dropout and data order (default 42)")
     t.add_argument("--deepspeed", default=None, metavar="CONFIG",
-                   help="DeepSpeed JSON config (training/ds_config_zero2.json, training/ds_config_zero3.json); "
-                   "its 'auto' fields are filled from these flags; the ZeRO stage comes from it")
+                   help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
+                   "optionally with _offload_optimizer or _offload_all (ZeRO-3); its 'auto' fields are filled from "
+                   "these flags; the ZeRO stage comes from it")
     t.add_argument("--use_cpu", action="store_true", help="train on CPU with gloo (chosen automatically without CUDA)")
-    t.add_argument("--ddp_timeout", type=int, default=1800,
-                   help="seconds a process waits for the others (process-group set-up and collectives; default 1800)")
+    t.add_argument("--ddp_timeout", type=int, default=int(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800),
+                   help="seconds a process waits for the others (process-group set-up and collectives); "
+                   "default $QWEN_TUI_NCCL_TIMEOUT or 1800")
 
     s = p.add_argument_group("saving and logging")
     s.add_argument("--save_strategy", default="steps", choices=["no", "steps", "epoch"],

@@ -225,16 +225,6 @@ class StepSampler(torch.utils.data.Sampler):
         g.manual_seed(self.seed + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
-    def micro_batches(self, step: int) -> list[list[int]]:
-        """The `accumulation` micro-batches that this rank trains on in 0-based optimizer step `step`."""
-        epoch, k = divmod(step, self.steps_per_epoch)
-        batch = self._perm(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
-        out = []
-        for m in range(self.gas):
-            start = (m * self.world + self.rank) * self.mb
-            out.append(batch[start:start + self.mb])
-        return out
-
     def __iter__(self):
         perm, perm_epoch = None, None
         for step in range(self.start_step, self.total_steps):

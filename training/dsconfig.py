@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 from pathlib import Path
 
 from training.errors import InputError
@@ -18,7 +19,19 @@ from training.errors import InputError
 log = logging.getLogger("training")
 
 
+SHIPPED = {2: Path(__file__).with_name("ds_config_zero2.json"), 3: Path(__file__).with_name("ds_config_zero3.json")}
+BUILTIN_RE = re.compile(r"^builtin:zero([23])(?:_offload_(optimizer|all))?$")
+
+
 def load(path: str) -> dict:
+    """Reads a DeepSpeed config file, or a shipped one by name.
+
+    `builtin:zero2`, `builtin:zero3` are the shipped files; `_offload_optimizer`
+    adds ZeRO-Offload of the optimizer state to CPU, `_offload_all` (ZeRO-3 only)
+    of the parameters too.
+    """
+    if path.startswith("builtin:"):
+        return _builtin(path)
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{path}: DeepSpeed config not found")
@@ -33,6 +46,24 @@ def load(path: str) -> dict:
     stage = zero_stage(cfg)
     if stage not in (0, 1, 2, 3):
         raise InputError(f"{path}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    return cfg
+
+
+def _builtin(name: str) -> dict:
+    m = BUILTIN_RE.match(name)
+    if not m:
+        raise InputError(f"--deepspeed {name}: unknown built-in config; known: builtin:zero2, builtin:zero3, "
+                         "with an optional _offload_optimizer or _offload_all suffix")
+    stage, offload = int(m.group(1)), m.group(2)
+    cfg = json.loads(SHIPPED[stage].read_text(encoding="utf-8"))
+    zo = cfg["zero_optimization"]
+    if offload:
+        zo["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if offload == "all":
+        if stage != 3:
+            raise InputError(f"--deepspeed {name}: ZeRO-2 cannot offload parameters; "
+                             "use builtin:zero2_offload_optimizer or builtin:zero3_offload_all")
+        zo["offload_param"] = {"device": "cpu", "pin_memory": True}
     return cfg
 
 
@@ -96,6 +127,8 @@ def fill(path: str, raw: dict, args, world_size: int, hidden_size: int, on_cpu: 
         log.warning("%s: ignoring its 'scheduler' section: --lr_scheduler_type/--warmup_ratio set the schedule", path)
         del cfg["scheduler"]
     cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
+    if args.save_on_each_node:
+        cfg.setdefault("checkpoint", {})["use_node_local_storage"] = True
 
     leftover = [k for k, v in _walk(cfg) if v == "auto"]
     if leftover:

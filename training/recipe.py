@@ -86,6 +86,11 @@ class FinetuneRecipe:
 
         # 3. Processes, model, optimizer.
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
+        if a.deepspeed:
+            import deepspeed
+
+            # Before the model loads: ZeRO-3 partitions weights while loading and must know the world.
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(a.seed)
         hidden = int(self.model_config.get("hidden_size") or 4096)
         self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu")
@@ -197,7 +202,6 @@ class FinetuneRecipe:
         if a.deepspeed:
             import deepspeed
 
-            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
             optimizer = None
             if "optimizer" not in self.ds_config:
                 optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
@@ -510,6 +514,8 @@ class FinetuneRecipe:
     def cleanup(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        if self.engine is not None:
+            self.engine.destroy()  # releases ZeRO-3's hooks and threads before the process group goes
         dist.destroy()
 
 

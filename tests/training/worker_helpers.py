@@ -1,0 +1,90 @@
+"""Helpers for the worker's tests: data files, a subprocess runner, metrics parsing, reload-and-evaluate."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def demo_records(n: int | None = None) -> list[dict]:
+    from training.demo_data.make_demo_chat import build
+
+    return build()[:n] if n else build()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @property
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
+
+    @property
+    def steps(self) -> list[dict]:
+        return [r for r in self.records if "event" not in r]
+
+    def event(self, name: str) -> list[dict]:
+        return [r for r in self.records if r.get("event") == name]
+
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in self.steps}
+
+
+def run_worker(out: Path, *flags: str, nproc: int = 1, timeout: int = 420) -> Run:
+    """Runs the worker as users do: `python -m training.finetune`, or torchrun for several processes."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "training.finetune"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "training.finetune"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1" if nproc > 1 else "2"}
+    res = subprocess.run([*cmd, "--output_dir", str(out), *flags], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    return Run(res.returncode, res.stdout, res.stderr, out)
+
+
+def assert_ok(run: Run) -> None:
+    assert run.rc == 0, f"exit {run.rc}\n--- stdout\n{run.stdout[-3000:]}\n--- stderr\n{run.stderr[-6000:]}"
+
+
+def eval_loss_of(model, tokenizer, data_path: str, max_length: int = 8192) -> float:
+    """Token-mean loss of a reloaded model on a data file, through the worker's own data path."""
+    import torch
+
+    from training.data import IGNORE_INDEX, ChatEncoder, Collator, build_dataset
+    from training.records import load_conversations
+
+    ds = build_dataset(load_conversations(data_path), ChatEncoder(tokenizer, max_length), lazy=False)
+    col = Collator(tokenizer.pad_token_id)
+    total = n = 0.0
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(ds), 8):
+            b = col([ds[j] for j in range(i, min(i + 8, len(ds)))])
+            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
+                        num_items_in_batch=torch.tensor(1.0))
+            total += out.loss.item()
+            n += int((b["labels"] != IGNORE_INDEX).sum())
+    return total / n
