@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
-from qwen_tui.nodes.transport import CommandResult, TransportError, job_argv, quote_argv
+from qwen_tui.nodes.transport import JOB_MARK, CommandResult, TransportError, job_argv, quote_argv
 
 # Runs argv in a directory without a shell seeing the directory's name.
 _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
@@ -31,6 +31,16 @@ _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
 _DETACH = ('mkdir -p -- "$1" "$2" || exit 98; shift 2; '
            'setsid "$@" </dev/null >/dev/null 2>&1 & echo "$!"')
 
+# The job's live processes: its process group, plus every process whose
+# environment carries the job mark (torchrun's ranks run in sessions of their
+# own). Zombies do not count. Prints one pid a line.
+_JOB_PIDS = (
+    'pg=$1; { for f in $(grep -lzx -- "' + JOB_MARK + '=$pg" /proc/[0-9]*/environ 2>/dev/null); do '
+    'd=${f%/environ}; echo "${d#/proc/}"; done; '
+    'ps -A -o pid=,pgid= | while read -r p g; do [ "$g" = "$pg" ] && echo "$p"; done; } | sort -u | '
+    'while read -r p; do s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null | cut -c2); '
+    '[ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done; true'
+)
 # sshd's default MaxSessions is 10 channels per connection; stay under it.
 MAX_CHANNELS = 8
 
@@ -248,24 +258,23 @@ class SSHTransport:
         except (ValueError, IndexError):
             raise TransportError(f"{self.label}: job start printed no pid: {r.stdout!r} {r.stderr!r}") from None
 
+    def job_pids(self, pgid: int, *, timeout: float = 15.0) -> list[int]:
+        """Live (non-zombie) pids of the job started as `pgid`, on the node."""
+        r = self.run(["sh", "-c", _JOB_PIDS, "sh", str(int(pgid))], timeout=timeout)
+        if r.rc == 124:
+            raise TransportError(f"{self.label}: listing the job's processes timed out")
+        return sorted(int(x) for x in r.stdout.split() if x.isdigit())
+
     def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
         name = _signal.Signals(sig).name.removeprefix("SIG")
-        r = self.run(["kill", "-s", name, "--", f"-{int(pgid)}"], timeout=timeout)
-        return r.ok
+        pids = self.job_pids(pgid, timeout=timeout)
+        if not pids:
+            return False
+        r = self.run(["kill", "-s", name, "--", *map(str, pids)], timeout=timeout)
+        return r.ok or bool(pids)
 
     def group_alive(self, pgid, *, timeout=15.0) -> bool:
-        # ps, not `kill -0`: a group of zombies (unreaped children of a dead parent) is dead.
-        r = self.run(["ps", "-A", "-o", "pgid=,stat="], timeout=timeout)
-        if r.rc == 124:
-            raise TransportError(f"{self.label}: ps timed out")
-        if r.ok:
-            for line in r.stdout.splitlines():
-                parts = line.split()
-                if len(parts) >= 2 and parts[0] == str(int(pgid)) and not parts[1].startswith("Z"):
-                    return True
-            return False
-        r = self.run(["kill", "-0", "--", f"-{int(pgid)}"], timeout=timeout)
-        return r.ok
+        return bool(self.job_pids(pgid, timeout=timeout))
 
     # ------------------------------------------------------------ files
     def _sftp_client(self, timeout: float) -> paramiko.SFTPClient:

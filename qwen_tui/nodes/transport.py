@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Mapping, Optional, Protocol, Sequence
 
 # A detached job: run argv in `cwd`, output appended to `log`, exit code written to
-# `rcfile` when it ends. The job is its own session/process group so one signal to
-# the group reaches torchrun and every rank it spawned.
+# `rcfile` when it ends. The job is its own session/process group. torchrun starts
+# every rank in a session of its own (start_new_session), so a signal to the group
+# misses the ranks once the agent is dead: every process of the job also carries
+# JOB_MARK=<pgid> in its environment, and the stop finds them by it.
+JOB_MARK = "QWEN_TUI_JOB_PGID"
 JOB_SCRIPT = (
+    f'export {JOB_MARK}=$$; '
     'cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; }; '
     'log=$2; rcf=$3; shift 3; '
     '"$@" >>"$log" 2>&1 </dev/null; rc=$?; echo "$rc" >"$rcf.tmp" && mv -f "$rcf.tmp" "$rcf"'
@@ -106,13 +110,23 @@ class LocalTransport:
         return p.pid
 
     def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
+        hit = False
         try:
             os.killpg(pgid, sig)
-            return True
+            hit = True
         except ProcessLookupError:
-            return False
+            pass  # the group leader's group may be gone while marked ranks live on
+        for pid in _marked_pids(pgid):
+            try:
+                os.kill(pid, sig)
+                hit = True
+            except ProcessLookupError:
+                pass  # exited between the scan and the signal
+        return hit
 
     def group_alive(self, pgid, *, timeout=15.0) -> bool:
+        if any(not _is_zombie(p) for p in _marked_pids(pgid)):
+            return True
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -147,6 +161,20 @@ class LocalTransport:
 
 def _all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _marked_pids(pgid: int) -> list[int]:
+    """Processes whose environment carries JOB_MARK=pgid (they may have left the group)."""
+    mark = f"{JOB_MARK}={int(pgid)}".encode()
+    out = []
+    for pid in _all_pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append(pid)
+        except OSError:
+            continue  # gone, or not ours to read
+    return out
 
 
 def _stat_fields(pid: int) -> Optional[list[str]]:

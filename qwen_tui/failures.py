@@ -1,0 +1,86 @@
+"""Known failure signatures in a node's log -> cause and fix. Pure: text in,
+diagnosis out, so the launcher, the rehearsal and the TUI explain a dead run
+the same way, next to the node's last log lines."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    code: str
+    cause: str
+    fix: str
+    line: str  # the log line that matched
+
+
+# Most specific first: an OOM also makes NCCL and torchrun complain afterwards.
+_SIGNATURES: list[tuple[str, str, str, str]] = [
+    ("CUDA_OOM", r"CUDA out of memory|torch\.OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
+     "a GPU ran out of memory",
+     "lower per_device_train_batch_size or model_max_length, turn on gradient_checkpointing, "
+     "or use ZeRO-3 / offload"),
+    ("DISK_FULL", r"No space left on device|ENOSPC|Disk quota exceeded",
+     "the disk is full on this node",
+     "free space in the output and cache directories, or point training.output_dir elsewhere"),
+    ("MODULE_MISSING", r"(?:ModuleNotFoundError|ImportError): No module named '?([\w.]+)'?",
+     "a Python module is missing on this node",
+     "install it into the node's Python ({py} -m pip install ...) or sync the project code: "
+     "qwen-tui check --sync"),
+    ("NO_SUCH_INTERFACE", r"Unable to find address for|Unable to find interface|"
+     r"SOCKET_IFNAME.*(?:not found|No such device)|no socket interface found|Bootstrap : no socket interface",
+     "the socket interface set for NCCL/gloo does not exist on this node",
+     "fix network.interface (or leave it empty so the probe picks the interface that routes to the master)"),
+    ("RDZV_TIMEOUT", r"RendezvousTimeoutError|Timed out after \d+ seconds waiting for clients|"
+     r"rendezvous.*timed? ?out|The client socket has timed out after|"
+     r"DistStoreError|Socket Timeout",
+     "the rendezvous timed out: not every node joined",
+     "check that every node started and can reach MASTER_ADDR:MASTER_PORT (qwen-tui check)"),
+    ("CONN_REFUSED", r"Connection refused|ECONNREFUSED|connect\(\) failed.*refused",
+     "a connection between nodes was refused (nothing listening, or a REJECT rule)",
+     "check the master address and port, and the firewall between the nodes"),
+    ("CONN_RESET", r"Connection reset by peer|ECONNRESET|Connection closed by peer|Broken pipe|"
+     r"recvBytes|Read error \[.*\]: Connection reset",
+     "a peer rank went away mid-collective (it crashed or was killed)",
+     "look at the other nodes' logs: the first node that failed is the cause"),
+    ("NCCL_TIMEOUT", r"Watchdog caught collective operation timeout|NCCL.*[Tt]imeout|"
+     r"ProcessGroupNCCL.*timed out|Gloo.*[Tt]imed out|Timed out waiting \d+ms for",
+     "a collective timed out: one rank stopped answering, or the network between nodes is blocked",
+     "check the ephemeral port range between the nodes and the interface setting "
+     "(NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); qwen-tui check runs a rehearsal"),
+    ("NCCL_ERROR", r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError",
+     "NCCL failed",
+     "run with NCCL_DEBUG=INFO (network.env) and look for the first WARN line"),
+    ("ADDR_IN_USE", r"Address already in use|EADDRINUSE",
+     "the master port is already taken on the master",
+     "pick another network.master_port, or stop the earlier run"),
+    ("KILLED", r"Signals\.SIGKILL|signal 9|Killed$",
+     "a rank was killed (out of host memory, or by hand)",
+     "check `dmesg` for the OOM killer on that node; lower the batch size or offload"),
+]
+_COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
+             for c, p, cause, fix in _SIGNATURES]
+
+
+def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
+    """The first signature (in priority order) found anywhere in the log text."""
+    lines = log_text.splitlines()
+    for code, rx, cause, fix in _COMPILED:
+        for ln in lines:
+            m = rx.search(ln)
+            if m:
+                if code == "MODULE_MISSING" and m.groups():
+                    cause = f"the Python module '{m.group(1)}' is missing on this node"
+                return Diagnosis(code, cause, fix.replace("{py}", python), ln.strip()[:300])
+    return None
+
+
+def explain(label: str, log_text: str, *, python: str = "python3", tail: int = 15) -> str:
+    """A paragraph for the user: the node, cause and fix, then its last log lines."""
+    d = diagnose(log_text, python)
+    lines = [ln for ln in log_text.splitlines() if ln.strip()][-tail:]
+    head = f"{label}: {d.cause}. Fix: {d.fix}" if d else f"{label}: no known failure signature in its log"
+    return head + ("\n  last log lines:\n" + "\n".join("    " + ln for ln in lines) if lines else "")

@@ -1,0 +1,159 @@
+"""Rehearsal: a few-second torchrun job on every node with the real backend,
+interface and port settings (taken from the LaunchPlan), doing the rendezvous
+and an all-reduce. It catches what iperf3 cannot: a wrong NCCL/gloo interface,
+a port range blocked for the collective. Bounded: the job's own timeouts plus a
+deadline here, after which every node's group is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from qwen_tui.facts import ClusterFacts
+from qwen_tui.failures import Diagnosis, diagnose
+from qwen_tui.nodes.results import on_nodes
+from qwen_tui.nodes.transport import Transport, stop_group
+from qwen_tui.plan import LaunchPlan
+
+# Runs in every rank. Prints one line "QT_REHEARSAL {json}".
+SNIPPET = r'''
+import datetime, json, os, sys, time
+t0 = time.time()
+import torch, torch.distributed as dist
+size_mb, timeout = float(sys.argv[1]), int(sys.argv[2])
+backend = os.environ["QT_BACKEND"]
+dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+met = time.time()
+rank, world = dist.get_rank(), dist.get_world_size()
+dev = "cpu"
+if backend == "nccl":
+    dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"; torch.cuda.set_device(dev)
+x = torch.ones(max(1, int(size_mb * 2**20 / 4)), device=dev)
+dist.all_reduce(x)
+n = 3
+if backend == "nccl": torch.cuda.synchronize()
+t = time.time()
+for _ in range(n):
+    dist.all_reduce(x)
+if backend == "nccl": torch.cuda.synchronize()
+dt = (time.time() - t) / n
+expect = float(world) ** (n + 1)
+ok = abs(float(x[0]) - expect) <= 1e-3 * expect
+busbw = 2 * (world - 1) / world * x.numel() * 4 * 8 / dt / 1e9 if world > 1 else None
+print("QT_REHEARSAL " + json.dumps({"rank": rank, "world": world, "meet_s": met - t0, "allreduce_s": dt,
+      "busbw_gbps": busbw, "correct": ok, "host": os.uname().nodename}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(0 if ok else 3)
+'''
+
+# Causes that are consequences of another node's failure, not the cause.
+_CONSEQUENTIAL = {"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"}
+
+
+@dataclass
+class RehearsalResult:
+    ok: bool
+    message: str
+    wall_s: float
+    meet_s: Optional[float] = None
+    busbw_gbps: Optional[float] = None
+    failed_node: Optional[int] = None
+    diagnosis: Optional[Diagnosis] = None
+    rcs: dict[int, Optional[int]] = field(default_factory=dict)
+    log_tails: dict[int, list[str]] = field(default_factory=dict)
+    left_running: list[int] = field(default_factory=list)  # nodes where a process survived the stop (never expected)
+
+
+def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int) -> list[str]:
+    """The plan's torchrun argv with the training module replaced by the rehearsal."""
+    try:
+        cut = argv.index("training.finetune") - 1
+    except ValueError:
+        raise ValueError("the plan's argv does not run training.finetune; cannot derive a rehearsal") from None
+    return [*argv[:cut], "--no-python", python, "-c", SNIPPET, f"{size_mb:g}", str(timeout)]
+
+
+def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
+             deadline_s: float = 60.0, size_mb: float = 16.0, collective_timeout: int = 30,
+             facts: Optional[ClusterFacts] = None, poll: float = 0.3) -> RehearsalResult:
+    rid = f"rehearsal-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    t0 = time.monotonic()
+    cmds = {c.rank: c for c in plan.nodes}
+    paths = {}
+    for r, c in cmds.items():
+        d = posixpath.join(c.workdir, ".qwen-tui", "rehearsal", rid)
+        paths[r] = (posixpath.join(d, f"node-{r}.log"), posixpath.join(d, f"node-{r}.rc"))
+
+    def start(r: int) -> int:
+        c = cmds[r]
+        env = {**c.env, "QT_BACKEND": plan.backend}
+        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout), env=env,
+                                       cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
+
+    started = on_nodes(start, sorted(cmds), timeout=60)
+    pids = started.succeeded
+    rcs: dict[int, Optional[int]] = {r: None for r in cmds}
+    failed_start = started.failed
+    msg = ""
+    while not failed_start:
+        reads = on_nodes(lambda r: transports[r].read_file(paths[r][1], timeout=10), sorted(cmds), timeout=15)
+        for r, v in reads.items():
+            if isinstance(v, BaseException):
+                failed_start[r] = v  # the node stopped answering
+            elif v.strip():
+                rcs[r] = int(v.strip()) if v.strip().lstrip(b"-").isdigit() else -1
+        if failed_start or any(v not in (None, 0) for v in rcs.values()) or all(v == 0 for v in rcs.values()):
+            break
+        if time.monotonic() - t0 > deadline_s:
+            msg = f"not done within {deadline_s:g}s"
+            break
+        time.sleep(poll)
+
+    # Stop whatever still runs, everywhere, before reading the logs.
+    stops = on_nodes(lambda r: stop_group(transports[r], pids[r], grace=3), sorted(pids), timeout=30)
+    left = sorted(r for r, v in stops.items() if v is not True)
+    tails = on_nodes(lambda r: transports[r].read_file(paths[r][0], offset=0, limit=4 << 20, timeout=10),
+                     sorted(cmds), timeout=20)
+    texts = {r: (v.decode(errors="replace") if isinstance(v, bytes) else "") for r, v in tails.items()}
+    recs = {}
+    for r, txt in texts.items():
+        for ln in txt.splitlines():
+            if ln.startswith("QT_REHEARSAL "):
+                rec = json.loads(ln.split(" ", 1)[1])
+                recs[(r, rec["rank"])] = rec
+    wall = time.monotonic() - t0
+    res = RehearsalResult(ok=False, message="", wall_s=wall, rcs=rcs, left_running=left,
+                          log_tails={r: [x for x in t.splitlines() if x.strip()][-15:] for r, t in texts.items()})
+    labels = {r: c.label for r, c in cmds.items()}
+    if failed_start:
+        r = min(failed_start)
+        res.failed_node, res.message = r, f"node {r} ({labels[r]}): {failed_start[r]}"
+    elif all(v == 0 for v in rcs.values()) and len(recs) == plan.world_size:
+        res.ok = True
+        res.meet_s = max(x["meet_s"] for x in recs.values())
+        bws = [x["busbw_gbps"] for x in recs.values() if x["busbw_gbps"] is not None]
+        res.busbw_gbps = min(bws) if bws else None
+        res.message = (f"rendezvous in {res.meet_s:.1f}s, all-reduce bus bandwidth "
+                       f"{res.busbw_gbps if res.busbw_gbps is None else round(res.busbw_gbps, 2)} Gbit/s "
+                       f"({plan.backend}, world {plan.world_size})")
+    else:
+        bad = [r for r, v in rcs.items() if v not in (None, 0)] or [r for r, v in rcs.items() if v is None]
+        diags = {r: diagnose(texts.get(r, "")) for r in bad}
+        # Blame the node with a root cause over nodes that only saw its consequences.
+        bad.sort(key=lambda r: (diags[r] is None or diags[r].code in _CONSEQUENTIAL, r))
+        r = bad[0]
+        res.failed_node, res.diagnosis = r, diags[r]
+        why = diags[r].cause if diags[r] else (msg or f"exit code {rcs[r]}")
+        res.message = f"node {r} ({labels[r]}) failed the rehearsal: {why}" + (f" ({msg})" if msg and diags[r] else "")
+        if diags[r]:
+            res.message += f". Fix: {diags[r].fix}"
+    if facts is not None:
+        facts.rehearsal_ok = res.ok
+        facts.rehearsal_bandwidth_gbps = res.busbw_gbps
+    return res

@@ -1,0 +1,57 @@
+"""The rehearsal: rendezvous + all-reduce over the real settings, bounded."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.connect import close_all, connect_all
+from qwen_tui.nodes.rehearsal import rehearse
+from qwen_tui.plan import make_plan
+
+
+@pytest.fixture(scope="module")
+def probed(cluster, sshdir, keyed):
+    from cluster_helpers import preset_dict
+    from qwen_tui.preset import Preset
+
+    preset = Preset.model_validate(preset_dict(cluster, sshdir))
+    conns = connect_all(preset)
+    assert conns.ok, conns.errors_text()
+    rep = run_checks(preset, dict(conns), network=False)
+    yield preset, dict(conns), rep.facts
+    close_all(conns)
+
+
+def _plan(preset, facts, tmp_path):
+    return make_plan(preset, run_id="r", local_run_dir=str(tmp_path), facts=facts)
+
+
+def test_rehearsal_passes_on_the_healthy_cluster(probed, cluster, tmp_path):
+    preset, conns, facts = probed
+    plan = _plan(preset, facts, tmp_path)
+    assert {c.env["GLOO_SOCKET_IFNAME"] for c in plan.nodes} == {"eth0"}
+    res = rehearse(plan, conns, pythons={i: n.python for i, n in enumerate(preset.cluster.nodes)}, facts=facts)
+    assert res.ok, (res.message, res.log_tails)
+    assert res.meet_s is not None and 0 < res.meet_s < 30
+    assert res.busbw_gbps and res.busbw_gbps > 0
+    assert facts.rehearsal_ok is True and facts.rehearsal_bandwidth_gbps == res.busbw_gbps
+    assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
+
+
+def test_rehearsal_fails_fast_naming_the_node_with_a_wrong_interface(probed, cluster, tmp_path):
+    preset, conns, facts = probed
+    bad = copy.deepcopy(facts)
+    bad.nodes[2].route_interface = "eth9"  # what a wrong probe or a wrong preset would give
+    plan = _plan(preset, bad, tmp_path)
+    assert plan.nodes[2].env["GLOO_SOCKET_IFNAME"] == "eth9"
+    res = rehearse(plan, conns, pythons={i: n.python for i, n in enumerate(preset.cluster.nodes)},
+                   deadline_s=60)
+    assert not res.ok
+    assert res.failed_node == 2 and "node2" in res.message
+    assert res.diagnosis is not None and res.diagnosis.code == "NO_SUCH_INTERFACE"
+    assert res.wall_s < 30  # the others would wait 30 s for node 2; the rehearsal does not
+    assert res.left_running == []
+    assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
