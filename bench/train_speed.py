@@ -208,7 +208,7 @@ def run_stock(cfg: dict, args, records, result: dict) -> None:
     targs = TrainingArguments(
         output_dir=str(Path(args.tmp) / "stock"), per_device_train_batch_size=2, gradient_accumulation_steps=8,
         max_steps=total_steps, learning_rate=1e-4 if cfg["method"] == "lora" else 1e-5, weight_decay=0.1,
-        adam_beta2=0.95, warmup_ratio=0.01, lr_scheduler_type="cosine", bf16=True, gradient_checkpointing=True,
+        adam_beta2=0.95, warmup_steps=0, lr_scheduler_type="cosine", bf16=True, gradient_checkpointing=True,
         deepspeed=ds_cfg, logging_steps=10**6, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, remove_unused_columns=False, seed=42, data_seed=42,
     )
@@ -296,11 +296,11 @@ def run_ours(cfg: dict, args, records, result: dict) -> None:
 
     R = args.records_per_step
     steps = args.warmup + args.steps
-    marks, tokens_done, micro = [], [], 0
+    tokens_done, computed, micro, losses = [], [], 0, []
     torch.cuda.reset_peak_memory_stats(dev)
-    t_start = time.perf_counter()
-    for step in range(steps):
-        recs = records[step * R:(step + 1) * R]
+
+    def train_step(recs):
+        nonlocal micro
         rows = pack_batches(recs, budget, 0, pad_multiple=1024, max_segment=SEQ)
         n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
         step_loss = 0.0
@@ -315,19 +315,37 @@ def run_ours(cfg: dict, args, records, result: dict) -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(step_loss)  # a device tensor: no sync here
+        return sum(r["input_ids"].shape[1] for r in rows)
+
+    t_start = time.perf_counter()
+    for step in range(args.warmup):
+        train_step(records[step * R:(step + 1) * R])
         if step == 0:
             torch.cuda.synchronize()
             result["first_step_s"] = time.perf_counter() - t_start
-        if step >= args.warmup - 1:
+    torch.cuda.synchronize()
+    marks = [time.perf_counter()]
+    for step in range(args.warmup, steps):
+        recs = records[step * R:(step + 1) * R]
+        computed.append(train_step(recs))
+        tokens_done.append(sum(len(r.input_ids) for r in recs))
+    torch.cuda.synchronize()
+    marks.append(time.perf_counter())
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            train_step(records[:R])
             torch.cuda.synchronize()
-            marks.append(time.perf_counter())
-            tokens_done.append(sum(len(r.input_ids) for r in recs))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
     timed = marks[-1] - marks[0]
-    tokens = sum(tokens_done[1:])
-    result.update(
+    tokens = sum(tokens_done)
+    result.update(row_fill=tokens / sum(computed), first_loss=float(losses[0]),
+                  
         timed_steps=args.steps, timed_s=timed, real_tokens=tokens, tokens_per_s=tokens / timed,
         records_per_step=R, micro_batch=f"packed rows of <= {budget} tokens", micro_batches=micro,
-        last_loss=float(step_loss),
+        last_loss=float(losses[args.warmup + args.steps - 1]),
         peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / 2**30,
         peak_reserved_gib=torch.cuda.max_memory_reserved(dev) / 2**30,
     )
@@ -347,8 +365,7 @@ def worker_main(args) -> int:
     result = {"config": args.worker, **cfg, "status": "running"}
     try:
         (run_stock if cfg["recipe"] == "stock" else run_ours)(cfg, args, records, result)
-        used = records[: (result["timed_steps"] + 1) * result["records_per_step"]]
-        s = effective_seq(used)
+        s = effective_seq(records)  # the whole data set: the same for every configuration
         f = flops_per_token(cfg["shape"], cfg["method"], s)
         result.update(status="ok", seq_eff=s, flops_per_token=f, mfu=result["tokens_per_s"] * f / (PEAK_TFLOPS * 1e12),
                       flops_rule="6N+12Lhs" if cfg["method"] == "full" else "4N+12Lhs")
@@ -409,8 +426,9 @@ def main(argv=None) -> int:
     p.add_argument("--records-per-step", type=int, default=64, help="records per optimizer step, ours (default 64)")
     p.add_argument("--tokens", type=int, default=0, help="fixed packed micro-batch budget (default: probe)")
     p.add_argument("--max-tokens", type=int, default=49152, help="largest packed micro-batch the probe may pick")
-    p.add_argument("--mem-fraction", type=float, default=0.85, help="device memory share the probe plans for")
+    p.add_argument("--mem-fraction", type=float, default=0.90, help="device memory share the probe plans for (default 0.90)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="after timing, profile one step: top CUDA kernels into the log")
     p.add_argument("--no-liger", action="store_true")
     p.add_argument("--smoke", action="store_true", help="every configuration on the 1.5B shape, 2+1 steps")
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
@@ -433,7 +451,7 @@ def main(argv=None) -> int:
                    "--stock-warmup", str(args.stock_warmup), "--records-per-step", str(args.records_per_step),
                    "--tokens", str(args.tokens), "--max-tokens", str(args.max_tokens),
                    "--mem-fraction", str(args.mem_fraction), "--tmp", args.tmp]
-    passthrough += ["--no-compile"] * args.no_compile + ["--no-liger"] * args.no_liger
+    passthrough += ["--no-compile"] * args.no_compile + ["--no-liger"] * args.no_liger + ["--profile"] * args.profile
     if args.shape:
         passthrough += ["--shape", args.shape]
     for name in args.configs.split(","):
