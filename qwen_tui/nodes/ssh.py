@@ -84,6 +84,7 @@ class SSHTransport:
         self._lock = threading.RLock()  # guards the client and the one SFTP session
         self._connect_lock = threading.Lock()
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
+        self._home: Optional[str] = None
 
     # ------------------------------------------------------------ connection
     def connect(self) -> "SSHTransport":
@@ -198,6 +199,8 @@ class SSHTransport:
     def run(self, argv, *, timeout, input=None, env=None, cwd=None) -> CommandResult:
         if not argv:
             raise ValueError("empty argv")
+        if cwd is not None and cwd.startswith("~"):
+            cwd = self.abspath(cwd)
         cmd = self.command_line(argv, timeout=timeout, env=env, cwd=cwd)
         deadline = time.monotonic() + timeout + 3
         if not self._channels.acquire(timeout=timeout):
@@ -246,8 +249,30 @@ class SSHTransport:
         finally:
             self._channels.release()
 
+    # ------------------------------------------------------------ paths
+    def home(self, timeout: float = 15.0) -> str:
+        """The login directory: relative paths (and ~/) on this node are taken from it,
+        the same way for commands, jobs, logs and SFTP."""
+        if self._home is None:
+            r = self.run(["sh", "-c", 'cd && pwd -P'], timeout=timeout)
+            if not r.ok or not r.stdout.strip().startswith("/"):
+                raise TransportError(f"{self.label}: cannot find the home directory: {r.stderr.strip()}")
+            self._home = r.stdout.strip().splitlines()[-1]
+        return self._home
+
+    def abspath(self, path: str) -> str:
+        if path == "~":
+            return self.home()
+        if path.startswith("~/"):
+            return posixpath.join(self.home(), path[2:])
+        if not path.startswith("/"):
+            return posixpath.normpath(posixpath.join(self.home(), path))
+        return path
+
     # ------------------------------------------------------------ detached jobs
     def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
+        # Absolute before the job cds into cwd: the log is then where read_file looks.
+        cwd, log, rcfile = self.abspath(cwd), self.abspath(log), self.abspath(rcfile)
         inner = job_argv(argv, env, cwd, log, rcfile)
         dirs = [posixpath.dirname(log) or ".", posixpath.dirname(rcfile) or "."]
         r = self.run(["sh", "-c", _DETACH, "sh", *dirs, *inner], timeout=timeout)
@@ -289,6 +314,7 @@ class SSHTransport:
             return self._sftp
 
     def read_file(self, path, *, offset=0, limit=1 << 20, timeout=15.0) -> bytes:
+        path = self.abspath(path)
         with self._lock:  # one SFTP session per connection, used by one thread at a time
             sftp = self._sftp_client(timeout)
             try:
@@ -306,6 +332,7 @@ class SSHTransport:
 
     def put_file(self, local, remote, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
         """Copy to `remote.part`, then rename: a reader never sees half a file."""
+        remote = self.abspath(remote)
         parent = posixpath.dirname(remote)
         if parent:
             r = self.run(["mkdir", "-p", "--", parent], timeout=min(timeout, 30))
@@ -325,6 +352,7 @@ class SSHTransport:
                 raise TransportError(f"{self.label}: copying to {remote} failed: {e}") from None
 
     def get_file(self, remote, local, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
+        remote = self.abspath(remote)
         with self._lock:
             sftp = self._sftp_client(timeout)
             try:

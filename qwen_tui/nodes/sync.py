@@ -1,0 +1,150 @@
+"""Sync: copy the data file, the model directory or the project's training code
+from the master (node 0) to the nodes where the probe found it missing, over
+SFTP, then verify the checksum on the node. A file that exists but differs is
+never overwritten without consent (`overwrite=True`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from qwen_tui.facts import ClusterFacts
+from qwen_tui.nodes.results import NodeResults, on_nodes
+from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
+from qwen_tui.preset import Preset
+
+# path -> {"exists", "dir", "sha256", "size", "files": [[rel, size, sha256]]}; the
+# same digest as the probe's (a file's sha256, or sha256 of the JSON file list).
+MANIFEST = r'''
+import hashlib, json, os, sys
+q = os.path.abspath(os.path.expanduser(sys.argv[1]))
+skip = set(json.loads(sys.argv[2]))
+def sha(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+if os.path.isfile(q):
+    print(json.dumps({"path": q, "exists": True, "dir": False, "size": os.path.getsize(q), "sha256": sha(q)}))
+elif os.path.isdir(q):
+    items = []
+    for root, dirs, files in os.walk(q):
+        dirs[:] = sorted(d for d in dirs if d not in skip)
+        for n in sorted(files):
+            if n.endswith(".pyc"):
+                continue
+            f = os.path.join(root, n)
+            items.append([os.path.relpath(f, q), os.path.getsize(f), sha(f)])
+    print(json.dumps({"path": q, "exists": True, "dir": True, "size": sum(i[1] for i in items),
+                      "sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(), "files": items}))
+else:
+    print(json.dumps({"path": q, "exists": False}))
+'''
+SKIP_DIRS = ["__pycache__", ".git"]
+
+Progress = Callable[[int, str, int, int], None]  # node, path, bytes done, bytes total
+
+
+@dataclass
+class SyncAction:
+    node: int
+    kind: str  # data | model | code
+    path: str
+    action: str  # copied | same | differs (left untouched) | missing on master | failed
+    detail: str = ""
+
+
+def manifest(t: Transport, python: str, path: str, *, timeout: float = 600.0) -> dict:
+    r = t.run([python, "-c", MANIFEST, path, json.dumps(SKIP_DIRS)], timeout=timeout)
+    if not r.ok:
+        raise TransportError(f"{t.label}: cannot read {path}: {r.stderr.strip()[-300:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _copy_file(src: Transport, src_path: str, dst: Transport, dst_path: str, *,
+               progress: Optional[Callable[[int, int], None]]) -> None:
+    """master file -> node file. A remote master's file passes through a local temp file."""
+    if isinstance(src, LocalTransport):
+        dst.put_file(src_path, dst_path, progress=progress)
+        return
+    with tempfile.TemporaryDirectory(prefix="qwen-tui-sync-") as d:
+        tmp = os.path.join(d, "f")
+        get = getattr(src, "get_file", None)
+        if get is None:
+            raise TransportError(f"{src.label}: cannot read files from this transport")
+        get(src_path, tmp)
+        dst.put_file(tmp, dst_path, progress=progress)
+
+
+def _targets(preset: Preset, facts: ClusterFacts) -> list[tuple[str, str, str]]:
+    """(kind, master path, attr) for what the probe can compare."""
+    m = facts.nodes.get(0)
+    out = []
+    for kind in ("data", "model"):
+        f = getattr(m, kind) if m else None
+        if f is not None:
+            out.append((kind, f.path, kind))
+    return out
+
+
+def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *, overwrite: bool = False,
+         code: bool = True, progress: Optional[Progress] = None, timeout: float = 3600.0) -> NodeResults:
+    """node -> [SyncAction]. Copies what is missing; what differs only with `overwrite`."""
+    nodes = preset.cluster.nodes
+    master = transports[0]
+    plan: list[tuple[str, str]] = [(kind, path) for kind, path, _ in _targets(preset, facts)]
+    if code:
+        plan.append(("code", posixpath.join(nodes[0].workdir, "training")))
+    src: dict[str, dict] = {}
+    for kind, path in plan:
+        src[kind] = manifest(master, nodes[0].python, path)
+
+    def one(i: int) -> list[SyncAction]:
+        t, py = transports[i], nodes[i].python
+        acts: list[SyncAction] = []
+        for kind, mpath in plan:
+            s = src[kind]
+            if kind == "code":
+                path = posixpath.join(nodes[i].workdir, "training")
+            else:
+                nf = facts.nodes.get(i)
+                ff = getattr(nf, kind) if nf else None
+                path = ff.path if ff is not None else s["path"]
+            if not s["exists"]:
+                acts.append(SyncAction(i, kind, path, "missing on master", s["path"]))
+                continue
+            d = manifest(t, py, path)
+            if d["exists"] and d["sha256"] == s["sha256"]:
+                acts.append(SyncAction(i, kind, d["path"], "same"))
+                continue
+            if d["exists"] and not overwrite:
+                acts.append(SyncAction(i, kind, d["path"], "differs (left untouched)",
+                                       f"sha256 {d['sha256'][:12]} vs master {s['sha256'][:12]}; "
+                                       "consent to replace it: --overwrite"))
+                continue
+            dest = d["path"]
+            files = [("", s["size"])] if not s["dir"] else [(rel, size) for rel, size, _ in s["files"]]
+            have = {rel: sh for rel, _, sh in d.get("files", [])} if d.get("dir") else {}
+            want = {rel: sh for rel, _, sh in s.get("files", [])}
+            for rel, size in files:
+                if s["dir"] and have.get(rel) == want[rel]:
+                    continue
+                sp = posixpath.join(s["path"], rel) if rel else s["path"]
+                dp = posixpath.join(dest, rel) if rel else dest
+                cb = (lambda done, total, _p=dp: progress(i, _p, done, total)) if progress else None
+                _copy_file(master, sp, t, dp, progress=cb)
+            after = manifest(t, py, dest)
+            if after.get("sha256") != s["sha256"]:
+                acts.append(SyncAction(i, kind, dest, "failed", "checksum differs after the copy"))
+            else:
+                acts.append(SyncAction(i, kind, dest, "copied", f"{s['size']} bytes, sha256 verified"))
+        return acts
+
+    labels = {i: n.label for i, n in enumerate(nodes)}
+    return on_nodes(one, [i for i in sorted(transports) if i != 0], timeout=timeout, labels=labels)

@@ -1,0 +1,138 @@
+"""Multi-node launch over SSH through the lead's Launcher and the SSHTransport."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from cluster_helpers import preset_dict
+from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.connect import close_all, connect_all
+from qwen_tui.plan import make_plan
+from qwen_tui.preset import Preset
+from qwen_tui.run.launcher import Launcher
+from qwen_tui.run.rundir import RunDir
+
+
+def _preset(cluster, sshdir, tmp_path, **training) -> Preset:
+    d = preset_dict(cluster, sshdir, output_dir=str(tmp_path / "out"), **training)
+    d["network"]["env"] = {"OMP_NUM_THREADS": "1"}  # three CPU "nodes" share two cores
+    d["cluster"]["shared_storage"] = True  # the namespaces share this machine's disk
+    return Preset.model_validate(d)
+
+
+@pytest.fixture(scope="module")
+def facts(cluster, sshdir, keyed, tmp_path_factory):
+    p = _preset(cluster, sshdir, tmp_path_factory.mktemp("facts"))
+    conns = connect_all(p)
+    assert conns.ok, conns.errors_text()
+    try:
+        yield run_checks(p, dict(conns), network=False).facts
+    finally:
+        close_all(conns)
+
+
+@pytest.fixture
+def launched(cluster, facts, tmp_path):
+    """Start a run; afterwards remove what it left in the shared workdir (the master's metrics)."""
+    made = []
+
+    def launch(preset, name):
+        name = f"{name}-{os.getpid()}"
+        conns = connect_all(preset)
+        assert conns.ok, conns.errors_text()
+        rd = RunDir.create(tmp_path / "runs", name)
+        plan = make_plan(preset, run_id=name, local_run_dir=str(rd.path), facts=facts)
+        la = Launcher(plan, dict(conns), rd, stop_grace=5)
+        made.append((la, conns))
+        la.start()
+        return la, conns
+
+    yield launch
+    for la, conns in made:
+        la.stop_all()
+        close_all(conns)
+        shutil.rmtree(os.path.dirname(la.plan.metrics_file), ignore_errors=True)
+
+
+def _no_job_left(cluster, bound=10.0):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        left = {i: cluster.job_pids(i) for i in range(len(cluster.nodes))}
+        if not any(left.values()):
+            return {}
+        time.sleep(0.3)
+    return left
+
+
+def _wait_steps(la, n, bound=150.0):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        out = la.poll()
+        assert out is None, out.message
+        if len(la.metrics.progress.steps) >= n:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {n} steps within {bound:g}s: {[la.log_tail(r) for r in range(3)]}")
+
+
+def test_three_node_lora_run_over_ssh_loss_falls_rank0_writes_metrics(cluster, sshdir, launched, tmp_path):
+    preset = _preset(cluster, sshdir, tmp_path, max_steps=12, learning_rate=5e-3)
+    la, conns = launched(preset, "lora3")
+    try:
+        out = la.wait(interval=0.5, max_seconds=300)
+        assert out.status == "ok", (out.message, [la.log_tail(r) for r in range(3)])
+        prog = la.metrics.progress
+        losses = prog.losses
+        assert len(losses) >= 10 and prog.start and prog.end
+        assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.01, losses
+        # one writer: a single start/end and every step once
+        lines = [json.loads(x) for x in open(la.plan.metrics_file).read().splitlines() if x.strip()]
+        steps = [r["step"] for r in lines if "step" in r and r.get("event") not in ("start", "end")]
+        assert len(steps) == len(set(steps))
+        assert sum(r.get("event") == "start" for r in lines) == 1
+        assert prog.start.get("world_size", 3) == 3
+        # the logs live in the run directory on each node
+        for c in la.plan.nodes:
+            assert b"" != conns[c.rank].read_file(c.log_path)
+        assert _no_job_left(cluster) == {}
+    finally:
+        la.stop_all()
+
+
+def test_killing_a_worker_mid_run_names_the_node_and_leaves_nothing(cluster, sshdir, launched, tmp_path):
+    preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
+    la, conns = launched(preset, "kill")
+    try:
+        _wait_steps(la, 2)
+        victims = cluster.job_pids(2)
+        assert victims
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = la.wait(interval=0.5, max_seconds=60)
+        assert time.monotonic() - t0 < 20
+        assert out.status == "failed" and out.exit_code != 0
+        assert out.failed_rank == 2 and "node2" in out.message, out.message
+        assert _no_job_left(cluster) == {}
+    finally:
+        la.stop_all()
+
+
+def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, launched, tmp_path):
+    preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
+    la, conns = launched(preset, "stop")
+    try:
+        _wait_steps(la, 1)
+        assert all(cluster.job_pids(i) for i in range(3))
+        la.request_stop()
+        out = la.wait(interval=0.5, max_seconds=60)
+        assert out.status == "stopped"
+        assert _no_job_left(cluster, bound=3) == {}
+    finally:
+        la.stop_all()
