@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -39,6 +40,14 @@ def _setup_logging() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # avoids fork warnings with loader workers
 
 
+class Terminated(Exception):
+    """SIGTERM (torchrun stopping the job): unwinds like an error so metrics.jsonl gets its end record."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"stopped by signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
@@ -49,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.recipe import FinetuneRecipe  # imports torch: only after the flags are known to be fine
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
     recipe = FinetuneRecipe(args)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         recipe.setup()
         recipe.train()
@@ -62,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         recipe.fail(e)
         return EXIT_BAD_INPUT
-    except Exception as e:  # report, record in metrics.jsonl, and exit non-zero
+    except (Exception, KeyboardInterrupt) as e:  # report, record in metrics.jsonl, and exit non-zero
         traceback.print_exc()
         recipe.fail(e)
         return EXIT_FAILED
     finally:
+        signal.signal(signal.SIGTERM, previous)
         recipe.cleanup()
 
 
