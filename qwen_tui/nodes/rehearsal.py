@@ -8,6 +8,7 @@ deadline here, after which every node's group is stopped.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import time
 import uuid
@@ -17,7 +18,7 @@ from typing import Optional
 from qwen_tui.facts import ClusterFacts
 from qwen_tui.failures import Diagnosis, diagnose
 from qwen_tui.nodes.results import on_nodes
-from qwen_tui.nodes.transport import Transport, stop_group
+from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
 from qwen_tui.plan import LaunchPlan
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
@@ -85,9 +86,15 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     rid = f"rehearsal-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     cmds = {c.rank: c for c in plan.nodes}
-    paths = {}
+    paths, dirs = {}, {}
     for r, c in cmds.items():
-        d = posixpath.join(c.workdir, ".qwen-tui", "rehearsal", rid)
+        # in the node's home, not its workdir (which may be a shared project checkout)
+        d = posixpath.join("~", ".qwen-tui", "rehearsal", rid)
+        if isinstance(transports[r], LocalTransport):
+            d = os.path.expanduser(d)
+        elif hasattr(transports[r], "abspath"):
+            d = transports[r].abspath(d)
+        dirs[r] = d
         paths[r] = (posixpath.join(d, f"node-{r}.log"), posixpath.join(d, f"node-{r}.rc"))
 
     def start(r: int) -> int:
@@ -153,6 +160,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         res.message = f"node {r} ({labels[r]}) failed the rehearsal: {why}" + (f" ({msg})" if msg and diags[r] else "")
         if diags[r]:
             res.message += f". Fix: {diags[r].fix}"
+    if res.ok:  # keep the logs of a failed rehearsal for the user; drop a good one's
+        on_nodes(lambda r: transports[r].run(["rm", "-rf", "--", dirs[r]], timeout=15), sorted(cmds), timeout=20)
     if facts is not None:
         facts.rehearsal_ok = res.ok
         facts.rehearsal_bandwidth_gbps = res.busbw_gbps

@@ -55,3 +55,11 @@ def test_rehearsal_fails_fast_naming_the_node_with_a_wrong_interface(probed, clu
     assert res.wall_s < 30  # the others would wait 30 s for node 2; the rehearsal does not
     assert res.left_running == []
     assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
+
+
+def test_rehearsal_logs_stay_out_of_the_workdir(probed, cluster, tmp_path):
+    from cluster_helpers import REPO
+
+    assert not (REPO / ".qwen-tui" / "rehearsal").exists()
+    failed = list((cluster.nodes[2].home / ".qwen-tui" / "rehearsal").glob("*/node-2.log"))
+    assert failed and b"eth9" in failed[0].read_bytes()  # the failed rehearsal's log is kept on the node
