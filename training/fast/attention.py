@@ -70,6 +70,11 @@ def packed_attention_forward(module, query, key, value, attention_mask, scaling=
     if query.shape[0] != 1:
         raise ValueError(f"a packed batch is one row, got batch size {query.shape[0]}")
     if query.is_cuda and _varlen_attn is not None:
+        if query.dtype not in (torch.float16, torch.bfloat16):
+            # fp32 master weights under autocast: RoPE's fp32 cos/sin promote q and k; flash wants 16-bit,
+            # as SDPA would get under autocast.
+            dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+            query, key, value = query.to(dt), key.to(dt), value.to(dt)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
         out = _flash_varlen(q, k, v, packed_cu_seq_lens, int(packed_max_length), scale)
         return out.unsqueeze(0), None

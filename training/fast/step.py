@@ -46,4 +46,7 @@ def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = 
     else:
         out = decoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
     hidden = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
+    dev = hidden.device.type
+    if hidden.dtype == torch.float32 and torch.is_autocast_enabled(dev):
+        hidden = hidden.to(torch.get_autocast_dtype(dev))  # the LM head matmul in the autocast dtype, as a Linear would
     return linear_cross_entropy_sum(hidden, head.weight, batch["labels"], impl=ce, chunk_size=chunk_size)
