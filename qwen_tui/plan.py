@@ -72,7 +72,8 @@ class LaunchPlan:
         return cls(**d)
 
 
-def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False) -> list[str]:
+def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False,
+                ddp_timeout: Optional[int] = None) -> list[str]:
     """The worker's argv after `-m training.finetune`, by the worker's own flag names."""
     a = [
         "--model_name_or_path", t.model,
@@ -123,6 +124,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a.append("--use_cpu")
     if save_on_each_node:
         a.append("--save_on_each_node")
+    if ddp_timeout is not None:
+        a += ["--ddp_timeout", str(ddp_timeout)]
     return a + list(t.extra_args)
 
 
@@ -155,9 +158,11 @@ def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
 
 
 def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str = ".",
-              facts: Optional[ClusterFacts] = None) -> LaunchPlan:
+              facts: Optional[ClusterFacts] = None, local_python: Optional[str] = None) -> LaunchPlan:
     """Build the plan. `local_run_dir` is the run directory on this machine (absolute),
-    `base_dir` the directory relative local workdirs are taken from."""
+    `base_dir` the directory relative local workdirs are taken from, `local_python`
+    the interpreter local nodes use when the preset leaves `python` at its default
+    (qwen-tui's own, so a venv need not be activated)."""
     nodes = preset.cluster.nodes
     backend = _backend(preset)
     master_addr = preset.master_addr
@@ -168,7 +173,8 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         # the master's worker resolves a relative path against its workdir
         metrics_file = posixpath.join(master.workdir, metrics_file) if posixpath.isabs(master.workdir) else metrics_file
     shared = preset.cluster.shared_storage or all(n.is_local for n in nodes)
-    wargs = worker_args(preset.training, metrics_file=metrics_file, save_on_each_node=not shared and len(nodes) > 1)
+    wargs = worker_args(preset.training, metrics_file=metrics_file, save_on_each_node=not shared and len(nodes) > 1,
+                        ddp_timeout=preset.network.nccl_timeout)
     t = preset.training
     ebs = preset.effective_batch_size
     gpus = [n.gpus for n in nodes]
@@ -190,7 +196,6 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
             "PYTHONUNBUFFERED": "1",
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-            "QWEN_TUI_NCCL_TIMEOUT": str(preset.network.nccl_timeout),
         }
         if backend == "gloo" and node.is_local and sum(n.is_local for n in nodes) > 1:
             # several CPU "nodes" on one host would fight over its cores
@@ -203,8 +208,11 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         if ib is not None and backend == "nccl":
             env["NCCL_IB_DISABLE"] = "1" if ib else "0"
         env.update(preset.network.env)
+        python = node.python
+        if node.is_local and local_python and "python" not in node.model_fields_set:
+            python = local_python
         argv = [
-            node.python, "-m", "torch.distributed.run",
+            python, "-m", "torch.distributed.run",
             "--nnodes", str(len(nodes)),
             "--node_rank", str(rank),
             "--nproc_per_node", str(node.gpus),

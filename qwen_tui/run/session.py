@@ -53,33 +53,17 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
 
 
 def run_checks(preset: Preset, transports: dict[int, Transport], console: Console) -> tuple[ClusterFacts, list]:
-    """Gather facts and advice. Returns (facts, advice list)."""
-    facts = ClusterFacts()
-    advice: list = []
+    """Gather facts (probe, ports, bandwidth) and the advice they lead to."""
+    from ..advice import advise
+
     if all(n.is_local for n in preset.cluster.nodes):
-        why = local_port_free(preset.network.master_port)
-        facts.master_port_free = why is None
-        if why:
-            advice.append(_Problem("PORT_IN_USE", "error", f"master port: {why}",
-                                   "pick another network.master_port"))
+        # one machine: the only thing that can go wrong before launch is a busy port
+        facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
     else:
         from ..nodes.checks import gather_facts
 
         facts = gather_facts(preset, transports)
-    try:
-        from ..advice import advise
-    except ImportError:
-        pass  # the advice rules are optional until they land; the port check above still runs
-    else:
-        advice = advice + list(advise(preset, facts))
-    return facts, advice
-
-
-class _Problem:
-    """A finding of the launch checks themselves, shaped like advice.Advice."""
-
-    def __init__(self, code: str, level: str, message: str, fix: str):
-        self.code, self.level, self.message, self.fix = code, level, message, fix
+    return facts, list(advise(preset, facts))
 
 
 def print_advice(advice: list, console: Console) -> None:
@@ -116,7 +100,8 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     run_id = new_run_id(name)
     run_path = root / run_id
-    plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd())
+    plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd(),
+                     local_python=sys.executable)
     if dry_run:
         print_plan(plan, console)
         return 0
@@ -138,7 +123,8 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
             if errors and not force:
                 console.print(f"[bold red]not launched: {len(errors)} error(s) above (--force launches anyway)[/]")
                 return 1
-            plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd(), facts=facts)
+            plan = make_plan(preset, run_id=run_id, local_run_dir=str(run_path), base_dir=os.getcwd(), facts=facts,
+                             local_python=sys.executable)
         print_plan(plan, console)
         try:
             la = start_run(preset, plan, transports, facts, root)

@@ -29,7 +29,7 @@ def run_processes(run_id: str) -> list[int]:
             state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if run_id in cmd and "pytest" not in cmd and state != "Z":
+        if run_id in cmd and state != "Z":
             out.append(int(d))
     return out
 
@@ -108,7 +108,11 @@ def test_sigint_stops_every_process(tmp_path):
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)  # let replay stop the nodes it started
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 130, out[-2000:]
     assert "stopped by the user" in out
     assert json.loads((rd / "state.json").read_text())["status"] == "stopped"
@@ -123,15 +127,26 @@ def test_failing_node_is_named_and_nothing_is_left(tmp_path):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
+        _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
         pids = json.loads((rd / "pids.json").read_text())
-        # kill node 1's whole process group from outside, as a crash or OOM-kill would
-        os.killpg(pids["1"], signal.SIGKILL)
+        # node 1 dies as a crashed machine would: every process of its job at once
+        # (torchrun's ranks run in sessions of their own; the job's mark finds them)
+        from qwen_tui.nodes.transport import _marked_pids
+        victims = _marked_pids(pids["1"])
+        assert len(victims) >= 2  # torchrun and its rank
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(pids["1"], signal.SIGKILL)  # the job's shell
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=60)
         res_holder["secs"] = time.monotonic() - t0
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)  # let replay stop the nodes it started
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 1, out[-2000:]
     assert "node 1 (localhost) failed" in out
     assert res_holder["secs"] < 30
@@ -151,7 +166,7 @@ def test_busy_master_port_refuses_to_launch(tmp_path):
     finally:
         s.close()
     assert res.returncode == 1
-    assert f"port {port} is in use" in res.stdout
+    assert f"master port {port} is already in use" in res.stdout
     assert not runs.exists() or not any(runs.iterdir())
 
 

@@ -150,3 +150,16 @@ def test_shell_line_quotes_everything(hostile, tmp_path):
     assert words[0] == hostile
     assert hostile in words
     assert not __import__("os").path.exists("/tmp/pwned-plan")
+
+
+def test_local_nodes_use_qwen_tuis_python_unless_the_preset_names_one():
+    text = textwrap.dedent("""\
+        cluster:
+          nodes:
+          - {host: localhost}
+          - {host: localhost, python: /opt/py/bin/python3}
+          - {host: 10.1.1.1}
+        training: {model: builtin:tiny, data: builtin:demo-chat}
+        """)
+    plan = make_plan(parse_preset(text), run_id="r", local_run_dir="/r", local_python="/venv/bin/python")
+    assert [c.argv[0] for c in plan.nodes] == ["/venv/bin/python", "/opt/py/bin/python3", "python3"]
