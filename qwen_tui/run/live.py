@@ -71,6 +71,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             out = la.wait(interval=interval, on_update=lambda l: live.update(render(l)), max_seconds=max_seconds)
             live.update(render(la))
+        console.print()
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

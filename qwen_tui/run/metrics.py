@@ -13,6 +13,7 @@ class TrainingProgress:
     start: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # checkpoints, evals, ...
 
     @property
     def total_steps(self) -> Optional[int]:
@@ -42,8 +43,10 @@ class TrainingProgress:
             self.start = rec
         elif ev == "end":
             self.end = rec
-        elif "step" in rec:
+        elif ev is None and "step" in rec:
             self.steps.append(rec)
+        else:
+            self.events.append(rec)
 
 
 class MetricsFollower:

@@ -23,6 +23,8 @@ from .rundir import RunDir, default_runs_root, new_run_id, write_json_atomic
 def local_port_free(port: int, host: str = "") -> Optional[str]:
     """None when a listener could bind `port` here, else why not."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as torch's TCPStore does: connections of an earlier run in TIME_WAIT must not count as busy
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
     except OSError as e:
