@@ -57,7 +57,9 @@ def run_processes(marker: str) -> list[int]:
             state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmd and "pytest" not in cmd and state != "Z":
+        # (no "pytest" filter: tmp_path itself is under /tmp/pytest-of-*, so every
+        # process of the run would be filtered out and the check would pass vacuously)
+        if marker in cmd and state != "Z":
             out.append(int(d))
     return out
 
@@ -66,3 +68,18 @@ def run_processes(marker: str) -> list[int]:
 def anyio_backend():
     # Pilot tests are async; anyio's pytest plugin runs them (no pytest-asyncio needed)
     return "asyncio"
+
+
+@pytest.fixture
+def stop_runs_after():
+    """Safety net: whatever a failing test leaves running in these run roots is stopped."""
+    roots: list[Path] = []
+    yield roots.append
+    import json
+
+    from qwen_tui.nodes.transport import LocalTransport, stop_group
+
+    for root in roots:
+        for pids in Path(root).glob("*/pids.json"):
+            for pid in json.loads(pids.read_text()).values():
+                stop_group(LocalTransport(), int(pid), grace=5)

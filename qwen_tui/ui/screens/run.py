@@ -59,6 +59,7 @@ class RunScreen(StepScreen):
         self.monitor = None
         self.log_rank = 0
         self.outcome = None
+        self.last_snapshot: Optional[Snapshot] = None
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -85,7 +86,23 @@ class RunScreen(StepScreen):
             return
         self.launch(force=False)
 
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is not None:
+            pending()
+
+    def _when_mounted(self, fn) -> bool:
+        """The screen is composed the first time it is shown; a launch or attach asked
+        for before that runs once it is."""
+        if self.query("#run-status"):
+            return False
+        self._pending = fn
+        return True
+
     def launch(self, *, force: bool) -> None:
+        if self._when_mounted(lambda: self.launch(force=force)):
+            return
         self.outcome = None
         self.state.run_status = "starting"
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
@@ -127,6 +144,8 @@ class RunScreen(StepScreen):
         self._follow(la)
 
     def attach(self, rd: RunDir) -> None:
+        if self._when_mounted(lambda: self.attach(rd)):
+            return
         self._attach_worker(rd)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
@@ -149,8 +168,15 @@ class RunScreen(StepScreen):
         self._follow(la)
 
     def _follow(self, la) -> None:
-        """The run loop (this worker's thread): poll the launcher, post snapshots."""
+        """The run loop (this worker's thread): poll the launcher, post snapshots.
+        Leaving the app detaches (the run goes on); only stop-all ends it."""
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+
         def update(launcher) -> None:
+            if worker.is_cancelled or not self.app.is_running:
+                raise _Detached()
             rank = self.log_rank
             try:
                 log = launcher.log_tail(rank, lines=60)
@@ -160,8 +186,11 @@ class RunScreen(StepScreen):
                             progress=_copy_progress(launcher.metrics.progress), log=log, log_rank=rank)
             self.post_message(RunUpdate(snap))
 
-        out = la.wait(interval=1.0, on_update=update)
-        update(la)
+        try:
+            out = la.wait(interval=1.0, on_update=update)
+            update(la)
+        except _Detached:
+            return
         self.post_message(RunEnded(out))
 
     def _failed_start(self, why: str) -> None:
@@ -206,6 +235,7 @@ class RunScreen(StepScreen):
 
     def on_run_update(self, msg: RunUpdate) -> None:
         snap: Snapshot = msg.snapshot
+        self.last_snapshot = snap
         for p in self.query(GpuPanel):
             if p.rank in snap.nodes:
                 p.set_status(*snap.nodes[p.rank])
@@ -250,6 +280,10 @@ class RunScreen(StepScreen):
         self.app.push_screen(Confirm("Stop the run on every node?",
                                      "Every node's processes get SIGTERM, then SIGKILL after a grace period. "
                                      "Checkpoints already written stay.", yes="Stop all", danger=True), answer)
+
+
+class _Detached(Exception):
+    """The app is closing: stop watching, leave the run alone."""
 
 
 def _copy_progress(p):

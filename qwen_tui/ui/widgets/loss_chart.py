@@ -50,6 +50,7 @@ def plot(values: list[float], width: int, height: int) -> list[Text]:
 class LossChart(Static):
     def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6) -> None:
         if prog is None or not prog.steps:
+            self.summary = ""
             self.update(Text("waiting for the first logged step…", style="dim"))
             return
         last = prog.last or {}
@@ -64,6 +65,7 @@ class LossChart(Static):
         if tps is not None:
             info.append(f"   {tps:,.0f} tokens/s")
         info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
+        self.summary = info.plain  # what tests and screen readers can check
         lrs = [s.get("learning_rate", s.get("lr")) for s in prog.steps]
         lrs = [v for v in lrs if isinstance(v, (int, float))]
         parts = [info, *plot(prog.losses, width, height)]
