@@ -170,7 +170,7 @@ class Launcher:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while True:
             if self._stop_requested.is_set():
-                return self._stopped()
+                return self.stop_and_record()[0]
             out = self.poll()
             if on_update:
                 on_update(self)
@@ -187,11 +187,14 @@ class Launcher:
         """Thread-safe: make wait() stop every node and return."""
         self._stop_requested.set()
 
-    def _stopped(self) -> RunOutcome:
-        self.stop_all()
-        out = RunOutcome("stopped", "stopped by the user; every node's processes were ended", None, self.nodes)
+    def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
+        """Stop every node, record the run as stopped; also the ranks where something survived."""
+        left = [r for r, gone in self.stop_all().items() if not gone]
+        msg = ("stopped by the user; every node's processes were ended" if not left
+               else f"stopped by the user, but processes survive on node(s) {left}")
+        out = RunOutcome("stopped", msg, None, self.nodes)
         self._record(out)
-        return out
+        return out, left
 
     # ------------------------------------------------------------ stop
     def stop_all(self) -> dict[int, bool]:

@@ -158,9 +158,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
             return 1
         la = Launcher.attach(rd, transports)
         if stop:
-            res = la.stop_all()
-            left = [r for r, ok in res.items() if not ok]
-            out = la._stopped() if not left else None
+            out, left = la.stop_and_record()
             if left:
                 console.print(f"[bold red]processes left on node(s) {left}[/]")
                 return 1

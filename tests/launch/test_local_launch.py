@@ -181,3 +181,25 @@ def test_bad_worker_python_fails_fast_naming_node(tmp_path):
     assert "node 1 (localhost) failed: exited with code 127" in res.stdout
     rd = only_run(runs)
     assert run_processes(rd.name) == []
+
+
+def test_run_outlives_qwen_tui_and_attach_stops_it(tmp_path):
+    runs = tmp_path / "runs"
+    p = preset_copy(tmp_path, free_port(), max_steps=100000)
+    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
+        _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
+    finally:
+        proc.kill()  # qwen-tui dies without a chance to clean up
+        proc.wait(timeout=10)
+    time.sleep(1)
+    assert len(run_processes(rd.name)) >= 4, "the run must survive qwen-tui exiting"
+    steps_before = (rd / "metrics.jsonl").read_text().count('"step"')
+    res = qwen_tui("attach", str(rd), "--stop", cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "stopped by the user; every node's processes were ended" in res.stdout
+    assert run_processes(rd.name) == []
+    assert json.loads((rd / "state.json").read_text())["status"] == "stopped"
+    assert steps_before >= 1
