@@ -186,6 +186,9 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
                    f" x {preset.world_size} GPUs in all = {ebs}")
 
     cmds = []
+    # Several local "nodes" on one GPU host each get their own GPUs, in node order.
+    split_gpus = preset.training.device != "cpu" and sum(n.is_local for n in nodes) > 1
+    next_gpu = 0
     for rank, node in enumerate(nodes):
         env = {
             "NNODES": str(len(nodes)),
@@ -207,6 +210,9 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         ib = _ib_disable(preset, facts, rank)
         if ib is not None and backend == "nccl":
             env["NCCL_IB_DISABLE"] = "1" if ib else "0"
+        if split_gpus and node.is_local:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(next_gpu + i) for i in range(node.gpus))
+            next_gpu += node.gpus
         env.update(preset.network.env)
         python = node.python
         if node.is_local and local_python and "python" not in node.model_fields_set:

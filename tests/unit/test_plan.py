@@ -163,3 +163,19 @@ def test_local_nodes_use_qwen_tuis_python_unless_the_preset_names_one():
         """)
     plan = make_plan(parse_preset(text), run_id="r", local_run_dir="/r", local_python="/venv/bin/python")
     assert [c.argv[0] for c in plan.nodes] == ["/venv/bin/python", "/opt/py/bin/python3", "python3"]
+
+
+def test_local_nodes_on_one_gpu_host_get_their_own_gpus():
+    text = textwrap.dedent("""\
+        cluster:
+          nodes:
+          - {host: localhost, gpus: 1}
+          - {host: localhost, gpus: 2}
+        training: {model: builtin:tiny, data: builtin:demo-chat}
+        """)
+    plan = make_plan(parse_preset(text), run_id="r", local_run_dir="/r")
+    assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan.nodes] == ["0", "1,2"]
+    cpu = parse_preset(text.replace("data: builtin:demo-chat", "data: builtin:demo-chat, device: cpu"))
+    assert all("CUDA_VISIBLE_DEVICES" not in c.env for c in make_plan(cpu, run_id="r", local_run_dir="/r").nodes)
+    remote = parse_preset(FOUR)
+    assert all("CUDA_VISIBLE_DEVICES" not in c.env for c in make_plan(remote, run_id="r", local_run_dir="/r").nodes)
