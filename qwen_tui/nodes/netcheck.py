@@ -43,7 +43,14 @@ print("READY", flush=True)
 while socks and time.monotonic() < end:
     r, _, _ = select.select(list(socks), [], [], max(0.0, min(0.2, end - time.monotonic())))
     for s in r:
-        c, addr = s.accept(); peers[socks[s]].append(addr[0]); c.close()
+        c, addr = s.accept(); peers[socks[s]].append(addr[0])
+        # let the client close first: TIME_WAIT then stays on its side, not on the job's port
+        c.settimeout(2)
+        try:
+            c.recv(1)
+        except OSError:
+            pass
+        c.close()
 print(json.dumps({"bound": bound, "peers": peers}))
 '''
 

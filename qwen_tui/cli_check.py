@@ -1,0 +1,144 @@
+"""`qwen-tui check PRESET`: every node check as one matrix (node x check), a
+verdict per cell, the findings with their fixes below it; `--json` for scripts.
+`qwen-tui keys PRESET`: the SSH key setup (asks the password once, in memory)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim"}
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("check", help="check every node: SSH, Python stack, GPUs, data, ports, firewall, "
+                                     "bandwidth, rehearsal")
+    c.add_argument("preset")
+    c.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust and record host keys seen for the first time")
+    c.add_argument("--json", action="store_true", help="print the results as JSON")
+    c.add_argument("--out", help="also write the results (JSON) to this file")
+    c.add_argument("--no-rehearsal", action="store_true", help="skip the torchrun rehearsal")
+    c.add_argument("--sync", action="store_true", help="copy missing data/model/code from the master to the nodes")
+    c.add_argument("--overwrite", action="store_true", help="with --sync: also replace files that differ")
+    c.add_argument("--bandwidth-seconds", type=float, default=2.0)
+    c.set_defaults(func=run)
+    k = sub.add_parser("keys", help="set up passwordless SSH to every node and between all nodes "
+                                    "(asks the password once)")
+    k.add_argument("preset")
+    k.add_argument("--accept-new-host-keys", action="store_true")
+    k.set_defaults(func=run_keys)
+
+
+def run(args: argparse.Namespace) -> int:
+    from qwen_tui.nodes.checks import COLUMNS, run_checks
+    from qwen_tui.nodes.connect import close_all, connect_all
+    from qwen_tui.nodes.findings import ERROR, Finding
+    from qwen_tui.preset import load_preset
+
+    console = Console(stderr=args.json)
+    preset = load_preset(args.preset)
+    t0 = time.monotonic()
+    conns = connect_all(preset, accept_new_host_keys=args.accept_new_host_keys)
+    transports = dict(conns.succeeded)
+    try:
+        rep = run_checks(preset, transports, connect_errors=conns.failed,
+                         bandwidth_seconds=args.bandwidth_seconds)
+        if args.sync and 0 in transports:
+            from qwen_tui.nodes.sync import sync
+
+            res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
+                       progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
+                                                                 f"{d * 100 // max(t, 1)}%", end="\r"))
+            for i, acts in sorted(res.items()):
+                for a in ([] if isinstance(acts, BaseException) else acts):
+                    console.print(f"sync {preset.cluster.nodes[i].label} {a.kind}: {a.action} {a.detail}")
+                if isinstance(acts, BaseException):
+                    console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
+            rep = run_checks(preset, transports, connect_errors=conns.failed,
+                             bandwidth_seconds=args.bandwidth_seconds)
+        if not args.no_rehearsal and len(transports) == len(preset.cluster.nodes) and rep.ok:
+            from qwen_tui.nodes.rehearsal import rehearse
+            from qwen_tui.plan import make_plan
+
+            plan = make_plan(preset, run_id="rehearsal", local_run_dir=str(Path.cwd()), facts=rep.facts)
+            r = rehearse(plan, transports, pythons={i: n.python for i, n in enumerate(preset.cluster.nodes)},
+                         facts=rep.facts, deadline_s=preset.network.rdzv_timeout + 30)
+            for i in range(len(preset.cluster.nodes)):
+                rep._checked.setdefault(i, set()).add("rehearsal")
+            if r.ok:
+                rep.findings.append(Finding("info", "REHEARSAL", r.message, "", 0, "rehearsal"))
+            else:
+                tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
+                rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
+                                            r.diagnosis.fix if r.diagnosis else "", r.failed_node, "rehearsal"))
+    finally:
+        close_all(conns)
+    rep.seconds = time.monotonic() - t0
+    data = rep.to_dict()
+    if args.out:
+        from qwen_tui.run.rundir import write_json_atomic
+
+        write_json_atomic(Path(args.out), data)
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0 if rep.ok else 1
+    t = Table(title=f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)")
+    t.add_column("node")
+    for c in COLUMNS:
+        t.add_column(c)
+    for i, lab in enumerate(rep.labels):
+        cells = []
+        for c in COLUMNS:
+            v = rep.verdict(i, c)
+            cells.append(f"[{COLOURS.get(v, '')}]{v}[/]")
+        t.add_row(f"{i} {lab}", *cells)
+    console.print(t)
+    for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
+        who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"
+        console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {who:12} {f.code}: {f.message}",
+                      markup=True, highlight=False)
+        if f.fix:
+            console.print(f"{'':20} fix: {f.fix}", markup=False, highlight=False)
+    console.print("[green]all checks passed[/]" if rep.ok else f"[bold red]{len(rep.errors)} error(s)[/]")
+    return 0 if rep.ok else 1
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    from qwen_tui.nodes.keys import setup_keys
+    from qwen_tui.preset import load_preset
+
+    preset = load_preset(args.preset)
+    console = Console()
+    password = getpass.getpass("SSH password for the nodes (used once, kept in memory only): ") \
+        if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    rep = setup_keys(preset, password or None, accept_new_host_keys=args.accept_new_host_keys)
+    del password
+    labels = [n.label for n in preset.cluster.nodes]
+    console.print(f"key: {rep.key.private_path}" + (" (new)" if rep.key.created else ""))
+    for i, v in sorted(rep.installed.items()):
+        console.print(f"{labels[i]}: " + (f"[red]{v}[/]" if isinstance(v, BaseException) else
+                                          ("key installed" if v else "key already there")))
+    t = Table(title="node -> node without a password")
+    t.add_column("from \\ to")
+    for lab in labels:
+        t.add_column(lab)
+    for a, la in enumerate(labels):
+        row = []
+        for b in range(len(labels)):
+            if a == b:
+                row.append("-")
+            elif (a, b) not in rep.matrix:
+                row.append("[dim]?[/]")
+            else:
+                row.append("[green]ok[/]" if rep.matrix[(a, b)] is None else f"[red]{rep.matrix[(a, b)]}[/]")
+        t.add_row(la, *row)
+    console.print(t)
+    return 0 if rep.ok else 1

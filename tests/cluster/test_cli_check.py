@@ -1,0 +1,61 @@
+"""`qwen-tui check` and `qwen-tui replay` against the namespace cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from cluster_helpers import REPO, preset_dict
+
+
+def _write_preset(cluster, sshdir, path, **training):
+    d = preset_dict(cluster, sshdir, output_dir=str(path.parent / "out"), **training)
+    d["cluster"]["shared_storage"] = True
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _cli(*args, timeout=300):
+    env = {**os.environ, "COLUMNS": "250"}  # one finding a line
+    return subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+def test_check_matrix_on_the_healthy_cluster_with_rehearsal(cluster, sshdir, keyed, tmp_path):
+    p = _write_preset(cluster, sshdir, tmp_path / "c.yaml")
+    out = tmp_path / "check.json"
+    r = _cli("check", str(p), "--json", "--out", str(out), "--bandwidth-seconds", "1")
+    data = json.loads(r.stdout)
+    assert r.returncode == 0, [f for f in data["findings"] if f["level"] == "error"]
+    assert data == json.loads(out.read_text())  # the same results, stored
+    assert set(data["matrix"]) == {"node0", "node1", "node2"}
+    for lab, row in data["matrix"].items():
+        for col in ("ssh", "python", "code", "port", "nccl-ports", "rehearsal"):
+            assert row[col] == "ok", (lab, col, row)
+        assert row["gpu"] == "ok"  # CPU-only, as the preset (device: cpu) wants
+    cpu_only = [f for f in data["findings"] if f["code"] == "CPU_ONLY"]
+    assert sorted(f["node"] for f in cpu_only) == [0, 1, 2] and "CPU-only" in cpu_only[0]["message"]
+    assert data["facts"]["rehearsal_ok"] is True
+    assert data["facts"]["links"]["2"]["bandwidth_gbps"] > 0
+
+
+def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, sshdir, keyed, tmp_path):
+    p = _write_preset(cluster, sshdir, tmp_path / "fw.yaml")
+    port = "29500"
+    cluster.ns(2, "iptables", "-A", "OUTPUT", "-p", "tcp", "--dport", port, "-j", "DROP")
+    try:
+        r = _cli("check", str(p), "--no-rehearsal", "--bandwidth-seconds", "1")
+        assert r.returncode == 1
+        line = next(ln for ln in r.stdout.splitlines() if "MASTER_PORT_UNREACHABLE" in ln)
+        assert "node2" in line and port in line
+        r = _cli("replay", str(p), "--runs-dir", str(tmp_path / "runs"), "--max-seconds", "60")
+        assert r.returncode != 0
+        assert "not launched" in r.stdout and "node 2" in r.stdout and port in r.stdout, r.stdout[-3000:]
+        assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    finally:
+        cluster.reset_firewall(2)
