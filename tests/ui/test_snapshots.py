@@ -1,0 +1,86 @@
+"""Snapshots of every screen (pytest-textual-snapshot). Regenerate after an
+intended change: pytest tests/ui/test_snapshots.py --snapshot-update"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .snapshot_app import make_app, show_synthetic_run
+
+SIZE = (140, 44)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def goto(key: str, extra=None):
+    async def run_before(pilot) -> None:
+        await pilot.press(key)
+        await pilot.pause()
+        if extra:
+            await extra(pilot)
+        await pilot.pause()
+    return run_before
+
+
+def test_nodes(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f1"))
+
+
+def test_ssh(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f2"))
+
+
+def test_network(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f3"))
+
+
+def test_training(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4"))
+
+
+def test_training_zero3_warning(snap_compare):
+    async def zero3(pilot) -> None:
+        from textual.widgets import Select
+
+        scr = pilot.app.screen
+        scr.query_one("#training-device", Select).value = "auto"
+        scr.query_one("#training-precision", Select).value = "bf16"
+        await pilot.pause()
+        scr.query_one("#training-zero_stage", Select).value = 3
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4", zero3))
+
+
+def test_review(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f5"))
+
+
+def test_run(snap_compare):
+    async def fill(pilot) -> None:
+        show_synthetic_run(pilot.app)
+        await pilot.pause(0.3)
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f6", fill))
+
+
+def test_host_key_modal(snap_compare):
+    async def ask(pilot) -> None:
+        from qwen_tui.ui.modals import host_key_question
+
+        pilot.app.push_screen(host_key_question("gpu-node-1", "10.0.0.2", "ssh-ed25519",
+                                                "SHA256:q9vJmG8yBf1kQn0d6mWc2cE3v3r0hJxk1o5d2mQ7s1E"))
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f2", ask))
+
+
+def test_stop_all_modal(snap_compare):
+    async def ask(pilot) -> None:
+        from qwen_tui.ui.modals import Confirm
+
+        pilot.app.push_screen(Confirm("Stop the run on every node?",
+                                      "Every node's processes get SIGTERM, then SIGKILL after a grace period. "
+                                      "Checkpoints already written stay.", yes="Stop all", danger=True))
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f6", ask))
