@@ -1,0 +1,59 @@
+"""The real terminal program in tmux: `qwen-tui presets/local-demo.yaml` starts,
+F1/F2 move between the first two steps, a node can be added from the keyboard,
+ctrl+q quits cleanly."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True, timeout=10).stdout
+
+
+def wait_for(session: str, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = tmux("capture-pane", "-p", "-t", session)
+        if text in screen:
+            return screen
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not on screen after {timeout:g}s:\n{screen}")
+
+
+def test_first_two_steps_in_a_real_terminal(tmp_path):
+    session = f"qt-{uuid.uuid4().hex[:8]}"
+    exe = Path(sys.executable).with_name("qwen-tui")
+    cmd = f"cd {ROOT} && QWEN_TUI_RUNS={tmp_path}/runs {exe} presets/local-demo.yaml; echo EXITED=$?; sleep 30"
+    tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "44", cmd)
+    try:
+        s = wait_for(session, "Nodes: the machines of this run")
+        assert "localhost" in s and "F2 SSH" in s
+        tmux("send-keys", "-t", session, "F2")
+        s = wait_for(session, "SSH: qwen-tui logs into every node")
+        assert "Every node is this machine" in s
+        tmux("send-keys", "-t", session, "F1")
+        wait_for(session, "Nodes: the machines of this run")
+        tmux("send-keys", "-t", session, "a")
+        wait_for(session, "Add node")
+        tmux("send-keys", "-t", session, "-l", "gpu-node-9")
+        tmux("send-keys", "-t", session, "C-s")
+        s = wait_for(session, "gpu-node-9")
+        assert "Add node" not in s  # the form closed; the table has the new row
+        tmux("send-keys", "-t", session, "C-q")
+        wait_for(session, "Quit without saving?")  # the preset changed: asks first
+        tmux("send-keys", "-t", session, "y")
+        wait_for(session, "EXITED=0")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
