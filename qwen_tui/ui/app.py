@@ -34,7 +34,7 @@ def _screens() -> dict[str, Any]:
 
 
 class WizardApp(App[int]):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere still find it
     TITLE = "qwen-tui"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [

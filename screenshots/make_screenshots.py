@@ -1,0 +1,70 @@
+"""Regenerate screenshots/: one SVG + PNG per wizard screen, from the real app
+driven by Pilot with the deterministic facts the snapshot tests use.
+
+    python screenshots/make_screenshots.py        (PNG needs cairosvg or rsvg-convert)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "screenshots"
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)
+
+from tests.ui.snapshot_app import make_app, show_synthetic_run  # noqa: E402
+
+SIZE = (140, 44)
+SHOTS = [("1-nodes", "f1"), ("2-ssh", "f2"), ("3-network", "f3"), ("4-training", "f4"), ("5-review", "f5"),
+         ("6-run", "f6")]
+
+
+def to_png(svg: Path) -> Path:
+    png = svg.with_suffix(".png")
+    try:
+        import cairosvg
+    except ImportError:
+        if not shutil.which("rsvg-convert"):
+            raise SystemExit("PNG needs `pip install cairosvg` or rsvg-convert (librsvg2-bin)")
+        subprocess.run(["rsvg-convert", "-w", "1600", "-o", str(png), str(svg)], check=True)
+    else:
+        cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1600)
+    return png
+
+
+async def shoot(name: str, key: str) -> Path:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(key)
+        await pilot.pause()
+        if name == "4-training":  # show the live advice reacting: GPU bf16 run, ZeRO-3 on a 6 Gbit/s link
+            from textual.widgets import Select
+
+            scr = app.screen
+            scr.query_one("#training-device", Select).value = "auto"
+            scr.query_one("#training-precision", Select).value = "bf16"
+            await pilot.pause()
+            scr.query_one("#training-zero_stage", Select).value = 3
+        if name == "6-run":
+            show_synthetic_run(app)
+        await pilot.pause(0.5)
+        svg = OUT / f"{name}.svg"
+        app.save_screenshot(filename=svg.name, path=str(OUT))
+    return svg
+
+
+async def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    for name, key in SHOTS:
+        svg = await shoot(name, key)
+        print(f"wrote {svg.relative_to(ROOT)} and {to_png(svg).relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
