@@ -84,6 +84,10 @@ class FinetuneRecipe:
             self._check_resume_compatible()
             self.step = int(self.resume_state["step"])
 
+        hidden = int(self.model_config.get("hidden_size") or 4096)
+        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu")
+                          if self.ds_raw else None)
+
         # 3. Processes, model, optimizer.
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
         if a.deepspeed:
@@ -92,9 +96,6 @@ class FinetuneRecipe:
             # Before the model loads: ZeRO-3 partitions weights while loading and must know the world.
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(a.seed)
-        hidden = int(self.model_config.get("hidden_size") or 4096)
-        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu")
-                          if self.ds_raw else None)
         self._build_model()
         self._build_optimizer()
         self._build_loader()
@@ -124,6 +125,8 @@ class FinetuneRecipe:
 
     def _log_data_stats(self) -> None:
         s, a = self.train_ds.stats, self.args
+        if not self.env.is_main:
+            return  # every rank tokenizes the same data: one report is enough
         if a.lazy_preprocess:
             log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)",
                      a.data_path, s.records)
@@ -187,10 +190,14 @@ class FinetuneRecipe:
         from transformers import get_scheduler
 
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+        def is_matrix(p) -> bool:
+            return len(getattr(p, "ds_shape", p.shape)) >= 2  # ZeRO-3 shards are flat; ds_shape is the real one
+
         # No weight decay on biases and norm weights (1-D), as in HF Trainer.
         groups = [
-            {"params": [p for n, p in named if p.ndim >= 2], "weight_decay": a.weight_decay},
-            {"params": [p for n, p in named if p.ndim < 2], "weight_decay": 0.0},
+            {"params": [p for n, p in named if is_matrix(p)], "weight_decay": a.weight_decay},
+            {"params": [p for n, p in named if not is_matrix(p)], "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]
         warmup = math.ceil(a.warmup_ratio * self.total_steps)
@@ -295,8 +302,9 @@ class FinetuneRecipe:
             loss_sum = dist.all_reduce_sum(loss_sum)
             if n_trunc and a.lazy_preprocess:
                 self.lazy_truncated += int(n_trunc)
-                log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
-                            self.step, int(n_trunc), a.model_max_length)
+                if env.is_main:
+                    log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
+                                self.step, int(n_trunc), a.model_max_length)
             window.add(loss_sum.item(), n_labels, n_tokens, time.perf_counter() - t0)
             if self.step % a.logging_steps == 0 or self.step == self.total_steps:
                 self._log_step(window, lr, grad_norm)

@@ -52,6 +52,16 @@ def full_run(tmp_path_factory, files):
     return run
 
 
+def over_128_tokens(files) -> int:
+    from transformers import AutoTokenizer
+
+    from training.data import ChatEncoder
+    from training.records import load_conversations
+
+    enc = ChatEncoder(AutoTokenizer.from_pretrained(files["model"]), 10_000)
+    return sum(len(enc.encode(c).input_ids) > 128 for c in load_conversations(files["train"]))
+
+
 def falls(losses: list[float], by: float) -> bool:
     return sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - by
 
@@ -70,6 +80,7 @@ def test_metrics_jsonl_records(full_run):
     assert start["event"] == "start" and start["world_size"] == 1 and start["method"] == "full"
     assert start["zero_stage"] == 0 and start["total_steps"] == 12 and isinstance(start["time"], float)
     assert end["event"] == "end" and end["status"] == "ok" and end["step"] == 12
+    assert isinstance(end["truncated_records"], int)  # lazy: counted as batches meet them
     steps = full_run.steps
     assert [r["step"] for r in steps] == list(range(1, 13))
     for r in steps:
@@ -103,6 +114,9 @@ def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, 
     assert_ok(run)
     start = run.records[0]
     assert start["world_size"] == 2 and start["zero_stage"] == int(config[-1]) and start["global_batch_size"] == 8
+    # Records over --model_max_length are counted in the start record and logged, not silently cut.
+    assert start["truncated_records"] == over_128_tokens(files) > 0
+    assert f"{start['truncated_records']} record(s) longer than --model_max_length 128 were truncated" in run.stderr
     ref, got = full_run.steps, run.steps
     assert [r["step"] for r in got] == [r["step"] for r in ref]
     for a, b in zip(got, ref):
@@ -205,3 +219,35 @@ def test_qlora_one_process(tmp_path, files):
     losses = [r["loss"] for r in run.steps]
     assert len(losses) == 8 and falls(losses, 0.5), losses
     assert (run.out / "adapter_model.safetensors").is_file()
+
+
+def test_stopped_run_ends_metrics_with_an_error_record(tmp_path, files):
+    """torchrun stops workers with SIGTERM: the monitor still gets a closing record."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from worker_helpers import ROOT
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "training.finetune", "--output_dir", str(out), "--model_name_or_path", files["model"],
+           "--data_path", files["train"], "--max_steps", "100000", "--save_strategy", "no", "--logging_steps", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not (metrics.is_file() and '"step"' in metrics.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no training step within 120 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["event"] == "end" and last["status"] == "error" and "signal" in last["error"]
