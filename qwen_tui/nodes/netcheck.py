@@ -35,6 +35,8 @@ a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]
 socks, bound, peers = {}, {}, {}
 for p in a["ports"]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as torch's TCPStore does: a TIME_WAIT left by an earlier run does not make the port busy
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("0.0.0.0", p)); s.listen(64); socks[s] = p; bound[p] = None; peers[p] = []
     except OSError as e:
