@@ -251,3 +251,19 @@ def test_stopped_run_ends_metrics_with_an_error_record(tmp_path, files):
     assert proc.returncode == 1, err[-3000:]
     last = json.loads(metrics.read_text().splitlines()[-1])
     assert last["event"] == "end" and last["status"] == "error" and "signal" in last["error"]
+
+
+def test_deepspeed_resume_without_torchrun(tmp_path, files):
+    """ZeRO-2 in a plain `python -m` process; its checkpoint resumes the same curve through DeepSpeed's loader."""
+    flags = [*common(files, "--use_lora", "--learning_rate", "3e-3", "--max_steps", "4", "--save_steps", "2"),
+             "--data_path", files["train"], "--deepspeed", "builtin:zero2", "--per_device_train_batch_size", "4"]
+    first = run_worker(tmp_path / "first", *flags)
+    assert_ok(first)
+    assert (first.out / "checkpoint-2" / "ds").is_dir()
+    out = tmp_path / "resumed"
+    out.mkdir()
+    shutil.copytree(first.out / "checkpoint-2", out / "checkpoint-2")
+    resumed = run_worker(out, *flags, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert_ok(resumed)
+    ref, got = first.losses(), resumed.losses()
+    assert sorted(got) == [3, 4] and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in got), (got, ref)
