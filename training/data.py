@@ -84,26 +84,27 @@ class ChatEncoder:
         spans, cursor = [], 0
         for t, msg in enumerate(conv.messages):
             content = msg["content"]
-            if msg["role"] == "assistant" and "</think>" in content:
-                content = content.split("</think>")[-1]  # templates re-render the thinking part
-            anchor = content.strip()
-            if not anchor:
+            if msg["role"] != "assistant":
+                # Skip past the turn's text so a later search cannot land inside it (templates may
+                # rewrite system or user turns: then there is nothing to skip, and no label is lost).
+                anchor = content.strip()
+                pos = text.find(anchor, cursor) if anchor else -1
+                cursor = pos + len(anchor) if pos >= 0 else cursor
                 continue
-            pos = text.find(anchor, cursor)
-            if pos < 0:
-                if msg["role"] == "assistant":
-                    raise InputError(f"record {conv.index} (id {conv.id!r}): the chat template dropped assistant turn {t}")
-                continue  # the template rewrote a system or user turn; it carries no labels anyway
-            if msg["role"] == "assistant":
-                head = text.rfind(self.header, cursor, pos)
-                end = text.find(self.end_of_turn, pos + len(anchor))
-                if head < 0 or end < 0:
-                    raise InputError(f"record {conv.index} (id {conv.id!r}): cannot find the assistant header or "
-                                     f"end-of-turn token of turn {t} in the rendered chat")
-                spans.append((head + len(self.header), end + len(self.end_of_turn)))
-                cursor = end + len(self.end_of_turn)
-            else:
-                cursor = pos + len(anchor)
+            if "</think>" in content:
+                content = content.split("</think>")[-1]  # templates re-render the thinking part
+            anchor = content.strip() or content
+            head = text.find(self.header, cursor)
+            start = head + len(self.header)
+            pos = text.find(anchor, start) if head >= 0 else -1
+            if pos < 0 or text.find(self.header, start, pos) >= 0:
+                raise InputError(f"record {conv.index} (id {conv.id!r}): the chat template dropped or rewrote "
+                                 f"assistant turn {t}; cannot tell which tokens to train on")
+            end = text.find(self.end_of_turn, pos + len(anchor))
+            if end < 0:
+                raise InputError(f"record {conv.index} (id {conv.id!r}): no {self.end_of_turn} after assistant turn {t}")
+            spans.append((start, end + len(self.end_of_turn)))
+            cursor = end + len(self.end_of_turn)
         return spans
 
     def encode(self, conv: Conversation) -> Encoded:

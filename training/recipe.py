@@ -249,11 +249,11 @@ class FinetuneRecipe:
     @property
     def wrapped(self):
         """What the forward pass goes through: the DeepSpeed engine, DDP, or the bare model."""
-        return self.engine or self.ddp or self.model
+        return next(m for m in (self.engine, self.ddp, self.model) if m is not None)
 
     @property
     def unwrapped(self):
-        return self.engine.module if self.engine else self.model
+        return self.engine.module if self.engine is not None else self.model
 
     def _autocast(self):
         a = self.args

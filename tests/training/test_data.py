@@ -114,6 +114,18 @@ def test_template_that_rewrites_the_last_turn(tmp_path, tiny_model):
                     "<think>\n\n</think>\n\n¡Hola! Cuatro.\n\nDe nada.<|im_end|>"]
 
 
+def test_short_replies_that_also_occur_in_the_markup(tmp_path, tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rec = {"messages": [{"role": "system", "content": "a"}, {"role": "user", "content": "Say a"},
+                        {"role": "assistant", "content": "a"}, {"role": "user", "content": "assistant"},
+                        {"role": "assistant", "content": "assistant"}]}
+    enc = ChatEncoder(tok, 4096).encode(conv(tmp_path, rec))
+    runs = [tok.decode(t) for _, t in labelled_runs(enc.input_ids, enc.labels)]
+    assert runs == ["a<|im_end|>", "assistant<|im_end|>"]
+
+
 def test_both_formats_give_the_same_tokens(tmp_path, tiny_model):
     from transformers import AutoTokenizer
 
