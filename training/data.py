@@ -3,7 +3,7 @@
 Masking: the conversation is rendered once with the tokenizer's own chat
 template, and the character span of every assistant turn (from the end of
 its `<|im_start|>assistant\\n` header through its end-of-turn token) is found
-in that text, anchored on the turn's content. Tokens whose characters lie
+in that text, turn by turn, anchored on the turn's header and its content. Tokens whose characters lie
 inside such a span get labels; all others get -100. Working on the rendered
 text rather than on prefixes of the conversation keeps this right for
 templates that render earlier turns differently from the last one (Qwen3

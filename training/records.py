@@ -14,7 +14,6 @@ JSON lines), and what is wrong.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +121,3 @@ def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
         raise bad("no assistant turn (nothing to learn from)")
     return Conversation(index=index, id=rid, messages=tuple(messages))
 
-
-def describe(path: str) -> str:
-    """A short name for logs: built-in names stay as given, files become absolute."""
-    return path if path.startswith("builtin:") else os.path.abspath(path)

@@ -70,3 +70,11 @@ def test_builtin_tiny_resolves_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QWEN_TUI_CACHE", str(tmp_path))
     path = resolve_model_source("builtin:tiny", local_rank=0)
     assert path == str(tmp_path / "tiny-qwen2") and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def test_worker_never_imports_qwen_tui():
+    """training/ runs on nodes that may not have the UI package: it talks back only through files."""
+    code = ("import sys, training.finetune, training.recipe, training.tiny; "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'qwen_tui']; assert not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
