@@ -30,6 +30,11 @@ def liger_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("liger_kernel") is not None
 
 
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    """Softmax in at least float32 (16-bit logits are upcast; float64 stays float64)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     """(B, T) labels -> (B, T) targets: targets[:, t] = labels[:, t + 1], the last one ignored."""
     pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
@@ -41,15 +46,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
     def forward(ctx, hidden, weight, target, chunk: int):
         need_w = ctx.needs_input_grad[1]
         need_h = ctx.needs_input_grad[0]
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w = (torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
+                  if need_w else None)
         for a in range(0, hidden.shape[0], chunk):
             h = hidden[a:a + chunk]
             y = target[a:a + chunk]
             valid = y != IGNORE_INDEX
             yi = torch.where(valid, y, torch.zeros_like(y))
-            logits = (h @ weight.t()).float()
+            logits = _upcast(h @ weight.t())
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, yi.unsqueeze(1)).squeeze(1)
             total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
@@ -61,7 +67,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 if need_h:
                     grad_h[a:a + chunk] = g @ weight
                 if need_w:
-                    grad_w.add_((g.t() @ h).float())
+                    grad_w.add_(g.t() @ h)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return total
@@ -78,7 +84,7 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels:
                              impl: str = "chunked", chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden (B, T, H) last hidden states, weight (V, H) the LM head, labels (B, T) unshifted.
 
-    Returns (sum of token losses as float32, number of labelled tokens)."""
+    Returns (sum of token losses in float32, or float64 for float64 inputs; number of labelled tokens)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown cross-entropy implementation {impl!r}; known: {', '.join(IMPLS)}")
     target = shift_labels(labels).reshape(-1)
@@ -86,7 +92,7 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels:
     h = hidden.reshape(-1, hidden.shape[-1])
     w = weight if weight.dtype == h.dtype else weight.to(h.dtype)  # differentiable cast (fp32 master weights)
     if impl == "plain":
-        logits = (h @ w.t()).float()
+        logits = _upcast(h @ w.t())
         return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum"), n
     if impl == "liger":
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss

@@ -1,0 +1,240 @@
+"""The GPU fast path (training.fast) on CPU: each piece against the plain computation it replaces.
+
+- packing: records keep their own positions and labels, nothing crosses a boundary;
+- packed attention: a packed row gives each record the logits it gets alone;
+- chunked linear cross-entropy: the same loss and gradients as full logits;
+- the whole fast path (packing + chunked loss + fused AdamW, and per-layer compile through
+  the aot_eager backend) trains the tiny model to the same loss curve as the plain padded path,
+  same data, same seed, 50 steps;
+- the token-budget planner's arithmetic.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training.fast import autobatch
+from training.fast.attention import use_packed_attention
+from training.fast.compile import compile_decoder_layers
+from training.fast.loss import linear_cross_entropy_sum, shift_labels
+from training.fast.optim import make_adamw
+from training.fast.packing import first_fit, pack, pack_batches, segment_ids
+from training.fast.step import micro_batch_loss_sum
+
+
+def _records(n: int, vocab: int, seed: int, lo: int = 4, hi: int = 60):
+    """Records with a learnable rule (each id is the previous plus a per-record stride, mod 97), so a
+    loss curve has somewhere to go."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(lo, hi)
+        start, stride = rng.randrange(97), rng.choice([1, 2, 3])
+        ids = [(start + stride * j) % 97 for j in range(length)]
+        prompt = rng.randint(1, length - 2)
+        out.append(SimpleNamespace(input_ids=ids, labels=[-100] * prompt + ids[prompt:]))
+    return out
+
+
+def _tiny(seed: int = 0, vocab: int = 512):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+# ------------------------------------------------------------------ packing
+
+
+def test_first_fit_keeps_order_and_capacity():
+    lens = [30, 50, 20, 10, 45, 5]
+    bins = first_fit(lens, 64)
+    assert sorted(i for b in bins for i in b) == list(range(len(lens)))
+    assert all(sum(lens[i] for i in b) <= 64 for b in bins)
+    assert bins[0][:2] == [0, 2]  # 30, then 50 does not fit, 20 does
+    with pytest.raises(ValueError, match="more than the packing capacity"):
+        first_fit([65], 64)
+
+
+def test_pack_restarts_positions_and_masks_first_label():
+    recs = _records(3, 100, seed=1, lo=5, hi=9)
+    row = pack(recs, 40, pad_id=7, pad_multiple=8, max_segment=9)
+    n = sum(len(r.input_ids) for r in recs)
+    width = row["input_ids"].shape[1]
+    assert width == -(-n // 8) * 8 and row["real_tokens"] == n
+    cu = row["cu_seq_lens"].tolist()
+    assert cu[0] == 0 and cu[-1] == width
+    assert max(b - a for a, b in zip(cu[:-1], cu[1:])) <= 9
+    for k, r in enumerate(recs):
+        a, b = cu[k], cu[k + 1]
+        assert row["input_ids"][0, a:b].tolist() == r.input_ids
+        assert row["position_ids"][0, a:b].tolist() == list(range(len(r.input_ids)))
+        assert row["labels"][0, a] == -100  # never predicted across the boundary
+        assert row["labels"][0, a + 1:b].tolist() == r.labels[1:]
+    assert (row["labels"][0, n:] == -100).all() and (row["input_ids"][0, n:] == 7).all()
+    seg = segment_ids(row["cu_seq_lens"], width)
+    assert seg[cu[1] - 1] == 0 and seg[cu[1]] == 1
+
+
+# ------------------------------------------------------------------ attention and loss
+
+
+def test_packed_row_gives_each_record_its_own_logits():
+    model = _tiny()
+    recs = _records(5, 512, seed=2)
+    alone = [model(input_ids=torch.tensor([r.input_ids])).logits[0] for r in recs]
+    use_packed_attention(model)
+    row = pack(recs, 400, pad_id=0, pad_multiple=16)
+    out = model.model(input_ids=row["input_ids"], position_ids=row["position_ids"],
+                      packed_cu_seq_lens=row["cu_seq_lens"], packed_max_length=row["max_length"])
+    logits = model.lm_head(out.last_hidden_state)[0]
+    cu = row["cu_seq_lens"].tolist()
+    for k, ref in enumerate(alone):
+        torch.testing.assert_close(logits[cu[k]:cu[k + 1]], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_packed_attention_differs_without_boundaries():
+    """The check above can fail: one segment for the whole row lets later records see earlier ones."""
+    model = _tiny()
+    recs = _records(3, 512, seed=3)
+    ref = model(input_ids=torch.tensor([recs[1].input_ids])).logits[0]
+    use_packed_attention(model)
+    row = pack(recs, 400, pad_id=0)
+    n = row["real_tokens"]
+    whole = torch.tensor([0, n, row["input_ids"].shape[1]], dtype=torch.int32)
+    pos = torch.arange(row["input_ids"].shape[1]).unsqueeze(0)
+    out = model.model(input_ids=row["input_ids"], position_ids=pos, packed_cu_seq_lens=whole, packed_max_length=400)
+    a, b = row["cu_seq_lens"][1].item(), row["cu_seq_lens"][2].item()
+    assert not torch.allclose(model.lm_head(out.last_hidden_state)[0, a:b], ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("trainable_head", [True, False])
+def test_chunked_cross_entropy_matches_full_logits(trainable_head):
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 37, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, generator=g, requires_grad=trainable_head)
+    labels = torch.randint(0, 50, (2, 37), generator=g)
+    labels[:, :5] = -100
+    labels[1, 20:] = -100
+    ref, n_ref = linear_cross_entropy_sum(h, w, labels, impl="plain")
+    gh_ref, *gw_ref = torch.autograd.grad(ref * 0.5, [h] + ([w] if trainable_head else []))
+    got, n = linear_cross_entropy_sum(h, w, labels, impl="chunked", chunk_size=7)
+    gh, *gw = torch.autograd.grad(got * 0.5, [h] + ([w] if trainable_head else []))
+    assert n == n_ref == (shift_labels(labels) != -100).sum()
+    # the reference by hand: position t predicts labels[t + 1]
+    logits = h[:, :-1] @ w.t()
+    by_hand = F.cross_entropy(logits.reshape(-1, 50), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(ref, by_hand)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gh, gh_ref, rtol=1e-6, atol=1e-8)
+    if trainable_head:
+        torch.testing.assert_close(gw[0], gw_ref[0], rtol=1e-6, atol=1e-8)
+
+
+# ------------------------------------------------------------------ the whole path, 50 steps
+
+
+def _plain_step_loss(model, recs, mb: int):
+    """The plain path: micro-batches of `mb` records padded to their longest, HF logits, one loss per step."""
+    n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
+    total = 0.0
+    for i in range(0, len(recs), mb):
+        part = recs[i:i + mb]
+        width = max(len(r.input_ids) for r in part)
+        ids = torch.zeros(len(part), width, dtype=torch.long)
+        lab = torch.full((len(part), width), -100)
+        mask = torch.zeros(len(part), width, dtype=torch.long)
+        for j, r in enumerate(part):
+            ids[j, :len(r.input_ids)] = torch.tensor(r.input_ids)
+            lab[j, :len(r.labels)] = torch.tensor(r.labels)
+            mask[j, :len(r.input_ids)] = 1
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lab[:, 1:].reshape(-1),
+                               ignore_index=-100, reduction="sum") / n_label
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def _fast_step_loss(model, recs, capacity: int):
+    n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
+    total = 0.0
+    for row in pack_batches(recs, capacity, pad_id=0, pad_multiple=16, max_segment=64):
+        s, _ = micro_batch_loss_sum(model, row, "chunked", max_segment=64, chunk_size=100)
+        loss = s / n_label
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def _train(model, fast: bool, records, steps: int, per_step: int, lora: bool, compile_layers: bool = False):
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(11)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"]))
+    if fast:
+        use_packed_attention(model)
+        if compile_layers:
+            compile_decoder_layers(model, backend="aot_eager")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_adamw([{"params": params, "weight_decay": 0.0}], lr=3e-3 if lora else 1e-3, fused=fast)
+    assert opt.is_fused == fast
+    losses = []
+    for step in range(steps):
+        recs = records[step * per_step:(step + 1) * per_step]
+        loss = _fast_step_loss(model, recs, capacity=160) if fast else _plain_step_loss(model, recs, mb=4)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss)
+    return losses
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fast_path_keeps_the_loss_curve(lora):
+    steps, per_step = 50, 8
+    records = _records(steps * per_step, 512, seed=5)
+    plain = _train(_tiny(seed=6), False, records, steps, per_step, lora)
+    fast = _train(_tiny(seed=6), True, records, steps, per_step, lora)
+    assert plain[-1] < plain[0] - 0.3, "the plain run must learn, or the comparison shows nothing"
+    diffs = [abs(a - b) / a for a, b in zip(plain, fast)]
+    assert max(diffs) < 1e-4, f"largest relative loss difference {max(diffs):.2e} at step {diffs.index(max(diffs))}"
+
+
+def test_compiled_layers_keep_the_loss_curve():
+    steps, per_step = 8, 8
+    records = _records(steps * per_step, 512, seed=7)
+    eager = _train(_tiny(seed=8), True, records, steps, per_step, lora=False)
+    compiled = _train(_tiny(seed=8), True, records, steps, per_step, lora=False, compile_layers=True)
+    assert max(abs(a - b) / a for a, b in zip(eager, compiled)) < 1e-4
+
+
+# ------------------------------------------------------------------ planner
+
+
+def test_token_budget_from_two_probes():
+    gib = 2**30
+    # fixed 20 GiB, 5 MiB per token, 100 GiB device, 10 GiB of optimizer states still to come
+    per_tok = 5 * 2**20
+    p = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+                                   100 * gib, 10 * gib, seq_len=2048, fraction=0.9)
+    want = int((90 * gib - 30 * gib) // per_tok) // 1024 * 1024
+    assert p.fits and p.tokens == want and abs(p.bytes_per_token - per_tok) < 1
+    capped = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+                                        100 * gib, 10 * gib, seq_len=2048, fraction=0.9, max_tokens=8192)
+    assert capped.tokens == 8192
+    tight = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+                                       35 * gib, 10 * gib, seq_len=2048, fraction=0.9)
+    assert not tight.fits and tight.tokens == 0  # not one 2048-token record: checkpointing is needed
