@@ -61,6 +61,9 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
      "a rank was killed (out of host memory, or by hand)",
      "check `dmesg` for the OOM killer on that node; lower the batch size or offload"),
 ]
+# Causes that are consequences of another node's failure rather than a cause of their own.
+CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"})
+
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
              for c, p, cause, fix in _SIGNATURES]
 

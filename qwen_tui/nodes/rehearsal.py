@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from qwen_tui.facts import ClusterFacts
-from qwen_tui.failures import Diagnosis, diagnose
+from qwen_tui.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
 from qwen_tui.plan import LaunchPlan
@@ -53,8 +53,6 @@ dist.destroy_process_group()
 sys.exit(0 if ok else 3)
 '''
 
-# Causes that are consequences of another node's failure, not the cause.
-_CONSEQUENTIAL = {"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"}
 
 
 @dataclass
@@ -153,7 +151,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         bad = [r for r, v in rcs.items() if v not in (None, 0)] or [r for r, v in rcs.items() if v is None]
         diags = {r: diagnose(texts.get(r, "")) for r in bad}
         # Blame the node with a root cause over nodes that only saw its consequences.
-        bad.sort(key=lambda r: (diags[r] is None or diags[r].code in _CONSEQUENTIAL, r))
+        bad.sort(key=lambda r: (diags[r] is None or diags[r].code in CONSEQUENTIAL, r))
         r = bad[0]
         res.failed_node, res.diagnosis = r, diags[r]
         why = diags[r].cause if diags[r] else (msg or f"exit code {rcs[r]}")

@@ -141,10 +141,15 @@ class Launcher:
             self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
-            first = bad[0]
+            first, diag, tail = self._root_cause(bad)
             self.stop_all()
             why = first.error or f"exited with code {first.rc}"
-            out = RunOutcome("failed", f"node {first.rank} ({first.label}) failed: {why}", first.rank, self.nodes)
+            msg = f"node {first.rank} ({first.label}) failed: {why}"
+            if diag is not None:
+                msg += f"; cause: {diag.cause}; fix: {diag.fix}"
+            if tail:
+                msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
+            out = RunOutcome("failed", msg, first.rank, self.nodes)
             self._record(out)
             return out
         if all(s.status == OK for s in self.nodes.values()):
@@ -158,6 +163,24 @@ class Launcher:
             self._record(out)
             return out
         return None
+
+    def _root_cause(self, bad: list[NodeState]):
+        """The failed node to blame: a lost node or one whose log shows a cause of its own
+        beats nodes that only saw a peer go away (connection reset, timeouts)."""
+        from ..failures import CONSEQUENTIAL, diagnose
+
+        found = []
+        for st in bad:
+            try:
+                tail = self.log_tail(st.rank, lines=40)
+            except Exception:  # an unreachable node has no readable log; it is still named
+                tail = []
+            d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
+            secondary = st.status != LOST and (d is None or d.code in CONSEQUENTIAL)
+            found.append((secondary, st.rank, st, d, tail))
+        found.sort(key=lambda x: (x[0], x[1]))
+        _, _, st, d, tail = found[0]
+        return st, d, tail
 
     def _record(self, out: RunOutcome) -> None:
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,

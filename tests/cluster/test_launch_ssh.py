@@ -136,3 +136,18 @@ def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, la
         assert _no_job_left(cluster, bound=3) == {}
     finally:
         la.stop_all()
+
+
+def test_a_missing_module_on_one_node_is_named_with_cause_and_fix(cluster, sshdir, launched, tmp_path):
+    # node1's workdir holds a copy of the worker whose dependency is not installed there
+    pkg = tmp_path / "node1-workdir" / "training"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import qt_dependency_missing_on_this_node\n")
+    preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
+    preset.cluster.nodes[1].workdir = str(pkg.parent)
+    la, conns = launched(preset, "nomod")
+    out = la.wait(interval=0.5, max_seconds=120)
+    assert out.status == "failed" and out.failed_rank == 1, out.message
+    assert "module 'qt_dependency_missing_on_this_node' is missing" in out.message, out.message
+    assert "fix:" in out.message and "last log lines" in out.message
+    assert _no_job_left(cluster) == {}
