@@ -6,21 +6,18 @@ import pytest
 
 from qwen_tui.run import gpumon
 
-FIX = Path("/work/shared/fixtures/nvidia-smi")
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 FULL = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total", "memory.used", "memory.free",
         "utilization.gpu", "utilization.memory", "temperature.gpu", "power.draw", "power.limit")
 
-needs_fixtures = pytest.mark.skipif(not FIX.exists(), reason="nvidia-smi fixtures not on this machine")
 
 
-@needs_fixtures
 def test_busy_query_row():
     (g,) = gpumon.parse_query((FIX / "query_busy.csv").read_text(), FULL)
     assert (g.index, g.name, g.util_pct, g.mem_used_mib, g.mem_total_mib) == (0, "NVIDIA H200", 100, 1139, 143771)
     assert g.mem_fraction == pytest.approx(1139 / 143771)
 
 
-@needs_fixtures
 def test_idle_and_header_with_units():
     (idle,) = gpumon.parse_query((FIX / "query_idle.csv").read_text(), FULL)
     assert idle.util_pct == 0 and idle.mem_used_mib == 0
@@ -29,7 +26,6 @@ def test_idle_and_header_with_units():
     assert hdr.util_pct == 99 and hdr.mem_total_mib == 143771
 
 
-@needs_fixtures
 def test_stream_groups_ticks():
     lines = iter((FIX / "query_stream.csv").read_text().splitlines())
     ticks = list(gpumon.group_stream(lines, FULL))
