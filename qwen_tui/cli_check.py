@@ -38,9 +38,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.checks import COLUMNS, run_checks
+    from qwen_tui.nodes.checks import COLUMNS, add_rehearsal, run_checks
     from qwen_tui.nodes.connect import close_all, connect_all
-    from qwen_tui.nodes.findings import ERROR, Finding
     from qwen_tui.preset import load_preset
 
     console = Console(stderr=args.json)
@@ -65,20 +64,7 @@ def run(args: argparse.Namespace) -> int:
             rep = run_checks(preset, transports, connect_errors=conns.failed,
                              bandwidth_seconds=args.bandwidth_seconds)
         if not args.no_rehearsal and len(transports) == len(preset.cluster.nodes) and rep.ok:
-            from qwen_tui.nodes.rehearsal import rehearse
-            from qwen_tui.plan import make_plan
-
-            plan = make_plan(preset, run_id="rehearsal", local_run_dir=str(Path.cwd()), facts=rep.facts)
-            r = rehearse(plan, transports, pythons={i: n.python for i, n in enumerate(preset.cluster.nodes)},
-                         facts=rep.facts, deadline_s=preset.network.rdzv_timeout + 30)
-            for i in range(len(preset.cluster.nodes)):
-                rep._checked.setdefault(i, set()).add("rehearsal")
-            if r.ok:
-                rep.findings.append(Finding("info", "REHEARSAL", r.message, "", 0, "rehearsal"))
-            else:
-                tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
-                rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
-                                            r.diagnosis.fix if r.diagnosis else "", r.failed_node, "rehearsal"))
+            add_rehearsal(preset, transports, rep, local_python=sys.executable)
     finally:
         close_all(conns)
     rep.seconds = time.monotonic() - t0

@@ -113,8 +113,6 @@ def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
         if "iperf3" in f.missing_tools:
             out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
                                i, "bandwidth"))
-        if want_gpu and "nvidia-smi" in f.missing_tools and f.gpus:
-            pass  # cannot happen: gpus come from nvidia-smi
     if ref_i is None:
         return out
     ref = facts.nodes[ref_i]
@@ -208,6 +206,30 @@ def _connect_fix(e: BaseException) -> str:
     if name == "AuthFailed":
         return "set up keys: qwen-tui keys PRESET (asks the password once)"
     return "check the host name, port and that sshd runs (ssh -v HOST)"
+
+
+def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckReport,
+                  *, local_python: Optional[str] = None) -> None:
+    """Run the rehearsal (rendezvous + all-reduce with the plan's own settings) and
+    put its verdict into the report. Only worth it once every node answered and the
+    other checks passed."""
+    import os
+
+    from ..plan import make_plan
+    from .rehearsal import rehearse
+
+    plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
+                     local_python=local_python)
+    r = rehearse(plan, transports, pythons={c.rank: c.argv[0] for c in plan.nodes}, facts=rep.facts,
+                 deadline_s=preset.network.rdzv_timeout + 30)
+    for i in range(len(preset.cluster.nodes)):
+        rep._checked.setdefault(i, set()).add("rehearsal")
+    if r.ok:
+        rep.findings.append(Finding(INFO, "REHEARSAL", r.message, "", 0, "rehearsal"))
+    else:
+        tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
+        rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
+                                    r.diagnosis.fix if r.diagnosis else "", r.failed_node, "rehearsal"))
 
 
 def gather_facts(preset: Preset, transports: dict[int, Transport]) -> ClusterFacts:

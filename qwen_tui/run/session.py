@@ -54,18 +54,32 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
 
 
-def run_checks(preset: Preset, transports: dict[int, Transport], console: Console) -> tuple[ClusterFacts, list]:
-    """Gather facts (probe, ports, bandwidth) and the advice they lead to."""
+def run_checks(preset: Preset, transports: dict[int, Transport],
+               console: Optional[Console] = None) -> tuple[ClusterFacts, list, Optional[dict]]:
+    """Gather facts and what they lead to: (facts, advice and findings, the check report).
+
+    One machine: only a busy port can go wrong before launch. Several: the probe, port,
+    firewall and bandwidth checks, then the rehearsal when those passed. The advice rules
+    and the checks overlap (a missing data file is both); each (code, node) is said once.
+    """
     from ..advice import advise
 
     if all(n.is_local for n in preset.cluster.nodes):
-        # one machine: the only thing that can go wrong before launch is a busy port
         facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
-    else:
-        from ..nodes.checks import gather_facts
+        return facts, list(advise(preset, facts)), None
+    from ..nodes.checks import add_rehearsal, run_checks as check_nodes
 
-        facts = gather_facts(preset, transports)
-    return facts, list(advise(preset, facts))
+    if console:
+        console.print("checking the nodes (probe, ports, firewall, bandwidth)…")
+    rep = check_nodes(preset, transports)
+    if rep.ok:
+        if console:
+            console.print("rehearsal: rendezvous and all-reduce on every node…")
+        add_rehearsal(preset, transports, rep, local_python=sys.executable)
+    advice = list(advise(preset, rep.facts))
+    said = {(a.code, getattr(a, "node", None)) for a in advice}
+    findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
+    return rep.facts, advice + findings, rep.to_dict()
 
 
 def print_advice(advice: list, console: Console) -> None:
@@ -83,12 +97,14 @@ def print_advice(advice: list, console: Console) -> None:
 
 
 def start_run(preset: Preset, plan: LaunchPlan, transports: dict[int, Transport], facts: ClusterFacts,
-              root: Path) -> Launcher:
-    """Record the run (plan, preset, facts) in a new run directory and start every
-    node. The one launch step of `replay` and the wizard. Raises LaunchError."""
+              root: Path, check_report: Optional[dict] = None) -> Launcher:
+    """Record the run (plan, preset, facts, the check matrix) in a new run directory and
+    start every node. The one launch step of `replay` and the wizard. Raises LaunchError."""
     rd = RunDir.create(root, plan.run_id)
     save_preset(preset, rd.path / "preset.yaml")
     write_json_atomic(rd.path / "facts.json", facts.to_dict())
+    if check_report is not None:
+        write_json_atomic(rd.path / "check.json", check_report)
     la = Launcher(plan, transports, rd)
     la.start()
     return la
@@ -117,9 +133,9 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
                 console.print(f"[bold red]node {i} ({preset.cluster.nodes[i].label}): {e}[/]")
             console.print("[bold red]not launched: every node must be reachable[/]")
             return 1
-        facts = ClusterFacts()
+        facts, report = ClusterFacts(), None
         if not skip_checks:
-            facts, advice = run_checks(preset, transports, console)
+            facts, advice, report = run_checks(preset, transports, console)
             print_advice(advice, console)
             errors = [a for a in advice if a.level == "error"]
             if errors and not force:
@@ -129,7 +145,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
                              local_python=sys.executable)
         print_plan(plan, console)
         try:
-            la = start_run(preset, plan, transports, facts, root)
+            la = start_run(preset, plan, transports, facts, root, report)
         except LaunchError as e:
             console.print(f"[bold red]{e}[/]")
             return 1

@@ -224,11 +224,11 @@ def run_checks(preset: Preset, transports: dict) -> tuple[ClusterFacts, list[Adv
     same function, so the wizard and replay agree on what is wrong."""
     from ..run.session import run_checks as session_checks
 
-    try:
-        facts, adv = session_checks(preset, transports, None)
-    except ImportError as e:  # remote checks not installed yet
-        raise RuntimeError(f"network checks unavailable: {e}") from None
-    items = [AdviceItem(level=str(a.level), code=str(a.code), message=str(a.message), fix=a.fix, raw=a)
+    facts, adv, _report = session_checks(preset, transports, None)
+    # node-check findings carry their fix as text (a command to run), not a preset change
+    items = [AdviceItem(level=str(a.level), code=str(a.code),
+                        message=str(a.message) + (f" (fix: {a.fix})" if isinstance(a.fix, str) and a.fix else ""),
+                        fix=None if isinstance(a.fix, str) else a.fix, raw=a)
              for a in adv]
     return facts, items
 

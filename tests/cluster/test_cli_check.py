@@ -59,3 +59,29 @@ def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, ssh
         assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     finally:
         cluster.reset_firewall(2)
+
+
+def test_replay_on_the_healthy_cluster_checks_rehearses_trains_and_stores_the_checks(cluster, sshdir, keyed,
+                                                                                    tmp_path):
+    """The headless face end to end over SSH: checks and rehearsal pass, three nodes train,
+    the loss falls, and the run directory holds the check matrix beside the plan."""
+    p = _write_preset(cluster, sshdir, tmp_path / "r.yaml", max_steps=12, learning_rate=0.003, logging_steps=2)
+    runs = tmp_path / "runs"
+    r = _cli("replay", str(p), "--runs-dir", str(runs), "--max-seconds", "240")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "rehearsal: rendezvous and all-reduce" in r.stdout
+    import re
+    first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+) over", r.stdout).groups())
+    assert last < first, (first, last)
+    (rd,) = [d for d in runs.iterdir() if d.is_dir()]
+    check = json.loads((rd / "check.json").read_text())
+    assert check["facts"]["rehearsal_ok"] is True
+    assert {row["rehearsal"] for row in check["matrix"].values()} == {"ok"}
+    facts = json.loads((rd / "facts.json").read_text())
+    assert set(facts["nodes"]) == {"0", "1", "2"}
+    plan = json.loads((rd / "plan.json").read_text())
+    # the probe's route interface reached every node's gloo setting
+    for c in plan["nodes"]:
+        assert c["env"]["GLOO_SOCKET_IFNAME"] == facts["nodes"][str(c["rank"])]["route_interface"]
+    assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
+    assert json.loads((rd / "state.json").read_text())["status"] == "ok"
