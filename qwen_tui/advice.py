@@ -558,6 +558,11 @@ def no_shared_storage(c: Context) -> Iterable[Advice]:
                      f"cluster.shared_storage is true but {c.t.output_dir} is not one filesystem on every node: "
                      "checkpoints would be saved by rank 0 only, and each node's ZeRO shards land on its own disk",
                      Fix("Save on every node", {"cluster.shared_storage": False}))
+    if not c.preset.cluster.shared_storage and c.facts.shared_storage is True:
+        yield Advice("error", "SHARED_STORAGE_UNDECLARED",
+                     f"{c.t.output_dir} is one filesystem on every node but cluster.shared_storage is false: "
+                     "every node would write the same checkpoint files at once",
+                     Fix("Declare shared storage", {"cluster.shared_storage": True}))
 
 
 # ---------------------------------------------------------------- entry point

@@ -159,7 +159,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
                warn_below_gbps: float = 10.0) -> CheckReport:
     t0 = time.monotonic()
     nodes = preset.cluster.nodes
-    facts = ClusterFacts(shared_storage=preset.cluster.shared_storage if preset.cluster.shared_storage else None)
+    facts = ClusterFacts()
     rep = CheckReport(facts, labels=[n.label for n in nodes])
     checked: dict[int, set] = {i: set() for i in range(len(nodes))}
     for i, e in (connect_errors or {}).items():
@@ -183,6 +183,10 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
         if raw.get("model") is not None:
             checked[i].add("model")
     rep.findings += consistency(preset, facts)
+    if len(transports) > 1:
+        from .storage import detect_shared_storage
+
+        facts.shared_storage = detect_shared_storage(preset, transports)
     alive = {i: t for i, t in transports.items()
              if i in facts.nodes and "python" not in facts.nodes[i].missing_tools}
     if network and len(nodes) > 1 and 0 in alive:

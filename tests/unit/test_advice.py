@@ -212,6 +212,16 @@ def test_no_shared_storage():
     assert "NO_SHARED_STORAGE" not in codes(preset(cluster={"shared_storage": False}), facts(shared_storage=False))
 
 
+def test_shared_storage_undeclared():
+    undeclared = preset(cluster={"shared_storage": False})
+    adv = [a for a in advise(undeclared, facts(shared_storage=True)) if a.code == "SHARED_STORAGE_UNDECLARED"]
+    assert adv and adv[0].level == "error"
+    assert apply_fix(undeclared, adv[0].fix).cluster.shared_storage is True
+    assert "SHARED_STORAGE_UNDECLARED" not in codes(undeclared, facts(shared_storage=False))
+    assert "SHARED_STORAGE_UNDECLARED" not in codes(undeclared, facts(shared_storage=None))
+    assert "SHARED_STORAGE_UNDECLARED" not in codes(preset(), facts(shared_storage=True))
+
+
 # ---------------------------------------------------------------- method and model
 
 def test_qlora_rules():

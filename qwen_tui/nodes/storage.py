@@ -1,0 +1,50 @@
+"""Is the output directory one filesystem on every node? Measured, not assumed.
+
+The master writes a marker with a random token into `training.output_dir`; every
+other node reads it back from its own `output_dir`. Shared storage decides who saves
+checkpoints: rank 0 alone (shared), or every node (not shared). Getting it wrong
+either loses checkpoints on the nodes that cannot see them or makes every node write
+the same files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from typing import Optional
+
+from ..preset import Preset
+from .results import on_nodes
+from .transport import Transport
+
+# Writes the token into DIR/NAME, creating DIR: argv stays data, never shell text.
+_WRITE = 'mkdir -p -- "$1" && printf %s "$2" > "$1/$3"'
+
+
+def detect_shared_storage(preset: Preset, transports: dict[int, Transport], *,
+                          timeout: float = 20.0) -> Optional[bool]:
+    """True when every node sees the master's marker, False when one does not, None
+    when it could not be told (fewer than two nodes reachable, the master cannot write)."""
+    nodes = preset.cluster.nodes
+    others = [i for i in transports if i != 0]
+    if 0 not in transports or not others:
+        return None
+    out = preset.training.output_dir
+    token = secrets.token_hex(12)
+    name = f".qwen-tui-shared-{token[:8]}"
+    marker = posixpath.join(out, name)
+    wrote = transports[0].run(["sh", "-c", _WRITE, "sh", out, token, name], timeout=timeout, cwd=nodes[0].workdir)
+    if not wrote.ok:
+        return None
+    try:
+        seen = on_nodes(lambda i: transports[i].run(["cat", "--", marker], timeout=timeout, cwd=nodes[i].workdir),
+                        others, timeout=timeout + 5)
+        verdicts = []
+        for i in others:
+            r = seen.get(i)
+            if isinstance(r, BaseException) or r is None:
+                return None  # that node did not answer: no verdict rather than a wrong one
+            verdicts.append(r.ok and r.stdout == token)
+        return all(verdicts)
+    finally:
+        transports[0].run(["rm", "-f", "--", marker], timeout=timeout, cwd=nodes[0].workdir)
