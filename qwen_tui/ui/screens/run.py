@@ -6,7 +6,6 @@ Stop-all asks first. Quitting leaves the run going; reopening re-attaches."""
 from __future__ import annotations
 
 import sys
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
