@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
                    "'builtin:tiny' is a tiny offline Qwen2 built on first use")
 
+    m.add_argument("--random_init", action="store_true",
+                   help="build the model from its config.json with random weights instead of loading them "
+                   "(benchmarks and smoke tests of a model shape; the directory needs no weight files)")
+
     d = p.add_argument_group("data")
     d.add_argument("--data_path", required=True,
                    help="JSON or JSON-lines file of chat records: Qwen's {'id', 'conversations': [{'from', 'value'}]} "
@@ -97,6 +101,43 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
     s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
 
+    f = p.add_argument_group(
+        "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "
+        "log say what was chosen and why); every one can be turned off. Under --deepspeed the automatic choice is the "
+        "plain path: DeepSpeed runs a fixed number of micro-batches per step through its own engine.")
+    f.add_argument("--packing", dest="packing", action="store_true", default=None,
+                   help="pack each optimizer step's records end to end into rows (no padding; positions restart per "
+                   "record and no token attends across records). Default: on where the attention supports packed "
+                   "rows (flash varlen on CUDA, per-record attention on CPU), off under --deepspeed")
+    f.add_argument("--no_packing", dest="packing", action="store_false",
+                   help="padded micro-batches of --per_device_train_batch_size records instead")
+    f.add_argument("--packing_tokens", type=int, default=None, metavar="N",
+                   help="tokens per packed row (one row is one micro-batch; a step's records take as many rows as "
+                   "they need, and every process runs the same number). Default: measured by --auto_micro_batch on "
+                   "CUDA, else --per_device_train_batch_size x --model_max_length")
+    f.add_argument("--fused_ce", default="auto", choices=["auto", "liger", "chunked", "off"],
+                   help="cross-entropy without the full logits: Liger's fused linear cross-entropy (CUDA, needs "
+                   "liger-kernel) or a chunked torch version (any device); off = transformers' own loss (full "
+                   "logits). Default auto: liger where available, else chunked; off under --deepspeed")
+    f.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="torch.compile each decoder layer (one graph shared by all layers). Default: on for CUDA "
+                   "(with Triton), off on CPU and under --deepspeed")
+    f.add_argument("--no_compile", dest="compile", action="store_false", help="run the decoder eagerly")
+    f.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
+                   help="single-kernel AdamW (torch's fused=True). Default: on for CUDA, off on CPU and under --deepspeed")
+    f.add_argument("--no_fused_adamw", dest="fused_adamw", action="store_false", help="torch's default AdamW")
+    f.add_argument("--auto_micro_batch", dest="auto_micro_batch", action="store_true", default=None,
+                   help="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "
+                   "--auto_memory_fraction of the GPU, turning gradient checkpointing on only if not even one "
+                   "--model_max_length record fits without it. Default: on for CUDA with packing, unless "
+                   "--packing_tokens is given; it never turns checkpointing off when --gradient_checkpointing is given")
+    f.add_argument("--no_auto_micro_batch", dest="auto_micro_batch", action="store_false",
+                   help="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
+    f.add_argument("--auto_memory_fraction", type=float, default=0.85,
+                   help="share of the GPU's memory --auto_micro_batch plans for (default 0.85)")
+    f.add_argument("--auto_max_tokens", type=int, default=65536,
+                   help="largest packed row --auto_micro_batch may pick (default 65536)")
+
     lo = p.add_argument_group("LoRA / Q-LoRA")
     lo.add_argument("--use_lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
     lo.add_argument("--q_lora", action="store_true",
@@ -144,5 +185,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--lora_target_modules is empty")
     if args.merge_lora and not args.use_lora:
         raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
+    if args.packing_tokens is not None and args.packing_tokens < args.model_max_length:
+        raise InputError(f"--packing_tokens {args.packing_tokens} is less than --model_max_length "
+                         f"{args.model_max_length}: the longest record must fit in one packed row")
+    if not 0.05 <= args.auto_memory_fraction <= 1.0:
+        raise InputError(f"--auto_memory_fraction must be in [0.05, 1], got {args.auto_memory_fraction}")
+    if args.packing is False and (args.packing_tokens is not None or args.auto_micro_batch):
+        raise InputError("--packing_tokens and --auto_micro_batch size packed rows; they need packing (drop --no_packing)")
+    if args.random_init and args.resume_from_checkpoint:
+        raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
     if args.model_max_length < 8:
         raise InputError(f"--model_max_length {args.model_max_length} is too short for a chat turn")

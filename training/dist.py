@@ -83,6 +83,12 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def all_gather_floats(x: float, device: torch.device) -> list[float]:
     t = torch.tensor([x], dtype=torch.float64, device=device)
     if not active():

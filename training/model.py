@@ -110,6 +110,17 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": load_dtype}
+    if getattr(args, "random_init", False):
+        from transformers import AutoConfig
+
+        if method == "qlora":
+            raise InputError("--random_init cannot build a quantized model; use --use_lora or full fine-tuning")
+        config = AutoConfig.from_pretrained(source)
+        torch.manual_seed(args.seed)
+        with torch.device(device):  # built where it trains: no copy of random weights through the host
+            model = AutoModelForCausalLM.from_config(config, dtype=load_dtype)
+        model.config.use_cache = False
+        return model
     if method == "qlora":
         compute = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
         if quant is None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from training import checkpoint as ckpt
-from training import dist, dsconfig
+from training import dist, dsconfig, fastpath
 from training.data import ChatEncoder, Collator, StepSampler, build_dataset, eval_batches, IGNORE_INDEX
 from training.errors import InputError
 from training.metrics import MetricsWriter
@@ -44,6 +44,7 @@ class FinetuneRecipe:
         self.started = False
         self.step = 0
         self.engine = None  # the DeepSpeed engine, when --deepspeed is given
+        self.loss_module = None  # model + our loss (training.fast), when the fast path computes the loss
         self.ddp = None
         self.scaler = None
         self._hf_ds_config = None  # keeps transformers' ZeRO-3 hook alive while loading
@@ -66,6 +67,7 @@ class FinetuneRecipe:
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
+        self.fast = fastpath.decide(a, self.device, bool(a.deepspeed))
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
@@ -116,9 +118,11 @@ class FinetuneRecipe:
             "precision": "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
-            "lazy_preprocess": a.lazy_preprocess,
+            "lazy_preprocess": a.lazy_preprocess, "fast_path": self.fast.record(),
         })
         self.started = True
+        if env.is_main:
+            log.info("%s", self.fast.summary())
         log.info("training %s for %d steps (%d per epoch, global batch %d) on %d process(es), %s%s",
                  self.method, self.total_steps, self.steps_per_epoch, self.global_batch, env.world_size,
                  self.device.type, f", ZeRO-{self.stage}" if a.deepspeed else "")
@@ -181,6 +185,43 @@ class FinetuneRecipe:
         if self.method != "qlora" and self.stage != 3:
             model.to(self.device)
         self.model = model
+        self._apply_fast_path()
+
+    def _apply_fast_path(self) -> None:
+        """Packed attention, the packed-row budget (and checkpointing) from the memory probe, compiled layers."""
+        a, f = self.args, self.fast
+        f.gradient_checkpointing = bool(a.gradient_checkpointing)
+        self.loss_module = fastpath.FastLoss(self.model, f.ce, a.model_max_length) if f.our_loss else None
+        if f.packing:
+            from training.fast.attention import use_packed_attention
+
+            use_packed_attention(self.model)
+            f.packing_tokens = a.packing_tokens or a.per_device_train_batch_size * a.model_max_length
+        if f.auto_micro_batch:
+            self.model.train()  # dropout and checkpointing as in training
+            vocab = int(self.model_config.get("vocab_size") or 1000)
+            plan = fastpath.probe_tokens(self.loss_module, self.device, a.model_max_length, vocab, self._autocast,
+                                         a.auto_memory_fraction, a.auto_max_tokens)
+            if not plan.fits and not f.gradient_checkpointing:
+                log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
+                         "turning it on", a.model_max_length)
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                f.gradient_checkpointing = True
+                plan = fastpath.probe_tokens(self.loss_module, self.device, a.model_max_length, vocab, self._autocast,
+                                             a.auto_memory_fraction, a.auto_max_tokens)
+            if not plan.fits:
+                raise InputError(f"not even one record of --model_max_length {a.model_max_length} tokens fits in "
+                                 f"{a.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
+                                 "--model_max_length, use LoRA/Q-LoRA or more GPUs with --deepspeed")
+            # Every rank packs to the same budget: the smallest any rank measured.
+            t = dist.all_reduce_max(torch.tensor([-plan.tokens], dtype=torch.float64, device=self.device))
+            f.packing_tokens = int(-t.item())
+            log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
+                     plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, f.packing_tokens)
+        if f.compile:
+            from training.fast.compile import compile_decoder_layers
+
+            compile_decoder_layers(self.model)
 
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -218,7 +259,12 @@ class FinetuneRecipe:
                 lr_scheduler=make_scheduler, config=self.ds_config,
             )
             return
-        fused = self.device.type == "cuda" and all(p.is_cuda and p.is_floating_point() for _, p in named)
+        from training.fast.optim import fused_supported
+
+        fused = self.fast.fused_adamw and fused_supported(p for _, p in named)
+        if self.fast.fused_adamw and not fused:
+            log.warning("fused AdamW is not supported for these parameters; using the default AdamW")
+        self.fast.fused_adamw = fused
         self.optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
                                            eps=a.adam_epsilon, fused=fused or None)
         self.scheduler = make_scheduler(self.optimizer)
@@ -227,18 +273,21 @@ class FinetuneRecipe:
         if env.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
+            # With our loss, DDP wraps model + loss, so the forward that DDP sees is the one that runs.
             self.ddp = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                self.loss_module if self.loss_module is not None else self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
             )
 
     def _build_loader(self) -> None:
         a, env = self.args, self.env
         pad_id = self.tokenizer.pad_token_id
         self.collator = Collator(pad_id, pad_to_multiple_of=8 if self.device.type == "cuda" else 1)
+        collate = _records_of if self.fast.packing else self.collator
         self.sampler = StepSampler(len(self.train_ds), env.world_size, env.rank, a.per_device_train_batch_size,
                                    a.gradient_accumulation_steps, a.seed, self.total_steps, start_step=self.step)
         self.loader = torch.utils.data.DataLoader(
-            self.train_ds, batch_sampler=self.sampler, collate_fn=self.collator,
+            self.train_ds, batch_sampler=self.sampler, collate_fn=collate,
             num_workers=a.dataloader_num_workers, pin_memory=self.device.type == "cuda",
             # Its own generator: a loader seeds its workers from the global RNG otherwise, and a
             # resumed run would then draw different dropout masks than an uninterrupted one.
@@ -261,8 +310,14 @@ class FinetuneRecipe:
             return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
         return contextlib.nullcontext()
 
-    def _forward_loss(self, batch: dict, num_items: torch.Tensor) -> torch.Tensor:
-        """Summed token cross-entropy / num_items (HF's own loss, so fused-loss kernels can replace it)."""
+    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
+        """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own."""
+        if self.loss_module is not None:
+            # DDP wraps the loss module; evaluation goes around it (no gradient sync).
+            module = self.ddp if (train and self.ddp is not None) else self.loss_module
+            with self._autocast():
+                loss_sum, _ = module(batch)
+            return loss_sum / num_items
         with self._autocast():
             out = self.wrapped(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                labels=batch["labels"], num_items_in_batch=num_items, use_cache=False)
@@ -277,19 +332,22 @@ class FinetuneRecipe:
         t_start = time.perf_counter()
         while self.step < self.total_steps:
             t0 = time.perf_counter()
-            micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()} for _ in range(gas)]
-            # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
-            counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
-                                   sum(int(b["attention_mask"].sum()) for b in micro),
-                                   sum(int(b["truncated"]) for b in micro)], dtype=torch.float64)
+            if self.fast.packing:
+                micro, counts = self._packed_step([e for _ in range(gas) for e in next(batches)])
+            else:
+                micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()} for _ in range(gas)]
+                # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
+                counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
+                                       sum(int(b["attention_mask"].sum()) for b in micro),
+                                       sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
             counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
-            n_labels, n_tokens, n_trunc = counts.tolist()
+            n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
             # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
             num_items = torch.tensor(max(n_labels, 1.0) / env.world_size, device=self.device)
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
             lr = self._current_lr()
             for i, batch in enumerate(micro):
-                last = i == gas - 1
+                last = i == len(micro) - 1
                 sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
                 with sync:
                     loss = self._forward_loss(batch, num_items)
@@ -306,6 +364,8 @@ class FinetuneRecipe:
                     log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
                                 self.step, int(n_trunc), a.model_max_length)
             window.add(loss_sum.item(), n_labels, n_tokens, time.perf_counter() - t0)
+            window.micro_batches += len(micro)
+            window.empty_rows += int(n_empty)
             if self.step % a.logging_steps == 0 or self.step == self.total_steps:
                 self._log_step(window, lr, grad_norm)
                 window = _Window()
@@ -314,6 +374,27 @@ class FinetuneRecipe:
             if self._should_save():
                 self.save_checkpoint()
         self.train_runtime = time.perf_counter() - t_start
+
+    def _packed_step(self, items: list) -> tuple[list[dict], torch.Tensor]:
+        """This rank's records of one step as packed rows on the device, as many rows as the busiest rank needs
+        (the others get empty rows: DDP needs the same number of forwards everywhere), and this rank's
+        supervised tokens, real tokens and truncated records."""
+        f, a = self.fast, self.args
+        pad_id = self.tokenizer.pad_token_id
+        multiple = 1024 if self.device.type == "cuda" else 8  # few distinct widths for compiled layers
+        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, multiple, a.model_max_length)
+        n_rows = int(dist.all_reduce_max(torch.tensor([len(rows)], dtype=torch.float64, device=self.device)).item())
+        n_real = len(rows)
+        if len(rows) < n_rows:
+            filler = fastpath.empty_row(min(multiple, f.packing_tokens), pad_id, a.model_max_length)
+            rows += [filler] * (n_rows - len(rows))
+        counts = torch.tensor([sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items),
+                               sum(len(e.input_ids) for e in items),
+                               sum(int(e.truncated) for e in items), n_rows - n_real], dtype=torch.float64)
+        pin = self.device.type == "cuda"
+        micro = [{k: (v.pin_memory() if pin else v).to(self.device, non_blocking=True) if isinstance(v, torch.Tensor)
+                  else v for k, v in r.items()} for r in rows]
+        return micro, counts
 
     def _current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
@@ -356,6 +437,9 @@ class FinetuneRecipe:
             "tokens_per_second": w.tokens / w.seconds if w.seconds > 0 else None,
             "step_time": w.seconds / w.steps,
         }
+        if self.fast.packing:
+            rec["micro_batches"] = w.micro_batches  # packed rows each process ran, empty ones included
+            rec["empty_rows"] = w.empty_rows  # rows of padding, over all processes, so all ran as many
         if self.device.type == "cuda":
             rec["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.metrics.write(rec)
@@ -383,7 +467,7 @@ class FinetuneRecipe:
             if not idx:
                 batch["labels"].fill_(IGNORE_INDEX)
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            loss = self._forward_loss(batch, torch.tensor(1.0, device=self.device))
+            loss = self._forward_loss(batch, torch.tensor(1.0, device=self.device), train=False)
             total += torch.stack([loss.detach().double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
         total = dist.all_reduce_sum(total)
         self.wrapped.train()
@@ -524,6 +608,7 @@ class FinetuneRecipe:
             self.metrics.close()
         if self.engine is not None:
             self.engine.destroy()  # releases ZeRO-3's hooks and threads before the process group goes
+        self.ddp = None  # DDP's reducer holds the process group: let it go first
         dist.destroy()
 
 
@@ -532,7 +617,7 @@ class _Window:
 
     def __init__(self):
         self.loss_sum = self.labels = self.tokens = self.seconds = 0.0
-        self.steps = 0
+        self.steps = self.micro_batches = self.empty_rows = 0
 
     def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:
         self.loss_sum += loss_sum
@@ -540,6 +625,11 @@ class _Window:
         self.tokens += tokens
         self.seconds += seconds
         self.steps += 1
+
+
+def _records_of(items: list) -> list:
+    """collate_fn of packed training: the records themselves (the loop packs a whole step at once)."""
+    return list(items)
 
 
 def _rng_state() -> dict:

@@ -1,0 +1,138 @@
+"""The fast path through the worker itself (`python -m training.finetune`), on CPU with the tiny model.
+
+On CPU the automatic choice is packing (per-record attention) + the chunked cross-entropy; these runs
+are compared with the plain path (`--no_packing --fused_ce off`: padded micro-batches, transformers'
+own loss) on the same data with the same seed: the loss curves must match step by step and both
+must fall, and metrics.jsonl must count the same real tokens (no padding) in both, equal to the
+lengths of the records the sampler chose. Over torchrun with 2 processes, small packed rows give the
+ranks different numbers of rows, so the worker pads with empty rows; the curve must still be the
+single-process one and the replicas must end identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+PLAIN = ["--no_packing", "--fused_ce", "off"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_model):
+    d = tmp_path_factory.mktemp("fdata")
+    return {"model": str(tiny_model), "train": str(write_jsonl(d / "train.jsonl", demo_records()))}
+
+
+def flags(files, *extra):
+    # Full fine-tuning without dropout: both paths draw no random numbers during the step.
+    return ["--model_name_or_path", files["model"], "--data_path", files["train"], "--model_max_length", "128",
+            "--learning_rate", "1e-3", "--max_steps", str(STEPS), "--save_strategy", "no", "--logging_steps", "1",
+            "--warmup_ratio", "0.05", "--seed", "7", *extra]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, files):
+    run = run_worker(tmp_path_factory.mktemp("plain") / "out", *flags(files, "--per_device_train_batch_size", "8"), *PLAIN)
+    assert_ok(run)
+    return run
+
+
+def real_tokens_per_step(files, world: int, mb: int, gas: int) -> list[tuple[int, int]]:
+    """(tokens, supervised tokens) of every step, from the data and the sampler, independently of the loop."""
+    from transformers import AutoTokenizer
+
+    from training.data import ChatEncoder, StepSampler, build_dataset
+    from training.records import load_conversations
+
+    ds = build_dataset(load_conversations(files["train"]), ChatEncoder(AutoTokenizer.from_pretrained(files["model"]), 128),
+                       lazy=False)
+    per_rank = [list(StepSampler(len(ds), world, r, mb, gas, 7, STEPS)) for r in range(world)]
+    out = []
+    for step in range(STEPS):
+        recs = [ds[i] for r in range(world) for b in per_rank[r][step * gas:(step + 1) * gas] for i in b]
+        out.append((sum(len(e.input_ids) for e in recs), sum(1 for e in recs for x in e.labels[1:] if x != -100)))
+    return out
+
+
+def falls(losses, by):
+    return sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - by
+
+
+def assert_same_curve(got, ref, rel):
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1))
+    for a, b in zip(got, ref):
+        assert a["loss"] == pytest.approx(b["loss"], rel=rel), (a, b)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=10 * rel), (a, b)
+        assert a["tokens"] == b["tokens"] and a["label_tokens"] == b["label_tokens"], (a, b)
+
+
+def test_fast_path_in_one_process_matches_the_plain_path(tmp_path, files, plain):
+    # 4 records x 2 accumulation = the plain run's 8 records a step; packing merges them into rows of 512 tokens.
+    fast = run_worker(tmp_path / "out", *flags(files, "--per_device_train_batch_size", "4",
+                                               "--gradient_accumulation_steps", "2"))
+    assert_ok(fast)
+    fp = fast.records[0]["fast_path"]
+    assert fp["packing"] is True and fp["ce"] == "chunked" and fp["packing_tokens"] == 4 * 128
+    assert fp["compile"] is False and fp["fused_adamw"] is False and fp["auto_micro_batch"] is False
+    assert "per-record attention on CPU" in fp["why"]["packing"] and "fast path: packing on" in fast.stderr
+    pp = plain.records[0]["fast_path"]
+    assert pp["packing"] is False and pp["ce"] == "hf"
+    assert_same_curve(fast.steps, plain.steps, rel=2e-4)
+    for run in (fast, plain):
+        assert falls([r["loss"] for r in run.steps], 1.0), [r["loss"] for r in run.steps]
+    # Real tokens: the records' own lengths, no padding, in both runs.
+    want = real_tokens_per_step(files, 1, 8, 1)
+    assert [(r["tokens"], r["label_tokens"]) for r in plain.steps] == want
+    # Packing merges a step's 2 accumulation micro-batches: mostly into one row of 512 tokens.
+    rows = [r["micro_batches"] for r in fast.steps]
+    assert all(n in (1, 2) for n in rows) and sum(rows) < 2 * STEPS, rows
+    assert all(r["empty_rows"] == 0 for r in fast.steps)
+    assert "micro_batches" not in plain.steps[0]
+
+
+def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, plain):
+    # Rows of 128 tokens hold one or two records: the ranks need different numbers of rows.
+    ddp = run_worker(tmp_path / "fast", *flags(files, "--per_device_train_batch_size", "4", "--packing_tokens", "128"),
+                     nproc=2)
+    assert_ok(ddp)
+    start, end = ddp.records[0], ddp.records[-1]
+    assert start["world_size"] == 2 and start["fast_path"]["packing"] is True
+    assert start["fast_path"]["packing_tokens"] == 128
+    assert end["replicas_in_sync"] is True and len(end["replica_checksums"]) == 2
+    assert sum(r["empty_rows"] for r in ddp.steps) > 0, "no step needed empty rows: the test shows nothing"
+    assert_same_curve(ddp.steps, plain.steps, rel=2e-4)
+    assert [(r["tokens"], r["label_tokens"]) for r in ddp.steps] == real_tokens_per_step(files, 2, 4, 1)
+    ddp_plain = run_worker(tmp_path / "plain", *flags(files, "--per_device_train_batch_size", "4"), *PLAIN, nproc=2)
+    assert_ok(ddp_plain)
+    assert ddp_plain.records[-1]["replicas_in_sync"] is True
+    assert_same_curve(ddp_plain.steps, plain.steps, rel=2e-4)
+    assert falls([r["loss"] for r in ddp.steps], 1.0)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--deepspeed", "builtin:zero2", "--packing"], "--packing does not work with --deepspeed"),
+    (["--deepspeed", "builtin:zero2", "--fused_ce", "chunked"], "does not work with --deepspeed"),
+    (["--fused_ce", "liger"], "--fused_ce liger needs a CUDA GPU"),
+    (["--auto_micro_batch"], "--auto_micro_batch measures CUDA memory"),
+    (["--no_packing", "--packing_tokens", "512"], "they need packing"),
+    (["--packing_tokens", "64"], "less than --model_max_length"),
+])
+def test_impossible_fast_path_choices_exit_2(tmp_path, files, extra, message):
+    run = run_worker(tmp_path / "out", *flags(files, *extra))
+    assert run.rc == 2, run.stderr[-2000:]
+    assert message in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_help_documents_every_fast_path_flag():
+    from training.args import build_parser
+
+    text = build_parser().format_help()
+    for flag in ("--packing", "--no_packing", "--packing_tokens", "--fused_ce", "--compile", "--no_compile",
+                 "--fused_adamw", "--no_fused_adamw", "--auto_micro_batch", "--no_auto_micro_batch",
+                 "--auto_memory_fraction", "--auto_max_tokens", "--random_init"):
+        assert flag in text, flag
+    assert "{auto,liger,chunked,off}" in text

@@ -1,0 +1,192 @@
+"""The worker's side of the fast path (training.fast): which switches are on, and the pieces the loop needs.
+
+decide()        resolves --packing, --fused_ce, --compile, --fused_adamw and --auto_micro_batch where the user
+                left them to us, and refuses combinations that cannot work (each with the reason)
+FastLoss        the module DDP wraps when the loss is ours: one micro-batch (packed row or padded batch) ->
+                (summed token loss, labelled tokens); the decoder runs without building the full logits
+pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`
+probe_tokens()  the packed-row budget from two CUDA memory probes (training.fast.autobatch)
+
+The loss normalisation is the recipe's, unchanged: every micro-batch's summed loss is divided by the
+supervised tokens of the whole optimizer step over all ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from training.errors import InputError
+
+log = logging.getLogger("training")
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class FastChoice:
+    packing: bool
+    ce: str  # "liger", "chunked", "plain" (full logits, our loss: packing without a fused loss) or "hf" (transformers' loss)
+    compile: bool
+    fused_adamw: bool
+    auto_micro_batch: bool
+    packing_tokens: int | None = None  # set by the recipe (flag, probe or default)
+    gradient_checkpointing: bool = False
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def our_loss(self) -> bool:
+        return self.ce != "hf"
+
+    def record(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        def on(x):
+            return "on" if x else "off"
+
+        parts = [f"packing {on(self.packing)}" + (f" ({self.packing_tokens} tokens a row)" if self.packing else ""),
+                 f"loss {self.ce}", f"compile {on(self.compile)}", f"fused AdamW {on(self.fused_adamw)}",
+                 f"auto micro-batch {on(self.auto_micro_batch)}",
+                 f"gradient checkpointing {on(self.gradient_checkpointing)}"]
+        return "fast path: " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in self.why.items())
+
+
+def _varlen_available() -> bool:
+    from training.fast.attention import varlen_available
+
+    return varlen_available()
+
+
+def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
+    """The fast-path switches for this run; raises InputError for an explicit choice that cannot work."""
+    cuda = device.type == "cuda"
+    why = {}
+    # Packing.
+    if args.packing is None:
+        if deepspeed:
+            packing, why["packing"] = False, "off under --deepspeed (its engine runs a fixed number of micro-batches a step)"
+        elif cuda and not _varlen_available():
+            packing, why["packing"] = False, "off: this torch has no flash varlen attention for packed rows"
+        else:
+            packing = True
+            why["packing"] = "on: flash varlen attention" if cuda else "on: per-record attention on CPU"
+    else:
+        packing = bool(args.packing)
+        if packing and deepspeed:
+            raise InputError("--packing does not work with --deepspeed (DeepSpeed runs a fixed number of micro-batches "
+                             "a step through its engine); drop one of them")
+        why["packing"] = "as given"
+    # Cross-entropy.
+    liger_ok = cuda and importlib.util.find_spec("liger_kernel") is not None
+    if args.fused_ce == "auto":
+        if deepspeed:
+            ce, why["fused_ce"] = "hf", "off under --deepspeed (the loss runs inside its engine)"
+        elif liger_ok:
+            ce, why["fused_ce"] = "liger", "liger: CUDA and liger-kernel installed"
+        else:
+            ce = "chunked"
+            why["fused_ce"] = "chunked: " + ("no liger-kernel installed" if cuda else "Liger needs CUDA")
+    elif args.fused_ce == "off":
+        ce = "plain" if packing else "hf"
+        why["fused_ce"] = "off as given" + (" (full logits, summed over the packed row)" if packing else "")
+    else:
+        if deepspeed:
+            raise InputError(f"--fused_ce {args.fused_ce} does not work with --deepspeed (the loss runs inside its "
+                             "engine); use --fused_ce off or auto")
+        if args.fused_ce == "liger" and not liger_ok:
+            raise InputError("--fused_ce liger needs a CUDA GPU and the liger-kernel package; --fused_ce chunked "
+                             "runs anywhere")
+        ce, why["fused_ce"] = args.fused_ce, "as given"
+    # torch.compile of the decoder layers.
+    if args.compile is None:
+        from training.fast.compile import compile_available
+
+        comp = (not deepspeed) and compile_available(device)
+        why["compile"] = ("off under --deepspeed" if deepspeed else "on: CUDA with Triton" if comp
+                          else "off: CUDA only by default" if not cuda else "off: no Triton")
+    else:
+        comp, why["compile"] = bool(args.compile), "as given"
+    # Fused AdamW.
+    if args.fused_adamw is None:
+        fused = cuda and not deepspeed
+        why["fused_adamw"] = "on: CUDA" if fused else ("off under --deepspeed" if deepspeed else "off: CUDA only by default")
+    else:
+        fused, why["fused_adamw"] = bool(args.fused_adamw), "as given"
+    # The memory probe.
+    if args.auto_micro_batch is None:
+        auto = cuda and packing and args.packing_tokens is None
+        why["auto_micro_batch"] = ("on: CUDA with packing" if auto else "off: needs CUDA and packing" if args.packing_tokens is None
+                                   else "off: --packing_tokens given")
+    else:
+        auto = bool(args.auto_micro_batch)
+        if auto and not (cuda and packing):
+            raise InputError("--auto_micro_batch measures CUDA memory for packed rows: it needs a CUDA GPU and packing")
+        if auto and args.packing_tokens is not None:
+            raise InputError("--auto_micro_batch picks the packed-row size itself; drop --packing_tokens or it")
+        why["auto_micro_batch"] = "as given"
+    return FastChoice(packing=packing, ce=ce, compile=comp, fused_adamw=fused, auto_micro_batch=auto, why=why)
+
+
+class FastLoss(torch.nn.Module):
+    """model + our loss: forward(batch) -> (summed token loss, labelled tokens). DDP wraps this."""
+
+    def __init__(self, model, ce: str, max_segment: int):
+        super().__init__()
+        self.model = model
+        self.ce = ce
+        self.max_segment = max_segment
+
+    def forward(self, batch: dict):
+        from training.fast.step import micro_batch_loss_sum
+
+        return micro_batch_loss_sum(self.model, batch, self.ce, max_segment=self.max_segment)
+
+
+class _Filler:
+    """A record of padding with no labels: what an empty row is made of."""
+
+    def __init__(self, n: int, pad_id: int):
+        self.input_ids = [pad_id] * n
+        self.labels = [IGNORE_INDEX] * n
+
+
+def empty_row(width: int, pad_id: int, max_segment: int) -> dict:
+    from training.fast.packing import pack
+
+    row = pack([_Filler(width, pad_id)], width, pad_id, None, max_segment)
+    row["real_tokens"], row["records"] = 0, 0
+    return row
+
+
+def pack_step(items, capacity: int, pad_id: int, pad_multiple: int, max_segment: int) -> list[dict]:
+    """One optimizer step's records of this rank as packed rows (first fit, in the sampler's order)."""
+    from training.fast.packing import pack_batches
+
+    return pack_batches(list(items), capacity, pad_id, pad_multiple=pad_multiple, max_segment=max_segment)
+
+
+def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, autocast, fraction: float,
+                 max_tokens: int):
+    """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan."""
+    from training.fast import autobatch
+    from training.fast.packing import pack
+    from training.fast.step import to_device
+
+    class _Rec:
+        def __init__(self, i: int):
+            self.input_ids = [(i * 7919 + j) % max(vocab - 1, 1) for j in range(max_segment)]
+            self.labels = list(self.input_ids)
+
+    def run(tokens: int):
+        row = to_device(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0, max_segment=max_segment),
+                        device)
+        with autocast():
+            s, n = loss_module(row)
+        (s / n.clamp(min=1)).backward()
+        loss_module.zero_grad(set_to_none=True)
+
+    return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction, max_tokens=max_tokens)
