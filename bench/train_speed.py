@@ -13,11 +13,18 @@ stock  HF Trainer + DeepSpeed ZeRO-2 (training/ds_config_zero2.json) + gradient 
        per-device batch 2, accumulation 8, every record padded to model_max_length (2048) as Qwen's
        published finetune.py does; LoRA r=64 alpha=16 dropout 0.05 on all linear projections, or
        full fine-tuning.
-ours   training.fast: packed rows (no padding, flash varlen attention that keeps records apart),
-       Liger fused linear cross-entropy (no full logits), per-decoder-layer torch.compile, fused
-       AdamW, the token budget per micro-batch from a two-probe memory measurement, gradient
-       checkpointing only if nothing fits without it (training.fast.autobatch); 64 records per
-       optimizer step. Q-LoRA: the same with the decoder's linear layers in bitsandbytes nf4.
+ours   the worker itself, `python -m training.finetune` in one process, with its automatic fast path
+       (training.fast through training.recipe): packed rows (no padding, flash varlen attention that
+       keeps records apart), Liger fused linear cross-entropy (no full logits), per-decoder-layer
+       torch.compile, fused AdamW, the packed-row budget from a two-probe memory measurement
+       (--auto_memory_fraction 0.9, --auto_max_tokens 49152), gradient checkpointing only if nothing
+       fits without it; --random_init builds the model on the GPU from the shape's config.json. The
+       data is the same synthetic set written as a JSONL file of chat records (one user and one
+       assistant turn of single-token words, each record exactly as long as its synthetic twin; the
+       tokenizer is the tiny built-in one, whose ids the random model takes as well as any); 64
+       records per optimizer step; real tokens and step times come from the worker's metrics.jsonl.
+direct the earlier harness that calls training.fast without the worker (kept for Q-LoRA, which the
+       worker's --random_init cannot build: Q-LoRA there quantizes weights loaded from disk).
 
 MFU: model FLOPs per real token = k*N + 12*L*h*s with k = 6 (full) or 4 (LoRA, frozen base: no
 weight gradients), N = the parameters that take part in matmuls (all but the input embedding;
@@ -56,16 +63,24 @@ SHAPES = {
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # CPU smoke test of the worker path only (--cpu-smoke): the tiny built-in model's shape.
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True),
 }
 
 CONFIGS = {
     "stock-lora-7b": dict(shape="7b", method="lora", recipe="stock"),
     "ours-lora-7b": dict(shape="7b", method="lora", recipe="ours"),
-    "ours-qlora-7b": dict(shape="7b", method="qlora", recipe="ours"),
+    "direct-lora-7b": dict(shape="7b", method="lora", recipe="direct"),
+    "direct-qlora-7b": dict(shape="7b", method="qlora", recipe="direct"),
+    "direct-full-1.5b": dict(shape="1.5b", method="full", recipe="direct"),
     "stock-full-1.5b": dict(shape="1.5b", method="full", recipe="stock"),
     "ours-full-1.5b": dict(shape="1.5b", method="full", recipe="ours"),
 }
-PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("ours-qlora-7b", "ours-lora-7b")]
+PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
+         ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
+DEFAULT_CONFIGS = ["stock-lora-7b", "ours-lora-7b", "stock-full-1.5b", "ours-full-1.5b"]
 
 
 # ------------------------------------------------------------------ data
@@ -235,7 +250,7 @@ def run_stock(cfg: dict, args, records, result: dict) -> None:
 # ------------------------------------------------------------------ our fast path
 
 
-def run_ours(cfg: dict, args, records, result: dict) -> None:
+def run_direct(cfg: dict, args, records, result: dict) -> None:
     import torch
 
     from training.fast import autobatch
@@ -358,6 +373,138 @@ def run_ours(cfg: dict, args, records, result: dict) -> None:
     )
 
 
+# ------------------------------------------------------------------ ours: through the worker
+
+
+def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, list[int]]:
+    """A model directory (the shape's config.json + the tiny built-in tokenizer, no weights) and a JSONL file
+    of chat records whose rendered token lengths are exactly those of `records`; returns them and the lengths."""
+    from transformers import AutoTokenizer, Qwen2Config
+
+    from training.data import ChatEncoder
+    from training.records import Conversation
+    from training.tiny import build_tiny
+
+    tiny = build_tiny(tmp / "tiny-tokenizer")
+    model_dir = tmp / f"qwen2.5-{shape}-random"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for f in tiny.iterdir():
+        if f.is_file() and f.name not in ("config.json", "model.safetensors", "generation_config.json"):
+            (model_dir / f.name).write_bytes(f.read_bytes())
+    cfg = Qwen2Config(**SHAPES[shape], use_cache=False)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    cfg.dtype = "bfloat16"
+    cfg.save_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    enc = ChatEncoder(tok, 10**6)
+    # Words that are one token each after a space: a record of k of them is k tokens plus the markup.
+    words = []
+    for t, i in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
+        w = tok.convert_tokens_to_string([t])
+        if w.startswith(" ") and w[1:].isalpha() and len(tok(w, add_special_tokens=False)["input_ids"]) == 1:
+            words.append(w[1:])
+    if len(words) < 20:
+        raise RuntimeError(f"the tokenizer has only {len(words)} single-token words")
+    rng = random.Random(1)
+
+    def text(k):
+        return " " + " ".join(rng.choice(words) for _ in range(k))
+
+    def length(user, asst):
+        conv = Conversation(index=0, id="x", messages=[{"role": "user", "content": user},
+                                                        {"role": "assistant", "content": asst}])
+        return len(enc.encode(conv).input_ids)
+
+    overhead = length(text(1), text(1)) - 2
+    data, lens = tmp / f"chat-{shape}.jsonl", []
+    with open(data, "w") as out:
+        for n, r in enumerate(records):
+            target = len(r.input_ids)
+            body = max(target - overhead, 2)
+            k_user = max(1, min(body - 1, target // 3 - overhead // 2))
+            user, asst = text(k_user), text(body - k_user)
+            got = length(user, asst)
+            if got != target:  # a word pair merged across the markup: trim or pad the reply
+                asst = text(max(1, body - k_user - (got - target)))
+                got = length(user, asst)
+            lens.append(got)
+            out.write(json.dumps({"id": f"r{n}", "messages": [{"role": "user", "content": user},
+                                                                {"role": "assistant", "content": asst}]}) + "\n")
+    return model_dir, data, lens
+
+
+def run_ours_worker(name: str, cfg: dict, args, log_path: Path) -> dict:
+    """`python -m training.finetune` with its automatic fast path on the synthetic chat records; the result from
+    its metrics.jsonl (steps after the warm-up)."""
+    shape = args.shape or cfg["shape"]
+    result = {"config": name, **cfg, "shape": shape, "status": "running", "recipe": "ours (worker)"}
+    tmp = Path(args.tmp) / name
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    R, steps = args.records_per_step, args.warmup + args.steps
+    vocab = SHAPES[shape]["vocab_size"]
+    records = make_records(steps * R, vocab, seed=0)
+    t0 = time.perf_counter()
+    model_dir, data, lens = write_worker_inputs(tmp, shape, records)
+    result["data_s"] = time.perf_counter() - t0
+    result["length_mismatches"] = sum(a != len(r.input_ids) for a, r in zip(lens, records))
+    method = cfg["method"]
+    cmd = [sys.executable, "-m", "training.finetune", "--model_name_or_path", str(model_dir), "--random_init",
+           "--data_path", str(data), "--output_dir", str(tmp / "out"), "--max_steps", str(steps),
+           "--per_device_train_batch_size", str(R), "--gradient_accumulation_steps", "1",
+           "--model_max_length", str(SEQ), "--learning_rate", "1e-4" if method != "full" else "1e-5",
+           "--weight_decay", "0.1", "--adam_beta2", "0.95", "--lr_scheduler_type", "cosine",
+           "--save_strategy", "no", "--logging_steps", "1", "--seed", "42"]
+    if shape != "tiny":
+        cmd += ["--bf16", "--auto_memory_fraction", str(args.mem_fraction), "--auto_max_tokens", str(args.max_tokens)]
+    if args.tokens:
+        cmd += ["--packing_tokens", str(args.tokens)]
+    if method == "lora":
+        cmd += ["--use_lora", "--lora_r", "64", "--lora_alpha", "16", "--lora_dropout", "0.05"]
+    cmd += ["--no_compile"] * args.no_compile + (["--fused_ce", "chunked"] if args.no_liger else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    with open(log_path, "a") as log:
+        log.write(f"===== {name}: {' '.join(cmd)}\n")
+        log.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result["worker_wall_s"] = time.perf_counter() - t0
+    metrics = tmp / "out" / "metrics.jsonl"
+    recs = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+    step_recs = [r for r in recs if "event" not in r]
+    start = next((r for r in recs if r.get("event") == "start"), {})
+    end = next((r for r in recs if r.get("event") == "end"), {})
+    if rc != 0 or len(step_recs) < steps:
+        tail = log_path.read_text().splitlines()[-4:]
+        result.update(status=f"failed rc={rc}", error=end.get("error") or " | ".join(tail))
+        return result
+    timed = step_recs[args.warmup:]
+    tokens = sum(r["tokens"] for r in timed)
+    secs = sum(r["step_time"] for r in timed)
+    fp = start.get("fast_path", {})
+    s_eff = sum(x * x for x in lens) / sum(lens)
+    f = flops_per_token(shape, method, s_eff) if shape != "tiny" else None
+    result.update(
+        status="ok", fast_path=fp, timed_steps=len(timed), timed_s=secs, real_tokens=tokens,
+        tokens_per_s=tokens / secs, records_per_step=R, first_step_s=step_recs[0]["step_time"],
+        micro_batch=f"packed rows of <= {fp.get('packing_tokens')} tokens" if fp.get("packing") else f"{R} padded",
+        micro_batches=sum(r.get("micro_batches", 0) for r in timed), gradient_checkpointing=bool(fp.get("gradient_checkpointing")),
+        peak_allocated_gib=max((r.get("peak_memory_gib") or 0.0) for r in step_recs), peak_reserved_gib=None,
+        first_loss=step_recs[0]["loss"], last_loss=step_recs[-1]["loss"], seq_eff=s_eff, flops_per_token=f,
+        mfu=tokens / secs * f / (PEAK_TFLOPS * 1e12) if f else None, flops_rule="6N+12Lhs" if method == "full" else "4N+12Lhs",
+        train_runtime=end.get("train_runtime"),
+    )
+    return result
+
+
 # ------------------------------------------------------------------ driver
 
 
@@ -371,7 +518,7 @@ def worker_main(args) -> int:
     records = make_records(n_steps, SHAPES[cfg["shape"]]["vocab_size"], seed=0)
     result = {"config": args.worker, **cfg, "status": "running"}
     try:
-        (run_stock if cfg["recipe"] == "stock" else run_ours)(cfg, args, records, result)
+        (run_stock if cfg["recipe"] == "stock" else run_direct)(cfg, args, records, result)
         s = effective_seq(records)  # the whole data set: the same for every configuration
         f = flops_per_token(cfg["shape"], cfg["method"], s)
         result.update(status="ok", seq_eff=s, flops_per_token=f, mfu=result["tokens_per_s"] * f / (PEAK_TFLOPS * 1e12),
@@ -399,9 +546,12 @@ def versions() -> dict:
         out["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2) if torch.cuda.is_available() else 0
     except (ImportError, RuntimeError) as e:
         out["gpu"] = f"unknown ({e})"
-    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                       capture_output=True, text=True)
-    out["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        out["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    except FileNotFoundError:
+        out["nvidia_smi"] = "not installed"
     return out
 
 
@@ -416,15 +566,18 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {r['config']} | {r.get('status')}: {r.get('error', '')[:80]} | | | | | | |")
             continue
         rt = f"{ratio[r['config']][1]:.2f}x {ratio[r['config']][0]}" if r["config"] in ratio else ""
-        lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% ({r['flops_rule']}) | "
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+        resv = f"{r['peak_reserved_gib']:.1f}" if r.get("peak_reserved_gib") is not None else "-"
+        lines.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {mfu} ({r['flops_rule']}) | "
                      f"{r['micro_batch']} | {'on' if r['gradient_checkpointing'] else 'off'} | "
-                     f"{r['peak_allocated_gib']:.1f} | {r['peak_reserved_gib']:.1f} | {rt} |")
+                     f"{r['peak_allocated_gib']:.1f} | {resv} | {rt} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma-separated (default {','.join(DEFAULT_CONFIGS)}): " + ", ".join(CONFIGS))
     p.add_argument("--out", default=None, help="folder for results.json, results.md and per-configuration logs")
     p.add_argument("--steps", type=int, default=12, help="timed optimizer steps, ours (default 12)")
     p.add_argument("--warmup", type=int, default=3, help="untimed first steps, ours (compilation; default 3)")
@@ -439,6 +592,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="after timing, profile one step: top CUDA kernels into the log")
     p.add_argument("--no-liger", action="store_true")
     p.add_argument("--smoke", action="store_true", help="every configuration on the 1.5B shape, 2+1 steps")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="no GPU: the ours (worker) configurations on the tiny shape, 2+2 steps of 16 records")
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
@@ -450,6 +605,9 @@ def main(argv=None) -> int:
 
     if args.smoke:
         args.shape, args.steps, args.warmup, args.stock_steps, args.stock_warmup = "1.5b", 2, 2, 1, 1
+    if args.cpu_smoke:
+        args.shape, args.steps, args.warmup, args.records_per_step = "tiny", 2, 2, 16
+        args.configs = ",".join(c for c in args.configs.split(",") if CONFIGS[c]["recipe"] == "ours")
     out = Path(args.out or (ROOT / "bench" / "results" / "train_speed_tmp"))
     out.mkdir(parents=True, exist_ok=True)
     env = versions()
@@ -468,6 +626,14 @@ def main(argv=None) -> int:
         js.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", name, "--json", str(js)] + passthrough
         t0 = time.perf_counter()
+        if CONFIGS[name]["recipe"] == "ours":
+            r = run_ours_worker(name, CONFIGS[name], args, out / "runs.log")
+            r["process_wall_s"] = time.perf_counter() - t0
+            results.append(r)
+            print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s in {r['process_wall_s']:.0f}s",
+                  flush=True)
+            (out / "results.json").write_text(json.dumps({"env": env, "results": results}, indent=1))
+            continue
         with open(out / "runs.log", "a") as log:
             log.write(f"===== {name}: {' '.join(cmd)}\n")
             log.flush()
