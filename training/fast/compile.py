@@ -4,6 +4,21 @@ Every decoder layer runs the same code, so with inlined nn.Modules (PyTorch's de
 compiled graph serves all of them: compile time is one layer's, not the model's. Inductor
 fuses the RMSNorms, the SwiGLU, RoPE and the LoRA adds around the matmuls. The embedding,
 final norm and loss stay eager (the loss has its own fused kernel, training.fast.loss).
+
+The layers are compiled with dynamic shapes from the start. Packed rows change width from one
+micro-batch to the next (rounded up to a multiple of 1,024 tokens on CUDA), and so does the
+number of records in a row (the length of cu_seq_lens). With static shapes the first compile
+is specialised to the first row's sizes, and the first row of another width compiles every
+layer again (torch's automatic dynamic shapes), seconds of a training step at an arbitrary
+point of the run (run5 in bench/results: one 8.4 s step out of twelve). Dynamic from the first
+compile, one graph serves every width and every record count. Parameters stay static.
+One more compile can still come: Inductor guards its 32-bit indexing and fusion choices on a range
+of the row width (on the H200, run6: `4096 <= width`, the first row being a full one), so the first
+row on the other side of that bound compiles once more (8.3 s, in run6's warm-up step 3); no
+compile followed in the 14 steps after it.
+Duck shaping is turned off for the process: with it, a row exactly as wide as some other size of the
+first compile (the hidden size, 2,048 on a 3B model, say) shares that size's symbol and is
+specialised to it, so the next width compiles again.
 """
 
 from __future__ import annotations
@@ -22,11 +37,16 @@ def lm_head_of(model):
     return base.get_output_embeddings()
 
 
-def compile_decoder_layers(model, backend: str = "inductor", mode: str | None = None) -> int:
-    """Compiles every decoder layer in place; returns how many. Nothing runs until the first forward."""
+def compile_decoder_layers(model, backend: str = "inductor", mode: str | None = None, dynamic: bool = True) -> int:
+    """Compiles every decoder layer in place; returns how many. Nothing runs until the first forward.
+    dynamic=True: the row width and the record count are symbolic in the first compile (see above)."""
     layers = decoder_of(model).layers
+    if dynamic:
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False  # a row width equal to the hidden size stays symbolic
     for layer in layers:
-        layer.compile(backend=backend, mode=mode)
+        layer.compile(backend=backend, mode=mode, dynamic=dynamic)
     return len(layers)
 
 
