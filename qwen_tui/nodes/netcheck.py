@@ -51,7 +51,7 @@ while socks and time.monotonic() < end:
         try:
             c.recv(1)
         except OSError:
-            pass
+            pass  # the client hung up or timed out: either way it reached us
         c.close()
 print(json.dumps({"bound": bound, "peers": peers}))
 '''
@@ -189,7 +189,7 @@ def check_ports(preset: Preset, transports: dict[int, Transport], facts: Cluster
                         if json.loads(listeners[j].stdout.strip().splitlines()[-1])["bound"].get(str(p)):
                             continue  # that port was busy on the listener: not a network finding
                     except (json.JSONDecodeError, IndexError, KeyError):
-                        pass
+                        pass  # no readable listener report: the connect result alone decides
                 err = res.get(f"{addrs[j]}:{p}")
                 if err is not None:
                     bad.append(f"{nodes[j].label}:{p} ({err})")
@@ -292,7 +292,7 @@ def iperf_pair(server: Transport, client: Transport, server_addr: str, *, second
         try:
             data = json.loads(r.stdout) if r.stdout.strip() else {}
         except json.JSONDecodeError:
-            pass
+            pass  # not iperf3's JSON: its exit code and stderr below say what went wrong
         err = data.get("error") or ("" if r.ok else (r.stderr.strip() or f"rc {r.rc}"))
         if not err:
             break

@@ -67,7 +67,7 @@ def on_nodes(fn: Callable[[int], T], indices: Iterable[int], *, timeout: float,
             except BaseException as e:  # noqa: BLE001 - kept per node, never swallowed
                 res[i] = e
     except cf.TimeoutError:
-        pass
+        pass  # the nodes that did not answer in time are marked just below
     for fut, i in futs.items():
         if i not in res:
             res[i] = NodeTimeout(f"no answer within {timeout:g}s")
