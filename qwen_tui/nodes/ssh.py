@@ -3,7 +3,8 @@
 One connection per node carries every command (a channel each), SFTP and job
 starts. Every step has a bound: TCP connect, banner, authentication, opening a
 channel, each command (also enforced on the node with `timeout`, because closing
-a channel without a pty does not stop the remote process). Commands are argv
+a channel without a pty does not stop the remote process). A long-lived stream
+(`stream_lines`) runs under a pty instead, so that closing its channel ends it. Commands are argv
 lists, each element shlex-quoted; nothing a user typed is ever pasted into a
 shell string unquoted.
 """
@@ -17,7 +18,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import paramiko
 
@@ -246,6 +247,73 @@ class SSHTransport:
                 raise Unreachable(f"{self.label}: connection failed during a command: {e}") from None
             finally:
                 chan.close()
+        finally:
+            self._channels.release()
+
+    # ------------------------------------------------------------ streams
+    def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
+                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+        """Run one long-lived command and yield its output lines as they arrive, until
+        `stop` is set, the command ends, or the consumer closes the iterator.
+
+        The command gets a pty: when the channel closes (stop, an error, the
+        connection dropping, this process dying) sshd closes the pty and the kernel
+        hangs up the remote command. Without a pty it would live on. With the pty,
+        stderr arrives merged into the lines. Every wait is bounded: the stop flag is
+        looked at every `poll` seconds; no first line within `timeout_first_line`
+        (or silence longer than `idle_timeout` later) raises TransportError."""
+        if not argv:
+            raise ValueError("empty argv")
+        if not self._channels.acquire(timeout=timeout_first_line):
+            raise TransportError(f"{self.label}: no free SSH channel within {timeout_first_line:g}s")
+        try:
+            try:
+                chan = self._transport().open_session(timeout=self.target.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                self.close()
+                raise Unreachable(f"{self.label}: cannot open a channel to {self.target.address}: {e}") from None
+            try:
+                # `exec`: the login shell becomes the command, one process on the node
+                chan.get_pty(term="dumb", width=1000, height=24)
+                chan.exec_command("exec " + quote_argv(argv))
+                chan.settimeout(0.0)
+                buf = bytearray()
+                started = last = time.monotonic()
+                got_line = False
+                while not stop.is_set():
+                    select.select([chan], [], [], poll)
+                    try:
+                        data = chan.recv(65536) if chan.recv_ready() else None
+                    except socket.timeout:
+                        data = None
+                    now = time.monotonic()
+                    if data is None:
+                        if chan.exit_status_ready() or chan.closed or chan.eof_received:
+                            break
+                        if not got_line and now - started > timeout_first_line:
+                            raise TransportError(f"{self.label}: no output within {timeout_first_line:g}s "
+                                                 f"from {quote_argv(argv)[:200]}")
+                        if got_line and idle_timeout is not None and now - last > idle_timeout:
+                            raise TransportError(f"{self.label}: no output for {idle_timeout:g}s "
+                                                 f"from {quote_argv(argv)[:200]}")
+                        continue
+                    if not data:  # EOF
+                        break
+                    last = now
+                    buf += data
+                    while b"\n" in buf:
+                        line, _, rest = bytes(buf).partition(b"\n")
+                        buf = bytearray(rest)
+                        got_line = True
+                        yield line.rstrip(b"\r").decode(errors="replace")
+                        if stop.is_set():
+                            return
+                if buf and not stop.is_set():
+                    yield bytes(buf).rstrip(b"\r").decode(errors="replace")
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise Unreachable(f"{self.label}: connection failed during a stream: {e}") from None
+            finally:
+                chan.close()  # sshd closes the pty: the command gets SIGHUP
         finally:
             self._channels.release()
 

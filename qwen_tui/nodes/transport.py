@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import select
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
 # A detached job: run argv in `cwd`, output appended to `log`, exit code written to
 # `rcfile` when it ends. The job is its own session/process group. torchrun starts
@@ -98,6 +100,51 @@ class LocalTransport:
             return CommandResult(124, "", f"timed out after {timeout:g}s: {quote_argv(argv)}")
         return CommandResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
 
+    def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
+                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+        """One long-lived command; its stdout+stderr lines as they arrive, until `stop`
+        is set, the command ends or the iterator is closed. The command runs in its own
+        process group, which is terminated (then killed) when the stream ends. A
+        missing program yields nothing. Bounds as SSHTransport.stream_lines."""
+        if not argv:
+            raise ValueError("empty argv")
+        try:
+            p = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        except FileNotFoundError:
+            return
+        fd = p.stdout.fileno()
+        buf = b""
+        started = last = time.monotonic()
+        got_line = False
+        try:
+            while not stop.is_set():
+                r, _, _ = select.select([fd], [], [], poll)
+                now = time.monotonic()
+                if not r:
+                    if not got_line and now - started > timeout_first_line:
+                        raise TransportError(f"{self.label}: no output within {timeout_first_line:g}s "
+                                             f"from {quote_argv(argv)[:200]}")
+                    if got_line and idle_timeout is not None and now - last > idle_timeout:
+                        raise TransportError(f"{self.label}: no output for {idle_timeout:g}s "
+                                             f"from {quote_argv(argv)[:200]}")
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                last = now
+                buf += data
+                while b"\n" in buf:
+                    line, _, buf = buf.partition(b"\n")
+                    got_line = True
+                    yield line.rstrip(b"\r").decode(errors="replace")
+                    if stop.is_set():
+                        return
+            if buf and not stop.is_set():
+                yield buf.decode(errors="replace")
+        finally:
+            _end_process_group(p)
+
     def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         p = subprocess.Popen(job_argv(argv, env, cwd, log, rcfile), stdin=subprocess.DEVNULL,
@@ -157,6 +204,23 @@ class LocalTransport:
 
     def close(self) -> None:
         return None
+
+
+def _end_process_group(p: subprocess.Popen, grace: float = 3.0) -> None:
+    """TERM the group p leads, KILL it after `grace` seconds; reap p."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if p.poll() is not None:
+            break
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            break  # already gone
+        try:
+            p.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue  # next: SIGKILL
+    if p.stdout is not None:
+        p.stdout.close()
 
 
 def _all_pids() -> list[int]:

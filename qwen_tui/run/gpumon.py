@@ -1,21 +1,25 @@
 """Live GPU (or CPU) load of every node, for the Run screen. Core: no Textual.
 
-One sampler thread per node, at most one sample a second:
-- a GPU node is watched by ONE long-lived
-  `nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms 1000` when the
-  transport can stream (this machine: a subprocess; any transport that offers
-  `stream_lines(argv, ...)`). The Transport protocol has no streaming call, so over
-  SSH the sampler falls back to a bounded poll: one query a second, each with a
-  timeout, on the transport's reused connection;
-- a CPU-only node (no GPUs in its facts, or nvidia-smi missing) is sampled from
-  /proc/loadavg and the deltas of /proc/stat's first line.
+One sampler thread per node, at most one sample a second, each from ONE
+long-lived query per node whenever the transport can stream
+(`stream_lines(argv, stop=..., timeout_first_line=...)`: LocalTransport runs a
+subprocess, SSHTransport one exec channel under a pty, so that closing the
+channel ends the remote command):
+- a GPU node is watched by one
+  `nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms 1000`;
+- a CPU-only node (no GPUs in its facts, or nvidia-smi missing) by one small
+  Python loop on the node (`CPU_LOOP`, started with argv) that prints the first
+  line of /proc/stat, the CPU count and the 1-minute load once a second. This
+  machine's own CPU is read from /proc directly.
+A transport without `stream_lines` falls back to a bounded poll: one query a
+second, each with a timeout. A stream that fails (the node drops) is shown as
+an error sample and started again after a pause.
 
 Samples go to a callback (the UI posts them as coalescing Messages).
 """
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,26 +95,46 @@ def parse_query(text: str, fields: Sequence[str] = FIELDS) -> list[GpuSample]:
     return [s for s in (parse_gpu_line(ln, fields) for ln in text.splitlines()) if s is not None]
 
 
-def group_stream(lines: Iterator[str], fields: Sequence[str] = FIELDS) -> Iterator[list[GpuSample]]:
-    """A `-lms` stream prints one row per GPU per tick. The first tick ends when the
-    GPU index stops growing; after that the GPU count is known and a tick is
-    yielded as soon as its last row arrives (no one-tick lag)."""
-    cur: list[GpuSample] = []
-    n: Optional[int] = None
-    for ln in lines:
-        s = parse_gpu_line(ln, fields)
+class TickGrouper:
+    """Groups the rows of a `-lms` stream into ticks, one line at a time. The
+    stream prints one row per GPU per tick. The first tick ends when the GPU
+    index stops growing; after that the GPU count is known and a tick is complete
+    as soon as its last row arrives (no one-tick lag)."""
+
+    def __init__(self, fields: Sequence[str] = FIELDS):
+        self.fields = fields
+        self.rows = 0  # GPU rows seen so far
+        self._cur: list[GpuSample] = []
+        self._n: Optional[int] = None
+
+    def push(self, line: str) -> list[list[GpuSample]]:
+        """Feed one line; the ticks it completed (none, one, rarely two)."""
+        s = parse_gpu_line(line, self.fields)
         if s is None:
-            continue
-        if cur and s.index <= cur[-1].index:
-            n = n or len(cur)
-            yield cur
-            cur = []
-        cur.append(s)
-        if n is not None and len(cur) == n:
-            yield cur
-            cur = []
-    if cur:
-        yield cur
+            return []
+        self.rows += 1
+        out = []
+        if self._cur and s.index <= self._cur[-1].index:
+            self._n = self._n or len(self._cur)
+            out.append(self._cur)
+            self._cur = []
+        self._cur.append(s)
+        if self._n is not None and len(self._cur) == self._n:
+            out.append(self._cur)
+            self._cur = []
+        return out
+
+    def flush(self) -> list[list[GpuSample]]:
+        out, self._cur = ([self._cur] if self._cur else []), []
+        return out
+
+
+def group_stream(lines: Iterator[str], fields: Sequence[str] = FIELDS) -> Iterator[list[GpuSample]]:
+    """Ticks of a whole `-lms` stream (see TickGrouper)."""
+    g = TickGrouper(fields)
+    for ln in lines:
+        yield from g.push(ln)
+    yield from g.flush()
 
 
 # ------------------------------------------------------------------ CPU
@@ -143,23 +167,64 @@ def cpu_sample(rank: int, stat_text: str, loadavg_text: str,
     return NodeSample(rank=rank, cpu_util_pct=util, load1=load1, cpu_count=cpu_count_from_stat(stat_text) or None), cur
 
 
+# One process on the node, one line a second: "<cpu line of /proc/stat>\t<cpus>\t<load1>".
+# The interval is argv[1]; the loop keeps its own schedule (no drift) and ends when
+# its output goes away (SIGHUP from the closed pty, or EPIPE).
+CPU_LOOP = r'''
+import sys, time  # qwen-tui cpu sampler
+iv = max(1.0, float(sys.argv[1])); nxt = time.monotonic()
+while True:
+    with open("/proc/stat") as f:
+        lines = f.read().splitlines()
+    with open("/proc/loadavg") as f:
+        load1 = f.read().split()[0]
+    ncpu = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    sys.stdout.write(lines[0] + "\t" + str(ncpu) + "\t" + load1 + "\n"); sys.stdout.flush()
+    nxt += iv
+    time.sleep(max(0.0, nxt - time.monotonic()))
+'''
+CPU_LOOP_MARK = "qwen-tui cpu sampler"
+
+
+def cpu_loop_argv(python: str = "python3", interval: float = INTERVAL_MS / 1000) -> list[str]:
+    return [python, "-u", "-c", CPU_LOOP, f"{max(1.0, interval):g}"]
+
+
+def parse_cpu_stream_line(rank: int, line: str, prev: Optional[tuple[int, int]]
+                          ) -> tuple[Optional[NodeSample], Optional[tuple[int, int]]]:
+    """One CPU_LOOP line -> (sample, counters); (None, prev) when the line is not one."""
+    parts = line.rstrip("\r\n").split("\t")
+    if len(parts) != 3 or not parts[0].startswith("cpu "):
+        return None, prev
+    try:
+        ncpu, load1 = int(parts[1]), float(parts[2])
+    except ValueError:
+        return None, prev
+    s, cur = cpu_sample(rank, parts[0], f"{load1} 0 0", prev)
+    s.cpu_count = ncpu or None
+    return s, cur
+
+
 # ------------------------------------------------------------------ samplers
 
 class GpuMonitor:
-    """Start one sampler per node; `on_sample(NodeSample)` is called from sampler threads."""
+    """Start one sampler per node; `on_sample(NodeSample)` is called from sampler threads.
+
+    `pythons` names the interpreter per node for the CPU loop (default python3)."""
+
+    RETRY_S = 5.0  # a failed stream is started again after this pause
 
     def __init__(self, transports: dict, on_sample: Callable[[NodeSample], None], *,
                  gpu_nodes: Optional[dict[int, bool]] = None, interval: float = INTERVAL_MS / 1000,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, pythons: Optional[dict[int, str]] = None):
         self.transports = transports
         self.on_sample = on_sample
         self.gpu_nodes = gpu_nodes or {}
+        self.pythons = pythons or {}
         self.interval = max(1.0, interval)  # at most once a second, whatever the caller asks
         self.timeout = timeout
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._procs: list[subprocess.Popen] = []
-        self._lock = threading.Lock()
 
     def start(self) -> None:
         for rank, t in sorted(self.transports.items()):
@@ -167,19 +232,13 @@ class GpuMonitor:
             th.start()
             self._threads.append(th)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every sampler; streams notice within a fraction of a second and end
+        their command (bounded: `timeout` for all threads together)."""
         self._stop.set()
-        with self._lock:
-            for p in self._procs:
-                if p.poll() is None:
-                    p.terminate()
+        deadline = time.monotonic() + timeout
         for th in self._threads:
-            th.join(timeout=3)
-        with self._lock:
-            for p in self._procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait(timeout=3)
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- per node
     def _node(self, rank: int, t) -> None:
@@ -193,36 +252,48 @@ class GpuMonitor:
         if not self._stop.is_set():
             self.on_sample(s)
 
+    def _stream(self, rank: int, t, argv: list[str], handle: Callable[[str], bool]) -> bool:
+        """Feed the lines of one long-lived `argv` to `handle` (True when a line was a
+        sample) until stopped; restart it after a failure. False when the first run
+        ended without a single sample (the program is missing or has nothing to say)."""
+        ever = False
+        while not self._stop.is_set():
+            got = False
+            try:
+                for ln in t.stream_lines(argv, stop=self._stop, timeout_first_line=self.timeout,
+                                         idle_timeout=self.timeout + 5 * self.interval):
+                    got = handle(ln) or got
+                    if self._stop.is_set():
+                        break
+            except Exception as e:  # the node may drop for a moment: show it, try again
+                self._emit(NodeSample(rank=rank, error=f"{type(e).__name__}: {e}"))
+            else:
+                if not got and not ever and not self._stop.is_set():
+                    return False
+            ever = ever or got
+            self._stop.wait(self.RETRY_S)
+        return True
+
     def _gpus(self, rank: int, t) -> bool:
         """Watch GPUs until stopped. False when the node has no usable nvidia-smi (use the CPU sampler)."""
-        from ..nodes.transport import LocalTransport
-
-        if isinstance(t, LocalTransport) or hasattr(t, "stream_lines"):
+        if hasattr(t, "stream_lines"):
             return self._gpus_stream(rank, t)
         return self._gpus_poll(rank, t)
 
     def _gpus_stream(self, rank: int, t) -> bool:
         argv = query_argv(loop_ms=int(self.interval * 1000))
-        if hasattr(t, "stream_lines"):
-            lines = t.stream_lines(argv, stop=self._stop)
-        else:
-            try:
-                p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     text=True, bufsize=1)
-            except FileNotFoundError:
-                return False
-            with self._lock:
-                self._procs.append(p)
-            lines = iter(p.stdout.readline, "")
-        got = False
-        for tick in group_stream(lines):
-            got = True
-            self._emit(NodeSample(rank=rank, gpus=tick))
-            if self._stop.is_set():
-                break
-        if not got and not self._stop.is_set():
-            return False  # printed nothing we could read: no GPU here
-        return True
+        return self._stream(rank, t, argv, self._gpu_feeder(rank))
+
+    def _gpu_feeder(self, rank: int) -> Callable[[str], bool]:
+        """A line handler: rows grouped into ticks as they arrive, each tick emitted."""
+        g = TickGrouper()
+
+        def feed(line: str) -> bool:
+            before = g.rows
+            for tick in g.push(line):
+                self._emit(NodeSample(rank=rank, gpus=tick))
+            return g.rows > before
+        return feed
 
     def _gpus_poll(self, rank: int, t) -> bool:
         argv = query_argv(loop_ms=None)
@@ -248,6 +319,9 @@ class GpuMonitor:
     def _cpu(self, rank: int, t) -> None:
         from ..nodes.transport import LocalTransport
 
+        if not isinstance(t, LocalTransport) and hasattr(t, "stream_lines"):
+            self._cpu_stream(rank, t)
+            return
         prev = None
         while not self._stop.is_set():
             t0 = time.monotonic()
@@ -269,3 +343,18 @@ class GpuMonitor:
             except Exception as e:  # shown in the node's panel; the sampler keeps going
                 self._emit(NodeSample(rank=rank, error=f"{type(e).__name__}: {e}"))
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
+
+    def _cpu_stream(self, rank: int, t) -> None:
+        prev: list[Optional[tuple[int, int]]] = [None]
+
+        def feed(line: str) -> bool:
+            s, prev[0] = parse_cpu_stream_line(rank, line, prev[0])
+            if s is None:
+                return False
+            if s.cpu_util_pct is not None:
+                self._emit(s)
+            return True
+
+        argv = cpu_loop_argv(self.pythons.get(rank, "python3"), self.interval)
+        if not self._stream(rank, t, argv, feed):
+            self._emit(NodeSample(rank=rank, error=f"the CPU sampler printed nothing ({argv[0]} on the node?)"))

@@ -72,3 +72,109 @@ def test_monitor_local_cpu_node_samples_and_stops():
     mon.stop()
     assert got[0].rank == 0 and got[0].cpu_only and 0 <= got[0].cpu_util_pct <= 100
     assert not any(th.is_alive() for th in mon._threads)
+
+
+class _ReplayNvidiaSmi:
+    """A transport whose one stream answers `nvidia-smi --query-gpu=F... -lms N` from the
+    recorded H200 stream (tests/fixtures/nvidia-smi/query_stream.csv, columns FULL):
+    each line is projected onto the fields the argv asks for and handed over one at a
+    time, as the real stream would."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.emitted_before: list[int] = []  # samples the monitor had emitted before each line
+        self.samples: list = []
+
+    def stream_lines(self, argv, *, stop, timeout_first_line, **kw):
+        self.calls.append(list(argv))
+        fields = next(a for a in argv if a.startswith("--query-gpu=")).split("=", 1)[1].split(",")
+        for ln in (FIX / "query_stream.csv").read_text().splitlines():
+            row = dict(zip(FULL, [p.strip() for p in ln.split(", ")]))
+            self.emitted_before.append(len(self.samples))
+            yield ", ".join(row[f] for f in fields)
+            if stop.is_set():
+                return
+        stop.wait(30)  # the real stream does not end by itself: hold until stopped
+
+
+def test_stream_fed_line_by_line_through_the_monitor():
+    import threading
+
+    t = _ReplayNvidiaSmi()
+    done = threading.Event()
+
+    def on(s):
+        t.samples.append(s)
+        if len(t.samples) == 6:
+            done.set()
+
+    mon = gpumon.GpuMonitor({1: t}, on, gpu_nodes={1: True})
+    mon.start()
+    try:
+        assert done.wait(10), t.samples
+    finally:
+        mon.stop()
+    assert not any(th.is_alive() for th in mon._threads)
+    # ONE long-lived query, at most one row a second
+    assert t.calls == [gpumon.query_argv()] and t.calls[0][-2:] == ["-lms", "1000"]
+    assert [s.rank for s in t.samples] == [1] * 6 and all(s.error is None for s in t.samples)
+    assert [s.gpus[0].util_pct for s in t.samples] == [100, 100, 100, 100, 99, 100]
+    g = t.samples[0].gpus[0]
+    assert (g.index, g.name, g.mem_used_mib, g.mem_total_mib) == (0, "NVIDIA H200", 1139, 143771)
+    # each tick is emitted as its row arrives (one GPU: only the first tick waits for
+    # the second row, which tells that the node has one GPU)
+    assert t.emitted_before == [0, 0, 2, 3, 4, 5]
+
+
+def test_monitor_falls_back_to_cpu_when_the_stream_says_nothing():
+    import threading
+
+    class NoSmi:
+        def __init__(self):
+            self.calls = []
+
+        def stream_lines(self, argv, *, stop, timeout_first_line, **kw):
+            self.calls.append(argv[0])
+            if argv[0] == "nvidia-smi":
+                yield "sh: 1: exec: nvidia-smi: not found"
+                return
+            k = 0
+            while not stop.is_set():
+                k += 1
+                yield f"cpu  {100 * k} 0 {100 * k} {800 * k} 0 0 0 0 0 0\t2\t0.50"
+                stop.wait(0.05)
+
+    t, ev, got = NoSmi(), threading.Event(), []
+    mon = gpumon.GpuMonitor({0: t}, lambda s: (got.append(s), ev.set()), pythons={0: "/opt/py/bin/python"})
+    mon.start()
+    try:
+        assert ev.wait(5)
+    finally:
+        mon.stop()
+    assert t.calls == ["nvidia-smi", "/opt/py/bin/python"]
+    assert got[0].cpu_only and got[0].cpu_count == 2 and got[0].load1 == 0.5
+    assert got[0].cpu_util_pct == pytest.approx(20)
+
+
+def test_local_stream_lines_ends_its_process_group():
+    import os
+    import threading
+    import time
+    from qwen_tui.nodes.transport import LocalTransport, TransportError
+
+    stop = threading.Event()
+    it = LocalTransport().stream_lines(["sh", "-c", "while :; do echo x; sleep 0.1; done"], stop=stop,
+                                       timeout_first_line=5)
+    assert [next(it) for _ in range(2)] == ["x", "x"]
+    it.close()
+    with pytest.raises(TransportError, match="no output within"):
+        list(LocalTransport().stream_lines(["sleep", "30"], stop=stop, timeout_first_line=0.5))
+    assert list(LocalTransport().stream_lines(["no-such-program-qt"], stop=stop, timeout_first_line=1)) == []
+    t0 = time.monotonic()
+    threading.Timer(0.5, stop.set).start()
+    assert list(LocalTransport().stream_lines(["sleep", "30"], stop=stop, timeout_first_line=30)) == []
+    assert time.monotonic() - t0 < 3
+    # no child left behind (sh loop, sleeps)
+    kids = [p for p in os.listdir("/proc") if p.isdigit() and
+            open(f"/proc/{p}/stat").read().split(") ")[-1].split()[1] == str(os.getpid())]
+    assert kids == []

@@ -216,7 +216,8 @@ class RunScreen(StepScreen):
             nf = self.state.facts.nodes.get(r)
             if nf is not None and nf.gpus is not None:
                 gpu_nodes[r] = bool(nf.gpus)
-        self.monitor = GpuMonitor(la.transports, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes)
+        self.monitor = GpuMonitor(la.transports, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes,
+                                  pythons={c.rank: c.argv[0] for c in la.plan.nodes if c.argv})
         self.monitor.start()
         self.wizard.facts_changed()
 
