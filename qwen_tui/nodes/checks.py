@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from qwen_tui.facts import ClusterFacts, NodeFacts
+from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, worst
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
@@ -199,6 +199,70 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
     rep._checked = checked
     rep.seconds = time.monotonic() - t0
     return rep
+
+
+# The network checks that can be run again on their own: name -> the matrix
+# columns (Finding.check) its findings land in.
+NETWORK_CHECKS: dict[str, tuple[str, ...]] = {
+    "port": ("port", "nccl-ports"),
+    "firewall": ("firewall",),
+    "bandwidth": ("bandwidth",),
+}
+
+
+def run_network_check(preset: Preset, transports: dict[int, Transport], which: str, facts: ClusterFacts, *,
+                      bandwidth_seconds: float = 2.0, warn_below_gbps: float = 10.0
+                      ) -> tuple[ClusterFacts, list[Finding]]:
+    """Run ONE network check (a key of NETWORK_CHECKS) again, the same function
+    run_checks calls. `facts` is what is already known; it is not changed. Returns a
+    copy with this check's fields measured afresh (the other checks' fields as they
+    were) and this check's findings (they replace the findings in its columns).
+    Nodes without probe facts (no addresses known) are probed first."""
+    if which not in NETWORK_CHECKS:
+        raise ValueError(f"unknown network check {which!r} (one of {', '.join(NETWORK_CHECKS)})")
+    out = ClusterFacts.from_dict(facts.to_dict())
+    findings: list[Finding] = []
+    nodes = preset.cluster.nodes
+    ephemeral: dict[int, tuple[int, int]] = {}
+    unprobed = {i: t for i, t in transports.items() if i not in out.nodes or not out.nodes[i].addresses}
+    if unprobed and which != "firewall":
+        for i, v in probe_all(preset, unprobed).items():
+            if isinstance(v, BaseException):
+                out.nodes[i] = NodeFacts(error=f"probe: {v}")
+                findings.append(Finding(ERROR, "PROBE_FAILED", f"{nodes[i].label}: {v}", "", i, "python"))
+                continue
+            out.nodes[i], raw = v
+            if raw.get("ephemeral_ports"):
+                ephemeral[i] = tuple(raw["ephemeral_ports"])
+    if len(nodes) < 2:
+        return out, findings
+    alive = {i: t for i, t in transports.items()
+             if i in out.nodes and "python" not in out.nodes[i].missing_tools}
+    for i in transports:  # forget what this check measured before
+        lk = out.links.setdefault(i, LinkFacts())
+        if which == "port":
+            lk.port_reachable = lk.port_error = None
+        elif which == "bandwidth":
+            lk.bandwidth_gbps = lk.bandwidth_error = None
+        else:
+            lk.firewall = []
+    if which == "port":
+        out.master_port_free = None
+        if 0 not in alive:
+            findings.append(Finding(ERROR, "PORT_TEST_FAILED", f"the master ({nodes[0].label}) cannot run the "
+                                    "port test (not connected, or no Python there)", "", 0, "port"))
+        else:
+            findings += check_ports(preset, alive, out, ephemeral=ephemeral)
+    elif which == "bandwidth":
+        if 0 not in alive:
+            findings.append(Finding(WARNING, "BANDWIDTH_UNMEASURED", f"the master ({nodes[0].label}) is not "
+                                    "connected: no bandwidth measured", "", 0, "bandwidth"))
+        else:
+            findings += check_bandwidth(preset, alive, out, seconds=bandwidth_seconds,
+                                        warn_below_gbps=warn_below_gbps)
+    else:
+        findings += check_firewalls(preset, transports, out)
+    return out, findings
 
 
 def _connect_fix(e: BaseException) -> str:

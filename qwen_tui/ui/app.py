@@ -129,8 +129,9 @@ class WizardApp(App[int]):
         from ..nodes.transport import LocalTransport
 
         p = self.state.preset
-        want = [i for i in (indices if indices is not None else range(len(p.cluster.nodes))) if i not in self.transports]
-        out: dict[int, Any] = {i: self.transports[i] for i in (indices or []) if i in self.transports}
+        asked = list(indices if indices is not None else range(len(p.cluster.nodes)))
+        want = [i for i in asked if i not in self.transports]
+        out: dict[int, Any] = {i: self.transports[i] for i in asked if i in self.transports}
 
         def one(i: int) -> Any:
             node = p.cluster.nodes[i]

@@ -213,6 +213,29 @@ def node_checks(preset: Preset, transports: dict) -> tuple[ClusterFacts, list[Fi
     return rep.facts, [_finding(f) for f in rep.findings]
 
 
+def network_checks() -> dict[str, tuple[str, ...]]:
+    """The network checks that can be run on their own: name -> the finding columns it owns."""
+    mod = _optional("nodes.checks")
+    return dict(getattr(mod, "NETWORK_CHECKS", {})) if mod is not None else {}
+
+
+def network_check(preset: Preset, transports: dict, which: str,
+                  facts: ClusterFacts) -> tuple[ClusterFacts, list[Finding]]:
+    """One network check again (ports, firewall or bandwidth), the same function
+    `qwen-tui check` runs; facts come back with only that check's fields new."""
+    mod = _optional("nodes.checks")
+    if mod is None:
+        raise RuntimeError("node checks unavailable (qwen_tui.nodes.checks not installed)")
+    out, findings = mod.run_network_check(preset, transports, which, facts)
+    return out, [_finding(f) for f in findings]
+
+
+def replace_findings(old: list[Finding], new: list[Finding], which: str) -> list[Finding]:
+    """The findings after check `which` ran again: its columns' old findings go, its new ones come."""
+    cols = set(network_checks().get(which, ())) | {f.check for f in new if f.check}
+    return [f for f in old if f.check not in cols] + list(new)
+
+
 def import_nodes(kind: str, text: str) -> list[dict[str, Any]]:
     from . import hostlists
 

@@ -176,3 +176,31 @@ async def test_bad_preset_opens_with_the_errors_shown(tmp_path):
         assert "zero_stage" in body and "bad.yaml:7" in body
         await pilot.press("enter")
         assert app.screen.STEP == "nodes"  # and the wizard starts from a fresh preset
+
+
+def test_connect_returns_nodes_connected_earlier_too(tmp_path):
+    """A second connect() (a check run again) gets every node, not only new ones."""
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    first = app.connect()
+    n = len(app.state.preset.cluster.nodes)
+    assert sorted(first) == list(range(n))
+    again = app.connect()
+    assert again == first and all(again[i] is first[i] for i in range(n))
+    assert sorted(app.connect([n - 1])) == [n - 1]
+
+
+def test_one_network_check_replaces_only_its_own_findings():
+    from qwen_tui.ui import core
+
+    assert set(core.network_checks()) == {"port", "firewall", "bandwidth"}
+    old = [core.Finding("warning", "LOW_BANDWIDTH", "slow", check="bandwidth"),
+           core.Finding("error", "MASTER_PORT_UNREACHABLE", "blocked", check="port"),
+           core.Finding("error", "HIGH_PORTS_BLOCKED", "blocked", check="nccl-ports"),
+           core.Finding("warning", "FIREWALL_RULES", "rules", check="firewall")]
+    new = [core.Finding("info", "BANDWIDTH", "fast", check="bandwidth")]
+    assert [f.code for f in core.replace_findings(old, new, "bandwidth")] == \
+        ["MASTER_PORT_UNREACHABLE", "HIGH_PORTS_BLOCKED", "FIREWALL_RULES", "BANDWIDTH"]
+    # a port check that finds nothing clears both port columns
+    assert [f.code for f in core.replace_findings(old, [], "port")] == ["LOW_BANDWIDTH", "FIREWALL_RULES"]
+    with pytest.raises(ValueError):
+        core.network_check(load_preset(DEMO), {}, "rehearsal", core.ClusterFacts())

@@ -1,6 +1,8 @@
 """Step 3, Network: master port and interface, port reachability from every
 worker, firewall findings and iperf3 bandwidth per worker against the 10 Gbit/s
-line. `r` re-runs the checks (the same ones `replay` runs before launching)."""
+line. `r` re-runs all the checks (the same ones `replay` runs before launching);
+`p`, `f` and `b` re-run one of them (ports, firewall, bandwidth) and leave what
+the others found as it was."""
 
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ def _yn(v, err=None) -> Text:
 class NetworkScreen(StepScreen):
     STEP = "network"
     AUTO_FOCUS = "DataTable"  # letter keys act; Tab reaches the inputs
-    BINDINGS = [Binding("r", "check", "Run checks")]
+    BINDINGS = [Binding("r", "check", "All checks"),
+                Binding("p", "check_one('port')", "Ports"),
+                Binding("f", "check_one('firewall')", "Firewall"),
+                Binding("b", "check_one('bandwidth')", "Bandwidth")]
 
     def body(self) -> ComposeResult:
         yield Label("Network: workers reach the master on one port; collectives need bandwidth.", classes="intro")
@@ -88,7 +93,8 @@ class NetworkScreen(StepScreen):
             if a.fix:
                 txt.append(f"    fix: {a.fix}\n", style="dim")
         if not st.net_findings and not st.net_checked:
-            txt.append("Not checked yet: r runs the port, firewall and iperf3 checks from every node.", style="dim")
+            txt.append("Not checked yet: r runs the port, firewall and iperf3 checks from every node; "
+                       "p, f or b runs one of them.", style="dim")
         self.query_one("#net-findings", Static).update(txt)
 
     def action_check(self) -> None:
@@ -105,7 +111,24 @@ class NetworkScreen(StepScreen):
         facts, findings = core.node_checks(self.state.preset, conns)
         self.post_message(ActionDone("net", result=(facts, findings)))
 
+    def action_check_one(self, which: str) -> None:
+        self.notify(f"running the {which} check…")
+        self.check_one(which)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="net")
+    def check_one(self, which: str) -> None:
+        conns = self.wizard.connect()
+        bad = {i: e for i, e in conns.items() if isinstance(e, BaseException)}
+        if bad:
+            self.post_message(ActionDone("net-one", error="; ".join(f"node {i}: {e}" for i, e in bad.items())))
+            return
+        facts, findings = core.network_check(self.state.preset, conns, which, self.state.facts)
+        self.post_message(ActionDone("net-one", result=(which, facts, findings)))
+
     def on_action_done(self, msg: ActionDone) -> None:
+        if msg.action == "net-one":
+            self._one_done(msg)
+            return
         if msg.action != "net":
             return
         if msg.error:
@@ -121,3 +144,16 @@ class NetworkScreen(StepScreen):
         errs = [a for a in findings if a.level == "error"]
         self.notify(f"{len(errs)} problem(s) found" if errs else "network checks passed",
                     severity="error" if errs else "information", title="Network checks")
+
+    def _one_done(self, msg: ActionDone) -> None:
+        if msg.error:
+            self.notify(msg.error, severity="error", title="Network check")
+            return
+        which, facts, findings = msg.result
+        st = self.state
+        st.facts = core.merge_facts(st.facts, facts)
+        st.net_findings = core.replace_findings(st.net_findings, findings, which)
+        self.wizard.facts_changed()
+        errs = [a for a in findings if a.level == "error"]
+        self.notify(f"{which}: {len(errs)} problem(s) found" if errs else f"{which} check passed",
+                    severity="error" if errs else "information", title="Network check")
