@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
-from qwen_tui.nodes.transport import JOB_MARK, CommandResult, TransportError, job_argv, quote_argv
+from qwen_tui.nodes.transport import JOB_MARK, CommandResult, TransportError, check_stream_quiet, job_argv, quote_argv
 
 # Runs argv in a directory without a shell seeing the directory's name.
 _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
@@ -290,12 +290,8 @@ class SSHTransport:
                     if data is None:
                         if chan.exit_status_ready() or chan.closed or chan.eof_received:
                             break
-                        if not got_line and now - started > timeout_first_line:
-                            raise TransportError(f"{self.label}: no output within {timeout_first_line:g}s "
-                                                 f"from {quote_argv(argv)[:200]}")
-                        if got_line and idle_timeout is not None and now - last > idle_timeout:
-                            raise TransportError(f"{self.label}: no output for {idle_timeout:g}s "
-                                                 f"from {quote_argv(argv)[:200]}")
+                        check_stream_quiet(self.label, argv, now, started, last, got_line, timeout_first_line,
+                                           idle_timeout)
                         continue
                     if not data:  # EOF
                         break

@@ -44,6 +44,15 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
+def check_stream_quiet(label: str, argv: Sequence[str], now: float, started: float, last: float, got_line: bool,
+                       timeout_first_line: float, idle_timeout: Optional[float]) -> None:
+    """The bounds of a silent stream: no first line in time, or silence past idle_timeout."""
+    if not got_line and now - started > timeout_first_line:
+        raise TransportError(f"{label}: no output within {timeout_first_line:g}s from {quote_argv(argv)[:200]}")
+    if got_line and idle_timeout is not None and now - last > idle_timeout:
+        raise TransportError(f"{label}: no output for {idle_timeout:g}s from {quote_argv(argv)[:200]}")
+
+
 @dataclass
 class CommandResult:
     rc: int
@@ -122,12 +131,8 @@ class LocalTransport:
                 r, _, _ = select.select([fd], [], [], poll)
                 now = time.monotonic()
                 if not r:
-                    if not got_line and now - started > timeout_first_line:
-                        raise TransportError(f"{self.label}: no output within {timeout_first_line:g}s "
-                                             f"from {quote_argv(argv)[:200]}")
-                    if got_line and idle_timeout is not None and now - last > idle_timeout:
-                        raise TransportError(f"{self.label}: no output for {idle_timeout:g}s "
-                                             f"from {quote_argv(argv)[:200]}")
+                    check_stream_quiet(self.label, argv, now, started, last, got_line, timeout_first_line,
+                                       idle_timeout)
                     continue
                 data = os.read(fd, 65536)
                 if not data:

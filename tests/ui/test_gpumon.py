@@ -156,16 +156,33 @@ def test_monitor_falls_back_to_cpu_when_the_stream_says_nothing():
     assert got[0].cpu_util_pct == pytest.approx(20)
 
 
-def test_local_stream_lines_ends_its_process_group():
+def _live_children() -> set[int]:
+    """This process's live (non-zombie) children; other tests' daemons (a cluster's sshd) may be among them."""
     import os
+    out = set()
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(") ", 1)[-1].split()
+        except OSError:
+            continue  # exited while we looked
+        if fields[1] == str(os.getpid()) and fields[0] != "Z":
+            out.add(int(p))
+    return out
+
+
+def test_local_stream_lines_ends_its_process_group():
     import threading
     import time
     from qwen_tui.nodes.transport import LocalTransport, TransportError
 
+    before = _live_children()
     stop = threading.Event()
     it = LocalTransport().stream_lines(["sh", "-c", "while :; do echo x; sleep 0.1; done"], stop=stop,
                                        timeout_first_line=5)
     assert [next(it) for _ in range(2)] == ["x", "x"]
+    assert _live_children() - before, "the stream runs as a child while it is read"
     it.close()
     with pytest.raises(TransportError, match="no output within"):
         list(LocalTransport().stream_lines(["sleep", "30"], stop=stop, timeout_first_line=0.5))
@@ -174,7 +191,5 @@ def test_local_stream_lines_ends_its_process_group():
     threading.Timer(0.5, stop.set).start()
     assert list(LocalTransport().stream_lines(["sleep", "30"], stop=stop, timeout_first_line=30)) == []
     assert time.monotonic() - t0 < 3
-    # no child left behind (sh loop, sleeps)
-    kids = [p for p in os.listdir("/proc") if p.isdigit() and
-            open(f"/proc/{p}/stat").read().split(") ")[-1].split()[1] == str(os.getpid())]
-    assert kids == []
+    # no child of ours left behind (sh loop, sleeps)
+    assert _live_children() - before == set()
