@@ -8,30 +8,17 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
+from procs import run_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "presets" / "local-demo.yaml"
 pytestmark = pytest.mark.slow
-
-
-def run_processes(run_id: str) -> list[int]:
-    """pids of every process whose command line mentions the run (its metrics path does)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if run_id in cmd and state != "Z":
-            out.append(int(d))
-    return out
 
 
 def preset_copy(tmp_path, port, **training):
@@ -95,17 +82,16 @@ def _wait_for(pred, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_sigint_stops_every_process(tmp_path):
-    runs = tmp_path / "runs"
-    p = preset_copy(tmp_path, free_port(), max_steps=100000, logging_steps=1)
-    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
+@contextmanager
+def training_replay(tmp_path, preset, runs):
+    """`qwen-tui replay` in the background, yielded once its first step is logged:
+    (process, run dir). If the test leaves it running, replay is asked to stop its nodes."""
+    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(preset), "--runs-dir", str(runs)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
         _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
-        assert len(run_processes(rd.name)) >= 4  # 2 agents + 2 ranks at least
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        yield proc, rd
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # let replay stop the nodes it started
@@ -113,6 +99,15 @@ def test_sigint_stops_every_process(tmp_path):
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def test_sigint_stops_every_process(tmp_path):
+    runs = tmp_path / "runs"
+    p = preset_copy(tmp_path, free_port(), max_steps=100000, logging_steps=1)
+    with training_replay(tmp_path, p, runs) as (proc, rd):
+        assert len(run_processes(rd.name)) >= 4  # 2 agents + 2 ranks at least
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out[-2000:]
     assert "stopped by the user" in out
     assert json.loads((rd / "state.json").read_text())["status"] == "stopped"
@@ -122,12 +117,7 @@ def test_sigint_stops_every_process(tmp_path):
 def test_failing_node_is_named_and_nothing_is_left(tmp_path):
     runs = tmp_path / "runs"
     p = preset_copy(tmp_path, free_port(), max_steps=100000)
-    res_holder = {}
-    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
-        _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
+    with training_replay(tmp_path, p, runs) as (proc, rd):
         pids = json.loads((rd / "pids.json").read_text())
         # node 1 dies as a crashed machine would: every process of its job at once
         # (torchrun's ranks run in sessions of their own; the job's mark finds them)
@@ -139,17 +129,10 @@ def test_failing_node_is_named_and_nothing_is_left(tmp_path):
         os.killpg(pids["1"], signal.SIGKILL)  # the job's shell
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=60)
-        res_holder["secs"] = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # let replay stop the nodes it started
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        secs = time.monotonic() - t0
     assert proc.returncode == 1, out[-2000:]
     assert "node 1 (localhost) failed" in out
-    assert res_holder["secs"] < 30
+    assert secs < 30
     state = json.loads((rd / "state.json").read_text())
     assert state["status"] == "failed" and state["failed_rank"] == 1
     assert run_processes(rd.name) == []
@@ -186,12 +169,7 @@ def test_bad_worker_python_fails_fast_naming_node(tmp_path):
 def test_run_outlives_qwen_tui_and_attach_stops_it(tmp_path):
     runs = tmp_path / "runs"
     p = preset_copy(tmp_path, free_port(), max_steps=100000)
-    proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(p), "--runs-dir", str(runs)],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        rd = _wait_for(lambda: next(iter(runs.glob("*/metrics.jsonl")), None), 180, "training to start").parent
-        _wait_for(lambda: '"step"' in (rd / "metrics.jsonl").read_text(), 120, "a first step")
-    finally:
+    with training_replay(tmp_path, p, runs) as (proc, rd):
         proc.kill()  # qwen-tui dies without a chance to clean up
         proc.wait(timeout=10)
     time.sleep(1)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from procs import run_processes  # noqa: F401  (re-exported for the tests here)
 from qwen_tui.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,24 +45,6 @@ def slow_h200_facts(gbps: float = 2.0) -> ClusterFacts:
                                1: NodeFacts(hostname="node1", gpus=h200, route_interface="eth0",
                                             addresses={"eth0": ["10.0.0.2"]})},
                         links={1: LinkFacts(port_reachable=True, bandwidth_gbps=gbps)}, master_port_free=True)
-
-
-def run_processes(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line mentions `marker` (a run id)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        # (no "pytest" filter: tmp_path itself is under /tmp/pytest-of-*, so every
-        # process of the run would be filtered out and the check would pass vacuously)
-        if marker in cmd and state != "Z":
-            out.append(int(d))
-    return out
 
 
 @pytest.fixture

@@ -1,0 +1,23 @@
+"""Processes of a run, found the way a user would: by what their command line names.
+Shared by the launch and wizard tests."""
+
+import os
+from pathlib import Path
+
+
+def run_processes(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line mentions `marker` (a run id: the
+    worker's metrics path holds it). No "pytest" filter: tmp_path itself is under
+    /tmp/pytest-of-*, so such a filter would hide every process of the run."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # exited while we looked
+        if marker in cmd and state != "Z":
+            out.append(int(d))
+    return out
