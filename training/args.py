@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logging_steps", type=int, default=1, help="write a metrics record every N optimizer steps (default 1)")
     s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
     s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
+    s.add_argument("--profile_step", type=int, default=0, metavar="N",
+                   help="run optimizer step N under torch.profiler and write its most expensive kernels to "
+                   "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
 
     f = p.add_argument_group(
         "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "
@@ -133,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "--packing_tokens is given; it never turns checkpointing off when --gradient_checkpointing is given")
     f.add_argument("--no_auto_micro_batch", dest="auto_micro_batch", action="store_false",
                    help="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
+    f.add_argument("--lora_input_cast", dest="lora_input_cast", action="store_true", default=None,
+                   help="let peft cast each adapter's input to the adapter dtype (fp32) before its dropout, as peft "
+                   "does by default. Default: off on CUDA under --bf16/--fp16 without --deepspeed, where autocast "
+                   "casts the dropped input straight back to half precision for the matmul: the dropout then runs "
+                   "on the half-precision input (ATen computes it in fp32 and rounds once, the same values) with "
+                   "half the memory traffic; on elsewhere")
+    f.add_argument("--no_lora_input_cast", dest="lora_input_cast", action="store_false",
+                   help="adapter inputs stay in the compute dtype (see --lora_input_cast)")
     f.add_argument("--auto_memory_fraction", type=float, default=0.85,
                    help="share of the GPU's memory --auto_micro_batch plans for (default 0.85)")
     f.add_argument("--auto_max_tokens", type=int, default=65536,

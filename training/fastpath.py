@@ -1,11 +1,13 @@
 """The worker's side of the fast path (training.fast): which switches are on, and the pieces the loop needs.
 
-decide()        resolves --packing, --fused_ce, --compile, --fused_adamw and --auto_micro_batch where the user
-                left them to us, and refuses combinations that cannot work (each with the reason)
+decide()        resolves --packing, --fused_ce, --compile, --fused_adamw, --auto_micro_batch and --lora_input_cast
+                where the user left them to us, and refuses combinations that cannot work (each with the reason)
 FastLoss        the module DDP wraps when the loss is ours: one micro-batch (packed row or padded batch) ->
                 (summed token loss, labelled tokens); the decoder runs without building the full logits
 pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`
 probe_tokens()  the packed-row budget from two CUDA memory probes (training.fast.autobatch)
+set_lora_input_cast()
+                peft's cast of adapter inputs to the adapters' fp32, on or off (--lora_input_cast)
 
 The loss normalisation is the recipe's, unchanged: every micro-batch's summed loss is divided by the
 supervised tokens of the whole optimizer step over all ranks.
@@ -33,6 +35,7 @@ class FastChoice:
     compile: bool
     fused_adamw: bool
     auto_micro_batch: bool
+    lora_input_cast: bool = True  # peft's cast of adapter inputs to the adapter dtype (LoRA/Q-LoRA only)
     packing_tokens: int | None = None  # set by the recipe (flag, probe or default)
     gradient_checkpointing: bool = False
     why: dict[str, str] = field(default_factory=dict)
@@ -50,7 +53,7 @@ class FastChoice:
 
         parts = [f"packing {on(self.packing)}" + (f" ({self.packing_tokens} tokens a row)" if self.packing else ""),
                  f"loss {self.ce}", f"compile {on(self.compile)}", f"fused AdamW {on(self.fused_adamw)}",
-                 f"auto micro-batch {on(self.auto_micro_batch)}",
+                 f"auto micro-batch {on(self.auto_micro_batch)}", f"LoRA input cast {on(self.lora_input_cast)}",
                  f"gradient checkpointing {on(self.gradient_checkpointing)}"]
         return "fast path: " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in self.why.items())
 
@@ -128,7 +131,35 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
         if auto and args.packing_tokens is not None:
             raise InputError("--auto_micro_batch picks the packed-row size itself; drop --packing_tokens or it")
         why["auto_micro_batch"] = "as given"
-    return FastChoice(packing=packing, ce=ce, compile=comp, fused_adamw=fused, auto_micro_batch=auto, why=why)
+    # peft's cast of adapter inputs to fp32 (the adapters' dtype).
+    lora = bool(getattr(args, "use_lora", False) or getattr(args, "q_lora", False))
+    half = bool(args.bf16 or getattr(args, "fp16", False))
+    if args.lora_input_cast is None:
+        cast = not (lora and cuda and half and not deepspeed)
+        if not lora:
+            why["lora_input_cast"] = "n/a: no adapters"
+        elif not cast:
+            why["lora_input_cast"] = "off: CUDA autocast casts adapter inputs to half precision for the matmul anyway"
+        elif deepspeed:
+            why["lora_input_cast"] = "on: DeepSpeed runs the adapters in the model dtype"
+        elif not half:
+            why["lora_input_cast"] = "on: no autocast without --bf16/--fp16"
+        else:
+            why["lora_input_cast"] = "on: CPU dropout on bf16 scales in bf16 (not the same values)"
+    else:
+        cast, why["lora_input_cast"] = bool(args.lora_input_cast), "as given"
+    return FastChoice(packing=packing, ce=ce, compile=comp, fused_adamw=fused, auto_micro_batch=auto,
+                      lora_input_cast=cast, why=why)
+
+
+def set_lora_input_cast(model, enabled: bool) -> int:
+    """Turns peft's cast of adapter inputs to the adapter dtype on or off in every LoRA layer; returns how many."""
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "lora_A") and hasattr(m, "_cast_input_dtype"):
+            m.cast_input_dtype_enabled = enabled
+            n += 1
+    return n
 
 
 class FastLoss(torch.nn.Module):
@@ -189,4 +220,7 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
         (s / n.clamp(min=1)).backward()
         loss_module.zero_grad(set_to_none=True)
 
-    return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction, max_tokens=max_tokens)
+    # The probes draw dropout masks; the run's random numbers start where they would without them.
+    with torch.random.fork_rng(devices=[device]):
+        return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction,
+                                    max_tokens=max_tokens)

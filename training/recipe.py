@@ -16,16 +16,18 @@ so bad input exits with code 2 in seconds and leaves the output directory alone.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from training import checkpoint as ckpt
-from training import dist, dsconfig, fastpath
+from training import dist, dsconfig, fastpath, profiling
 from training.data import ChatEncoder, Collator, StepSampler, build_dataset, eval_batches, IGNORE_INDEX
 from training.errors import InputError
 from training.metrics import MetricsWriter
@@ -177,6 +179,8 @@ class FinetuneRecipe:
             source = str(self.resume_dir)  # the checkpoint holds the full model in HF format
         model = load_model(a, source, self.method, self.device, self._load_dtype(), self.quant)
         model = apply_method(a, model, self.method)
+        if self.method != "full" and not self.fast.lora_input_cast:
+            fastpath.set_lora_input_cast(model, False)
         if self.resume_dir and self.method != "full" and not a.deepspeed:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
@@ -197,6 +201,13 @@ class FinetuneRecipe:
 
             use_packed_attention(self.model)
             f.packing_tokens = a.packing_tokens or a.per_device_train_batch_size * a.model_max_length
+        if f.compile:
+            from training.fast.compile import compile_decoder_layers
+
+            # Before the probes: they then measure the compiled layers' memory (less than eager's), and their
+            # two rows (one and two records of --model_max_length) compile both sides of Inductor's guard on the
+            # row width (training.fast.compile) at start-up instead of at some later step.
+            compile_decoder_layers(self.model)
         if f.auto_micro_batch:
             self.model.train()  # dropout and checkpointing as in training
             vocab = int(self.model_config.get("vocab_size") or 1000)
@@ -218,10 +229,6 @@ class FinetuneRecipe:
             f.packing_tokens = int(-t.item())
             log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
                      plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, f.packing_tokens)
-        if f.compile:
-            from training.fast.compile import compile_decoder_layers
-
-            compile_decoder_layers(self.model)
 
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -324,23 +331,47 @@ class FinetuneRecipe:
         return out.loss
 
     def train(self) -> None:
-        a, env = self.args, self.env
-        gas = a.gradient_accumulation_steps
+        gas = self.args.gradient_accumulation_steps
         self.wrapped.train()
+        # The tokenized records, the model and the tokenizer are millions of long-lived Python objects; a full
+        # garbage collection walks all of them, tens of milliseconds at an arbitrary step while the GPU waits.
+        # Frozen, the collector skips them (what the loop itself allocates is still collected).
+        gc.collect()
+        gc.freeze()
         batches = iter(self.loader)
         window = _Window()
+        # Packing runs one step ahead on a thread (the next step's job starts once this step's first micro-batch
+        # is queued on the GPU), so the GPU does not wait for Python between steps.
+        packer = ThreadPoolExecutor(1, thread_name_prefix="pack") if self.fast.packing else None
+
+        def pack_next():
+            return packer.submit(lambda: self._pack_cpu([e for _ in range(gas) for e in next(batches)]))
+
+        pending = pack_next() if packer else None
+        try:
+            self._train_loop(batches, window, pending, pack_next)
+        finally:
+            if packer:
+                packer.shutdown(wait=True, cancel_futures=True)
+
+    def _train_loop(self, batches, window, pending, pack_next) -> None:
+        a, env = self.args, self.env
+        gas = a.gradient_accumulation_steps
         t_start = time.perf_counter()
         while self.step < self.total_steps:
+            prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
             t0 = time.perf_counter()
             if self.fast.packing:
-                micro, counts = self._packed_step([e for _ in range(gas) for e in next(batches)])
+                packed, pending = pending.result(), None
+                micro, counts = self._packed_step(packed)
             else:
                 micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()} for _ in range(gas)]
                 # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
                 counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
                                        sum(int(b["attention_mask"].sum()) for b in micro),
                                        sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
-            counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
+            if dist.active():
+                counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
             n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
             # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
             num_items = torch.tensor(max(n_labels, 1.0) / env.world_size, device=self.device)
@@ -352,6 +383,11 @@ class FinetuneRecipe:
                 with sync:
                     loss = self._forward_loss(batch, num_items)
                     self._backward(loss)
+                if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
+                    # The next step is packed from here on: with this micro-batch's kernels queued, the packing
+                    # thread's Python runs while the main thread waits on the GPU. Started with the step, it held
+                    # the GIL while the main thread had the first kernels to launch, and the GPU idled.
+                    pending = pack_next()
                 if self.engine is not None:
                     self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
                 loss_sum += loss.detach().double() * num_items.double()
@@ -364,6 +400,10 @@ class FinetuneRecipe:
                     log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
                                 self.step, int(n_trunc), a.model_max_length)
             window.add(loss_sum.item(), n_labels, n_tokens, time.perf_counter() - t0)
+            if prof is not None:
+                out = Path(a.output_dir) / f"profile-step{self.step}.txt"
+                text = profiling.finish(prof, self.device, out, time.perf_counter() - t0)
+                log.info("profile of step %d (%s):\n%s", self.step, out, text)
             window.micro_batches += len(micro)
             window.empty_rows += int(n_empty)
             if self.step % a.logging_steps == 0 or self.step == self.total_steps:
@@ -375,26 +415,40 @@ class FinetuneRecipe:
                 self.save_checkpoint()
         self.train_runtime = time.perf_counter() - t_start
 
-    def _packed_step(self, items: list) -> tuple[list[dict], torch.Tensor]:
-        """This rank's records of one step as packed rows on the device, as many rows as the busiest rank needs
-        (the others get empty rows: DDP needs the same number of forwards everywhere), and this rank's
+    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float]]:
+        """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA, and its
         supervised tokens, real tokens and truncated records."""
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
-        multiple = 1024 if self.device.type == "cuda" else 8  # few distinct widths for compiled layers
-        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, multiple, a.model_max_length)
-        n_rows = int(dist.all_reduce_max(torch.tensor([len(rows)], dtype=torch.float64, device=self.device)).item())
+        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        if self.device.type == "cuda":
+            rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
+        counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
+                  float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
+        return rows, counts
+
+    @property
+    def _pad_multiple(self) -> int:
+        # Rows are as wide as their records rounded up to this: tile-friendly widths on CUDA with at most 127 tokens
+        # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
+        return 128 if self.device.type == "cuda" else 8
+
+    def _packed_step(self, packed: tuple[list[dict], list[float]]) -> tuple[list[dict], torch.Tensor]:
+        """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
+        needs the same number of forwards everywhere), with this rank's counts and its number of empty rows."""
+        f, a = self.fast, self.args
+        rows, counts = packed
+        n_rows = len(rows)
+        if dist.active():  # every rank runs as many rows as the busiest one
+            n_rows = int(dist.all_reduce_max(torch.tensor([n_rows], dtype=torch.float64, device=self.device)).item())
         n_real = len(rows)
         if len(rows) < n_rows:
-            filler = fastpath.empty_row(min(multiple, f.packing_tokens), pad_id, a.model_max_length)
-            rows += [filler] * (n_rows - len(rows))
-        counts = torch.tensor([sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items),
-                               sum(len(e.input_ids) for e in items),
-                               sum(int(e.truncated) for e in items), n_rows - n_real], dtype=torch.float64)
-        pin = self.device.type == "cuda"
-        micro = [{k: (v.pin_memory() if pin else v).to(self.device, non_blocking=True) if isinstance(v, torch.Tensor)
-                  else v for k, v in r.items()} for r in rows]
-        return micro, counts
+            filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
+                                        a.model_max_length)
+            rows = rows + [filler] * (n_rows - len(rows))
+        micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
+                 for r in rows]
+        return micro, torch.tensor(counts + [n_rows - n_real], dtype=torch.float64)
 
     def _current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

@@ -94,6 +94,25 @@ def test_fast_path_in_one_process_matches_the_plain_path(tmp_path, files, plain)
     assert "micro_batches" not in plain.steps[0]
 
 
+def test_lora_inputs_in_bf16_keep_the_loss_curve(tmp_path, files):
+    """--no_lora_input_cast (the CUDA default under autocast) against peft's own fp32 cast, LoRA with dropout
+    under bf16 autocast: the dropout masks are drawn from a tensor of another dtype (and on CPU the bf16 dropout
+    rounds its 1/(1-p) scale), so the curves are close, not equal."""
+    lora = ["--use_lora", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0.1", "--bf16",
+            "--per_device_train_batch_size", "8"]
+    ref = run_worker(tmp_path / "cast", *flags(files, *lora, "--lora_input_cast"))
+    bf16 = run_worker(tmp_path / "bf16", *flags(files, *lora, "--no_lora_input_cast"))
+    assert_ok(ref)
+    assert_ok(bf16)
+    assert ref.records[0]["fast_path"]["lora_input_cast"] is True
+    assert bf16.records[0]["fast_path"]["lora_input_cast"] is False
+    for a, b in zip(bf16.steps, ref.steps, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-2), (a, b)
+        assert a["tokens"] == b["tokens"]
+    for run in (ref, bf16):
+        assert falls([r["loss"] for r in run.steps], 0.5), [r["loss"] for r in run.steps]
+
+
 def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, plain):
     # Rows of 128 tokens hold one or two records: the ranks need different numbers of rows.
     ddp = run_worker(tmp_path / "fast", *flags(files, "--per_device_train_batch_size", "4", "--packing_tokens", "128"),
@@ -133,6 +152,7 @@ def test_help_documents_every_fast_path_flag():
     text = build_parser().format_help()
     for flag in ("--packing", "--no_packing", "--packing_tokens", "--fused_ce", "--compile", "--no_compile",
                  "--fused_adamw", "--no_fused_adamw", "--auto_micro_batch", "--no_auto_micro_batch",
-                 "--auto_memory_fraction", "--auto_max_tokens", "--random_init"):
+                 "--auto_memory_fraction", "--auto_max_tokens", "--random_init", "--lora_input_cast",
+                 "--no_lora_input_cast", "--profile_step"):
         assert flag in text, flag
     assert "{auto,liger,chunked,off}" in text

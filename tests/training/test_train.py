@@ -47,7 +47,7 @@ FULL = ["--learning_rate", "1e-3", "--max_steps", "12", "--save_strategy", "no",
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, files):
     run = run_worker(tmp_path_factory.mktemp("full") / "out", *common(files, *FULL), "--data_path", files["train_openai"],
-                     "--lazy_preprocess", "--per_device_train_batch_size", "8")
+                     "--lazy_preprocess", "--per_device_train_batch_size", "8", "--profile_step", "5")
     assert_ok(run)
     return run
 
@@ -70,6 +70,13 @@ def test_full_fine_tuning_one_process_loss_falls(full_run):
     losses = [r["loss"] for r in full_run.steps]
     assert len(losses) == 12 and falls(losses, 1.0), losses
     assert (full_run.out / "model.safetensors").is_file() and (full_run.out / "config.json").is_file()
+
+
+def test_profile_step_writes_the_step_kernels(full_run):
+    profiles = sorted(p.name for p in full_run.out.glob("profile-step*"))
+    assert profiles == ["profile-step5.txt"]  # that step only, no temporary file left
+    table = (full_run.out / "profile-step5.txt").read_text()
+    assert "Self CPU time total" in table and "aten::mm" in table  # the step's matmuls, forward and backward
 
 
 def test_metrics_jsonl_records(full_run):

@@ -6,7 +6,8 @@ micro-batch (attention is flash/varlen, linear too), so the two peaks give bytes
 the fixed part. Adding the optimizer states that are not there yet (AdamW: two per trainable
 parameter) gives the token budget that fills `fraction` of the device. If not even one record
 of the longest allowed length fits, gradient checkpointing is needed: the caller turns it on
-and probes again. Eager probes overstate the compiled model's activations, so this errs safe.
+and probes again. With compiled layers the worker compiles them before probing, so the probes measure
+what training will use.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Plan:
 
 
 def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: float, extra_bytes: float,
-                     seq_len: int, fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 1024) -> Plan:
+                     seq_len: int, fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 128) -> Plan:
     """Token budget from two probe peaks (bytes at c1 and c2 tokens); a multiple of `multiple`, at most
     max_tokens, at least seq_len when it fits at all."""
     if c2 <= c1:

@@ -12,10 +12,15 @@ is specialised to the first row's sizes, and the first row of another width comp
 layer again (torch's automatic dynamic shapes), seconds of a training step at an arbitrary
 point of the run (run5 in bench/results: one 8.4 s step out of twelve). Dynamic from the first
 compile, one graph serves every width and every record count. Parameters stay static.
-One more compile can still come: Inductor guards its 32-bit indexing and fusion choices on a range
-of the row width (on the H200, run6: `4096 <= width`, the first row being a full one), so the first
-row on the other side of that bound compiles once more (8.3 s, in run6's warm-up step 3); no
-compile followed in the 14 steps after it.
+One more compile comes from Inductor guarding its 32-bit indexing and fusion choices on a range of the
+row width (on the H200, run6: `4096 <= width`): the first row on the other side of that bound compiles
+once more (8.3 s in run6). The worker therefore compiles the layers before its memory probes, whose rows
+of 2,048 and 4,096 tokens meet both sides at start-up (runs 7-9: no training step compiled).
+Dropout (LoRA's, on every adapted projection's input) runs as ATen's own kernel inside the compiled
+graph (Inductor's fallback_random): the masks are then the ones the eager model draws from the same
+seed, so compiled and plain runs see identical dropout, and ATen's kernel draws four random numbers
+per Philox call where Inductor's generated code draws one (TRAINING_COMPILE_RANDOM=inductor restores
+Inductor's own fused random numbers, for comparison).
 Duck shaping is turned off for the process: with it, a row exactly as wide as some other size of the
 first compile (the hidden size, 2,048 on a 3B model, say) shares that size's symbol and is
 specialised to it, so the next width compiles again.
@@ -40,7 +45,12 @@ def lm_head_of(model):
 def compile_decoder_layers(model, backend: str = "inductor", mode: str | None = None, dynamic: bool = True) -> int:
     """Compiles every decoder layer in place; returns how many. Nothing runs until the first forward.
     dynamic=True: the row width and the record count are symbolic in the first compile (see above)."""
+    import os
+
+    import torch._inductor.config as inductor_config
+
     layers = decoder_of(model).layers
+    inductor_config.fallback_random = os.environ.get("TRAINING_COMPILE_RANDOM", "aten") != "inductor"
     if dynamic:
         import torch.fx.experimental._config as fx_config
 

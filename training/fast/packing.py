@@ -8,8 +8,11 @@ trained to predict the first token of the next (the loss shifts labels by one ov
 The tail of the row that no record fills is padding: its own segment, all labels -100; it costs
 compute but carries no loss and is not counted as a real token.
 
-Bins are filled first-fit in the given record order (the data order stays the sampler's), so
-a global batch of records becomes a few packed rows instead of many padded ones.
+A step's records go into as few rows as fit, and those rows are balanced (longest record first,
+each into the least-filled row it fits): a step of 34k tokens with 31k-token rows becomes two
+rows of 17k rather than 31k plus a 3k remainder, whose fixed costs per micro-batch (the loss's
+pass over the LM head, the weight casts, the gradient accumulation) are the same as a full row's
+for a tenth of the work. Within a row, records keep the sampler's order.
 """
 
 from __future__ import annotations
@@ -39,6 +42,31 @@ def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
             bins.append([i])
             room.append(capacity - n)
     return bins
+
+
+def balanced_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Record indices in the fewest rows (found from ceil(total/capacity) up) whose loads are balanced:
+    longest first, each into the least-filled row with room (LPT). Indices ascend within a row."""
+    for i, n in enumerate(lengths):
+        if n > capacity:
+            raise ValueError(f"record {i} has {n} tokens, more than the packing capacity {capacity}")
+        if n <= 0:
+            raise ValueError(f"record {i} is empty")
+    if not lengths:
+        return []
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    k = -(-sum(lengths) // capacity)
+    while True:
+        load, bins = [0] * k, [[] for _ in range(k)]
+        for i in order:
+            b = min((j for j in range(k) if load[j] + lengths[i] <= capacity), key=lambda j: load[j], default=None)
+            if b is None:
+                break
+            bins[b].append(i)
+            load[b] += lengths[i]
+        else:
+            return [sorted(b) for b in bins if b]
+        k += 1
 
 
 def pack(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None = None,
@@ -92,8 +120,8 @@ def pack(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None =
 
 def pack_batches(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None = None,
                  max_segment: int | None = None) -> list[dict]:
-    """All of `items` (one optimizer step's records, say) as packed rows of at most `capacity` tokens."""
-    bins = first_fit([len(e.input_ids) for e in items], capacity)
+    """All of `items` (one optimizer step's records, say) as balanced packed rows of at most `capacity` tokens."""
+    bins = balanced_bins([len(e.input_ids) for e in items], capacity)
     return [pack([items[i] for i in b], capacity, pad_id, pad_multiple, max_segment) for b in bins]
 
 
