@@ -77,9 +77,33 @@ CONFIGS = {
     "direct-full-1.5b": dict(shape="1.5b", method="full", recipe="direct"),
     "stock-full-1.5b": dict(shape="1.5b", method="full", recipe="stock"),
     "ours-full-1.5b": dict(shape="1.5b", method="full", recipe="ours"),
+    # Q-LoRA through the worker: the random weights are written to disk first (bf16 safetensors), and the worker
+    # quantizes them to nf4 as it loads them, as it would a downloaded model.
+    "ours-qlora-7b": dict(shape="7b", method="qlora", recipe="ours"),
+}
+# Variants of an "ours" configuration, named CONFIG+TAG[+TAG]: (environment, extra worker flags).
+TAGS = {
+    "inductor-rng": ({"TRAINING_COMPILE_RANDOM": "inductor"}, []),  # Inductor's own dropout random numbers
+    "nodrop": ({}, ["--lora_dropout", "0"]),  # what LoRA dropout costs (not the stock hyperparameters)
+    "chunked": ({}, ["--fused_ce", "chunked"]),  # our chunked cross-entropy instead of Liger's
+    "eager": ({}, ["--no_compile"]),
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
-         ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
+         ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
+
+
+def config_of(name: str) -> tuple[str, dict, dict, list[str]]:
+    """CONFIG[+TAG...] -> (base name, its configuration, environment, extra worker flags)."""
+    base, *tags = name.split("+")
+    if base not in CONFIGS:
+        raise SystemExit(f"unknown configuration {base!r}; known: {', '.join(CONFIGS)}")
+    env, extra = {}, []
+    for t in tags:
+        if t not in TAGS or CONFIGS[base]["recipe"] != "ours":
+            raise SystemExit(f"{name}: tag {t!r} is not one of {', '.join(TAGS)} (for ours-* configurations)")
+        env.update(TAGS[t][0])
+        extra += TAGS[t][1]
+    return base, CONFIGS[base], env, extra
 DEFAULT_CONFIGS = ["stock-lora-7b", "ours-lora-7b", "stock-full-1.5b", "ours-full-1.5b"]
 
 
@@ -433,9 +457,21 @@ def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, lis
     return model_dir, data, lens
 
 
-def run_ours_worker(name: str, cfg: dict, args, log_path: Path) -> dict:
+def save_random_weights(model_dir: Path, shape: str) -> None:
+    """The shape's random-init model (seed 0, bf16) written into model_dir as safetensors (run in a process of its
+    own, so its GPU memory is gone before the worker starts)."""
+    import torch
+
+    model = build_model(shape, torch.bfloat16, "cuda" if torch.cuda.is_available() else "cpu")
+    model.config.architectures = ["Qwen2ForCausalLM"]
+    model.save_pretrained(model_dir, safe_serialization=True)
+
+
+def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict | None = None,
+                    extra_args: list[str] | None = None) -> dict:
     """`python -m training.finetune` with its automatic fast path on the synthetic chat records; the result from
-    its metrics.jsonl (steps after the warm-up)."""
+    its metrics.jsonl (steps after the warm-up; with --worker-profile one more step runs under the profiler and
+    is not timed)."""
     shape = args.shape or cfg["shape"]
     result = {"config": name, **cfg, "shape": shape, "status": "running", "recipe": "ours (worker)"}
     tmp = Path(args.tmp) / name
@@ -452,8 +488,18 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path) -> dict:
     result["data_s"] = time.perf_counter() - t0
     result["length_mismatches"] = sum(a != len(r.input_ids) for a, r in zip(lens, records))
     method = cfg["method"]
-    cmd = [sys.executable, "-m", "training.finetune", "--model_name_or_path", str(model_dir), "--random_init",
-           "--data_path", str(data), "--output_dir", str(tmp / "out"), "--max_steps", str(steps),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    init = ["--random_init"]
+    if method == "qlora":
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--save-random", str(model_dir), "--shape", shape], check=True,
+                       env=env, timeout=args.timeout)
+        result["weights_s"] = time.perf_counter() - t0
+        init = []
+    run_steps = steps + (1 if args.worker_profile else 0)
+    cmd = [sys.executable, "-m", "training.finetune", "--model_name_or_path", str(model_dir), *init,
+           "--data_path", str(data), "--output_dir", str(tmp / "out"), "--max_steps", str(run_steps),
            "--per_device_train_batch_size", str(R), "--gradient_accumulation_steps", "1",
            "--model_max_length", str(SEQ), "--learning_rate", "1e-4" if method != "full" else "1e-5",
            "--weight_decay", "0.1", "--adam_beta2", "0.95", "--lr_scheduler_type", "cosine",
@@ -462,14 +508,15 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path) -> dict:
         cmd += ["--bf16", "--auto_memory_fraction", str(args.mem_fraction), "--auto_max_tokens", str(args.max_tokens)]
     if args.tokens:
         cmd += ["--packing_tokens", str(args.tokens)]
-    if method == "lora":
+    if method in ("lora", "qlora"):
         cmd += ["--use_lora", "--lora_r", "64", "--lora_alpha", "16", "--lora_dropout", "0.05"]
+        cmd += ["--q_lora"] if method == "qlora" else []
     cmd += ["--no_compile"] * args.no_compile + (["--fused_ce", "chunked"] if args.no_liger else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd += ["--profile_step", str(run_steps)] if args.worker_profile else []
+    cmd += list(extra_args or [])  # later flags win: a variant's flags override the defaults above
     t0 = time.perf_counter()
     with open(log_path, "a") as log:
-        log.write(f"===== {name}: {' '.join(cmd)}\n")
+        log.write(f"===== {name}: {' '.join(f'{k}={v}' for k, v in (extra_env or {}).items())} {' '.join(cmd)}\n")
         log.flush()
         try:
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -482,11 +529,15 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path) -> dict:
     step_recs = [r for r in recs if "event" not in r]
     start = next((r for r in recs if r.get("event") == "start"), {})
     end = next((r for r in recs if r.get("event") == "end"), {})
-    if rc != 0 or len(step_recs) < steps:
+    if rc != 0 or len(step_recs) < run_steps:
         tail = log_path.read_text().splitlines()[-4:]
         result.update(status=f"failed rc={rc}", error=end.get("error") or " | ".join(tail))
         return result
-    timed = step_recs[args.warmup:]
+    timed = step_recs[args.warmup:steps]
+    if args.worker_profile and (tmp / "out" / f"profile-step{run_steps}.txt").is_file():
+        prof = (tmp / "out" / f"profile-step{run_steps}.txt").read_text()
+        with open(log_path, "a") as log:
+            log.write(f"----- {name}: profile of step {run_steps}\n{prof}\n")
     tokens = sum(r["tokens"] for r in timed)
     secs = sum(r["step_time"] for r in timed)
     fp = start.get("fast_path", {})
@@ -559,7 +610,8 @@ def table(results: list[dict]) -> str:
     by = {r["config"]: r for r in results}
     lines = ["| configuration | real tokens/s | MFU (rule) | micro-batch | grad ckpt | peak alloc GiB | peak reserved GiB | ratio |",
              "| --- | ---: | --- | --- | --- | ---: | ---: | --- |"]
-    ratio = {a: (b, by[a]["tokens_per_s"] / by[b]["tokens_per_s"]) for a, b in PAIRS
+    pairs = PAIRS + [(n, n.split("+")[0]) for n in by if "+" in n]
+    ratio = {a: (b, by[a]["tokens_per_s"] / by[b]["tokens_per_s"]) for a, b in pairs
              if a in by and b in by and by[a].get("status") == "ok" and by[b].get("status") == "ok"}
     for r in results:
         if r.get("status") != "ok":
@@ -597,9 +649,16 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-profile", action="store_true",
+                   help="ours: one more step after the timed ones under the worker's --profile_step; its top kernels "
+                   "go into runs.log")
+    p.add_argument("--save-random", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tmp", default="/tmp/train_speed")
     p.add_argument("--timeout", type=float, default=400, help="seconds one configuration may run (default 400)")
     args = p.parse_args(argv)
+    if args.save_random:
+        save_random_weights(Path(args.save_random), args.shape)
+        return 0
     if args.worker:
         return worker_main(args)
 
@@ -607,7 +666,7 @@ def main(argv=None) -> int:
         args.shape, args.steps, args.warmup, args.stock_steps, args.stock_warmup = "1.5b", 2, 2, 1, 1
     if args.cpu_smoke:
         args.shape, args.steps, args.warmup, args.records_per_step = "tiny", 2, 2, 16
-        args.configs = ",".join(c for c in args.configs.split(",") if CONFIGS[c]["recipe"] == "ours")
+        args.configs = ",".join(c for c in args.configs.split(",") if config_of(c)[1]["recipe"] == "ours")
     out = Path(args.out or (ROOT / "bench" / "results" / "train_speed_tmp"))
     out.mkdir(parents=True, exist_ok=True)
     env = versions()
@@ -626,8 +685,9 @@ def main(argv=None) -> int:
         js.unlink(missing_ok=True)
         cmd = [sys.executable, __file__, "--worker", name, "--json", str(js)] + passthrough
         t0 = time.perf_counter()
-        if CONFIGS[name]["recipe"] == "ours":
-            r = run_ours_worker(name, CONFIGS[name], args, out / "runs.log")
+        base, cfg, extra_env, extra_args = config_of(name)
+        if cfg["recipe"] == "ours":
+            r = run_ours_worker(name, cfg, args, out / "runs.log", extra_env, extra_args)
             r["process_wall_s"] = time.perf_counter() - t0
             results.append(r)
             print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s in {r['process_wall_s']:.0f}s",
