@@ -176,5 +176,19 @@ def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer)
 
     base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    merged.save_pretrained(out_dir)
+    save_pretrained_here(merged, out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def save_pretrained_here(model, out_dir, **kwargs) -> None:
+    """model.save_pretrained on this process, whatever its global rank. Under torch.distributed, transformers
+    (5.x) writes a model only on global rank 0 and silently skips the rest, so with --save_on_each_node the
+    other nodes got a tokenizer and no weights; the worker decides who saves (the recipe's is_saver)."""
+    if hasattr(model, "should_save_on_this_rank"):
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process  # this instance only
+        try:
+            model.save_pretrained(out_dir, **kwargs)
+        finally:
+            del model.should_save_on_this_rank
+    else:
+        model.save_pretrained(out_dir, **kwargs)

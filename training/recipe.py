@@ -32,7 +32,7 @@ from training.data import ChatEncoder, Collator, StepSampler, build_dataset, eva
 from training.errors import InputError
 from training.metrics import MetricsWriter
 from training.model import (apply_method, check_method, load_model, load_tokenizer, merge_adapter,
-                            quantization_method, read_config_dict, resolve_model_source)
+                            quantization_method, read_config_dict, resolve_model_source, save_pretrained_here)
 from training.records import load_conversations
 
 log = logging.getLogger("training")
@@ -539,16 +539,36 @@ class FinetuneRecipe:
     def save_model(self, out: Path) -> None:
         """Writes the model (or the LoRA adapter) and tokenizer in HF format. Collective under ZeRO-3."""
         if self.stage == 3:
-            # Gathers the partitioned weights (only the trainable ones for LoRA) onto rank 0, which
-            # alone writes them: with --save_on_each_node other nodes keep only DeepSpeed's shards.
-            state_dict = self.engine._zero3_consolidated_16bit_state_dict(
-                exclude_frozen_parameters=self.method != "full")
-            if self.env.is_main:
-                self.unwrapped.save_pretrained(out, state_dict=state_dict)
+            state_dict = self._gather_zero3_state_dict(trainable_only=self.method != "full")
+            if self.is_saver:
+                save_pretrained_here(self.unwrapped, out, state_dict=state_dict)
                 self.tokenizer.save_pretrained(out)
         elif self.is_saver:
-            self.unwrapped.save_pretrained(out)
+            save_pretrained_here(self.unwrapped, out)
             self.tokenizer.save_pretrained(out)
+
+    def _gather_zero3_state_dict(self, trainable_only: bool) -> dict | None:
+        """The full weights of a ZeRO-3 model (only the trainable ones for LoRA), gathered one module at a time on
+        every rank; the savers keep a CPU copy (the others get None). DeepSpeed's own consolidation hands them to
+        global rank 0 alone, so with --save_on_each_node the other nodes would have had no model to write."""
+        import deepspeed
+
+        keep = self.is_saver
+        state, copies = {}, {}
+        for prefix, module in self.unwrapped.named_modules():
+            params = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad or not trainable_only]
+            if params:
+                with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+                    for n, p in params:
+                        if keep:  # a tied weight is one tensor under both names, as save_pretrained expects
+                            if id(p) not in copies:
+                                copies[id(p)] = p.data.detach().to("cpu", copy=True)
+                            state[f"{prefix}.{n}" if prefix else n] = copies[id(p)]
+            if keep and not trainable_only:
+                for n, b in module.named_buffers(recurse=False):
+                    if b is not None and n not in module._non_persistent_buffers_set:
+                        state[f"{prefix}.{n}" if prefix else n] = b.detach().to("cpu", copy=True)
+        return state if keep else None
 
     def save_checkpoint(self) -> None:
         a, env = self.args, self.env

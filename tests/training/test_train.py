@@ -140,6 +140,59 @@ def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, 
     assert eval_loss_of(model, tok, files["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
 
 
+def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files):
+    """Two nodes without shared storage (two torchrun agents, one process each, each its own output directory):
+    with --save_on_each_node both get the consolidated ZeRO-3 model, the same weights, and it reloads with the
+    loss measured at save time."""
+    import os
+    import subprocess
+    import sys
+
+    from worker_helpers import ROOT, free_port
+
+    port = free_port()
+    flags = common(files, "--learning_rate", "1e-3", "--max_steps", "4", "--save_strategy", "no",
+                   "--data_path", files["train"], "--deepspeed", "builtin:zero3", "--per_device_train_batch_size", "4",
+                   "--save_on_each_node")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    outs = [tmp_path / f"node{n}" for n in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
+                               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "-m", "training.finetune", "--output_dir", str(outs[n]), *flags],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in (0, 1)]
+    results = []
+    try:
+        for p in procs:
+            results.append(p.communicate(timeout=420))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-4000:]
+    from safetensors.torch import load_file
+
+    weights = [load_file(str(o / "model.safetensors")) for o in outs]
+    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 10
+    assert all(torch_equal(weights[0][k], weights[1][k]) for k in weights[0])
+    recs = [__import__("json").loads(x) for x in (outs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["world_size"] == 2 and recs[0]["zero_stage"] == 3
+    (ev,) = [r for r in recs if r.get("event") == "eval"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(outs[1])  # the node that used to get no model
+    tok = AutoTokenizer.from_pretrained(outs[1])
+    assert eval_loss_of(model, tok, files["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
 # LoRA, 18 steps, a checkpoint every 6, keep 2; dropout on, so resuming must restore the RNG too.
 LORA = ["--use_lora", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0.1", "--learning_rate", "3e-3",
         "--max_steps", "18", "--save_steps", "6", "--save_total_limit", "2", "--per_device_train_batch_size", "8"]
