@@ -683,6 +683,10 @@ class FinetuneRecipe:
         if self.engine is not None:
             self.engine.destroy()  # releases ZeRO-3's hooks and threads before the process group goes
         self.ddp = None  # DDP's reducer holds the process group: let it go first
+        # train() froze the long-lived objects out of the collector; a reducer caught in a reference cycle
+        # would then outlive the process group and abort the process at exit ("terminate called ...").
+        gc.unfreeze()
+        gc.collect()
         dist.destroy()
 
 
