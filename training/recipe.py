@@ -339,7 +339,6 @@ class FinetuneRecipe:
         gc.collect()
         gc.freeze()
         batches = iter(self.loader)
-        window = _Window()
         # Packing runs one step ahead on a thread (the next step's job starts once this step's first micro-batch
         # is queued on the GPU), so the GPU does not wait for Python between steps.
         packer = ThreadPoolExecutor(1, thread_name_prefix="pack") if self.fast.packing else None
@@ -349,14 +348,15 @@ class FinetuneRecipe:
 
         pending = pack_next() if packer else None
         try:
-            self._train_loop(batches, window, pending, pack_next)
+            self._train_loop(batches, pending, pack_next)
         finally:
             if packer:
                 packer.shutdown(wait=True, cancel_futures=True)
 
-    def _train_loop(self, batches, window, pending, pack_next) -> None:
+    def _train_loop(self, batches, pending, pack_next) -> None:
         a, env = self.args, self.env
         gas = a.gradient_accumulation_steps
+        window = _Window()
         t_start = time.perf_counter()
         while self.step < self.total_steps:
             prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
