@@ -87,6 +87,8 @@ TAGS = {
     "nodrop": ({}, ["--lora_dropout", "0"]),  # what LoRA dropout costs (not the stock hyperparameters)
     "chunked": ({}, ["--fused_ce", "chunked"]),  # our chunked cross-entropy instead of Liger's
     "eager": ({}, ["--no_compile"]),
+    "cudnn": ({}, ["--attention_kernel", "cudnn"]),  # cuDNN's fused varlen attention
+    "flash": ({}, ["--attention_kernel", "flash"]),  # PyTorch's FlashAttention 2
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
          ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
@@ -595,8 +597,15 @@ def versions() -> dict:
         out["cuda"] = torch.version.cuda
         out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
         out["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2) if torch.cuda.is_available() else 0
+        out["cudnn_backend"] = torch.backends.cudnn.version()
     except (ImportError, RuntimeError) as e:
         out["gpu"] = f"unknown ({e})"
+    try:
+        from importlib.metadata import version
+
+        out["nvidia_cudnn_frontend"] = version("nvidia-cudnn-frontend")
+    except ImportError:  # PackageNotFoundError is one
+        out["nvidia_cudnn_frontend"] = "missing"
     try:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True)

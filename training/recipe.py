@@ -197,9 +197,10 @@ class FinetuneRecipe:
         f.gradient_checkpointing = bool(a.gradient_checkpointing)
         self.loss_module = fastpath.FastLoss(self.model, f.ce, a.model_max_length) if f.our_loss else None
         if f.packing:
-            from training.fast.attention import use_packed_attention
+            from training.fast.attention import set_kernel, use_packed_attention
 
             use_packed_attention(self.model)
+            set_kernel(f.attention)
             f.packing_tokens = a.packing_tokens or a.per_device_train_batch_size * a.model_max_length
         if f.compile:
             from training.fast.compile import compile_decoder_layers
@@ -229,6 +230,23 @@ class FinetuneRecipe:
             f.packing_tokens = int(-t.item())
             log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
                      plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, f.packing_tokens)
+        if f.packing and f.attention == "cudnn":
+            self._warm_cudnn()
+
+    def _warm_cudnn(self) -> None:
+        """cuDNN's attention plans for every record count a packed row can have, before the first step."""
+        from training.fast.attention import record_bucket, warm_cudnn
+
+        c, a = self.model_config, self.args
+        heads = int(c["num_attention_heads"])
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        items = getattr(self.train_ds, "items", None)  # tokenized up front; a lazy data set has no lengths yet
+        shortest = min((len(e.input_ids) for e in items), default=1) if items is not None else 16
+        most = record_bucket(self.fast.packing_tokens // max(shortest, 1) + 2)  # + the padding tail's segments
+        dtype = torch.float16 if a.fp16 else torch.bfloat16  # the attention runs in 16 bits (training.fast.attention)
+        n, secs = warm_cudnn(heads, int(c.get("num_key_value_heads") or heads), head_dim, dtype, self.device,
+                             a.model_max_length, most)
+        log.info("cuDNN attention: plans for rows of up to %d records (%d sizes) built in %.1f s", most, n, secs)
 
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

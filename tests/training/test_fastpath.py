@@ -388,3 +388,38 @@ def test_adapter_inputs_in_bf16_give_the_same_loss_and_gradients_under_autocast(
     (l1, g1), (l2, g2) = run(True), run(False)
     assert l1 == l2 and g1.keys() == g2.keys() and len(g1) == 2 * 2 * 4
     assert all(torch.equal(g1[k], g2[k]) for k in g1)
+
+
+# ------------------------------------------------------------------ varlen attention kernel
+
+
+def test_attention_kernel_is_flash_unless_cudnn_is_asked_for_and_can_run():
+    from training.errors import InputError
+
+    auto = _decide(argv=["--bf16"], device="cpu")
+    assert auto.attention == "flash" and auto.why["attention_kernel"] == "n/a: no packed rows on CUDA"
+    assert "attention flash" in auto.summary()
+    assert _decide(argv=["--attention_kernel", "flash"], device="cpu").why["attention_kernel"] == "as given"
+    with pytest.raises(InputError, match="--attention_kernel cudnn needs a CUDA GPU"):
+        _decide(argv=["--attention_kernel", "cudnn"], device="cpu")
+
+
+def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():
+    from training.fast import attention as att
+
+    assert [att.record_bucket(n) for n in (1, 16, 17, 33, 300)] == [16, 16, 32, 64, 512]
+    cu = torch.tensor([0, 5, 9, 12], dtype=torch.int32)
+    same, bound = att.kernel_inputs(cu, 5, 64)
+    assert same is cu and bound == 64  # flash: the boundaries as they are, the constant bound
+    with pytest.raises(ValueError, match="a segment of 80 tokens is longer than the bound 64"):
+        att.kernel_inputs(cu, 80, 64)
+    saved = att._kernel
+    att._kernel = "cudnn"  # set_kernel("cudnn") would import the cudnn package, which CPU machines lack
+    try:
+        padded, bound = att.kernel_inputs(cu, 5, 64)
+    finally:
+        att._kernel = saved
+    # 3 records become 16: the 13 added are empty (each ends where the last real one does).
+    assert bound == 64 and padded.tolist() == [0, 5, 9, 12] + [12] * 13
+    with pytest.raises(ValueError, match="unknown attention kernel 'fa3'"):
+        att.set_kernel("fa3")

@@ -139,6 +139,7 @@ def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, pl
     (["--auto_micro_batch"], "--auto_micro_batch measures CUDA memory"),
     (["--no_packing", "--packing_tokens", "512"], "they need packing"),
     (["--packing_tokens", "64"], "less than --model_max_length"),
+    (["--attention_kernel", "cudnn"], "--attention_kernel cudnn needs a CUDA GPU of compute capability 9.0"),
 ])
 def test_impossible_fast_path_choices_exit_2(tmp_path, files, extra, message):
     run = run_worker(tmp_path / "out", *flags(files, *extra))
@@ -153,6 +154,7 @@ def test_help_documents_every_fast_path_flag():
     for flag in ("--packing", "--no_packing", "--packing_tokens", "--fused_ce", "--compile", "--no_compile",
                  "--fused_adamw", "--no_fused_adamw", "--auto_micro_batch", "--no_auto_micro_batch",
                  "--auto_memory_fraction", "--auto_max_tokens", "--random_init", "--lora_input_cast",
-                 "--no_lora_input_cast", "--profile_step"):
+                 "--no_lora_input_cast", "--profile_step", "--attention_kernel"):
         assert flag in text, flag
     assert "{auto,liger,chunked,off}" in text
+    assert "{auto,flash,cudnn}" in text

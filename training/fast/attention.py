@@ -2,10 +2,21 @@
 
 Registered with transformers' AttentionInterface as "packed_varlen" (and a mask function that
 builds no mask: the boundaries come as `packed_cu_seq_lens`, which the decoder passes through
-to every attention call). On CUDA it calls PyTorch's flash varlen kernel
-(torch.nn.attention.varlen.varlen_attn); elsewhere, or where that kernel is missing, it runs
-causal SDPA record by record, which is exact and fine for the tiny CPU model.
+to every attention call). On CUDA it calls one of two varlen kernels (set_kernel, the worker's
+--attention_kernel): PyTorch's flash kernel (torch.nn.attention.varlen.varlen_attn, FlashAttention 2)
+or cuDNN's fused attention through the cudnn-frontend package (torch.ops.cudnn.sdpa_fwd, whose
+autograd runs cuDNN's backward). Elsewhere, or where neither is there, it runs causal SDPA record
+by record, which is exact and fine for the tiny CPU model.
 Without `packed_cu_seq_lens` (an evaluation batch, say) it is plain causal SDPA.
+
+kernel_inputs() turns a row's boundaries into what the kernel is given:
+- flash: the boundaries as they are and the constant bound model_max_length. (The row's own longest
+  record as the bound measured the same: bench/results run10, attention_kernels.)
+- cudnn: the same bound, and the record count rounded up to a power of two (at least 16) with empty
+  records: cuDNN builds an execution plan (forward and backward) for every (records, bound) pair it
+  meets, which stalled the steps that met a new count (run10), so both are kept to a few values, and
+  warm_cudnn() builds the plans of every count a row can need before the first step (7B: 6 counts
+  in 0.8 s). The worker's automatic choice is flash: see training.fastpath.decide for why.
 """
 
 from __future__ import annotations
@@ -28,8 +39,58 @@ except ImportError:  # older torch: the per-record path is used
     _VARLEN_PARAMS = set()
 
 
+KERNELS = ("flash", "cudnn")
+_kernel = "flash"
+CUDNN_RECORD_MULTIPLE = 16  # the smallest record-count bucket for cuDNN
+
+
 def varlen_available() -> bool:
     return _varlen_attn is not None and torch.cuda.is_available()
+
+
+def cudnn_available() -> bool:
+    """cuDNN's varlen attention: the cudnn-frontend package (`import cudnn`) on a CUDA device of compute
+    capability 9.0 or newer (Hopper), where its fused kernels run."""
+    import importlib.util
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("cudnn") is None:
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def set_kernel(name: str) -> None:
+    """Which varlen kernel packed rows use on CUDA: "flash" or "cudnn". Call before compiling the layers."""
+    global _kernel
+    if name not in KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r}; one of {', '.join(KERNELS)}")
+    if name == "cudnn":
+        import cudnn.sdpa.fwd.torch_op  # noqa: F401  registers torch.ops.cudnn.sdpa_fwd / sdpa_bwd
+    _kernel = name
+
+
+def kernel() -> str:
+    return _kernel
+
+
+def kernel_inputs(cu_seq_lens: torch.Tensor, longest: int, bound: int) -> tuple[torch.Tensor, int]:
+    """(boundaries, length bound) handed to the attention for a packed row whose longest segment is
+    `longest` tokens, with `bound` (model_max_length) the most any row may have (see the module doc)."""
+    if longest > bound:
+        raise ValueError(f"a segment of {longest} tokens is longer than the bound {bound}")
+    if _kernel == "cudnn":
+        n = cu_seq_lens.numel() - 1
+        extra = record_bucket(n) - n
+        if extra:
+            cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens[-1:].expand(extra)])
+    return cu_seq_lens, int(bound)
+
+
+def record_bucket(n: int) -> int:
+    """The record count a row of n records (and padding segments) is given to cuDNN with."""
+    b = CUDNN_RECORD_MULTIPLE
+    while b < n:
+        b *= 2
+    return b
 
 
 def _flash_varlen(q, k, v, cu, max_len: int, scale: float):
@@ -46,6 +107,38 @@ def _flash_varlen(q, k, v, cu, max_len: int, scale: float):
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return _varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def warm_cudnn(heads_q: int, heads_kv: int, head_dim: int, dtype, device, bound: int, max_records: int,
+               scale: float | None = None) -> tuple[int, float]:
+    """Builds cuDNN's forward and backward plans for every record-count bucket up to `max_records`
+    (a row can hold no more records than its tokens over the shortest record's). Returns (buckets,
+    seconds)."""
+    import time
+
+    t0, n = time.perf_counter(), 0
+    scale = head_dim ** -0.5 if scale is None else scale
+    b = CUDNN_RECORD_MULTIPLE
+    while True:
+        # One token a record: the plans depend on the record count, the bound and the layout, not the tokens.
+        q = torch.zeros(b, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+        k = torch.zeros(b, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+        v = torch.zeros(b, heads_kv, head_dim, dtype=dtype, device=device, requires_grad=True)
+        cu = torch.arange(b + 1, dtype=torch.int32, device=device)
+        _cudnn_varlen(q, k, v, cu, bound, scale).sum().backward()
+        n += 1
+        if b >= max_records:
+            break
+        b *= 2
+    torch.cuda.synchronize(device)
+    return n, time.perf_counter() - t0
+
+
+def _cudnn_varlen(q, k, v, cu, max_len: int, scale: float):
+    """q: (T, Hq, D), k/v: (T, Hkv, D) -> (T, Hq, D); GQA is native to cuDNN."""
+    out, _lse = torch.ops.cudnn.sdpa_fwd(q, k, v, scale, is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                         max_seqlen_q=max_len, max_seqlen_kv=max_len, return_lse=True)
+    return out
 
 
 def _per_record_sdpa(q, k, v, cu, scale: float):
@@ -76,7 +169,8 @@ def packed_attention_forward(module, query, key, value, attention_mask, scaling=
             dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
             query, key, value = query.to(dt), key.to(dt), value.to(dt)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
-        out = _flash_varlen(q, k, v, packed_cu_seq_lens, int(packed_max_length), scale)
+        varlen = _cudnn_varlen if _kernel == "cudnn" else _flash_varlen
+        out = varlen(q, k, v, packed_cu_seq_lens, packed_max_length, scale)
         return out.unsqueeze(0), None
     out = _per_record_sdpa(query, key, value, packed_cu_seq_lens, scale)
     return out.transpose(1, 2).contiguous(), None

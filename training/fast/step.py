@@ -24,7 +24,7 @@ class FastPath:
     fused_adamw: bool = True
     gradient_checkpointing: bool | None = None  # None: only if memory needs it
     tokens_per_micro_batch: int | None = None  # None: the largest that fits (packing only)
-    max_segment: int = 2048  # the longest record (model_max_length): a constant bound for the attention
+    max_segment: int = 2048  # the longest record (model_max_length): the bound of every segment
 
 
 def to_device(batch: dict, device) -> dict:
@@ -38,11 +38,12 @@ def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = 
     decoder = decoder_of(model)
     head = lm_head_of(model)
     if "cu_seq_lens" in batch:
-        bound = max_segment if max_segment is not None else int(batch["max_length"])
-        if bound < int(batch["max_length"]):
-            raise ValueError(f"a segment of {batch['max_length']} tokens is longer than max_segment {bound}")
+        from training.fast.attention import kernel_inputs
+
+        longest = int(batch["max_length"])
+        cu, bound = kernel_inputs(batch["cu_seq_lens"], longest, max_segment if max_segment is not None else longest)
         out = decoder(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
-                      packed_cu_seq_lens=batch["cu_seq_lens"], packed_max_length=bound)
+                      packed_cu_seq_lens=cu, packed_max_length=bound)
     else:
         out = decoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
     hidden = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
