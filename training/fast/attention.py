@@ -41,7 +41,7 @@ except ImportError:  # older torch: the per-record path is used
 
 KERNELS = ("flash", "cudnn")
 _kernel = "flash"
-CUDNN_RECORD_MULTIPLE = 16  # the smallest record-count bucket for cuDNN
+CUDNN_MIN_RECORDS = 16  # the smallest record count cuDNN is given
 
 
 def varlen_available() -> bool:
@@ -68,10 +68,6 @@ def set_kernel(name: str) -> None:
     _kernel = name
 
 
-def kernel() -> str:
-    return _kernel
-
-
 def kernel_inputs(cu_seq_lens: torch.Tensor, longest: int, bound: int) -> tuple[torch.Tensor, int]:
     """(boundaries, length bound) handed to the attention for a packed row whose longest segment is
     `longest` tokens, with `bound` (model_max_length) the most any row may have (see the module doc)."""
@@ -87,7 +83,7 @@ def kernel_inputs(cu_seq_lens: torch.Tensor, longest: int, bound: int) -> tuple[
 
 def record_bucket(n: int) -> int:
     """The record count a row of n records (and padding segments) is given to cuDNN with."""
-    b = CUDNN_RECORD_MULTIPLE
+    b = CUDNN_MIN_RECORDS
     while b < n:
         b *= 2
     return b
@@ -118,7 +114,7 @@ def warm_cudnn(heads_q: int, heads_kv: int, head_dim: int, dtype, device, bound:
 
     t0, n = time.perf_counter(), 0
     scale = head_dim ** -0.5 if scale is None else scale
-    b = CUDNN_RECORD_MULTIPLE
+    b = CUDNN_MIN_RECORDS
     while True:
         # One token a record: the plans depend on the record count, the bound and the layout, not the tokens.
         q = torch.zeros(b, heads_q, head_dim, dtype=dtype, device=device, requires_grad=True)
