@@ -89,6 +89,13 @@ TAGS = {
     "eager": ({}, ["--no_compile"]),
     "cudnn": ({}, ["--attention_kernel", "cudnn"]),  # cuDNN's fused varlen attention
     "flash": ({}, ["--attention_kernel", "flash"]),  # PyTorch's FlashAttention 2
+    # The worker before overlapped steps and expandable segments (each step read back before the next; default
+    # allocator segments), and each of the two alone.
+    "sync": ({}, ["--no_overlap_steps", "--no_expandable_segments"]),
+    "nooverlap": ({}, ["--no_overlap_steps"]),
+    "noexpand": ({}, ["--no_expandable_segments"]),
+    "fused": ({}, ["--fused_lora_dropout"]),  # LoRA dropout inside lora_A's Triton kernel (opt-in)
+    "unfused": ({}, ["--no_fused_lora_dropout"]),  # peft's dropout module (the default since run16)
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
          ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
@@ -515,6 +522,7 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         cmd += ["--q_lora"] if method == "qlora" else []
     cmd += ["--no_compile"] * args.no_compile + (["--fused_ce", "chunked"] if args.no_liger else [])
     cmd += ["--profile_step", str(run_steps)] if args.worker_profile else []
+    cmd += ["--profile_trace"] if args.worker_profile and args.worker_trace else []
     cmd += list(extra_args or [])  # later flags win: a variant's flags override the defaults above
     t0 = time.perf_counter()
     with open(log_path, "a") as log:
@@ -540,6 +548,16 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         prof = (tmp / "out" / f"profile-step{run_steps}.txt").read_text()
         with open(log_path, "a") as log:
             log.write(f"----- {name}: profile of step {run_steps}\n{prof}\n")
+        trace = tmp / "out" / f"profile-step{run_steps}.json.gz"
+        if args.worker_trace and trace.is_file():  # where the GPU waited in that step (bench/gpu_gaps.py)
+            gaps_json = log_path.parent / f"gpu_gaps-{name.replace('+', '_')}.json"
+            q = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_gaps.py"), str(trace), "--json",
+                                str(gaps_json)], capture_output=True, text=True, timeout=args.timeout)
+            with open(log_path, "a") as log:
+                log.write(f"----- {name}: GPU idle in step {run_steps} (bench/gpu_gaps.py)\n{q.stdout}{q.stderr}\n")
+            if gaps_json.is_file():
+                g = json.loads(gaps_json.read_text())
+                result.update(profiled_device_busy=g["device_busy_share"], profiled_idle_ms=g["idle_us"] / 1e3)
     tokens = sum(r["tokens"] for r in timed)
     secs = sum(r["step_time"] for r in timed)
     fp = start.get("fast_path", {})
@@ -554,6 +572,7 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         first_loss=step_recs[0]["loss"], last_loss=step_recs[-1]["loss"], seq_eff=s_eff, flops_per_token=f,
         mfu=tokens / secs * f / (PEAK_TFLOPS * 1e12) if f else None, flops_rule="6N+12Lhs" if method == "full" else "4N+12Lhs",
         train_runtime=end.get("train_runtime"),
+        alloc_retries=max((r.get("alloc_retries") or 0) for r in step_recs),
     )
     return result
 
@@ -661,6 +680,9 @@ def main(argv=None) -> int:
     p.add_argument("--worker-profile", action="store_true",
                    help="ours: one more step after the timed ones under the worker's --profile_step; its top kernels "
                    "go into runs.log")
+    p.add_argument("--worker-trace", action="store_true",
+                   help="with --worker-profile: also the profiled step's Chrome trace, and bench/gpu_gaps.py's account "
+                   "of where the GPU waited in it, into runs.log (and gpu_gaps-CONFIG.json beside it)")
     p.add_argument("--save-random", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tmp", default="/tmp/train_speed")
     p.add_argument("--timeout", type=float, default=400, help="seconds one configuration may run (default 400)")
@@ -699,8 +721,9 @@ def main(argv=None) -> int:
             r = run_ours_worker(name, cfg, args, out / "runs.log", extra_env, extra_args)
             r["process_wall_s"] = time.perf_counter() - t0
             results.append(r)
-            print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s in {r['process_wall_s']:.0f}s",
-                  flush=True)
+            mfu = f" MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else ""
+            print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s{mfu}, allocator retries "
+                  f"{r.get('alloc_retries')}, in {r['process_wall_s']:.0f}s", flush=True)
             (out / "results.json").write_text(json.dumps({"env": env, "results": results}, indent=1))
             continue
         with open(out / "runs.log", "a") as log:

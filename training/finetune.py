@@ -56,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    from training.fast.allocator import configure
+
+    try:  # the allocator reads its settings once, when torch starts CUDA: before torch is imported
+        args.expandable_segments, args.expandable_why = configure(args.expandable_segments)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
     from training.recipe import FinetuneRecipe  # imports torch: only after the flags are known to be fine
 
     from transformers.utils import logging as hf_logging

@@ -1,4 +1,5 @@
-"""--profile_step N: one optimizer step under torch.profiler, its top kernels written beside the metrics.
+"""--profile_step N: one optimizer step under torch.profiler, its top kernels written beside the metrics
+(and with --profile_trace its Chrome trace, whose phases the loop labels with marker()).
 
 Where the time of a step goes (matmuls, attention, the fused elementwise kernels, the optimizer) is
 the first thing to look at when a run is slower than its estimate; this answers it from inside the
@@ -7,7 +8,10 @@ real run, on the real shapes, without another tool.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -22,13 +26,24 @@ def start(device: torch.device):
     return prof
 
 
-def finish(prof, device: torch.device, path: Path, wall_s: float, rows: int = 30) -> str:
+def marker(prof):
+    """mark(name) -> a context that labels a phase of the step in the profile (the trace shows which phase
+    launched each kernel); a no-op when the step is not profiled."""
+    if prof is None:
+        return lambda name: contextlib.nullcontext()
+    return torch.profiler.record_function
+
+
+def finish(prof, device: torch.device, path: Path, wall_s: float, rows: int = 30, trace: Path | None = None) -> str:
     """Stops the profiler and writes the step's wall time, how much of it the GPU was busy (the rest is the
     GPU waiting for the host: Python, data, synchronisation) and the table of the `rows` most expensive
-    kernels (device time on CUDA, CPU time otherwise) to `path`, atomically; returns the text."""
+    kernels (device time on CUDA, CPU time otherwise) to `path`, atomically; returns the text. With `trace`,
+    the step's Chrome trace goes there too (gzip-compressed when the name ends in .gz)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     prof.stop()
+    if trace is not None:
+        _write_trace(prof, Path(trace))
     events = prof.key_averages()
     head = f"step wall time {wall_s:.3f} s"
     if device.type == "cuda":
@@ -44,3 +59,18 @@ def finish(prof, device: torch.device, path: Path, wall_s: float, rows: int = 30
     tmp.write_text(table + "\n")
     os.replace(tmp, path)
     return table
+
+
+def _write_trace(prof, path: Path) -> None:
+    """The profiler's Chrome trace at `path`, written under a temporary name and renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = path.with_name(path.name + ".raw.tmp")
+    prof.export_chrome_trace(str(raw))
+    tmp = path.with_name(path.name + ".tmp")
+    if path.name.endswith(".gz"):
+        with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+    else:
+        os.replace(raw, tmp)
+    os.replace(tmp, path)

@@ -22,6 +22,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from training import checkpoint as ckpt
 from training import dist, dsconfig, fastpath, profiling
 from training.data import ChatEncoder, Collator, StepSampler, build_dataset, eval_batches, IGNORE_INDEX
 from training.errors import InputError
+from training.fast import allocator
 from training.metrics import MetricsWriter
 from training.model import (apply_method, check_method, load_model, load_tokenizer, merge_adapter,
                             quantization_method, read_config_dict, resolve_model_source, save_pretrained_here)
@@ -51,6 +53,7 @@ class FinetuneRecipe:
         self.scaler = None
         self._hf_ds_config = None  # keeps transformers' ZeRO-3 hook alive while loading
         self.lazy_truncated = 0  # with --lazy_preprocess: truncations met in training batches
+        self._retries_warned = 0  # allocator retries already warned about
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -181,6 +184,10 @@ class FinetuneRecipe:
         model = apply_method(a, model, self.method)
         if self.method != "full" and not self.fast.lora_input_cast:
             fastpath.set_lora_input_cast(model, False)
+        if self.fast.fused_lora_dropout:
+            from training.fast.lora_dropout import fuse_lora_dropout
+
+            log.info("LoRA dropout fused into lora_A in %d adapted projections", fuse_lora_dropout(model))
         if self.resume_dir and self.method != "full" and not a.deepspeed:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
@@ -374,64 +381,118 @@ class FinetuneRecipe:
     def _train_loop(self, batches, pending, pack_next) -> None:
         a, env = self.args, self.env
         gas = a.gradient_accumulation_steps
-        window = _Window()
+        self._window = _Window()
         t_start = time.perf_counter()
-        while self.step < self.total_steps:
-            prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
-            t0 = time.perf_counter()
-            if self.fast.packing:
-                packed, pending = pending.result(), None
-                micro, counts = self._packed_step(packed)
-            else:
-                micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()} for _ in range(gas)]
-                # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
-                counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
-                                       sum(int(b["attention_mask"].sum()) for b in micro),
-                                       sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
-            if dist.active():
-                counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
-            n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
-            # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
-            num_items = torch.tensor(max(n_labels, 1.0) / env.world_size, device=self.device)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-            lr = self._current_lr()
-            for i, batch in enumerate(micro):
-                last = i == len(micro) - 1
-                sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
-                with sync:
-                    loss = self._forward_loss(batch, num_items)
-                    self._backward(loss)
-                if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
-                    # The next step is packed from here on: with this micro-batch's kernels queued, the packing
-                    # thread's Python runs while the main thread waits on the GPU. Started with the step, it held
-                    # the GIL while the main thread had the first kernels to launch, and the GPU idled.
-                    pending = pack_next()
-                if self.engine is not None:
-                    self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
-                loss_sum += loss.detach().double() * num_items.double()
-            grad_norm = self._optimizer_step()
-            self.step += 1
-            loss_sum = dist.all_reduce_sum(loss_sum)
-            if n_trunc and a.lazy_preprocess:
-                self.lazy_truncated += int(n_trunc)
-                if env.is_main:
-                    log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
-                                self.step, int(n_trunc), a.model_max_length)
-            window.add(loss_sum.item(), n_labels, n_tokens, time.perf_counter() - t0)
-            if prof is not None:
-                out = Path(a.output_dir) / f"profile-step{self.step}.txt"
-                text = profiling.finish(prof, self.device, out, time.perf_counter() - t0)
-                log.info("profile of step %d (%s):\n%s", self.step, out, text)
-            window.micro_batches += len(micro)
-            window.empty_rows += int(n_empty)
-            if self.step % a.logging_steps == 0 or self.step == self.total_steps:
-                self._log_step(window, lr, grad_norm)
-                window = _Window()
-            if a.eval_steps > 0 and self.eval_ds is not None and self.step % a.eval_steps == 0:
-                self.evaluate()
-            if self._should_save():
-                self.save_checkpoint()
+        queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
+        try:
+            while self.step < self.total_steps:
+                if queued is not None and a.profile_step == self.step + 1:
+                    # Read back before the profiler starts: its start-up would count as the queued step's time.
+                    self._record_step(queued, seconds=None)
+                    queued = None
+                prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
+                mark = profiling.marker(prof)
+                t0 = time.perf_counter()
+                with mark("step: inputs"):
+                    if self.fast.packing:
+                        packed, pending = pending.result(), None
+                        micro, counts = self._packed_step(packed)
+                    else:
+                        micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
+                                 for _ in range(gas)]
+                        # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
+                        counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
+                                               sum(int(b["attention_mask"].sum()) for b in micro),
+                                               sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
+                    if dist.active():
+                        counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
+                    n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
+                    # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
+                    num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
+                    loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                    lr = self._current_lr()
+                for i, batch in enumerate(micro):
+                    last = i == len(micro) - 1
+                    sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
+                    with sync:
+                        with mark("step: forward"):
+                            loss = self._forward_loss(batch, num_items)
+                        with mark("step: backward"):
+                            self._backward(loss)
+                    if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
+                        # The next step is packed from here on: with this micro-batch's kernels queued, the packing
+                        # thread's Python runs while the main thread waits on the GPU. Started with the step, it
+                        # held the GIL while the main thread had the first kernels to launch, and the GPU idled.
+                        pending = pack_next()
+                    if queued is not None:
+                        # The previous step is read back only now, with this step's first micro-batch queued: the
+                        # GPU works on it while the host waits, logs and writes metrics.
+                        with mark("step: previous step's metrics"):
+                            self._record_step(queued, seconds=t0 - queued.t0)
+                        queued = None
+                    if self.engine is not None:
+                        self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
+                    loss_sum += loss.detach().double() * num_items.double()
+                with mark("step: optimizer"):
+                    grad_norm = self._optimizer_step()
+                self.step += 1
+                loss_sum = dist.all_reduce_sum(loss_sum)
+                done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
+                due_eval = a.eval_steps > 0 and self.eval_ds is not None and self.step % a.eval_steps == 0
+                if (self.fast.overlap_steps and prof is None and self.step < self.total_steps and not due_eval
+                        and not self._should_save()):
+                    queued = done
+                    continue
+                self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
+                if prof is not None:
+                    out = Path(a.output_dir) / f"profile-step{self.step}.txt"
+                    trace = out.with_suffix(".json.gz") if a.profile_trace else None
+                    text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
+                    log.info("profile of step %d (%s):\n%s", self.step, out, text)
+                if due_eval:
+                    self.evaluate()
+                if self._should_save():
+                    self.save_checkpoint()
+        except BaseException:
+            if queued is not None:  # a step that finished before the failure still gets its metrics record
+                self._flush_after_error(queued)
+            raise
         self.train_runtime = time.perf_counter() - t_start
+
+    def _record_step(self, q: "_Queued", seconds: float | None) -> None:
+        """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
+        step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
+        a = self.args
+        loss_sum = q.loss_sum.item()
+        grad_norm = float(q.grad_norm)
+        if seconds is None:
+            seconds = time.perf_counter() - q.t0
+        if q.n_trunc and a.lazy_preprocess:
+            self.lazy_truncated += int(q.n_trunc)
+            if self.env.is_main:
+                log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
+                            q.step, int(q.n_trunc), a.model_max_length)
+        w = self._window
+        w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
+        w.micro_batches += q.micro_batches
+        w.empty_rows += int(q.n_empty)
+        if q.step % a.logging_steps == 0 or q.step == self.total_steps:
+            self._log_step(w, q.step, q.lr, grad_norm)
+            self._window = _Window()
+
+    def _flush_after_error(self, q: "_Queued") -> None:
+        try:
+            self._record_step(q, seconds=None)
+        except Exception as e:  # the device may be what failed; the original error is what gets raised
+            log.warning("step %d's metrics could not be read back after the failure: %s", q.step, e)
+
+    def _device_scalar(self, x: float) -> torch.Tensor:
+        """A float32 scalar on the device without a synchronisation: a copy from pageable memory would wait for
+        every queued kernel, so on CUDA it goes through pinned memory."""
+        t = torch.tensor(x, dtype=torch.float32)
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _pack_cpu(self, items: list) -> tuple[list[dict], list[float]]:
         """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA, and its
@@ -479,7 +540,7 @@ class FinetuneRecipe:
         else:
             loss.backward()
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> torch.Tensor | float:
         a = self.args
         if self.engine is not None:
             norm = self.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
@@ -495,12 +556,12 @@ class FinetuneRecipe:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm  # on the device: _record_step reads it back (with --overlap_steps, a step later)
 
-    def _log_step(self, w: "_Window", lr: float, grad_norm: float) -> None:
+    def _log_step(self, w: "_Window", step: int, lr: float, grad_norm: float) -> None:
         rec = {
-            "step": self.step,
-            "epoch": round(self.step / self.steps_per_epoch, 4),
+            "step": step,
+            "epoch": round(step / self.steps_per_epoch, 4),
             "loss": w.loss_sum / max(w.labels, 1.0),
             "learning_rate": lr,
             "grad_norm": grad_norm,
@@ -514,8 +575,16 @@ class FinetuneRecipe:
             rec["empty_rows"] = w.empty_rows  # rows of padding, over all processes, so all ran as many
         if self.device.type == "cuda":
             rec["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # Each retry freed the allocator's cache mid-step: a device-wide synchronisation (training.fast.allocator).
+            rec["alloc_retries"] = allocator.retries(self.device)
+            if rec["alloc_retries"] > self._retries_warned:
+                log.warning("the CUDA allocator freed its cache and retried %d time(s) so far (each one stalls the "
+                            "GPU): %s", rec["alloc_retries"],
+                            "lower --auto_memory_fraction" if self.fast.expandable_segments
+                            else "use --expandable_segments or a lower --auto_memory_fraction")
+                self._retries_warned = rec["alloc_retries"]
         self.metrics.write(rec)
-        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", self.step, self.total_steps,
+        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.total_steps,
                  rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
 
     def _should_save(self) -> bool:
@@ -706,6 +775,21 @@ class FinetuneRecipe:
         gc.unfreeze()
         gc.collect()
         dist.destroy()
+
+
+@dataclass
+class _Queued:
+    """A finished optimizer step whose loss and gradient norm may still be on the device."""
+    step: int
+    loss_sum: torch.Tensor
+    grad_norm: torch.Tensor | float
+    lr: float
+    n_labels: float
+    n_tokens: float
+    n_trunc: float
+    n_empty: float
+    micro_batches: int
+    t0: float
 
 
 class _Window:

@@ -140,6 +140,9 @@ def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, pl
     (["--no_packing", "--packing_tokens", "512"], "they need packing"),
     (["--packing_tokens", "64"], "less than --model_max_length"),
     (["--attention_kernel", "cudnn"], "--attention_kernel cudnn needs a CUDA GPU of compute capability 9.0"),
+    (["--fused_lora_dropout"], "--fused_lora_dropout fuses LoRA's dropout: it needs --use_lora"),
+    (["--use_lora", "--fused_lora_dropout"], "--fused_lora_dropout runs a Triton kernel: it needs a CUDA GPU"),
+    (["--profile_trace"], "--profile_trace writes the trace of --profile_step N"),
 ])
 def test_impossible_fast_path_choices_exit_2(tmp_path, files, extra, message):
     run = run_worker(tmp_path / "out", *flags(files, *extra))
@@ -154,7 +157,61 @@ def test_help_documents_every_fast_path_flag():
     for flag in ("--packing", "--no_packing", "--packing_tokens", "--fused_ce", "--compile", "--no_compile",
                  "--fused_adamw", "--no_fused_adamw", "--auto_micro_batch", "--no_auto_micro_batch",
                  "--auto_memory_fraction", "--auto_max_tokens", "--random_init", "--lora_input_cast",
-                 "--no_lora_input_cast", "--profile_step", "--attention_kernel"):
+                 "--no_lora_input_cast", "--profile_step", "--attention_kernel", "--profile_trace",
+                 "--overlap_steps", "--no_overlap_steps", "--expandable_segments", "--no_expandable_segments",
+                 "--fused_lora_dropout", "--no_fused_lora_dropout"):
         assert flag in text, flag
     assert "{auto,liger,chunked,off}" in text
     assert "{auto,flash,cudnn}" in text
+
+
+def test_expandable_segments_flag_that_contradicts_the_environment_exits_2(tmp_path, files, monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:False")
+    run = run_worker(tmp_path / "out", *flags(files, "--expandable_segments"))
+    assert run.rc == 2, run.stderr[-2000:]
+    assert "--expandable_segments contradicts PYTORCH_CUDA_ALLOC_CONF" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_overlapped_steps_log_the_same_numbers_around_evals_checkpoints_and_a_profiled_step(tmp_path, files):
+    """--overlap_steps (the CUDA default) reads each step back once the next one is queued; steps with an
+    evaluation, a checkpoint or the profiler, and the last one, are read back at once. The records must be the
+    ones the step-by-step loop writes, in the same order, with evaluations and checkpoints after their step."""
+    import gzip
+    import json
+
+    common = flags(files, "--use_lora", "--lora_r", "8", "--lora_dropout", "0.1", "--per_device_train_batch_size",
+                   "4", "--max_steps", "16", "--logging_steps", "3", "--eval_data_path", files["train"],
+                   "--eval_steps", "5", "--save_strategy", "steps", "--save_steps", "7", "--profile_step", "9",
+                   "--profile_trace")
+    runs = {}
+    for mode in ("--overlap_steps", "--no_overlap_steps"):
+        run = run_worker(tmp_path / mode.strip("-"), *common, mode)
+        assert_ok(run)
+        runs[mode] = run
+    ov, seq = runs["--overlap_steps"], runs["--no_overlap_steps"]
+    assert ov.records[0]["fast_path"]["overlap_steps"] is True and seq.records[0]["fast_path"]["overlap_steps"] is False
+
+    def shape(run):
+        out = []
+        for r in run.records:
+            if "event" not in r:
+                out.append(("step", r["step"], r["loss"], r["grad_norm"], r["tokens"], r["label_tokens"]))
+            elif r["event"] in ("eval", "checkpoint"):
+                out.append((r["event"], r["step"], r.get("eval_loss")))
+        return out
+
+    assert shape(ov) == shape(seq)
+    kinds = [x[:2] for x in shape(ov)]
+    # Logged every 3 steps and at the end; evaluations at 5, 10, 15 and checkpoints at 7, 14, each after its step's
+    # training (the record of a window that ends later comes later).
+    assert [k[1] for k in kinds if k[0] == "step"] == [3, 6, 9, 12, 15, 16]
+    assert [k[1] for k in kinds if k[0] == "eval"][:3] == [5, 10, 15]
+    assert [k[1] for k in kinds if k[0] == "checkpoint"] == [7, 14]
+    assert kinds.index(("eval", 5)) < kinds.index(("step", 6)) and kinds.index(("checkpoint", 7)) < kinds.index(("step", 9))
+    # The profiled step wrote its table and a Chrome trace with the loop's phase labels.
+    out = ov.out
+    assert (out / "profile-step9.txt").is_file()
+    with gzip.open(out / "profile-step9.json.gz", "rt") as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    assert {"step: inputs", "step: forward", "step: backward", "step: optimizer"} <= names

@@ -7,6 +7,8 @@ compile.py    torch.compile of each decoder layer (one graph reused by every lay
 optim.py      fused AdamW where the device has it
 autobatch.py  the largest packed micro-batch that fits, and gradient checkpointing only when nothing fits without it
 step.py       one micro-batch's forward and summed loss, for either path
+lora_dropout.py  LoRA's dropout inside the Triton kernel of the adapter's first matmul (drawn again in backward)
+allocator.py  expandable CUDA memory segments (set before torch starts CUDA) and the allocator's retry count
 
 Nothing here imports qwen_tui.
 """
