@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,7 +47,8 @@ class WizardApp(App[int]):
 
     def __init__(self, preset_path: Optional[str] = None, *, preset: Optional[Preset] = None,
                  facts: Optional[ClusterFacts] = None, runs_root: Optional[str] = None,
-                 reattach: bool = True, base_dir: Optional[str] = None) -> None:
+                 reattach: bool = True, base_dir: Optional[str] = None,
+                 local_python: Optional[str] = None) -> None:
         super().__init__()
         self.load_error: Optional[str] = None
         path = Path(preset_path) if preset_path else None
@@ -61,6 +63,8 @@ class WizardApp(App[int]):
         self.runs_root = Path(runs_root).absolute() if runs_root else None
         self.reattach = reattach
         self.base_dir = base_dir or os.getcwd()  # relative local workdirs resolve against it
+        # Local nodes without a python of their own run this one: Review shows it, launch uses it.
+        self.local_python = local_python or sys.executable
         self.transports: dict[int, Any] = {}
         self.password: Optional[str] = None  # asked once in the SSH step; memory only
 

@@ -1,5 +1,5 @@
 """A deterministic wizard for snapshots and screenshots: the local-demo preset,
-fixed facts (two H200 nodes, a measured 6.2 Gbit/s link), a fixed base directory,
+fixed facts (two H200 nodes, a measured 6.2 Gbit/s link), a fixed base directory and Python,
 no re-attach, and a synthetic run on the Run screen (metrics and samples shaped
 like the real ones: the H200 nvidia-smi fixture, the worker's metrics lines)."""
 
@@ -31,7 +31,8 @@ def fixed_facts() -> ClusterFacts:
 
 def make_app(**kw) -> WizardApp:
     app = WizardApp(str(DEMO.relative_to(ROOT)) if Path.cwd() == ROOT else str(DEMO), facts=fixed_facts(),
-                    runs_root="/nonexistent/runs", reattach=False, base_dir="/srv/qwen", **kw)
+                    runs_root="/nonexistent/runs", reattach=False, base_dir="/srv/qwen",
+                    local_python="/srv/qwen/.venv/bin/python", **kw)
     app.state.path = Path("presets/local-demo.yaml")  # the same title wherever the tests run
     for i in range(2):
         app.state.node(i).probe = "ok"

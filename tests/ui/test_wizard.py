@@ -204,3 +204,20 @@ def test_one_network_check_replaces_only_its_own_findings():
     assert [f.code for f in core.replace_findings(old, [], "port")] == ["LOW_BANDWIDTH", "FIREWALL_RULES"]
     with pytest.raises(ValueError):
         core.network_check(load_preset(DEMO), {}, "rehearsal", core.ClusterFacts())
+
+
+async def test_review_shows_the_python_launch_gives_local_nodes(tmp_path):
+    """Local nodes without a python of their own run qwen-tui's Python (the launch plan's local_python);
+    Review must show that command, not the preset's default `python3`."""
+    import sys
+
+    from textual.widgets import Static
+
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    assert app.local_python == sys.executable
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f5")
+        await pilot.pause()
+        text = str(app.screen.query_one("#commands", Static).render())
+        # Every node's command line starts with it; the default would have been "python3 -m torch...".
+        assert text.count(f"{sys.executable} -m torch.distributed.run") == 2, text

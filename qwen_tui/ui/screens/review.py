@@ -23,9 +23,10 @@ from .base import StepScreen
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
 
 
-def preview_plan(state, base_dir: str) -> LaunchPlan:
+def preview_plan(state, base_dir: str, local_python: Optional[str] = None) -> LaunchPlan:
+    """The plan launch will make (local_python: what local nodes without a python of their own run)."""
     return make_plan(state.preset, run_id=PREVIEW_RUN_ID, local_run_dir=f"runs/{PREVIEW_RUN_ID}",
-                     base_dir=base_dir, facts=state.facts)
+                     base_dir=base_dir, facts=state.facts, local_python=local_python)
 
 
 def plan_text(plan: LaunchPlan) -> Text:
@@ -58,7 +59,8 @@ class ReviewScreen(StepScreen):
 
     def refresh_state(self) -> None:
         st = self.state
-        self.query_one("#commands", Static).update(plan_text(preview_plan(st, self.wizard.base_dir)))
+        self.query_one("#commands", Static).update(plan_text(preview_plan(st, self.wizard.base_dir,
+                                                                          self.wizard.local_python)))
         self.query_one("#yaml", Static).update(Syntax(dump_preset(st.preset), "yaml", theme="ansi_dark",
                                                       background_color="default"))
         errs = [a for a in st.advice if a.level == "error"]

@@ -5,7 +5,6 @@ Stop-all asks first. Quitting leaves the run going; reopening re-attaches."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -135,7 +134,7 @@ class RunScreen(StepScreen):
         root = app.runs_root or default_runs_root()
         run_id = new_run_id(preset.name or (app.state.path.stem if app.state.path else None))
         plan = make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=app.base_dir,
-                         facts=facts, local_python=sys.executable)
+                         facts=facts, local_python=app.local_python)
         try:
             la = start_run(preset, plan, conns, facts, root)
         except LaunchError as e:
