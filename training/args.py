@@ -27,6 +27,12 @@ exit codes: 0 trained and saved; 2 bad input or configuration (nothing written);
 """
 
 
+def _switch(group, name: str, on: str, off: str) -> None:
+    """--NAME and --no_NAME: one fast-path switch whose default (None) leaves the choice to training.fastpath."""
+    group.add_argument(f"--{name}", dest=name, action="store_true", default=None, help=on)
+    group.add_argument(f"--no_{name}", dest=name, action="store_false", help=off)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.finetune",
@@ -111,12 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "
         "log say what was chosen and why); every one can be turned off. Under --deepspeed the automatic choice is the "
         "plain path: DeepSpeed runs a fixed number of micro-batches per step through its own engine.")
-    f.add_argument("--packing", dest="packing", action="store_true", default=None,
-                   help="pack each optimizer step's records end to end into rows (no padding; positions restart per "
-                   "record and no token attends across records). Default: on where the attention supports packed "
-                   "rows (flash varlen on CUDA, per-record attention on CPU), off under --deepspeed")
-    f.add_argument("--no_packing", dest="packing", action="store_false",
-                   help="padded micro-batches of --per_device_train_batch_size records instead")
+    _switch(f, "packing",
+            on="pack each optimizer step's records end to end into rows (no padding; positions restart per "
+               "record and no token attends across records). Default: on where the attention supports packed "
+               "rows (flash varlen on CUDA, per-record attention on CPU), off under --deepspeed",
+            off="padded micro-batches of --per_device_train_batch_size records instead")
     f.add_argument("--packing_tokens", type=int, default=None, metavar="N",
                    help="tokens per packed row (one row is one micro-batch; a step's records take as many rows as "
                    "they need, and every process runs the same number). Default: measured by --auto_micro_batch on "
@@ -125,55 +130,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cross-entropy without the full logits: Liger's fused linear cross-entropy (CUDA, needs "
                    "liger-kernel) or a chunked torch version (any device); off = transformers' own loss (full "
                    "logits). Default auto: liger where available, else chunked; off under --deepspeed")
-    f.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile each decoder layer (one graph shared by all layers). Default: on for CUDA "
-                   "(with Triton), off on CPU and under --deepspeed")
-    f.add_argument("--no_compile", dest="compile", action="store_false", help="run the decoder eagerly")
-    f.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
-                   help="single-kernel AdamW (torch's fused=True). Default: on for CUDA, off on CPU and under --deepspeed")
-    f.add_argument("--no_fused_adamw", dest="fused_adamw", action="store_false", help="torch's default AdamW")
-    f.add_argument("--auto_micro_batch", dest="auto_micro_batch", action="store_true", default=None,
-                   help="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "
-                   "--auto_memory_fraction of the GPU, turning gradient checkpointing on only if not even one "
-                   "--model_max_length record fits without it. Default: on for CUDA with packing, unless "
-                   "--packing_tokens is given; it never turns checkpointing off when --gradient_checkpointing is given")
-    f.add_argument("--no_auto_micro_batch", dest="auto_micro_batch", action="store_false",
-                   help="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
-    f.add_argument("--lora_input_cast", dest="lora_input_cast", action="store_true", default=None,
-                   help="let peft cast each adapter's input to the adapter dtype (fp32) before its dropout, as peft "
-                   "does by default. Default: off on CUDA under --bf16/--fp16 without --deepspeed, where autocast "
-                   "casts the dropped input straight back to half precision for the matmul: the dropout then runs "
-                   "on the half-precision input (ATen computes it in fp32 and rounds once, the same values) with "
-                   "half the memory traffic; on elsewhere")
-    f.add_argument("--no_lora_input_cast", dest="lora_input_cast", action="store_false",
-                   help="adapter inputs stay in the compute dtype (see --lora_input_cast)")
-    f.add_argument("--fused_lora_dropout", dest="fused_lora_dropout", action="store_true", default=None,
-                   help="LoRA: each adapter's dropout drawn inside the Triton kernel of its first matmul (lora_A) "
-                   "and drawn again in its backward, instead of a dropout kernel and a saved mask and dropped copy per "
-                   "adapter. Same drop probability and scaling, masks from another generator. Needs CUDA and "
-                   "Triton; not with --deepspeed. On the 7B shape it keeps 27%% less activation memory a token "
-                   "(longer packed rows, or no gradient checkpointing) at the same speed. Default: off")
-    f.add_argument("--no_fused_lora_dropout", dest="fused_lora_dropout", action="store_false",
-                   help="peft's own dropout module in front of each adapter")
+    _switch(f, "compile",
+            on="torch.compile each decoder layer (one graph shared by all layers). Default: on for CUDA "
+               "(with Triton), off on CPU and under --deepspeed",
+            off="run the decoder eagerly")
+    _switch(f, "fused_adamw",
+            on="single-kernel AdamW (torch's fused=True). Default: on for CUDA, off on CPU and under --deepspeed",
+            off="torch's default AdamW")
+    _switch(f, "auto_micro_batch",
+            on="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "
+               "--auto_memory_fraction of the GPU, turning gradient checkpointing on only if not even one "
+               "--model_max_length record fits without it. Default: on for CUDA with packing, unless "
+               "--packing_tokens is given; it never turns checkpointing off when --gradient_checkpointing is given",
+            off="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
+    _switch(f, "lora_input_cast",
+            on="let peft cast each adapter's input to the adapter dtype (fp32) before its dropout, as peft "
+               "does by default. Default: off on CUDA under --bf16/--fp16 without --deepspeed, where autocast "
+               "casts the dropped input straight back to half precision for the matmul: the dropout then runs "
+               "on the half-precision input (ATen computes it in fp32 and rounds once, the same values) with "
+               "half the memory traffic; on elsewhere",
+            off="adapter inputs stay in the compute dtype (see --lora_input_cast)")
+    _switch(f, "fused_lora_dropout",
+            on="LoRA: each adapter's dropout drawn inside the Triton kernel of its first matmul (lora_A) "
+               "and drawn again in its backward, instead of a dropout kernel and a saved mask and dropped copy per "
+               "adapter. Same drop probability and scaling, masks from another generator. Needs CUDA and "
+               "Triton; not with --deepspeed. On the 7B shape it keeps 27%% less activation memory a token "
+               "(longer packed rows, or no gradient checkpointing) at the same speed. Default: off",
+            off="peft's own dropout module in front of each adapter")
     f.add_argument("--attention_kernel", default="auto", choices=["auto", "flash", "cudnn"],
                    help="the varlen attention of packed rows on CUDA: flash (PyTorch's FlashAttention 2) or cudnn "
                    "(cuDNN's fused attention; needs the nvidia-cudnn-frontend package and a Hopper or newer GPU; "
                    "its kernels run 1.46x FlashAttention 2's speed on an H200 for 7B heads, but with more host work "
                    "a call a whole step measured no faster). Default auto: flash")
-    f.add_argument("--overlap_steps", dest="overlap_steps", action="store_true", default=None,
-                   help="queue the next optimizer step on the GPU before reading this step's loss and gradient norm "
-                   "back, so the GPU never waits for the host between steps (a step's metrics record is written "
-                   "once the next step is under way; the last step, evaluations, checkpoints and a profiled step "
-                   "still wait). Default: on for CUDA, off on CPU (where every operation waits anyway)")
-    f.add_argument("--no_overlap_steps", dest="overlap_steps", action="store_false",
-                   help="read each step's loss and gradient norm back before the next step starts")
-    f.add_argument("--expandable_segments", dest="expandable_segments", action="store_true", default=None,
-                   help="PyTorch's expandable CUDA memory segments (PYTORCH_CUDA_ALLOC_CONF expandable_segments:True): "
-                   "packed rows change width every micro-batch, and near the memory limit the default allocator "
-                   "then frees its cache and retries, a device-wide synchronisation each time. Default: on for "
-                   "CUDA, unless PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments")
-    f.add_argument("--no_expandable_segments", dest="expandable_segments", action="store_false",
-                   help="PyTorch's default CUDA allocator segments")
+    _switch(f, "overlap_steps",
+            on="queue the next optimizer step on the GPU before reading this step's loss and gradient norm "
+               "back, so the GPU never waits for the host between steps (a step's metrics record is written "
+               "once the next step is under way; the last step, evaluations, checkpoints and a profiled step "
+               "still wait). Default: on for CUDA, off on CPU (where every operation waits anyway)",
+            off="read each step's loss and gradient norm back before the next step starts")
+    _switch(f, "expandable_segments",
+            on="PyTorch's expandable CUDA memory segments (PYTORCH_CUDA_ALLOC_CONF expandable_segments:True): "
+               "packed rows change width every micro-batch, and near the memory limit the default allocator "
+               "then frees its cache and retries, a device-wide synchronisation each time. Default: on for "
+               "CUDA, unless PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments",
+            off="PyTorch's default CUDA allocator segments")
     f.add_argument("--auto_memory_fraction", type=float, default=0.85,
                    help="share of the GPU's memory --auto_micro_batch plans for (default 0.85)")
     f.add_argument("--auto_max_tokens", type=int, default=65536,
