@@ -89,6 +89,24 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def cpu_group(timeout_s: int):
+    """A gloo group of its own for the packing thread's small host-side collectives (rows and token counts of
+    the next step). On the default group they would queue behind the GPU work on the NCCL stream, and reading
+    them back would wait for all of it; and a second thread must not share the default group's order.
+    None without a process group of several ranks."""
+    if not active() or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def gather_floats(values: list[float], group) -> list[list[float]]:
+    """Every rank's `values` (the same length everywhere), in rank order, through `group` on the host."""
+    t = torch.tensor(values, dtype=torch.float64)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t, group=group)
+    return [o.tolist() for o in out]
+
+
 def all_gather_floats(x: float, device: torch.device) -> list[float]:
     t = torch.tensor([x], dtype=torch.float64, device=device)
     if not active():

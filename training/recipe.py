@@ -54,6 +54,7 @@ class FinetuneRecipe:
         self._hf_ds_config = None  # keeps transformers' ZeRO-3 hook alive while loading
         self.lazy_truncated = 0  # with --lazy_preprocess: truncations met in training batches
         self._retries_warned = 0  # allocator retries already warned about
+        self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -97,6 +98,8 @@ class FinetuneRecipe:
 
         # 3. Processes, model, optimizer.
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
+        # Packed steps agree on their rows and token counts on the packing thread, through a gloo group of their own.
+        self.meta_group = dist.cpu_group(a.ddp_timeout) if self.fast.packing else None
         if a.deepspeed:
             import deepspeed
 
@@ -404,7 +407,7 @@ class FinetuneRecipe:
                         counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
                                                sum(int(b["attention_mask"].sum()) for b in micro),
                                                sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
-                    if dist.active():
+                    if dist.active() and not self.fast.packing:  # packed steps come with all ranks' counts
                         counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
                     n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
                     # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
@@ -494,9 +497,10 @@ class FinetuneRecipe:
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
 
-    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float]]:
-        """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA, and its
-        supervised tokens, real tokens and truncated records."""
+    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float], int]:
+        """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA; the
+        supervised tokens, real tokens, truncated records and empty rows of all ranks; and the rows every rank
+        runs (the busiest rank's count). Several ranks agree on these here, on the host, a step ahead."""
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
         rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
@@ -504,7 +508,12 @@ class FinetuneRecipe:
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
         counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
                   float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
-        return rows, counts
+        if self.meta_group is None:
+            return rows, counts + [0.0], len(rows)
+        ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
+        most = int(max(r[3] for r in ranks))
+        totals = [sum(r[i] for r in ranks) for i in range(3)]
+        return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most
 
     @property
     def _pad_multiple(self) -> int:
@@ -512,22 +521,18 @@ class FinetuneRecipe:
         # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
         return 128 if self.device.type == "cuda" else 8
 
-    def _packed_step(self, packed: tuple[list[dict], list[float]]) -> tuple[list[dict], torch.Tensor]:
+    def _packed_step(self, packed: tuple[list[dict], list[float], int]) -> tuple[list[dict], torch.Tensor]:
         """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
-        needs the same number of forwards everywhere), with this rank's counts and its number of empty rows."""
+        needs the same number of forwards everywhere), with the counts of all ranks (see _pack_cpu)."""
         f, a = self.fast, self.args
-        rows, counts = packed
-        n_rows = len(rows)
-        if dist.active():  # every rank runs as many rows as the busiest one
-            n_rows = int(dist.all_reduce_max(torch.tensor([n_rows], dtype=torch.float64, device=self.device)).item())
-        n_real = len(rows)
+        rows, counts, n_rows = packed
         if len(rows) < n_rows:
             filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
                                         a.model_max_length)
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
-        return micro, torch.tensor(counts + [n_rows - n_real], dtype=torch.float64)
+        return micro, torch.tensor(counts, dtype=torch.float64)
 
     def _current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
