@@ -215,3 +215,19 @@ def test_overlapped_steps_log_the_same_numbers_around_evals_checkpoints_and_a_pr
     with gzip.open(out / "profile-step9.json.gz", "rt") as f:
         names = {e.get("name") for e in json.load(f)["traceEvents"]}
     assert {"step: inputs", "step: forward", "step: backward", "step: optimizer"} <= names
+
+
+def test_overlapped_steps_over_torchrun_give_the_step_by_step_records(tmp_path, files):
+    """Two processes, packed (the packing thread all-gathers row and token counts over its own gloo group) and
+    overlapped, as on GPUs: the same records as reading every step back at once, replicas in step."""
+    common = flags(files, "--use_lora", "--lora_r", "8", "--per_device_train_batch_size", "4", "--packing_tokens",
+                   "128", "--max_steps", "10", "--logging_steps", "2")
+    ov = run_worker(tmp_path / "ov", *common, "--overlap_steps", nproc=2)
+    seq = run_worker(tmp_path / "seq", *common, "--no_overlap_steps", nproc=2)
+    for run in (ov, seq):
+        assert_ok(run)
+        assert run.records[-1]["replicas_in_sync"] is True
+    assert ov.records[0]["fast_path"]["overlap_steps"] is True
+    keys = ("step", "loss", "grad_norm", "tokens", "label_tokens", "micro_batches", "empty_rows")
+    assert [[r[k] for k in keys] for r in ov.steps] == [[r[k] for k in keys] for r in seq.steps]
+    assert [r["step"] for r in ov.steps] == [2, 4, 6, 8, 10]
