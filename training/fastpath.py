@@ -177,10 +177,7 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
                                  "(drop --no_packing or --deepspeed)")
         attention, why["attention_kernel"] = choice, "as given"
     # LoRA dropout inside the adapter's first matmul.
-    from training.fast.lora_dropout import available as fused_dropout_available
-
     drop = float(getattr(args, "lora_dropout", 0.0) or 0.0)
-    triton_ok = fused_dropout_available(device)
     if getattr(args, "fused_lora_dropout", None) is None:
         # Opt-in: on the 7B shape it measured the same speed as peft's dropout (bench/results runs 15 and 16),
         # with 27% less activation memory a token (longer rows, or no checkpointing, where memory is short).
@@ -192,7 +189,10 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
         if fused_drop:
             if not lora:
                 raise InputError("--fused_lora_dropout fuses LoRA's dropout: it needs --use_lora or --q_lora")
-            if not triton_ok:
+            # Imported only when asked for: the module imports Triton, a second of every start-up otherwise.
+            from training.fast.lora_dropout import available as fused_dropout_available
+
+            if not fused_dropout_available(device):
                 raise InputError("--fused_lora_dropout runs a Triton kernel: it needs a CUDA GPU and the triton "
                                  "package")
             if deepspeed:
