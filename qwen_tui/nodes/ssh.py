@@ -44,6 +44,7 @@ _JOB_PIDS = (
 )
 # sshd's default MaxSessions is 10 channels per connection; stay under it.
 MAX_CHANNELS = 8
+_EXIT_GRACE_S = 2.0  # how long a stream waits for output after the command's exit status
 
 
 @dataclass
@@ -215,19 +216,30 @@ class SSHTransport:
             try:
                 chan.settimeout(max(1.0, timeout))
                 chan.exec_command(cmd)
-                if input:
-                    chan.sendall(input)
-                chan.shutdown_write()
+                # Input goes out as the window allows while output is read: `cat` of a
+                # large input would otherwise fill both windows and stall until timeout.
+                pending = memoryview(input) if input else memoryview(b"")
+                if not pending:
+                    chan.shutdown_write()
                 out, err = bytearray(), bytearray()
                 while True:
                     got = False
+                    if pending and chan.send_ready():
+                        n = chan.send(pending[:32768])
+                        pending = pending[n:]
+                        got = True
+                        if not pending:
+                            chan.shutdown_write()
                     while chan.recv_ready():
                         out += chan.recv(65536); got = True
                     while chan.recv_stderr_ready():
                         err += chan.recv_stderr(65536); got = True
-                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    # sshd may send the exit status before the last output: the command is
+                    # done only when the output has ended (EOF) too, or the channel closed.
+                    drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+                    if drained and chan.exit_status_ready() and (chan.eof_received or chan.closed):
                         break
-                    if chan.closed and not got and not chan.exit_status_ready():
+                    if chan.closed and drained and not chan.exit_status_ready():
                         raise Unreachable(f"{self.label}: channel closed before the command finished")
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -280,6 +292,7 @@ class SSHTransport:
                 buf = bytearray()
                 started = last = time.monotonic()
                 got_line = False
+                exited_at: Optional[float] = None
                 while not stop.is_set():
                     select.select([chan], [], [], poll)
                     try:
@@ -288,8 +301,15 @@ class SSHTransport:
                         data = None
                     now = time.monotonic()
                     if data is None:
-                        if chan.exit_status_ready() or chan.closed or chan.eof_received:
+                        if chan.closed or chan.eof_received:
                             break
+                        # the exit status can come before the last output; a child that
+                        # keeps the pty open must not hold the stream past a short grace
+                        if chan.exit_status_ready():
+                            exited_at = exited_at if exited_at is not None else now
+                            if now - exited_at > _EXIT_GRACE_S:
+                                break
+                            continue
                         check_stream_quiet(self.label, argv, now, started, last, got_line, timeout_first_line,
                                            idle_timeout)
                         continue

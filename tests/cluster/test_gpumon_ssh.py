@@ -129,3 +129,18 @@ def test_stream_lines_stop_and_first_line_bounds(cluster, preset, transports):
     stop.clear()
     out = list(t.stream_lines(["printf", "a\\nb\\nc"], stop=stop, timeout_first_line=10))
     assert out == ["a", "b", "c"]
+
+
+def test_stream_lines_keeps_the_output_that_follows_the_exit_status(cluster, preset, transports):
+    """sshd can report the exit status before the last output: a command that prints
+    a lot and exits at once must still reach the consumer whole."""
+    t = transports[1]
+    stop = threading.Event()
+    for _ in range(3):
+        out = list(t.stream_lines(["seq", "1", "30000"], stop=stop, timeout_first_line=10))
+        assert out == [str(i) for i in range(1, 30001)]
+    # a child that keeps the pty open does not hold the stream past the grace
+    t0 = time.monotonic()
+    out = list(t.stream_lines(["sh", "-c", "echo done; sleep 20 &"], stop=stop, timeout_first_line=10))
+    assert out[:1] == ["done"]
+    assert time.monotonic() - t0 < 15

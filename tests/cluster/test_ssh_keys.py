@@ -52,7 +52,13 @@ def test_connect_all_reuses_one_connection_per_node(preset, cluster):
         assert t._client.get_transport() is before
         r = t.run(["sh", "-c", 'echo "$1"; echo err >&2; exit 3', "sh", "a b"], timeout=5)
         assert (r.rc, r.stdout, r.stderr) == (3, "a b\n", "err\n")
-        assert t.run(["cat"], timeout=5, input=b"x" * 200000).stdout == "x" * 200000
+        # 3 MB: more than paramiko's 2 MiB channel window each way, so input and
+        # output must interleave; and the output must not be cut off at the exit status
+        big = "".join(f"{i:07d} qwen\n" for i in range(300_000))
+        r = t.run(["cat"], timeout=30, input=big.encode())
+        assert r.ok and len(r.stdout) == len(big) and r.stdout == big
+        for _ in range(5):
+            assert t.run(["cat"], timeout=5, input=b"x" * 200000).stdout == "x" * 200000
     finally:
         for t in conns.values():
             t.close()
