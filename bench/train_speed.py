@@ -96,6 +96,7 @@ TAGS = {
     "noexpand": ({}, ["--no_expandable_segments"]),
     "fused": ({}, ["--fused_lora_dropout"]),  # LoRA dropout inside lora_A's Triton kernel (opt-in)
     "unfused": ({}, ["--no_fused_lora_dropout"]),  # peft's dropout module (the default since run16)
+    "alllogits": ({}, ["--no_labelled_logits_only"]),  # the LM head on every position (the default before run18)
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
          ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
@@ -145,6 +146,12 @@ def flops_per_token(shape: str, method: str, seq: float) -> float:
     n_matmul = L * per_layer + h + V * h  # layers, final norm, LM head (tied or not); not the input embedding
     k = 6 if method == "full" else 4
     return k * n_matmul + 12 * L * h * seq
+
+
+def head_flops_per_token(shape: str, method: str) -> float:
+    """The LM head's share of flops_per_token: what a token whose logits are never built does not cost."""
+    c = SHAPES[shape]
+    return (6 if method == "full" else 4) * c["vocab_size"] * c["hidden_size"]
 
 
 # ------------------------------------------------------------------ model
@@ -574,6 +581,13 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         train_runtime=end.get("train_runtime"),
         alloc_retries=max((r.get("alloc_retries") or 0) for r in step_recs),
     )
+    if f and fp.get("labelled_logits"):
+        # MFU above counts the LM head on every token, as the rule does; the run built logits only for supervised
+        # positions, so it executed fewer FLOPs. The utilisation of what it executed, for honesty's sake:
+        share = sum(r["label_tokens"] for r in timed) / tokens
+        executed = f - head_flops_per_token(shape, method) * (1 - share)
+        result.update(label_share=share, executed_flops_per_token=executed,
+                      executed_flops_util=tokens / secs * executed / (PEAK_TFLOPS * 1e12))
     return result
 
 
@@ -722,6 +736,9 @@ def main(argv=None) -> int:
             r["process_wall_s"] = time.perf_counter() - t0
             results.append(r)
             mfu = f" MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else ""
+            if r.get("executed_flops_util") is not None:
+                mfu += (f" (executed FLOPs {100 * r['executed_flops_util']:.1f}%: LM head on the "
+                        f"{100 * r['label_share']:.0f}% supervised positions only)")
             print(f"{name}: {r.get('status')} {r.get('tokens_per_s', 0):,.0f} tok/s{mfu}, allocator retries "
                   f"{r.get('alloc_retries')}, in {r['process_wall_s']:.0f}s", flush=True)
             (out / "results.json").write_text(json.dumps({"env": env, "results": results}, indent=1))

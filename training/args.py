@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(cuDNN's fused attention; needs the nvidia-cudnn-frontend package and a Hopper or newer GPU; "
                    "its kernels run 1.46x FlashAttention 2's speed on an H200 for 7B heads, but with more host work "
                    "a call a whole step measured no faster). Default auto: flash")
+    _switch(f, "labelled_logits_only",
+            on="run the LM head and the loss only at the positions of a packed row whose next token is "
+               "supervised: a prompt's tokens need no logits, and the LM head is the widest matmul of the model. "
+               "The loss and its gradients are the same. Default: on with packing and a fused loss (liger or "
+               "chunked); off with --fused_ce off, whose full logits are the reference",
+            off="the LM head on every position of the row (unsupervised ones are masked out of the loss)")
     _switch(f, "overlap_steps",
             on="queue the next optimizer step on the GPU before reading this step's loss and gradient norm "
                "back, so the GPU never waits for the host between steps (a step's metrics record is written "

@@ -1,8 +1,8 @@
 """The worker's side of the fast path (training.fast): which switches are on, and the pieces the loop needs.
 
 decide()        resolves --packing, --fused_ce, --compile, --fused_adamw, --auto_micro_batch, --lora_input_cast,
-                --attention_kernel, --fused_lora_dropout and --overlap_steps, and reports --expandable_segments (set by the entry point)
-                where the user left them to us, and refuses combinations that cannot work (each with the reason)
+                --attention_kernel, --fused_lora_dropout, --labelled_logits_only and --overlap_steps, and reports
+                --expandable_segments (set by the entry point) where the user left them to us, and refuses combinations that cannot work (each with the reason)
 FastLoss        the module DDP wraps when the loss is ours: one micro-batch (packed row or padded batch) ->
                 (summed token loss, labelled tokens); the decoder runs without building the full logits
 pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`
@@ -41,6 +41,7 @@ class FastChoice:
     overlap_steps: bool = False  # queue step N+1 before reading step N's loss back
     fused_lora_dropout: bool = False  # LoRA dropout inside lora_A's Triton kernel (training.fast.lora_dropout)
     expandable_segments: bool = False  # the CUDA allocator's expandable segments (set before CUDA starts)
+    labelled_logits: bool = False  # the LM head on packed rows' supervised positions only
     packing_tokens: int | None = None  # set by the recipe (flag, probe or default)
     gradient_checkpointing: bool = False
     why: dict[str, str] = field(default_factory=dict)
@@ -60,6 +61,7 @@ class FastChoice:
                  f"loss {self.ce}", f"compile {on(self.compile)}", f"fused AdamW {on(self.fused_adamw)}",
                  f"auto micro-batch {on(self.auto_micro_batch)}", f"LoRA input cast {on(self.lora_input_cast)}",
                  f"attention {self.attention}", f"fused LoRA dropout {on(self.fused_lora_dropout)}",
+                 f"labelled logits only {on(self.labelled_logits)}",
                  f"overlapped steps {on(self.overlap_steps)}",
                  f"expandable segments {on(self.expandable_segments)}",
                  f"gradient checkpointing {on(self.gradient_checkpointing)}"]
@@ -198,6 +200,18 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
             if deepspeed:
                 raise InputError("--fused_lora_dropout is not supported under --deepspeed; drop one of them")
         why["fused_lora_dropout"] = "as given"
+    # The LM head on supervised positions only.
+    if getattr(args, "labelled_logits_only", None) is None:
+        labelled = packing and ce in ("liger", "chunked")
+        why["labelled_logits_only"] = (
+            "on: packed rows with a fused loss (no logits for prompt tokens)" if labelled
+            else "off: needs packing" if not packing else f"off: loss {ce} (the reference path keeps every logit)")
+    else:
+        labelled = bool(args.labelled_logits_only)
+        if labelled and not packing:
+            raise InputError("--labelled_logits_only selects a packed row's supervised positions: it needs packing "
+                             "(drop --no_packing or --deepspeed)")
+        why["labelled_logits_only"] = "as given"
     # Reading the loss back a step late.
     if args.overlap_steps is None:
         overlap = cuda
@@ -214,7 +228,7 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
             "on" if expandable else "off: not set before CUDA started")
     return FastChoice(packing=packing, ce=ce, compile=comp, fused_adamw=fused, auto_micro_batch=auto,
                       lora_input_cast=cast, attention=attention, fused_lora_dropout=fused_drop, overlap_steps=overlap,
-                      expandable_segments=expandable, why=why)
+                      expandable_segments=expandable, labelled_logits=labelled, why=why)
 
 
 def set_lora_input_cast(model, enabled: bool) -> int:
@@ -230,16 +244,18 @@ def set_lora_input_cast(model, enabled: bool) -> int:
 class FastLoss(torch.nn.Module):
     """model + our loss: forward(batch) -> (summed token loss, labelled tokens). DDP wraps this."""
 
-    def __init__(self, model, ce: str, max_segment: int):
+    def __init__(self, model, ce: str, max_segment: int, labelled_only: bool = False):
         super().__init__()
         self.model = model
         self.ce = ce
         self.max_segment = max_segment
+        self.labelled_only = labelled_only
 
     def forward(self, batch: dict):
         from training.fast.step import micro_batch_loss_sum
 
-        return micro_batch_loss_sum(self.model, batch, self.ce, max_segment=self.max_segment)
+        return micro_batch_loss_sum(self.model, batch, self.ce, max_segment=self.max_segment,
+                                    labelled_only=self.labelled_only)
 
 
 class _Filler:

@@ -3,7 +3,8 @@
 - packing: records keep their own positions and labels, nothing crosses a boundary;
 - packed attention: a packed row gives each record the logits it gets alone;
 - chunked linear cross-entropy: the same loss and gradients as full logits;
-- the whole fast path (packing + chunked loss + fused AdamW, and per-layer compile through
+- the LM head on supervised positions only: the same loss and gradients;
+- the whole fast path (packing + chunked loss on supervised positions + fused AdamW, and per-layer compile through
   the aot_eager backend) trains the tiny model to the same loss curve as the plain padded path,
   same data, same seed, 50 steps;
 - the token-budget planner's arithmetic.
@@ -162,6 +163,71 @@ def test_chunked_cross_entropy_matches_full_logits(trainable_head):
         torch.testing.assert_close(gw[0], gw_ref[0], rtol=1e-6, atol=1e-8)
 
 
+def test_pack_lists_the_supervised_positions_and_their_targets():
+    recs = _records(6, 100, seed=12)
+    row = pack(recs, 400, pad_id=0, pad_multiple=16, max_segment=64)
+    target = shift_labels(row["labels"])[0]
+    want = (target != -100).nonzero().squeeze(1)
+    assert row["loss_positions"].dtype == torch.long and torch.equal(row["loss_positions"], want)
+    assert torch.equal(row["loss_targets"], target[want])
+    n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
+    # none across a record boundary or in the padding, one per supervised label after a record's first token
+    assert len(want) == n_label and int(want.max()) < row["real_tokens"] - 1
+    assert 0 < n_label < row["real_tokens"] - len(recs), "the records must mix prompts and answers"
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_labelled_logits_give_the_same_loss_and_gradients(lora):
+    """The LM head on the supervised positions only: the same summed loss, count and gradients of every
+    parameter (a tied head too) as the head on every position."""
+    from training.fastpath import empty_row
+
+    grads = {}
+    for only in (False, True):
+        model = _tiny(seed=13)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            torch.manual_seed(14)
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                     target_modules=["q_proj", "v_proj", "down_proj"]))
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    torch.nn.init.normal_(p, std=0.02)  # B starts at zero: let the adapters carry a gradient
+        use_packed_attention(model)
+        row = pack(_records(7, 512, seed=15), 400, pad_id=0, pad_multiple=16, max_segment=64)
+        s, n = micro_batch_loss_sum(model, row, "chunked", max_segment=64, chunk_size=50, labelled_only=only)
+        s.backward()
+        pad = empty_row(32, 0, 64)  # a row of padding: nothing to predict, and still a backward
+        s0, n0 = micro_batch_loss_sum(model, pad, "chunked", max_segment=64, labelled_only=only)
+        assert s0.item() == 0.0 and int(n0) == 0 and s0.requires_grad
+        s0.backward()
+        grads[only] = (float(s), int(n), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    (s_all, n_all, g_all), (s_sel, n_sel, g_sel) = grads[False], grads[True]
+    assert n_sel == n_all > 0
+    assert s_sel == pytest.approx(s_all, rel=1e-6)
+    assert set(g_sel) == set(g_all) and len(g_all) > (6 if lora else 20)
+    for k in g_all:
+        # float32 sums in another order: equal to a millionth of the gradient's scale
+        scale = g_all[k].abs().max().item()
+        assert scale > 0 and (g_sel[k] - g_all[k]).abs().max().item() <= 1e-6 * scale, k
+
+
+def test_labelled_logits_switch_is_decided_with_packing_and_refused_without():
+    from training.errors import InputError
+
+    auto = _decide(argv=[], device="cpu")
+    assert auto.packing and auto.ce == "chunked" and auto.labelled_logits
+    assert auto.why["labelled_logits_only"].startswith("on:") and "labelled logits only on" in auto.summary()
+    plain = _decide(argv=["--fused_ce", "off"], device="cpu")
+    assert plain.ce == "plain" and not plain.labelled_logits
+    assert _decide(argv=["--no_packing"], device="cpu").why["labelled_logits_only"] == "off: needs packing"
+    assert not _decide(argv=["--no_labelled_logits_only"], device="cpu").labelled_logits
+    assert _decide(argv=["--fused_ce", "off", "--labelled_logits_only"], device="cpu").labelled_logits
+    with pytest.raises(InputError, match="--labelled_logits_only selects a packed row's supervised positions"):
+        _decide(argv=["--no_packing", "--labelled_logits_only"], device="cpu")
+
+
 # ------------------------------------------------------------------ the whole path, 50 steps
 
 
@@ -191,7 +257,7 @@ def _fast_step_loss(model, recs, capacity: int):
     n_label = sum(sum(1 for x in r.labels[1:] if x != -100) for r in recs)
     total = 0.0
     for row in pack_batches(recs, capacity, pad_id=0, pad_multiple=16, max_segment=64):
-        s, _ = micro_batch_loss_sum(model, row, "chunked", max_segment=64, chunk_size=100)
+        s, _ = micro_batch_loss_sum(model, row, "chunked", max_segment=64, chunk_size=100, labelled_only=True)
         loss = s / n_label
         loss.backward()
         total += loss.item()

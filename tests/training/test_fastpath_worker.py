@@ -143,6 +143,7 @@ def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, pl
     (["--fused_lora_dropout"], "--fused_lora_dropout fuses LoRA's dropout: it needs --use_lora"),
     (["--use_lora", "--fused_lora_dropout"], "--fused_lora_dropout runs a Triton kernel: it needs a CUDA GPU"),
     (["--profile_trace"], "--profile_trace writes the trace of --profile_step N"),
+    (["--no_packing", "--labelled_logits_only"], "--labelled_logits_only selects a packed row's supervised positions"),
 ])
 def test_impossible_fast_path_choices_exit_2(tmp_path, files, extra, message):
     run = run_worker(tmp_path / "out", *flags(files, *extra))
@@ -159,7 +160,7 @@ def test_help_documents_every_fast_path_flag():
                  "--auto_memory_fraction", "--auto_max_tokens", "--random_init", "--lora_input_cast",
                  "--no_lora_input_cast", "--profile_step", "--attention_kernel", "--profile_trace",
                  "--overlap_steps", "--no_overlap_steps", "--expandable_segments", "--no_expandable_segments",
-                 "--fused_lora_dropout", "--no_fused_lora_dropout"):
+                 "--fused_lora_dropout", "--no_fused_lora_dropout", "--labelled_logits_only", "--no_labelled_logits_only"):
         assert flag in text, flag
     assert "{auto,liger,chunked,off}" in text
     assert "{auto,flash,cudnn}" in text

@@ -10,7 +10,8 @@ impl="liger"    Liger-Kernel's fused Triton kernel (CUDA; needs the liger-kernel
 impl="chunked"  the same algorithm in plain torch (any device)
 impl="plain"    full logits, F.cross_entropy: the reference
 
-All return the SUM of token losses and the number of labelled tokens, so a caller can divide by
+labelled_cross_entropy_sum runs the LM head on the supervised positions only (packed rows know them on
+the host). All return the SUM of token losses and the number of labelled tokens, so a caller can divide by
 the labelled tokens of a whole optimizer step (the same normalisation for packed and padded
 batches). Labels are shifted here: position t predicts labels[t + 1].
 """
@@ -85,18 +86,39 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels:
     """hidden (B, T, H) last hidden states, weight (V, H) the LM head, labels (B, T) unshifted.
 
     Returns (sum of token losses in float32, or float64 for float64 inputs; number of labelled tokens)."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown cross-entropy implementation {impl!r}; known: {', '.join(IMPLS)}")
     target = shift_labels(labels).reshape(-1)
     n = (target != IGNORE_INDEX).sum()
-    h = hidden.reshape(-1, hidden.shape[-1])
+    return targets_cross_entropy_sum(hidden.reshape(-1, hidden.shape[-1]), weight, target, impl, chunk_size), n
+
+
+def targets_cross_entropy_sum(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, impl: str = "chunked",
+                              chunk_size: int = 4096) -> torch.Tensor:
+    """h (N, H) hidden states, target (N,) the token each should predict (or IGNORE_INDEX): the summed loss."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown cross-entropy implementation {impl!r}; known: {', '.join(IMPLS)}")
     w = weight if weight.dtype == h.dtype else weight.to(h.dtype)  # differentiable cast (fp32 master weights)
+    if h.shape[0] == 0:
+        # nothing to predict (a row of padding): a zero that still reaches the graph, so every rank runs backward
+        return (h.sum() * 0.0 + w.view(-1)[0] * 0.0).float()
     if impl == "plain":
         logits = _upcast(h @ w.t())
-        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum"), n
+        return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
     if impl == "liger":
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
         loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(w, h, target)
-        return loss.float(), n
-    return _ChunkedLinearCE.apply(h, w, target, chunk_size), n
+        return loss.float()
+    return _ChunkedLinearCE.apply(h, w, target, chunk_size)
+
+
+def labelled_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                               targets: torch.Tensor, impl: str = "chunked",
+                               chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same loss as linear_cross_entropy_sum, with the LM head run only where it counts: `positions`
+    (flat indices into hidden's B*T rows, from training.fast.packing) are the tokens whose next label is
+    supervised and `targets` those labels. A prompt's tokens need no logits at all, and the LM head is the
+    model's widest matmul (152k outputs on Qwen2.5), so skipping them saves its share of every step in
+    proportion to the unsupervised tokens. The count comes from the positions' shape: no device read."""
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
+    n = torch.full((), positions.shape[0], dtype=torch.long, device=hidden.device)
+    return targets_cross_entropy_sum(h, weight, targets, impl, chunk_size), n

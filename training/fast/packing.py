@@ -81,7 +81,9 @@ def pack(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None =
 
     Returns input_ids, labels, position_ids of shape (1, T); cu_seq_lens (int32, one more than the
     number of segments); max_length (longest segment); real_tokens (tokens of records, padding
-    excluded); records.
+    excluded); records; loss_positions (int64: the positions t whose next label is supervised, the
+    only ones whose logits the loss needs) and loss_targets (those labels), found here on the host
+    so the device never has to be asked how many there are.
     """
     total = sum(len(e.input_ids) for e in items)
     if total > capacity:
@@ -107,6 +109,8 @@ def pack(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None =
         at += n
         cu.append(at)
     seg_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    nxt = labels[0, 1:]
+    loss_positions = (nxt != IGNORE_INDEX).nonzero().squeeze(1)
     return {
         "input_ids": ids,
         "labels": labels,
@@ -115,6 +119,8 @@ def pack(items: Sequence, capacity: int, pad_id: int, pad_multiple: int | None =
         "max_length": max(seg_lens),
         "real_tokens": total,
         "records": len(items),
+        "loss_positions": loss_positions,
+        "loss_targets": nxt[loss_positions],
     }
 
 

@@ -7,24 +7,10 @@ caller divides by the labelled tokens of the whole optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from training.fast.compile import decoder_of, lm_head_of
-from training.fast.loss import linear_cross_entropy_sum
-
-
-@dataclass
-class FastPath:
-    """The switches; what the worker's flags set (None = decided automatically)."""
-    packing: bool = True
-    ce: str = "chunked"  # "liger", "chunked" or "plain"
-    compile: bool = False
-    fused_adamw: bool = True
-    gradient_checkpointing: bool | None = None  # None: only if memory needs it
-    tokens_per_micro_batch: int | None = None  # None: the largest that fits (packing only)
-    max_segment: int = 2048  # the longest record (model_max_length): the bound of every segment
+from training.fast.loss import labelled_cross_entropy_sum, linear_cross_entropy_sum
 
 
 def to_device(batch: dict, device) -> dict:
@@ -32,9 +18,11 @@ def to_device(batch: dict, device) -> dict:
 
 
 def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = None,
-                         chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk_size: int = 4096, labelled_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """batch on the model's device: a packed row (input_ids, labels, position_ids, cu_seq_lens) or a
-    padded batch (input_ids, labels, attention_mask). Returns (loss sum, labelled tokens)."""
+    padded batch (input_ids, labels, attention_mask). Returns (loss sum, labelled tokens).
+    labelled_only: a packed row's LM head and loss run on its supervised positions only (the row's
+    loss_positions); the sum and the count are the same, less the logits nobody needed."""
     decoder = decoder_of(model)
     head = lm_head_of(model)
     if "cu_seq_lens" in batch:
@@ -50,4 +38,7 @@ def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = 
     dev = hidden.device.type
     if hidden.dtype == torch.float32 and torch.is_autocast_enabled(dev):
         hidden = hidden.to(torch.get_autocast_dtype(dev))  # the LM head matmul in the autocast dtype, as a Linear would
+    if labelled_only and "loss_positions" in batch:
+        return labelled_cross_entropy_sum(hidden, head.weight, batch["loss_positions"], batch["loss_targets"],
+                                          impl=ce, chunk_size=chunk_size)
     return linear_cross_entropy_sum(hidden, head.weight, batch["labels"], impl=ce, chunk_size=chunk_size)
