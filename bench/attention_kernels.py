@@ -11,11 +11,15 @@ decoder layer calls it:
   flash-2048   FlashAttention 2 with the constant bound model_max_length (what kernel_inputs gives it)
   flash        FlashAttention 2 with the row's own longest record as the bound
   cudnn        cuDNN's fused attention (nvidia-cudnn-frontend), record count padded to a power of two
-               and the constant bound (what kernel_inputs gives it)
+               and the constant bound (what kernel_inputs gives it); backward plans per row width, as the
+               frontend keys them
+  cudnn-1plan  the same with training.fast.attention.bound_cudnn_totals(--tokens): one backward plan,
+               sized for the widest row, serves every width (the rows here have different widths)
 
 Prints per variant the mean forward+backward time over the rows, attention TFLOP/s (causal: 2*2*s^2*h*d/2
 per record forward, 2.5x that backward), and the largest differences of the output and of dq, dk, dv from
-flash-2048's (bf16 rounding is ~1e-2 of the values' scale).
+flash-2048's (bf16 rounding is ~1e-2 of the values' scale), and the first call's time per row (a plan
+built for the row shows there).
 """
 
 from __future__ import annotations
@@ -98,11 +102,18 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     variants = [("flash-2048", "flash", "const"), ("flash", "flash", "row")]
     cudnn_error = None
+    plain_round = bound_round = None
     if att.cudnn_available():
-        variants.append(("cudnn", "cudnn", "row"))
+        variants += [("cudnn", "cudnn", "row"), ("cudnn-1plan", "cudnn", "row")]
+        att.set_kernel("cudnn")
+        from cudnn.sdpa.fwd import torch_op
+
+        plain_round = torch_op._round64
+        att.bound_cudnn_totals(a.tokens)
+        bound_round, torch_op._round64 = torch_op._round64, plain_round
     else:
         cudnn_error = "nvidia-cudnn-frontend not importable or GPU older than Hopper"
-    results = {name: {"ms": [], "tflops": [], "max_diff": {}} for name, _, _ in variants}
+    results = {name: {"ms": [], "first_ms": [], "tflops": [], "max_diff": {}} for name, _, _ in variants}
     for r, lens in enumerate(make_rows(a.rows, a.tokens)):
         total = sum(lens)
         width = -(-total // 128) * 128
@@ -116,8 +127,14 @@ def main(argv=None) -> int:
         scale = d ** -0.5
         ref = run("flash", "const", q, k, v, cu, longest, scale)
         for name, kernel, mode in variants:
+            if kernel == "cudnn":  # per-width plans for "cudnn", one bounded plan for "cudnn-1plan"
+                torch_op._round64 = bound_round if name == "cudnn-1plan" else plain_round
             try:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
                 got = run(kernel, mode, q, k, v, cu, longest, scale)
+                torch.cuda.synchronize()
+                first = (time.perf_counter() - t0) * 1e3
                 diffs = {n: float((x.float() - y.float()).abs().max()) for n, x, y in
                          zip(("out", "dq", "dk", "dv"), got, ref)}
                 ms = timed(kernel, mode, q, k, v, cu, longest, scale, a.reps) * 1e3
@@ -126,12 +143,14 @@ def main(argv=None) -> int:
                 continue
             res = results[name]
             res["ms"].append(ms)
+            res["first_ms"].append(first)
             res["tflops"].append(flops(lens, hq, d) / (ms / 1e3) / 1e12)
             for n, x in diffs.items():
                 res["max_diff"][n] = max(res["max_diff"].get(n, 0.0), x)
         print(f"row {r}: {len(lens)} records, {total} tokens (width {width}), longest {longest}", flush=True)
     base = sum(results["flash-2048"]["ms"]) / max(len(results["flash-2048"]["ms"]), 1)
-    print(f"\n{'variant':<12} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'vs flash-2048':>14}  max |diff| out/dq/dk/dv")
+    print(f"\n{'variant':<12} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'vs flash-2048':>14}  max |diff| out/dq/dk/dv"
+          "  first call per row ms")
     for name, res in results.items():
         if not res["ms"]:
             print(f"{name:<12} failed: {res.get('error')}")
@@ -141,7 +160,8 @@ def main(argv=None) -> int:
         res["speedup_vs_flash_2048"] = base / ms
         md = res["max_diff"]
         print(f"{name:<12} {ms:11.3f} {res['mean_tflops']:8.1f} {base / ms:13.2f}x  "
-              f"{md['out']:.2e}/{md['dq']:.2e}/{md['dk']:.2e}/{md['dv']:.2e}")
+              f"{md['out']:.2e}/{md['dq']:.2e}/{md['dk']:.2e}/{md['dv']:.2e}  "
+              + " ".join(f"{x:.0f}" for x in res["first_ms"]))
     if cudnn_error:
         print("cudnn:", cudnn_error)
     out = {"shape": a.shape, "heads": [hq, hkv, d], "tokens_per_row": a.tokens, "rows": a.rows,

@@ -245,8 +245,9 @@ class FinetuneRecipe:
 
     def _warm_cudnn(self) -> None:
         """cuDNN's attention plans for every record count a packed row can have, before the first step."""
-        from training.fast.attention import record_bucket, warm_cudnn
+        from training.fast.attention import bound_cudnn_totals, record_bucket, warm_cudnn
 
+        bound_cudnn_totals(self.fast.packing_tokens)  # one backward plan per record count, for every row width
         c, a = self.model_config, self.args
         heads = int(c["num_attention_heads"])
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)

@@ -489,3 +489,26 @@ def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():
     assert bound == 64 and padded.tolist() == [0, 5, 9, 12] + [12] * 13
     with pytest.raises(ValueError, match="unknown attention kernel 'fa3'"):
         att.set_kernel("fa3")
+
+
+def test_cudnn_backward_plans_are_sized_for_the_widest_row():
+    """bound_cudnn_totals on a stand-in for cudnn-frontend's torch_op module (the package needs a Hopper GPU;
+    this checks the arithmetic, not cuDNN): every total up to the row budget maps to the budget's plan, a
+    larger one keeps its own, binding again rebinds from the frontend's rounding, and a frontend that rounds
+    differently is left alone."""
+    from types import SimpleNamespace
+
+    from training.fast.attention import bound_cudnn_totals
+
+    def round64(n):
+        return ((n + 63) // 64) * 64
+
+    op = SimpleNamespace(_round64=round64)
+    assert bound_cudnn_totals(17_024, torch_op=op)
+    assert {op._round64(n) for n in (1, 128, 4_096, 16_000, 17_024)} == {17_024}
+    assert op._round64(17_025) == 17_088  # wider than the budget: its own plan, as before
+    assert bound_cudnn_totals(2_000, torch_op=op)  # a second run in the process: from the original rounding
+    assert op._round64(100) == 2_048 and op._round64(4_000) == 4_032
+    other = SimpleNamespace(_round64=lambda n: ((n + 127) // 128) * 128)
+    assert not bound_cudnn_totals(17_024, torch_op=other) and other._round64(1) == 128
+    assert not bound_cudnn_totals(17_024, torch_op=SimpleNamespace())

@@ -17,6 +17,11 @@ kernel_inputs() turns a row's boundaries into what the kernel is given:
   meets, which stalled the steps that met a new count (run10), so both are kept to a few values, and
   warm_cudnn() builds the plans of every count a row can need before the first step (7B: 6 counts
   in 0.8 s). The worker's automatic choice is flash: see training.fastpath.decide for why.
+- cudnn, the row width: the frontend (1.32) also keys its backward plans on the row's token total
+  rounded to 64, which sizes the plan's dQ accumulator. Rows are as wide as their records rounded up
+  to 128, so nearly every new width built a backward plan mid-step, and its plan cache (128 entries,
+  first in first out) turned over. bound_cudnn_totals() sizes every backward plan for the widest row
+  the run can have: one plan per record count then serves every width, and warm_cudnn builds it.
 """
 
 from __future__ import annotations
@@ -128,6 +133,32 @@ def warm_cudnn(heads_q: int, heads_kv: int, head_dim: int, dtype, device, bound:
         b *= 2
     torch.cuda.synchronize(device)
     return n, time.perf_counter() - t0
+
+
+def bound_cudnn_totals(tokens: int, torch_op=None) -> bool:
+    """Sizes cudnn-frontend's backward plans for rows of up to `tokens` tokens, whatever the row's own width
+    (see the module doc). A plan built for more tokens serves fewer: the frontend's own rule only forbids
+    the reverse. Returns False, changing nothing, when the frontend lacks the hook this relies on (its
+    64-token rounding of the totals); the plans are then built per width, as before."""
+    if torch_op is None:
+        from cudnn.sdpa.fwd import torch_op
+    current = getattr(torch_op, "_round64", None)
+    if current is None:
+        log.warning("cuDNN attention: this cudnn-frontend has no _round64; backward plans stay per row width")
+        return False
+    base = getattr(current, "__wrapped__", current)  # bound twice: the frontend's own rounding underneath
+    if base(1) != 64 or base(65) != 128:
+        log.warning("cuDNN attention: cudnn-frontend rounds token totals differently; backward plans stay per width")
+        return False
+    cap = base(int(tokens))
+
+    def rounded(n: int) -> int:
+        m = base(n)
+        return cap if m <= cap else m
+
+    rounded.__wrapped__ = base
+    torch_op._round64 = rounded
+    return True
 
 
 def _cudnn_varlen(q, k, v, cu, max_len: int, scale: float):
