@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Optional
 
 from .estimate import (
-    DEFAULT_EFFICIENCY, GPUS, GPUSpec, MemoryEstimate, estimate_memory, estimate_step, gpu_spec, max_micro_batch,
+    GPUS, GPUSpec, MemoryEstimate, estimate_memory, estimate_step, gpu_spec, max_micro_batch,
 )
 from .facts import ClusterFacts, NodeFacts
 from .modelspec import ModelSpec, UnknownModel, resolve_model
@@ -86,7 +86,7 @@ class Context:
     gpu_memory_gib: Optional[float]  # smallest GPU's memory; None = unknown
     gpu_memory_where: str
     bandwidth_gbps: Optional[float]
-    efficiency: float
+    efficiency: Optional[float]  # None: the worker path's (estimate.path_efficiency)
     cpu: bool
 
     @property
@@ -118,7 +118,7 @@ class Context:
 
 def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: Optional[ModelSpec] = None,
                  gpu: Optional[str | GPUSpec] = None, gpu_memory_gib: Optional[float] = None,
-                 bandwidth_gbps: Optional[float] = None, efficiency: float = DEFAULT_EFFICIENCY,
+                 bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
                  base_dir: Optional[str] = None) -> Context:
     spec_error = None
     if spec is None:

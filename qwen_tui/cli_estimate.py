@@ -13,7 +13,7 @@ import sys
 from typing import Any, Optional
 
 from .advice import CKPT_OFF_HEADROOM, advise, make_context
-from .estimate import DEFAULT_EFFICIENCY, GPUS, estimate_memory, max_micro_batch, scaling
+from .estimate import DEEPSPEED_EFFICIENCY, FAST_PATH_EFFICIENCY, GPUS, RunShape, estimate_memory, max_micro_batch, path_efficiency, scaling
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -26,8 +26,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpu", choices=sorted(GPUS), help="GPU model when there are no probe facts")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
     p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
-    p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
-                   help=f"model FLOPs utilisation assumed for compute time (default {DEFAULT_EFFICIENCY})")
+    p.add_argument("--efficiency", type=float, default=None,
+                   help=f"model FLOPs utilisation assumed for compute time (default: {FAST_PATH_EFFICIENCY} without "
+                   f"DeepSpeed, the worker's fast path as measured on an H200; {DEEPSPEED_EFFICIENCY} under DeepSpeed; "
+                   "Q-LoRA runs at 0.8x)")
     p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")
     p.set_defaults(func=run)
     return p
@@ -39,7 +41,7 @@ def _r(x: Optional[float], n: int = 3) -> Optional[float]:
 
 def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = None,
                  gpu_memory_gib: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
-                 efficiency: float = DEFAULT_EFFICIENCY, max_nodes: Optional[int] = None,
+                 efficiency: Optional[float] = None, max_nodes: Optional[int] = None,
                  base_dir: Optional[str] = None) -> dict[str, Any]:
     """The estimate as plain data (what --json prints)."""
     c = make_context(preset, facts, gpu=gpu, gpu_memory_gib=gpu_memory_gib, bandwidth_gbps=bandwidth_gbps,
@@ -52,7 +54,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
                 "source": c.gpu_memory_where or None},
         "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps,
-        "efficiency": efficiency,
+        "efficiency": efficiency if efficiency is not None else path_efficiency(RunShape.of(t)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [],
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},

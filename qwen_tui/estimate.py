@@ -72,9 +72,13 @@ Step time (`estimate_step`, `scaling`)
   skips weight gradients, so 1x forward (Hu et al. 2021, LoRA); gradient
   checkpointing adds one more forward.
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
-  efficiency (model FLOPs utilisation) is assumed 0.35 unless measured: on one
-  H200 the stock HF Trainer path measured 0.06-0.12 and a tuned loop 0.49 (see
-  LAB-NOTES). Q-LoRA runs at 0.6x that (4-bit dequantisation in every matmul).
+  efficiency (model FLOPs utilisation) depends on the worker's path unless given:
+  without DeepSpeed the worker takes its fast path (packing, fused loss, compiled
+  layers), which measured 0.48-0.54 on one H200 for 7B LoRA and 1.5B full
+  (bench/results/train_speed-2026-11-29-H200.md, runs 8-17), so 0.50; under
+  DeepSpeed it runs the plain path, assumed 0.35 (not measured; the stock HF
+  Trainer recipe measured 0.04-0.12 there, padding included). Q-LoRA runs at
+  0.8x (4-bit dequantisation in every matmul: 40.0% against LoRA's ~50%, run7).
 - Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
   NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
   2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
@@ -111,8 +115,9 @@ FRAGMENTATION = 0.10
 DS_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce/allgather bucket sizes
 DS_OVERLAP_FACTOR = 4.5  # DeepSpeed docs: overlap_comm uses 4.5x the bucket sizes
 QUANT_BYTES = {4: 0.52, 8: 1.02}
-DEFAULT_EFFICIENCY = 0.35
-QLORA_EFFICIENCY_FACTOR = 0.6
+FAST_PATH_EFFICIENCY = 0.50  # the worker without DeepSpeed (measured, see the module doc)
+DEEPSPEED_EFFICIENCY = 0.35  # the worker's plain path under DeepSpeed (assumed)
+QLORA_EFFICIENCY_FACTOR = 0.8
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
 PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
 
@@ -443,13 +448,20 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
     return fwd * mult
 
 
+def path_efficiency(run: RunShape) -> float:
+    """The model FLOPs utilisation assumed for the worker's path: its fast path without DeepSpeed (measured),
+    the plain path under DeepSpeed (assumed). Q-LoRA's factor comes on top (estimate_step)."""
+    return FAST_PATH_EFFICIENCY if run.zero_stage is None else DEEPSPEED_EFFICIENCY
+
+
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
                   bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
-                  efficiency: float = DEFAULT_EFFICIENCY, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
+                  efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
                   hbm_gbs: float = GPUS["H100"].hbm_gbs, **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring.
 
     bandwidth_gbps: link between nodes in Gbit/s (None: as fast as inside a node).
+    efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
     """
     run = RunShape.of(training, **overrides)
     nodes, g = max(1, nodes), max(1, gpus_per_node)
@@ -457,7 +469,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     lora = run.method in ("lora", "qlora")
     P = spec.total_params
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
-    eff = efficiency * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
+    eff = (path_efficiency(run) if efficiency is None else efficiency) * (
+        QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
     fpt = flops_per_token(spec, run)
     micro_compute = run.tokens * fpt / (gpu_tflops * 1e12 * eff)
     compute = micro_compute * run.grad_accum
