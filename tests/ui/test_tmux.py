@@ -21,15 +21,16 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True, timeout=10).stdout
 
 
-def wait_for(session: str, text: str, timeout: float = 20.0) -> str:
+def wait_for(session: str, *texts: str, timeout: float = 20.0) -> str:
+    """The screen once every one of `texts` is on it (a screen is drawn in parts: its title can come first)."""
     deadline = time.monotonic() + timeout
     screen = ""
     while time.monotonic() < deadline:
         screen = tmux("capture-pane", "-p", "-t", session)
-        if text in screen:
+        if all(t in screen for t in texts):
             return screen
         time.sleep(0.2)
-    raise AssertionError(f"{text!r} not on screen after {timeout:g}s:\n{screen}")
+    raise AssertionError(f"{texts!r} not all on screen after {timeout:g}s:\n{screen}")
 
 
 def test_first_two_steps_in_a_real_terminal(tmp_path):
@@ -38,11 +39,9 @@ def test_first_two_steps_in_a_real_terminal(tmp_path):
     cmd = f"cd {ROOT} && QWEN_TUI_RUNS={tmp_path}/runs {exe} presets/local-demo.yaml; echo EXITED=$?; sleep 30"
     tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "44", cmd)
     try:
-        s = wait_for(session, "Nodes: the machines of this run")
-        assert "localhost" in s and "F2 SSH" in s
+        wait_for(session, "Nodes: the machines of this run", "localhost", "F2 SSH")
         tmux("send-keys", "-t", session, "F2")
-        s = wait_for(session, "SSH: qwen-tui logs into every node")
-        assert "Every node is this machine" in s
+        wait_for(session, "SSH: qwen-tui logs into every node", "Every node is this machine")
         tmux("send-keys", "-t", session, "F1")
         wait_for(session, "Nodes: the machines of this run")
         tmux("send-keys", "-t", session, "a")
