@@ -30,6 +30,7 @@ NCCL_TIMEOUT_MAX_S = 3 * 3600
 MEMORY_TIGHT = 0.90  # of the GPU: fits, but a longer batch may not
 CKPT_OFF_HEADROOM = 0.85  # checkpointing off must leave this much of the GPU unused to be recommended
 ZERO3_SLOWER = 1.2  # ZeRO-3 at least this much slower than ZeRO-2 to warn
+DDP_FASTER = 1.2  # plain DDP (the worker's fast path) at least this much faster than ZeRO to warn
 QLORA_QUANT_METHODS = ("gptq", "awq", "bitsandbytes")  # what training/model.py can put LoRA on
 
 
@@ -315,6 +316,34 @@ def ckpt_unneeded(c: Context) -> Iterable[Advice]:
                  f"gradient checkpointing is on but {_gb(off.total)} of {_gb(gib)} would fit without it "
                  f"(now {_gb(on.total)}); off is ~{s_on.step_time_s / s_off.step_time_s - 1:.0%} faster per step",
                  Fix("Gradient checkpointing off", {"training.gradient_checkpointing": False}))
+
+
+@rule
+def zero_not_needed(c: Context) -> Iterable[Advice]:
+    """DeepSpeed turns the worker's fast path off (its engine runs a fixed number of padded micro-batches):
+    where the model states fit every GPU without ZeRO, plain DDP keeps packing, compiled layers and the fused
+    loss. Said only where the estimate, network included, has DDP clearly faster."""
+    if not _memory_rules_apply(c) or c.t.zero_stage is None:
+        return
+    gib = c.gpu_memory_gib
+    assert gib is not None and c.spec is not None
+    ddp_mem = c.memory(zero_stage=None, offload="none")
+    if not ddp_mem.fits(gib) or ddp_mem.total > MEMORY_TIGHT * gib:
+        return  # DeepSpeed's partitioning is what makes it fit (or leaves the headroom): keep it
+    kw, g = c.step_kwargs(), c.gpus_per_node()
+    ds = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, **kw)
+    ddp = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, zero_stage=None, offload="none", **kw)
+    if ds.step_time_s < DDP_FASTER * ddp.step_time_s:
+        return
+    changes: dict[str, Any] = {"training.zero_stage": None}
+    if c.t.offload != "none":
+        changes["training.offload"] = "none"
+    yield Advice("warning", "ZERO_NOT_NEEDED",
+                 f"ZeRO-{c.t.zero_stage} turns the worker's fast path off (packing, compiled layers, fused loss), "
+                 f"yet without ZeRO the model fits each GPU ({_gb(ddp_mem.total)} of {_gb(gib)}): plain DDP is "
+                 f"estimated ~{ds.step_time_s / ddp.step_time_s:.1f}x faster per step "
+                 f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s)",
+                 Fix("Plain DDP (no ZeRO)", changes))
 
 
 # ---------------------------------------------------------------- network and scaling

@@ -13,7 +13,10 @@ import sys
 from typing import Any, Optional
 
 from .advice import CKPT_OFF_HEADROOM, advise, make_context
-from .estimate import DEEPSPEED_EFFICIENCY, FAST_PATH_EFFICIENCY, GPUS, RunShape, estimate_memory, max_micro_batch, path_efficiency, scaling
+from .estimate import (
+    DEEPSPEED_EFFICIENCY, FAST_PATH_EFFICIENCY, GPUS, RunShape, effective_efficiency, estimate_memory, max_micro_batch,
+    scaling,
+)
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -35,6 +38,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _yaml(v: Any) -> str:
+    """A fix's value as the preset file spells it (null, true, 'none')."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
+
+
 def _r(x: Optional[float], n: int = 3) -> Optional[float]:
     return None if x is None else round(x, n)
 
@@ -54,7 +62,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
                 "source": c.gpu_memory_where or None},
         "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps,
-        "efficiency": efficiency if efficiency is not None else path_efficiency(RunShape.of(t)),
+        "efficiency": _r(effective_efficiency(RunShape.of(t), efficiency)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [],
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
@@ -139,7 +147,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
         fix = a["fix"]
         how = ""
         if fix:
-            how = f"  -> {fix['label']}" + (f" ({', '.join(f'{k}: {v!r}' for k, v in fix['changes'].items())})"
+            how = f"  -> {fix['label']}" + (f" ({', '.join(f'{k}: {_yaml(v)}' for k, v in fix['changes'].items())})"
                                             if fix["changes"] and len(str(fix["changes"])) < 120 else "")
             if fix["hint"]:
                 how += f"; {fix['hint']}"

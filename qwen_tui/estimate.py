@@ -454,6 +454,12 @@ def path_efficiency(run: RunShape) -> float:
     return FAST_PATH_EFFICIENCY if run.zero_stage is None else DEEPSPEED_EFFICIENCY
 
 
+def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:
+    """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
+    base = path_efficiency(run) if efficiency is None else efficiency
+    return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
+
+
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
                   bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
                   efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
@@ -469,8 +475,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     lora = run.method in ("lora", "qlora")
     P = spec.total_params
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
-    eff = (path_efficiency(run) if efficiency is None else efficiency) * (
-        QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
+    eff = effective_efficiency(run, efficiency)
     fpt = flops_per_token(spec, run)
     micro_compute = run.tokens * fpt / (gpu_tflops * 1e12 * eff)
     compute = micro_compute * run.grad_accum

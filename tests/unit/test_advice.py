@@ -32,12 +32,12 @@ def codes(p, f=None, **kw):
     return [a.code for a in advise(p, f, **kw)]
 
 
-# a baseline that triggers nothing: 7B LoRA, ZeRO-2, 2 x 8 H100, effective batch 128, fast link
+# a baseline that triggers nothing: 7B LoRA, plain DDP, 2 x 8 H100, effective batch 128, fast link
 def test_clean_preset_has_no_advice():
-    p = preset()
     f = facts(links={1: LinkFacts(port_reachable=True, bandwidth_gbps=100)}, shared_storage=True, master_port_free=True)
-    # checkpointing is needed at micro-batch 4 x 4096 tokens; without it the baseline would get CKPT_UNNEEDED
-    p = preset(per_device_train_batch_size=4, gradient_accumulation_steps=2, model_max_length=4096)
+    # checkpointing is needed at micro-batch 4 x 4096 tokens; without it the baseline would get CKPT_UNNEEDED.
+    # ZeRO-2 would get ZERO_NOT_NEEDED: the model fits without it, and DeepSpeed turns the fast path off.
+    p = preset(per_device_train_batch_size=4, gradient_accumulation_steps=2, model_max_length=4096, zero_stage=None)
     assert advise(p, f) == []
 
 
@@ -92,6 +92,29 @@ def test_ckpt_unneeded():
     assert "CKPT_UNNEEDED" not in codes(preset(gradient_checkpointing=False), gpu="H200")
     # long batches need it: 7B LoRA at 4 x 8192 without checkpointing does not fit an H100
     assert "CKPT_UNNEEDED" not in codes(preset(per_device_train_batch_size=4, model_max_length=8192), gpu="H100")
+
+
+def test_zero_not_needed_where_ddp_fits_and_is_faster():
+    """LoRA fits every GPU without ZeRO: DeepSpeed only costs the worker's fast path. The fix is plain DDP (the
+    offload goes too: it needs ZeRO), and the fixed preset gets no such advice."""
+    f = facts(links={1: LinkFacts(port_reachable=True, bandwidth_gbps=100)})
+    p = preset(per_device_train_batch_size=4, gradient_accumulation_steps=2, model_max_length=4096, offload="optimizer")
+    adv = [a for a in advise(p, f) if a.code == "ZERO_NOT_NEEDED"]
+    assert adv and adv[0].level == "warning" and "ZeRO-2 turns the worker's fast path off" in adv[0].message
+    assert "x faster" in adv[0].message and "GiB of 79.6 GiB" in adv[0].message
+    assert adv[0].fix.changes == {"training.zero_stage": None, "training.offload": "none"}
+    fixed = apply_fix(p, adv[0].fix)
+    assert fixed.training.zero_stage is None and "ZERO_NOT_NEEDED" not in codes(fixed, f)
+    # full fine-tuning of 7B needs ZeRO's partitioning on 80 GiB: no advice to drop it
+    assert "ZERO_NOT_NEEDED" not in codes(preset(method="full", zero_stage=3), f)
+    # nor where DDP would fit only just (above 90% of the GPU), nor without a known GPU, nor on CPU
+    from qwen_tui.advice import make_context
+
+    ddp_total = make_context(apply_fix(p, adv[0].fix), f).memory().total
+    assert "ZERO_NOT_NEEDED" not in codes(p, gpu_memory_gib=ddp_total / 0.95)
+    assert "ZERO_NOT_NEEDED" in codes(p, gpu_memory_gib=ddp_total / 0.8)
+    assert "ZERO_NOT_NEEDED" not in codes(p)
+    assert "ZERO_NOT_NEEDED" not in codes(preset(device="cpu"), gpu="H100")
 
 
 # ---------------------------------------------------------------- network
