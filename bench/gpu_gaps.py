@@ -1,8 +1,8 @@
 """Where the GPU waited in a profiled step: the idle gaps of a torch.profiler Chrome trace, and what the host
-was doing then.
+was doing then; with --kernels, also where its busy time went.
 
     python -m training.finetune ... --profile_step 13 --profile_trace
-    python bench/gpu_gaps.py OUTPUT_DIR/profile-step13.json.gz [--min-gap-us 20] [--top 25] [--json OUT]
+    python bench/gpu_gaps.py OUTPUT_DIR/profile-step13.json.gz [--min-gap-us 20] [--top 25] [--kernels] [--json OUT]
 
 Every kernel, copy and fill on the device is merged into busy intervals; what lies between them (and between
 the step's first host event and its first kernel, and its last kernel and last host event) is idle. Each gap
@@ -21,6 +21,19 @@ import sys
 from collections import defaultdict
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+# What a kernel is, from its name: the first rule that matches (lower-case substrings). Matmuls are cuBLAS's
+# (nvjet, *gemm*, cutlass, xmma); Triton's kernels are Inductor's fusions or Liger's unless named otherwise.
+KERNEL_KINDS = [
+    ("attention", ("flash", "fmha", "cudnn", "sdpa", "attn")),
+    ("loss", ("liger", "cross_entropy")),
+    ("optimizer", ("multi_tensor_apply", "adam")),
+    ("collective", ("nccl",)),
+    ("matmul", ("nvjet", "gemm", "cutlass", "xmma", "cublas", "splitk")),
+    ("dropout (ATen)", ("fused_dropout",)),
+    ("fused elementwise (Triton)", ("triton_",)),
+    ("copy / fill", ("memcpy", "memset", "copy", "fill")),
+    ("ATen elementwise", ("elementwise_kernel", "vectorized", "reduce_kernel", "index")),
+]
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 
 
@@ -139,6 +152,64 @@ def analyse(events: list[dict], min_gap_us: float = 20.0) -> dict:
     }
 
 
+def kernel_kind(name: str, cat: str = "kernel") -> str:
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "copy / fill"
+    low = name.lower()
+    for kind, keys in KERNEL_KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def kernel_mix(events: list[dict]) -> dict:
+    """The device time of the step by kind of kernel (KERNEL_KINDS) and by the phase that launched it, with each
+    kind's most expensive kernels. Times are kernel durations summed (kernels on parallel streams both count)."""
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    if not gpu:
+        raise SystemExit("the trace has no device kernels (was it profiled on CUDA?)")
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    launches = {e["args"]["correlation"]: e["ts"] for e in host if "correlation" in e.get("args", {})}
+    spans = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events if e.get("ph") == "X"
+                    and e.get("cat") == "user_annotation" and e["name"].startswith("step:")))
+
+    def phase_at(t):
+        inside = [name for a, b, name in spans if a <= t <= b]
+        return inside[-1] if inside else "(unlabelled)"
+
+    kinds: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "count": 0, "by_phase": defaultdict(float),
+                                                  "kernels": defaultdict(lambda: [0, 0.0])})
+    for e in gpu:
+        k = kinds[kernel_kind(e["name"], e["cat"])]
+        d = e.get("dur", 0)
+        k["us"] += d
+        k["count"] += 1
+        t = launches.get(e.get("args", {}).get("correlation"))
+        k["by_phase"][phase_at(t) if t is not None else "(unlabelled)"] += d
+        kk = k["kernels"][e["name"]]
+        kk[0] += 1
+        kk[1] += d
+    total = sum(k["us"] for k in kinds.values())
+    out = []
+    for name, k in sorted(kinds.items(), key=lambda kv: -kv[1]["us"]):
+        out.append({"kind": name, "us": k["us"], "share": k["us"] / total if total else 0.0, "count": k["count"],
+                    "by_phase": dict(sorted(k["by_phase"].items(), key=lambda kv: -kv[1])),
+                    "top": [{"name": n, "calls": c, "us": us} for n, (c, us) in
+                            sorted(k["kernels"].items(), key=lambda kv: -kv[1][1])[:5]]})
+    return {"kernel_us": total, "kinds": out}
+
+
+def mix_report(mix: dict) -> str:
+    out = [f"device time by kind of kernel ({mix['kernel_us'] / 1e3:.1f} ms of kernels):",
+           f"  {'ms':>8} {'share':>6} {'calls':>6}  kind: by phase"]
+    for k in mix["kinds"]:
+        phases = ", ".join(f"{p.replace('step: ', '')} {us / 1e3:.1f}" for p, us in k["by_phase"].items())
+        out.append(f"  {k['us'] / 1e3:8.1f} {k['share']:6.1%} {k['count']:6d}  {k['kind']}: {phases}")
+        for t in k["top"][:3]:
+            out.append(f"  {'':8} {'':6} {t['calls']:6d}    {t['us'] / 1e3:7.1f} ms  {t['name'][:80]}")
+    return "\n".join(out)
+
+
 def report(res: dict, top: int) -> str:
     out = [f"step wall {res['wall_us'] / 1e3:.1f} ms; device busy {res['device_busy_us'] / 1e3:.1f} ms "
            f"({res['device_busy_share']:.1%}); idle {res['idle_us'] / 1e3:.1f} ms, of it "
@@ -163,10 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", help="a Chrome trace from --profile_trace (.json or .json.gz)")
     p.add_argument("--min-gap-us", type=float, default=20.0, help="shortest gap listed (default 20 us)")
     p.add_argument("--top", type=int, default=25, help="rows of each table (default 25)")
+    p.add_argument("--kernels", action="store_true", help="also the device time by kind of kernel and phase")
     p.add_argument("--json", default=None, help="also write the analysis here")
     a = p.parse_args(argv)
-    res = analyse(load(a.trace), a.min_gap_us)
+    events = load(a.trace)
+    res = analyse(events, a.min_gap_us)
     print(report(res, a.top))
+    if a.kernels:
+        res["kernel_mix"] = kernel_mix(events)
+        print("\n" + mix_report(res["kernel_mix"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({**res, "largest": res["largest"][:200]}, f, indent=1)

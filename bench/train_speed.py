@@ -558,10 +558,11 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         trace = tmp / "out" / f"profile-step{run_steps}.json.gz"
         if args.worker_trace and trace.is_file():  # where the GPU waited in that step (bench/gpu_gaps.py)
             gaps_json = log_path.parent / f"gpu_gaps-{name.replace('+', '_')}.json"
-            q = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_gaps.py"), str(trace), "--json",
+            q = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_gaps.py"), str(trace), "--kernels", "--json",
                                 str(gaps_json)], capture_output=True, text=True, timeout=args.timeout)
             with open(log_path, "a") as log:
-                log.write(f"----- {name}: GPU idle in step {run_steps} (bench/gpu_gaps.py)\n{q.stdout}{q.stderr}\n")
+                log.write(f"----- {name}: GPU idle and kernel mix in step {run_steps} (bench/gpu_gaps.py)\n"
+                          f"{q.stdout}{q.stderr}\n")
             if gaps_json.is_file():
                 g = json.loads(gaps_json.read_text())
                 result.update(profiled_device_busy=g["device_busy_share"], profiled_idle_ms=g["idle_us"] / 1e3)

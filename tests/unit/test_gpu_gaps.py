@@ -73,3 +73,30 @@ def test_reads_gzip_traces_and_refuses_a_trace_without_kernels(tmp_path):
     assert len(g.load(str(p))) == len(_trace())
     with pytest.raises(SystemExit, match="no device kernels"):
         g.analyse([e for e in _trace() if e["cat"] != "kernel"])
+
+
+def test_kernel_mix_sums_device_time_by_kind_and_launching_phase():
+    g = _gaps()
+    events = _trace() + [
+        _x("step: backward", "user_annotation", 1000, 500),
+        _x("cudaLaunchKernel", "cuda_runtime", 1010, 2, correlation=3),
+        _x("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "kernel", 1020, 300, tid=7, correlation=3),
+        _x("cudaLaunchKernel", "cuda_runtime", 1030, 2, correlation=4),
+        _x("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", "kernel", 1330, 50, tid=7,
+           correlation=4),
+        _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 1400, 5, tid=7, correlation=5),
+    ]
+    mix = g.kernel_mix(events)
+    kinds = {k["kind"]: k for k in mix["kinds"]}
+    assert mix["kernel_us"] == 100 + 100 + 20 + 300 + 50 + 5
+    # gemm_kernel (forward) and nvjet (backward) are matmuls; the rest by name or category
+    assert kinds["matmul"]["us"] == 400 and kinds["matmul"]["count"] == 2
+    assert kinds["matmul"]["by_phase"] == {"step: backward": 300, "step: forward": 100}
+    assert kinds["attention"]["us"] == 50 and kinds["copy / fill"]["us"] == 5
+    assert kinds["other"]["us"] == 120 and kinds["other"]["by_phase"] == {"step: forward": 100, "(unlabelled)": 20}
+    assert mix["kinds"][0]["kind"] == "matmul" and abs(sum(k["share"] for k in mix["kinds"]) - 1) < 1e-9
+    assert kinds["matmul"]["top"][0]["name"].startswith("nvjet")
+    text = g.mix_report(mix)
+    assert "matmul: backward 0.3, forward 0.1" in text
+    with pytest.raises(SystemExit, match="no device kernels"):
+        g.kernel_mix([e for e in events if e["cat"] not in ("kernel", "gpu_memcpy")])
