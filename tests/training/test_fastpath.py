@@ -26,6 +26,7 @@ from training.fast.loss import linear_cross_entropy_sum, shift_labels
 from training.fast.optim import make_adamw
 from training.fast.packing import balanced_bins, first_fit, pack, pack_batches, segment_ids
 from training.fast.step import micro_batch_loss_sum
+from worker_helpers import decide_for
 
 
 def _records(n: int, vocab: int, seed: int, lo: int = 4, hi: int = 60):
@@ -401,12 +402,8 @@ def test_token_budget_from_two_probes():
 # ------------------------------------------------------------------ adapter input cast
 
 
-def _decide(**kw):
-    from training.args import build_parser
-    from training.fastpath import decide
-
-    argv = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"] + kw.pop("argv", [])
-    return decide(build_parser().parse_args(argv), torch.device(kw.pop("device", "cuda")), kw.pop("deepspeed", False))
+def _decide(argv=(), device="cuda", deepspeed=False):
+    return decide_for(argv, device, deepspeed)
 
 
 def test_lora_input_cast_is_dropped_only_where_autocast_recasts_it():

@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from worker_helpers import decide_for
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = textwrap.dedent("""
@@ -160,11 +162,7 @@ def test_fusing_leaves_adapters_without_dropout_alone():
 
 
 def _decide(argv, device="cpu", deepspeed=False):
-    from training.args import build_parser
-    from training.fastpath import decide
-
-    base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
-    return decide(build_parser().parse_args(base + argv), torch.device(device), deepspeed)
+    return decide_for(argv, device, deepspeed)
 
 
 def test_fused_dropout_is_decided_with_its_reason_and_refused_where_it_cannot_run():

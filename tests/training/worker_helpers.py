@@ -24,6 +24,17 @@ def demo_records(n: int | None = None) -> list[dict]:
     return build()[:n] if n else build()
 
 
+def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False):
+    """training.fastpath.decide for these worker flags (the required ones filled in) on this device type."""
+    import torch
+
+    from training.args import build_parser
+    from training.fastpath import decide
+
+    base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
+    return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
