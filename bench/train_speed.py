@@ -97,6 +97,7 @@ TAGS = {
     "fused": ({}, ["--fused_lora_dropout"]),  # LoRA dropout inside lora_A's Triton kernel (opt-in)
     "unfused": ({}, ["--no_fused_lora_dropout"]),  # peft's dropout module (the default since run16)
     "alllogits": ({}, ["--no_labelled_logits_only"]),  # the LM head on every position (the default before run18)
+    "ligerchunks": ({"TRAINING_LIGER_CHUNK_ROWS": "0"}, []),  # Liger's own loss chunks (before run18), not 2,048 rows
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
          ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]

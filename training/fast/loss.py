@@ -6,7 +6,10 @@ the loss and both gradients are computed chunk by chunk in the forward pass (the
 fused linear cross-entropy does it), so at most one chunk of logits exists at a time and no
 logits are kept for backward.
 
-impl="liger"    Liger-Kernel's fused Triton kernel (CUDA; needs the liger-kernel package)
+impl="liger"    Liger-Kernel's fused Triton kernel (CUDA; needs the liger-kernel package), in chunks of
+                at most LIGER_CHUNK_ROWS rows (Liger's own rule cuts a row into vocab / hidden chunks,
+                43 of 256-512 rows on Qwen2.5-7B: the LM head's weight is then read from memory 43
+                times a row, and a full fine-tune's weight gradient read and written as often)
 impl="chunked"  the same algorithm in plain torch (any device)
 impl="plain"    full logits, F.cross_entropy: the reference
 
@@ -25,6 +28,9 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 IMPLS = ("liger", "chunked", "plain")
+# Liger's chunks: 2,048 rows of bf16 logits are 0.6 GiB at Qwen's 152k vocabulary, and the two memory
+# probes (rows of 2,048 and 4,096 tokens, training.fast.autobatch) both meet exactly that transient.
+LIGER_CHUNK_ROWS = 2048
 
 
 def liger_available() -> bool:
@@ -104,11 +110,48 @@ def targets_cross_entropy_sum(h: torch.Tensor, weight: torch.Tensor, target: tor
         logits = _upcast(h @ w.t())
         return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
     if impl == "liger":
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-        loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(w, h, target)
-        return loss.float()
+        return _liger_sum(h, w, target, LIGER_CHUNK_ROWS).float()
     return _ChunkedLinearCE.apply(h, w, target, chunk_size)
+
+
+def liger_chunk_budget(rows: int, vocab: int, hidden: int, chunk_rows: int) -> int:
+    """Liger's chunk_mem_const for chunks of at most `chunk_rows` rows (a power of two) out of `rows`. Liger
+    cuts the rows into n = ceil(vocab / (budget x hidden)) chunks of next_pow2(ceil(rows / n)) rows; the
+    budget here makes n the fewest pieces of chunk_rows (so a row of up to chunk_rows tokens is one chunk and
+    one of twice that is two: both memory probes meet the same transient), or more pieces where no budget
+    gives exactly that many."""
+    pieces = max(1, -(-rows // chunk_rows))
+    budget = -(-vocab // (pieces * hidden))
+    if -(-vocab // (budget * hidden)) < pieces:  # ceilings: no budget cuts exactly `pieces`; cut more
+        budget = max(1, vocab // (pieces * hidden))
+    return budget
+
+
+_LIGER_ARGS: list | None = None
+
+
+def _liger_sum(h: torch.Tensor, w: torch.Tensor, target: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+    """Liger's fused linear cross-entropy (sum) in chunks of about chunk_rows rows. TRAINING_LIGER_CHUNK_ROWS
+    overrides the rows (0: Liger's own chunking, for comparison); a Liger without chunk_mem_const gets its own."""
+    global _LIGER_ARGS
+    import inspect
+    import os
+
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as Fn
+
+    rows = int(os.environ.get("TRAINING_LIGER_CHUNK_ROWS", chunk_rows))
+    if _LIGER_ARGS is None:
+        _LIGER_ARGS = list(inspect.signature(Fn.forward).parameters.values())[1:]  # after ctx
+    names = [p.name for p in _LIGER_ARGS]
+    given = {"_input": h, "weight": w, "target": target, "ignore_index": IGNORE_INDEX, "reduction": "sum"}
+    if rows > 0 and "chunk_mem_const" in names:
+        given["chunk_mem_const"] = liger_chunk_budget(h.shape[0], w.shape[0], w.shape[1], rows)
+    if not {"_input", "weight", "target", "reduction"} <= set(names):
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # an unknown Liger: its module
+
+        return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(w, h, target)
+    out = Fn.apply(*[given[p.name] if p.name in given else p.default for p in _LIGER_ARGS])
+    return out[0] if isinstance(out, tuple) else out
 
 
 def labelled_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
