@@ -1,7 +1,8 @@
 """The worker's Liger path (training.fast.loss, impl="liger") on CPU, through Triton's interpreter: Liger's
 fused linear cross-entropy in the chunks the worker asks for gives the loss and gradients of full logits, on
 every position or on the supervised ones only. (Liger is a CUDA library; the interpreter runs its Triton
-kernels on CPU tensors, slowly, so the shapes are small.)"""
+kernels on CPU tensors, slowly, so the shapes are small.) Also bench/loss_variants.py's CPU smoke run, the
+side-by-side benchmark of these switches."""
 
 from __future__ import annotations
 
@@ -112,3 +113,24 @@ def test_chunk_budget_gives_liger_chunks_of_at_most_the_rows_asked_for(vocab, hi
     assert max(chunk(r) for r in range(1, 60000, 97)) <= 2048
     assert chunk(4094) == 2048 and chunk(2047) == 2047
     assert chunk(17024) == 2048 and chunk(11000) == 2048
+
+
+def test_loss_variants_bench_runs_every_variant_on_the_same_steps(tmp_path):
+    """bench/loss_variants.py's CPU smoke run (tiny shape, chunked loss): every variant runs every round on the
+    same records, and on the same first row the variants' losses agree."""
+    out = tmp_path / "lv.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "loss_variants.py"), "--device", "cpu", "--shape",
+                           "tiny", "--ce", "chunked", "--no-compile", "--tokens", "1024", "--rounds", "2",
+                           "--records-per-step", "8", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res["results"]) == {"now", "alllogits", "ligerchunks", "before"}
+    assert all(len(r["steps"]) == 2 and r["tokens_per_s"] > 0 for r in res["results"].values())
+    checks = res["first_row_check"]
+    assert len({c["labelled"] for c in checks.values()}) == 1 and checks["now"]["labelled"] > 0
+    assert res["first_row_max_rel_diff"] < 1e-5
+    assert "vs before" in proc.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "loss_variants.py"), "--variants", "now,fastest"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown variant(s) fastest" in bad.stderr
