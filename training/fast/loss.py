@@ -146,7 +146,8 @@ def _liger_sum(h: torch.Tensor, w: torch.Tensor, target: torch.Tensor, chunk_row
     given = {"_input": h, "weight": w, "target": target, "ignore_index": IGNORE_INDEX, "reduction": "sum"}
     if rows > 0 and "chunk_mem_const" in names:
         given["chunk_mem_const"] = liger_chunk_budget(h.shape[0], w.shape[0], w.shape[1], rows)
-    if not {"_input", "weight", "target", "reduction"} <= set(names):
+    unfilled = [p.name for p in _LIGER_ARGS if p.name not in given and p.default is inspect.Parameter.empty]
+    if unfilled or not {"_input", "weight", "target", "reduction"} <= set(names):
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # an unknown Liger: its module
 
         return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(w, h, target)
