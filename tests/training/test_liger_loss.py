@@ -7,15 +7,13 @@ side-by-side benchmark of these switches."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from worker_helpers import ROOT, run_interpreted
 
 _INTERPRETED = textwrap.dedent("""
     import json, os
@@ -72,11 +70,7 @@ _INTERPRETED = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted(_INTERPRETED)
 
 
 def test_liger_in_our_chunks_gives_the_full_logits_loss_and_gradients(interpreted):

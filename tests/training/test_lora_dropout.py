@@ -6,20 +6,14 @@ speed and the loss curve on a GPU are bench/lora_dropout_kernel.py's."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
-from worker_helpers import decide_for
+from worker_helpers import decide_for, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 
 _INTERPRETED = textwrap.dedent("""
     import json, os, sys
@@ -69,11 +63,7 @@ _INTERPRETED = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted(_INTERPRETED)
 
 
 def test_kernels_match_dropout_then_matmul_with_their_own_mask(interpreted):

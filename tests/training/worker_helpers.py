@@ -35,6 +35,16 @@ def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False):
     return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed)
 
 
+def run_interpreted(script: str, timeout: float = 600) -> dict:
+    """Runs a Python script under Triton's CPU interpreter (TRITON_INTERPRET=1: Triton kernels on CPU tensors) in
+    a fresh process, and returns the JSON object its last output line prints."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
