@@ -2,7 +2,8 @@
 
 decide()        resolves --packing, --fused_ce, --compile, --fused_adamw, --auto_micro_batch, --lora_input_cast,
                 --attention_kernel, --fused_lora_dropout, --labelled_logits_only and --overlap_steps, and reports
-                --expandable_segments (set by the entry point) where the user left them to us, and refuses combinations that cannot work (each with the reason)
+                --expandable_segments (set by the entry point) where the user left them to us, and refuses
+                combinations that cannot work (each with the reason)
 FastLoss        the module DDP wraps when the loss is ours: one micro-batch (packed row or padded batch) ->
                 (summed token loss, labelled tokens); the decoder runs without building the full logits
 pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`

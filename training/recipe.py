@@ -205,7 +205,8 @@ class FinetuneRecipe:
         """Packed attention, the packed-row budget (and checkpointing) from the memory probe, compiled layers."""
         a, f = self.args, self.fast
         f.gradient_checkpointing = bool(a.gradient_checkpointing)
-        self.loss_module = fastpath.FastLoss(self.model, f.ce, a.model_max_length, f.labelled_logits) if f.our_loss else None
+        self.loss_module = (fastpath.FastLoss(self.model, f.ce, a.model_max_length, f.labelled_logits)
+                            if f.our_loss else None)
         if f.packing:
             from training.fast.attention import set_kernel, use_packed_attention
 
