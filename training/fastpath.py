@@ -75,6 +75,12 @@ def _varlen_available() -> bool:
     return varlen_available()
 
 
+def _cudnn_unfit() -> str | None:
+    from training.fast.attention import cudnn_unfit
+
+    return cudnn_unfit()
+
+
 def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
     """The fast-path switches for this run; raises InputError for an explicit choice that cannot work."""
     cuda = device.type == "cuda"
@@ -87,7 +93,7 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
             packing, why["packing"] = False, "off: this torch has no flash varlen attention for packed rows"
         else:
             packing = True
-            why["packing"] = "on: flash varlen attention" if cuda else "on: per-record attention on CPU"
+            why["packing"] = "on: varlen attention of packed rows" if cuda else "on: per-record attention on CPU"
     else:
         packing = bool(args.packing)
         if packing and deepspeed:
@@ -162,12 +168,14 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
     # The varlen kernel of packed rows.
     choice = getattr(args, "attention_kernel", "auto")
     if choice == "auto":
-        # FlashAttention 2. cuDNN's kernels are 1.46x faster on 7B heads (bench/results attention_kernels run10),
-        # but each call also runs the frontend's Python and a dozen small kernels: a whole 7B LoRA step measured
-        # the same as with flash (run12: 17,076 against 17,089 tokens/s; run11: +1.3%) and 1.5B full 3.6% slower.
-        attention = "flash"
-        why["attention_kernel"] = ("flash: FlashAttention 2 (cudnn measured no faster a step)" if packing and cuda
-                                   else "n/a: no packed rows on CUDA")
+        # cuDNN where it can run with its backward plans bounded: with one plan per record count a 7B LoRA step
+        # ran 3.0% faster than with FlashAttention 2, and attention took 111 ms of device time against 168 ms
+        # (bench/results run18). Before that bound, plans were built per row width and it measured no faster.
+        unfit = _cudnn_unfit() if packing and cuda else "no packed rows on CUDA"
+        attention = "flash" if unfit else "cudnn"
+        why["attention_kernel"] = ("n/a: no packed rows on CUDA" if not (packing and cuda)
+                                   else f"flash: {unfit}" if unfit
+                                   else "cudnn: Hopper GPU and nvidia-cudnn-frontend (faster than FlashAttention 2)")
     else:
         if choice == "cudnn":
             from training.fast.attention import cudnn_available

@@ -456,8 +456,10 @@ def test_adapter_inputs_in_bf16_give_the_same_loss_and_gradients_under_autocast(
 # ------------------------------------------------------------------ varlen attention kernel
 
 
-def test_attention_kernel_is_flash_unless_cudnn_is_asked_for_and_can_run():
+def test_attention_kernel_is_cudnn_only_where_it_can_run_with_bounded_plans(monkeypatch):
+    import training.fastpath as fp
     from training.errors import InputError
+    from training.fast.attention import cudnn_unfit
 
     auto = _decide(argv=["--bf16"], device="cpu")
     assert auto.attention == "flash" and auto.why["attention_kernel"] == "n/a: no packed rows on CUDA"
@@ -465,6 +467,19 @@ def test_attention_kernel_is_flash_unless_cudnn_is_asked_for_and_can_run():
     assert _decide(argv=["--attention_kernel", "flash"], device="cpu").why["attention_kernel"] == "as given"
     with pytest.raises(InputError, match="--attention_kernel cudnn needs a CUDA GPU"):
         _decide(argv=["--attention_kernel", "cudnn"], device="cpu")
+    assert cudnn_unfit() == "no CUDA"  # this machine: the automatic choice never asks cuDNN for anything
+    # A CUDA machine, as decide() sees it: varlen attention for packing, and cuDNN fit or not.
+    monkeypatch.setattr(fp, "_varlen_available", lambda: True)
+    monkeypatch.setattr(fp, "_cudnn_unfit", lambda: None)
+    fit = _decide(argv=["--bf16", "--use_lora"])
+    assert fit.attention == "cudnn" and fit.why["attention_kernel"].startswith("cudnn: Hopper GPU")
+    assert _decide(argv=["--bf16", "--attention_kernel", "flash"]).attention == "flash"
+    assert _decide(argv=["--bf16", "--no_packing"]).why["attention_kernel"] == "n/a: no packed rows on CUDA"
+    ds = _decide(argv=["--bf16"], deepspeed=True)  # no packing under DeepSpeed: no varlen kernel at all
+    assert ds.attention == "flash" and ds.why["attention_kernel"] == "n/a: no packed rows on CUDA"
+    monkeypatch.setattr(fp, "_cudnn_unfit", lambda: "no nvidia-cudnn-frontend installed")
+    unfit = _decide(argv=["--bf16", "--use_lora"])
+    assert unfit.attention == "flash" and unfit.why["attention_kernel"] == "flash: no nvidia-cudnn-frontend installed"
 
 
 def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():
@@ -509,3 +524,5 @@ def test_cudnn_backward_plans_are_sized_for_the_widest_row():
     other = SimpleNamespace(_round64=lambda n: ((n + 127) // 128) * 128)
     assert not bound_cudnn_totals(17_024, torch_op=other) and other._round64(1) == 128
     assert not bound_cudnn_totals(17_024, torch_op=SimpleNamespace())
+    changed = SimpleNamespace(_round64=lambda n, align: n)  # another signature: not the hook this was measured on
+    assert not bound_cudnn_totals(17_024, torch_op=changed) and changed._round64(5, 1) == 5

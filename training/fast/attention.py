@@ -16,12 +16,13 @@ kernel_inputs() turns a row's boundaries into what the kernel is given:
   records: cuDNN builds an execution plan (forward and backward) for every (records, bound) pair it
   meets, which stalled the steps that met a new count (run10), so both are kept to a few values, and
   warm_cudnn() builds the plans of every count a row can need before the first step (7B: 6 counts
-  in 0.8 s). The worker's automatic choice is flash: see training.fastpath.decide for why.
+  in 0.8 s).
 - cudnn, the row width: the frontend (1.32) also keys its backward plans on the row's token total
   rounded to 64, which sizes the plan's dQ accumulator. Rows are as wide as their records rounded up
   to 128, so nearly every new width built a backward plan mid-step, and its plan cache (128 entries,
   first in first out) turned over. bound_cudnn_totals() sizes every backward plan for the widest row
   the run can have: one plan per record count then serves every width, and warm_cudnn builds it.
+  With that bound cuDNN is the worker's automatic choice where it can run (cudnn_unfit; fastpath.decide).
 """
 
 from __future__ import annotations
@@ -61,6 +62,28 @@ def cudnn_available() -> bool:
     if not torch.cuda.is_available() or importlib.util.find_spec("cudnn") is None:
         return False
     return torch.cuda.get_device_capability()[0] >= 9
+
+
+def cudnn_unfit() -> str | None:
+    """Why cuDNN's attention is not the automatic choice on this machine, or None where it is: it needs
+    cudnn_available() and a frontend whose backward plans bound_cudnn_totals can size for the widest row
+    (without that, plans are built per row width mid-step and cuDNN measured no faster than flash)."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"cuDNN's fused varlen attention needs a Hopper or newer GPU (this one is sm_{major}{minor})"
+    if importlib.util.find_spec("cudnn") is None:
+        return "no nvidia-cudnn-frontend installed"
+    try:
+        from cudnn.sdpa.fwd import torch_op
+    except ImportError as e:
+        return f"nvidia-cudnn-frontend does not import ({e})"
+    if _frontend_rounding(torch_op) is None:
+        return "this nvidia-cudnn-frontend's backward plans cannot be sized for the widest row"
+    return None
 
 
 def set_kernel(name: str) -> None:
@@ -142,13 +165,10 @@ def bound_cudnn_totals(tokens: int, torch_op=None) -> bool:
     64-token rounding of the totals); the plans are then built per width, as before."""
     if torch_op is None:
         from cudnn.sdpa.fwd import torch_op
-    current = getattr(torch_op, "_round64", None)
-    if current is None:
-        log.warning("cuDNN attention: this cudnn-frontend has no _round64; backward plans stay per row width")
-        return False
-    base = getattr(current, "__wrapped__", current)  # bound twice: the frontend's own rounding underneath
-    if base(1) != 64 or base(65) != 128:
-        log.warning("cuDNN attention: cudnn-frontend rounds token totals differently; backward plans stay per width")
+    base = _frontend_rounding(torch_op)
+    if base is None:
+        log.warning("cuDNN attention: this cudnn-frontend has no 64-token rounding of token totals to bound; "
+                    "backward plans stay per row width")
         return False
     cap = base(int(tokens))
 
@@ -159,6 +179,21 @@ def bound_cudnn_totals(tokens: int, torch_op=None) -> bool:
     rounded.__wrapped__ = base
     torch_op._round64 = rounded
     return True
+
+
+def _frontend_rounding(torch_op):
+    """cudnn-frontend's own rounding of a row's token total (to 64), under any bound we set on it, or None
+    where the frontend has none or rounds otherwise (a version this was not measured with)."""
+    current = getattr(torch_op, "_round64", None)
+    if current is None:
+        return None
+    base = getattr(current, "__wrapped__", current)  # bound before: the frontend's own rounding underneath
+    try:
+        ok = base(1) == 64 and base(65) == 128 and base(128) == 128
+    except TypeError as e:  # a changed signature: not the hook we know
+        log.debug("cudnn-frontend _round64 is not the rounding we bound: %s", e)
+        return None
+    return base if ok else None
 
 
 def _cudnn_varlen(q, k, v, cu, max_len: int, scale: float):
