@@ -14,7 +14,7 @@ stock  HF Trainer + DeepSpeed ZeRO-2 (training/ds_config_zero2.json) + gradient 
        published finetune.py does; LoRA r=64 alpha=16 dropout 0.05 on all linear projections, or
        full fine-tuning.
 ours   the worker itself, `python -m training.finetune` in one process, with its automatic fast path
-       (training.fast through training.recipe): packed rows (no padding, flash varlen attention that
+       (training.fast through training.recipe): packed rows (no padding, varlen attention that
        keeps records apart), Liger fused linear cross-entropy (no full logits), per-decoder-layer
        torch.compile, fused AdamW, the packed-row budget from a two-probe memory measurement
        (--auto_memory_fraction 0.9, --auto_max_tokens 49152), gradient checkpointing only if nothing
@@ -87,8 +87,8 @@ TAGS = {
     "nodrop": ({}, ["--lora_dropout", "0"]),  # what LoRA dropout costs (not the stock hyperparameters)
     "chunked": ({}, ["--fused_ce", "chunked"]),  # our chunked cross-entropy instead of Liger's
     "eager": ({}, ["--no_compile"]),
-    "cudnn": ({}, ["--attention_kernel", "cudnn"]),  # cuDNN's fused varlen attention
-    "flash": ({}, ["--attention_kernel", "flash"]),  # PyTorch's FlashAttention 2
+    "cudnn": ({}, ["--attention_kernel", "cudnn"]),  # cuDNN's fused varlen attention (the automatic choice since run19)
+    "flash": ({}, ["--attention_kernel", "flash"]),  # PyTorch's FlashAttention 2 (the default before run19)
     # The worker before overlapped steps and expandable segments (each step read back before the next; default
     # allocator segments), and each of the two alone.
     "sync": ({}, ["--no_overlap_steps", "--no_expandable_segments"]),

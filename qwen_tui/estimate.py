@@ -74,11 +74,12 @@ Step time (`estimate_step`, `scaling`)
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
   efficiency (model FLOPs utilisation) depends on the worker's path unless given:
   without DeepSpeed the worker takes its fast path (packing, fused loss, compiled
-  layers), which measured 0.48-0.54 on one H200 for 7B LoRA and 1.5B full
-  (bench/results/train_speed-2026-11-29-H200.md, runs 8-17), so 0.50; under
+  layers, cuDNN attention, LM head on supervised positions only), which
+  measured 0.52-0.57 on one H200 for 7B LoRA and 1.5B full
+  (bench/results/train_speed-2026-11-30-H200.md, runs 18-20), so 0.53; under
   DeepSpeed it runs the plain path, assumed 0.35 (not measured; the stock HF
   Trainer recipe measured 0.04-0.12 there, padding included). Q-LoRA runs at
-  0.8x (4-bit dequantisation in every matmul: 40.0% against LoRA's ~50%, run7).
+  0.8x (4-bit dequantisation in every matmul: 0.83x LoRA's tokens/s, run20).
 - Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
   NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
   2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
@@ -115,7 +116,7 @@ FRAGMENTATION = 0.10
 DS_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce/allgather bucket sizes
 DS_OVERLAP_FACTOR = 4.5  # DeepSpeed docs: overlap_comm uses 4.5x the bucket sizes
 QUANT_BYTES = {4: 0.52, 8: 1.02}
-FAST_PATH_EFFICIENCY = 0.50  # the worker without DeepSpeed (measured, see the module doc)
+FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the module doc)
 DEEPSPEED_EFFICIENCY = 0.35  # the worker's plain path under DeepSpeed (assumed)
 QLORA_EFFICIENCY_FACTOR = 0.8
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude

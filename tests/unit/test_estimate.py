@@ -233,9 +233,10 @@ def test_checkpointing_costs_compute():
 
 def test_step_estimate_matches_the_worker_measured_on_an_h200():
     """Tokens/s the estimate predicts for the worker's fast path (no DeepSpeed) against what bench/train_speed.py
-    measured through the worker on one H200 (runs 7 onwards, where its defaults settled), each run's own data
-    shape: the token-weighted record length and the real tokens of a step. A default efficiency off by more
-    than the machines' spread (the 0.35 this replaced predicted 0.7x) fails it."""
+    measured through the worker on one H200 (runs 18 onwards: today's defaults, cuDNN attention and the LM head
+    on supervised positions only), each run's own data shape: the token-weighted record length and the real
+    tokens of a step. A default efficiency off by more than the machines' spread fails it (the 0.50 this
+    replaced predicted 0.87x of run19's 1.5B full; the 0.35 before it 0.7x)."""
     import json
     import re
 
@@ -246,7 +247,7 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
     seen = set()
     for path in sorted(results.glob("train_speed-*-H200-run*.json")):
         m = re.search(r"-run(\d+)\.json$", path.name)
-        if not m or int(m.group(1)) < 7:
+        if not m or int(m.group(1)) < 18:
             continue
         for r in json.loads(path.read_text())["results"]:
             if r["config"] not in ("ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b") or r.get("status") != "ok":
@@ -263,4 +264,4 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
     # under DeepSpeed the worker runs its plain path: the estimate assumes less of it
     ds = estimate_step(SEVEN, RunShape(method="lora", zero_stage=2, seq=1024, micro_batch=32), 1, 1, None, **h200)
     fast = estimate_step(SEVEN, RunShape(method="lora", zero_stage=None, seq=1024, micro_batch=32), 1, 1, None, **h200)
-    assert ds.compute_s == pytest.approx(fast.compute_s * 0.50 / 0.35)
+    assert ds.compute_s == pytest.approx(fast.compute_s * 0.53 / 0.35)
