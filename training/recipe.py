@@ -208,8 +208,14 @@ class FinetuneRecipe:
         self.loss_module = (fastpath.FastLoss(self.model, f.ce, a.model_max_length, f.labelled_logits)
                             if f.our_loss else None)
         if f.packing:
-            from training.fast.attention import set_kernel, use_packed_attention
+            from training.fast.attention import cudnn_shape_unfit, set_kernel, use_packed_attention
 
+            unfit = cudnn_shape_unfit(self._head_dim()) if f.attention == "cudnn" else None
+            if unfit and a.attention_kernel == "cudnn":
+                raise InputError(f"--attention_kernel cudnn: {unfit} ({a.model_name_or_path}); use "
+                                 "--attention_kernel flash")
+            if unfit:  # the automatic choice, made before the model's shape was known
+                f.attention, f.why["attention_kernel"] = "flash", f"flash: {unfit}"
             use_packed_attention(self.model)
             set_kernel(f.attention)
             f.packing_tokens = a.packing_tokens or a.per_device_train_batch_size * a.model_max_length
@@ -244,14 +250,17 @@ class FinetuneRecipe:
         if f.packing and f.attention == "cudnn":
             self._warm_cudnn()
 
+    def _head_dim(self) -> int:
+        c = self.model_config
+        return int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
+
     def _warm_cudnn(self) -> None:
         """cuDNN's attention plans for every record count a packed row can have, before the first step."""
         from training.fast.attention import bound_cudnn_totals, record_bucket, warm_cudnn
 
         bound_cudnn_totals(self.fast.packing_tokens)  # one backward plan per record count, for every row width
         c, a = self.model_config, self.args
-        heads = int(c["num_attention_heads"])
-        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        heads, head_dim = int(c["num_attention_heads"]), self._head_dim()
         items = getattr(self.train_ds, "items", None)  # tokenized up front; a lazy data set has no lengths yet
         shortest = min((len(e.input_ids) for e in items), default=1) if items is not None else 16
         most = record_bucket(self.fast.packing_tokens // max(shortest, 1) + 2)  # + the padding tail's segments

@@ -482,6 +482,13 @@ def test_attention_kernel_is_cudnn_only_where_it_can_run_with_bounded_plans(monk
     assert unfit.attention == "flash" and unfit.why["attention_kernel"] == "flash: no nvidia-cudnn-frontend installed"
 
 
+def test_cudnn_takes_only_head_dimensions_it_was_measured_on():
+    from training.fast.attention import cudnn_shape_unfit
+
+    assert [cudnn_shape_unfit(d) for d in (16, 64, 128)] == [None, None, None]  # tiny, Qwen2.5-0.5B, the rest
+    assert "not 100" in cudnn_shape_unfit(100) and "not 256" in cudnn_shape_unfit(256)
+
+
 def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():
     from training.fast import attention as att
 

@@ -86,6 +86,15 @@ def cudnn_unfit() -> str | None:
     return None
 
 
+def cudnn_shape_unfit(head_dim: int) -> str | None:
+    """Why cuDNN's fused attention cannot take this model's heads, or None where it can: cuDNN wants a head
+    dimension that is a multiple of 8, and the worker keeps to at most 128 (every Qwen2/2.5/3 model has 64 or
+    128; the larger sizes cuDNN allows on Hopper were never measured here)."""
+    if head_dim % 8 or head_dim > 128:
+        return f"cuDNN's fused attention takes head dimensions of up to 128 in steps of 8, not {head_dim}"
+    return None
+
+
 def set_kernel(name: str) -> None:
     """Which varlen kernel packed rows use on CUDA: "flash" or "cudnn". Call before compiling the layers."""
     global _kernel
