@@ -11,6 +11,7 @@ one, and only when the user accepts it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Optional
 
@@ -534,6 +535,34 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
         yield Advice(level, "VERSION_MISMATCH", f"{pkg} differs across nodes ({desc})",
                      Fix(f"Install {pkg} {ref} everywhere", hint=f"pip install '{pkg}=={ref}' on the other nodes"
                          if pkg != "python" else "use the same Python on every node (cluster.nodes[].python)"))
+
+
+# The worker's fast path (no DeepSpeed) picks these up by itself where they are installed (training.fastpath);
+# bench/results/train_speed-2026-11-30-H200.md measured what each is worth on an H200.
+FAST_KERNELS = {
+    "liger-kernel": "Liger's fused loss (without it the worker runs its own chunked loss, slower)",
+    "nvidia-cudnn-frontend": "cuDNN's attention (without it FlashAttention 2: a 7B LoRA step 3% slower on an H200)",
+}
+_HOPPER_OR_NEWER = re.compile(r"\b(G?H\d{2,3}|G?B\d{3})\b")  # H100, H200, H800, H20, GH200, B200, GB200
+
+
+@rule
+def fast_kernel_missing(c: Context) -> Iterable[Advice]:
+    if c.t.zero_stage is not None or c.cpu:
+        return  # under DeepSpeed the worker runs its plain path, which uses neither
+    for pkg, what in FAST_KERNELS.items():
+        gpu_nodes = [(i, nf) for i, nf in c.node_facts() if nf.gpus and pkg in nf.versions
+                     and (pkg != "nvidia-cudnn-frontend" or _HOPPER_OR_NEWER.search(nf.gpu_model or ""))]
+        lacking = [i for i, nf in gpu_nodes if nf.versions[pkg] is None]
+        if not lacking:
+            continue
+        mixed = len(lacking) < len(gpu_nodes)
+        msg = f"{pkg} is not installed on node(s) {', '.join(map(str, lacking))}: no {what}"
+        if mixed:
+            msg += "; the other nodes have it, and every step waits for the slowest rank"
+        yield Advice("warning" if mixed else "info", "FAST_KERNEL_MISSING", msg,
+                     Fix(f"Install {pkg}", hint=f"pip install {pkg} (or qwen-tui's [gpu] extra) into the Python of "
+                         f"node {lacking[0]}"), node=lacking[0])
 
 
 def _file_rules(c: Context, what: str) -> Iterable[Advice]:

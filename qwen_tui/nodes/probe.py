@@ -19,7 +19,8 @@ from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]
-VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes")
+VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes", "liger-kernel",
+             "nvidia-cudnn-frontend")
 TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 
 SNIPPET = r'''

@@ -464,6 +464,8 @@ def test_attention_kernel_is_cudnn_only_where_it_can_run_with_bounded_plans(monk
     auto = _decide(argv=["--bf16"], device="cpu")
     assert auto.attention == "flash" and auto.why["attention_kernel"] == "n/a: no packed rows on CUDA"
     assert "attention flash" in auto.summary()
+    assert "LoRA input cast n/a" in auto.summary()  # full fine-tuning: no adapters, whatever the field holds
+    assert "LoRA input cast off" in _decide(argv=["--bf16", "--use_lora"]).summary()
     assert _decide(argv=["--attention_kernel", "flash"], device="cpu").why["attention_kernel"] == "as given"
     with pytest.raises(InputError, match="--attention_kernel cudnn needs a CUDA GPU"):
         _decide(argv=["--attention_kernel", "cudnn"], device="cpu")

@@ -194,6 +194,25 @@ def test_version_mismatch_and_missing_package():
     assert not {"VERSION_MISMATCH", "PACKAGE_MISSING"} & set(codes(preset(), same))
 
 
+def test_fast_kernel_missing_names_the_nodes_and_is_a_warning_only_when_nodes_differ():
+    p = preset(zero_stage=None)
+    f = facts(nodes=3)
+    f.nodes[2].gpus = [GPU(j, "NVIDIA A100-SXM4-80GB", 81920) for j in range(8)]  # not Hopper: cuDNN's is not for it
+    for nf in f.nodes.values():
+        nf.versions = {"torch": "2.11.0", "liger-kernel": "0.8.5", "nvidia-cudnn-frontend": None}
+    f.nodes[1].versions["liger-kernel"] = None
+    adv = {a.message.split()[0]: a for a in advise(p, f) if a.code == "FAST_KERNEL_MISSING"}
+    assert adv["liger-kernel"].level == "warning" and adv["liger-kernel"].node == 1
+    assert "node(s) 1:" in adv["liger-kernel"].message and "slowest rank" in adv["liger-kernel"].message
+    # no Hopper node has the frontend: the same kernels everywhere, so only information; the A100 is not named
+    cudnn = adv["nvidia-cudnn-frontend"]
+    assert cudnn.level == "info" and "node(s) 0, 1:" in cudnn.message and "pip install nvidia-cudnn-frontend" in cudnn.fix.hint
+    assert "FAST_KERNEL_MISSING" not in codes(preset(zero_stage=2), f)  # DeepSpeed's plain path uses neither
+    for nf in f.nodes.values():
+        nf.versions.update({"liger-kernel": "0.8.5", "nvidia-cudnn-frontend": "1.32.0"})
+    assert "FAST_KERNEL_MISSING" not in codes(p, f)
+
+
 def test_data_and_model_missing_or_different():
     f = facts()
     f.nodes[0].data = FileFact("/data/chat.jsonl", True, 100, "aa")
