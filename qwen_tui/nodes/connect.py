@@ -2,8 +2,15 @@
 
 `resolve_target` applies ssh_config the way OpenSSH does: what the preset says
 explicitly wins, then the first matching ssh_config value (HostName, User, Port,
-IdentityFile, ConnectTimeout, UserKnownHostsFile), then the defaults. localhost
-nodes get a LocalTransport (plain processes, no SSH).
+IdentityFile, ConnectTimeout, UserKnownHostsFile, ProxyJump), then the defaults.
+localhost nodes get a LocalTransport (plain processes, no SSH).
+
+ProxyJump `[user@]host[:port][,...]` is followed hop by hop, as `ssh -J` does: each
+hop's own ssh_config entry applies (HostName, User, Port, IdentityFile, and its own
+ProxyJump when it is the first hop), the hops' host keys are verified like the
+node's, and a loop or a chain longer than 8 hops is refused. ProxyCommand is
+refused with a clear error rather than ignored: it would run an arbitrary local
+command, and connecting directly instead would fail in a confusing way.
 """
 
 from __future__ import annotations
@@ -36,15 +43,72 @@ def _ssh_config(preset: Preset) -> Optional[paramiko.SSHConfig]:
         raise TransportError(f"cluster.ssh_config: cannot read {path}: {e}") from None
 
 
+MAX_JUMPS = 8
+
+
 def resolve_target(node: Node, preset: Preset, config: Optional[paramiko.SSHConfig] = None) -> SSHTarget:
-    c = preset.cluster
     cfg = dict(config.lookup(node.host)) if config is not None else {}
-    hostname = cfg.get("hostname", node.host)
     user = node.user or cfg.get("user") or getpass.getuser()
     if "port" in node.model_fields_set:
         port = node.port
     else:
-        port = int(cfg.get("port", node.port))
+        port = _port(cfg.get("port", node.port), node.label, node.host)
+    target = _target(node.label, node.host, cfg, user, port, preset)
+    target.jump = _jumps(node.label, node.host, cfg, preset, config)
+    return target
+
+
+def _port(value, label: str, host: str) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 0 < port < 65536:
+        raise TransportError(f"{label}: ssh_config gives {host} the port {value!r}, not a TCP port")
+    return port
+
+
+def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: Optional[paramiko.SSHConfig],
+           seen: frozenset = frozenset(), depth: int = 0) -> Optional[SSHTarget]:
+    """The ProxyJump chain in front of `host` as nested SSHTargets (the hop next to it outermost), or None.
+    As with `ssh -J a,b`: b is reached through a, and only the first hop's own ProxyJump is followed."""
+    if cfg.get("proxycommand", "none").lower() != "none":
+        raise TransportError(f"{label}: ssh_config gives {host} a ProxyCommand, which qwen-tui does not run; "
+                             "use ProxyJump (the same as ssh -J) for a jump host")
+    spec = cfg.get("proxyjump", "none").strip()
+    if spec.lower() == "none":
+        return None
+    hops = [h.strip() for h in spec.split(",")]
+    if "" in hops or depth + len(hops) > MAX_JUMPS:
+        raise TransportError(f"{label}: ssh_config ProxyJump {spec!r} for {host} is not a chain of 1 to "
+                             f"{MAX_JUMPS} [user@]host[:port] hops")
+    seen = seen | {host}
+    prev: Optional[SSHTarget] = None
+    for k, hop in enumerate(hops):
+        user, _, rest = hop.rpartition("@")
+        name, port_text = rest, None
+        if rest.startswith("["):  # [address]:port
+            name, _, tail = rest[1:].partition("]")
+            port_text = tail[1:] if tail.startswith(":") else None
+        elif rest.count(":") == 1:
+            name, port_text = rest.split(":")
+        if not name:
+            raise TransportError(f"{label}: ssh_config ProxyJump {spec!r} for {host} has no host in {hop!r}")
+        if name in seen:
+            raise TransportError(f"{label}: ssh_config ProxyJump {spec!r} for {host} loops back to {name}")
+        hcfg = dict(config.lookup(name)) if config is not None else {}
+        hlabel = f"{label} via jump host {name}"
+        port = _port(port_text if port_text is not None else hcfg.get("port", 22), hlabel, name)
+        t = _target(hlabel, name, hcfg, user or hcfg.get("user") or getpass.getuser(), port, preset)
+        t.jump = prev if k else _jumps(hlabel, name, hcfg, preset, config, seen | set(hops), depth + len(hops))
+        prev = t
+    return prev
+
+
+def _target(label: str, host: str, cfg: dict, user: str, port: int, preset: Preset) -> SSHTarget:
+    """One host's SSHTarget from its ssh_config entry and the preset's cluster settings (no jump)."""
+    c = preset.cluster
+    hostname = cfg.get("hostname", host)
     identities: list[str] = []
     if c.identity_file:
         identities = [c.identity_file]
@@ -57,7 +121,7 @@ def resolve_target(node: Node, preset: Preset, config: Optional[paramiko.SSHConf
     if "connect_timeout" not in c.model_fields_set and cfg.get("connecttimeout"):
         timeout = float(cfg["connecttimeout"])
     known = c.known_hosts or (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0]
-    return SSHTarget(label=node.label, hostname=hostname, port=port, user=user,
+    return SSHTarget(label=label, hostname=hostname, port=port, user=user,
                      identity_files=[os.path.expanduser(p) for p in identities],
                      known_hosts=os.path.expanduser(known), connect_timeout=timeout,
                      look_for_keys=look_for_keys)

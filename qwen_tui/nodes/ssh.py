@@ -59,11 +59,13 @@ class SSHTarget:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     look_for_keys: bool = True  # also try ~/.ssh/id_* and the agent when no IdentityFile is set
+    jump: Optional["SSHTarget"] = None  # ssh_config ProxyJump: reach this host through that one
 
     @property
     def address(self) -> str:
         who = f"{self.user}@" if self.user else ""
-        return f"{who}{self.hostname}:{self.port}"
+        via = f" via {self.jump.address}" if self.jump is not None else ""
+        return f"{who}{self.hostname}:{self.port}{via}"
 
 
 class AuthFailed(TransportError):
@@ -87,6 +89,7 @@ class SSHTransport:
         self._connect_lock = threading.Lock()
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
         self._home: Optional[str] = None
+        self._jump: Optional[SSHTransport] = None  # the ProxyJump host's connection, when there is one
 
     # ------------------------------------------------------------ connection
     def connect(self) -> "SSHTransport":
@@ -96,7 +99,13 @@ class SSHTransport:
             if not self._active():
                 with self._lock:
                     self._close_locked()
-                client = self._new_client()
+                try:
+                    client = self._new_client()
+                except BaseException:
+                    if self._jump is not None:  # the hop opened, the node did not: leave no connection behind
+                        self._jump.close()
+                        self._jump = None
+                    raise
                 with self._lock:
                     self._client = client
         return self
@@ -122,11 +131,13 @@ class SSHTransport:
         keys = [os.path.expanduser(k) for k in t.identity_files]
         keys = [k for k in keys if os.path.exists(k)]
         ct = t.connect_timeout
+        sock = self._jump_channel() if t.jump is not None else None
         try:
             client.connect(
                 t.hostname, port=t.port, username=t.user, password=self._password,
                 key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
-                channel_timeout=ct, allow_agent=t.look_for_keys, look_for_keys=t.look_for_keys and not keys)
+                channel_timeout=ct, allow_agent=t.look_for_keys, look_for_keys=t.look_for_keys and not keys,
+                sock=sock)
         except HostKeyError:
             client.close()
             raise
@@ -155,6 +166,24 @@ class SSHTransport:
             tr.set_keepalive(15)  # a node that dies is noticed even on an idle connection
         return client
 
+    def _jump_channel(self) -> paramiko.Channel:
+        """A TCP channel from the ProxyJump host to this node's sshd, as `ssh -J` opens one. The jump host is
+        logged into with keys or the agent only: this node's password is never sent to another host."""
+        t = self.target
+        assert t.jump is not None
+        if self._jump is not None:
+            self._jump.close()
+        self._jump = SSHTransport(t.jump, accept_new_host_keys=self._consent).connect()
+        try:
+            return self._jump._transport().open_channel(
+                "direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0), timeout=t.connect_timeout)
+        except paramiko.ChannelException as e:
+            raise Unreachable(f"{t.label}: the jump host {t.jump.address} cannot open a connection to "
+                              f"{t.hostname}:{t.port}: {e.text or e}") from None
+        except (paramiko.SSHException, socket.timeout, TimeoutError, OSError) as e:
+            raise Unreachable(f"{t.label}: no connection to {t.hostname}:{t.port} through the jump host "
+                              f"{t.jump.address}: {e}") from None
+
     def server_key(self) -> paramiko.PKey:
         """The host key this connection verified."""
         return self._transport().get_remote_server_key()
@@ -181,6 +210,9 @@ class SSHTransport:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._jump is not None:
+            self._jump.close()
+            self._jump = None
 
     # ------------------------------------------------------------ commands
     @staticmethod
