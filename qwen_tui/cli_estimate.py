@@ -61,8 +61,8 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "model": None, "error": None,
         "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
                 "source": c.gpu_memory_where or None},
-        "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps,
-        "efficiency": _r(effective_efficiency(RunShape.of(t), efficiency)),
+        "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps, "cpu": c.cpu,
+        "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [],
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
@@ -77,6 +77,9 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
                        else spec.lora_params(t.lora_r, t.lora_target_modules)}
     mem = estimate_memory(spec, t, w)
     report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
+    if c.cpu:
+        # The step-time model is one of GPU FLOPs and links: for CPU processes its figures would be fiction.
+        return report
     g = max(n.gpus for n in preset.cluster.nodes)
     kw = c.step_kwargs()
     n_max = max_nodes or max(4, len(preset.cluster.nodes))
@@ -106,25 +109,31 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
 
     con = Console()
     gpu = report["gpu"]
-    con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
-              f"GPU {gpu['name'] or '?'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'}); "
-              f"link {report['bandwidth_gbps'] or '?'} Gbit/s")
+    if report["cpu"]:
+        con.print(f"[bold]{preset_path}[/]: {report['world_size']} CPU process(es) on {report['nodes']} node(s); "
+                  "no step-time estimate (it models GPUs and their links only)")
+    else:
+        con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
+                  f"GPU {gpu['name'] or '?'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'}); "
+                  f"link {report['bandwidth_gbps'] or '?'} Gbit/s")
     if report["error"]:
         con.print(f"[yellow]{report['error']}[/]")
     m = report["gpu_memory_gb"]
     if m:
         mdl = report["model"]
         con.print(f"model {mdl['name']}: {mdl['params'] / 1e9:.2f} B parameters, {mdl['trainable_params'] / 1e6:,.1f} M trained")
-        tb = Table(title=f"Memory per GPU (GiB) at the peak: {m['phase']}")
+        tb = Table(title=f"Memory per {'process' if report['cpu'] else 'GPU'} (GiB) at the peak: {m['phase']}")
         for col in ("weights", "gradients", "optimizer", "activations", "logits", "overhead", "total"):
             tb.add_column(col, justify="right")
         tb.add_row(*(f"{m[k]:.2f}" for k in ("weights", "gradients", "optimizer", "activations", "logits",
                                               "overhead", "total")))
         con.print(tb)
         fits = m["fits"]
-        con.print("fits" if fits else "[red]does not fit[/]" if fits is False else "GPU memory unknown: pass --gpu",
-                  f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
-        s = report["step"]
+        if not report["cpu"]:
+            con.print("fits" if fits else "[red]does not fit[/]" if fits is False else "GPU memory unknown: pass --gpu",
+                      f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
+    s = report["step"]
+    if s is not None:
         con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, "
                   f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden), "
                   f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "

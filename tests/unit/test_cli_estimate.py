@@ -91,3 +91,16 @@ def test_estimate_never_writes_the_preset(tmp_path, capsys):
     before = p.stat().st_mtime_ns, p.read_bytes()
     run_json(capsys, p, "--gpu-memory-gib", "8")
     assert (p.stat().st_mtime_ns, p.read_bytes()) == before
+
+
+def test_a_cpu_run_gets_memory_but_no_gpu_speed_figures(capsys):
+    demo = REPO / "presets" / "local-demo.yaml"  # training.device: cpu
+    out = run_json(capsys, demo)
+    assert out["cpu"] is True and out["gpu_memory_gb"]["total"] > 0
+    assert out["step"] is None and out["step_time_s"] is None and out["tokens_per_second"] is None
+    assert out["scaling_efficiency"] == [] and out["efficiency"] is None
+    assert main(["estimate", str(demo)]) == 0
+    text = capsys.readouterr().out
+    assert "2 CPU process(es)" in text and "Memory per process" in text and "tokens/s" not in text
+    gpu = run_json(capsys, PRESET_14B, "--gpu", "H100")
+    assert gpu["cpu"] is False and gpu["step_time_s"] > 0
