@@ -214,6 +214,10 @@ class FinetuneRecipe:
             if unfit and a.attention_kernel == "cudnn":
                 raise InputError(f"--attention_kernel cudnn: {unfit} ({a.model_name_or_path}); use "
                                  "--attention_kernel flash")
+            if f.attention == "cudnn" and not unfit and a.attention_kernel == "auto":
+                unfit = self._cudnn_self_test()
+                if unfit:
+                    log.warning("%s; using FlashAttention 2", unfit)
             if unfit:  # the automatic choice, made before the model's shape was known
                 f.attention, f.why["attention_kernel"] = "flash", f"flash: {unfit}"
             use_packed_attention(self.model)
@@ -249,6 +253,14 @@ class FinetuneRecipe:
                      plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, f.packing_tokens)
         if f.packing and f.attention == "cudnn":
             self._warm_cudnn()
+
+    def _cudnn_self_test(self) -> str | None:
+        from training.fast.attention import cudnn_self_test
+
+        c, a = self.model_config, self.args
+        heads = int(c["num_attention_heads"])
+        return cudnn_self_test(heads, int(c.get("num_key_value_heads") or heads), self._head_dim(),
+                               torch.float16 if a.fp16 else torch.bfloat16, self.device, a.model_max_length)
 
     def _head_dim(self) -> int:
         c = self.model_config

@@ -491,6 +491,42 @@ def test_cudnn_takes_only_head_dimensions_it_was_measured_on():
     assert "not 100" in cudnn_shape_unfit(100) and "not 256" in cudnn_shape_unfit(256)
 
 
+def test_cudnn_self_test_passes_an_agreeing_kernel_and_names_a_failing_or_wrong_one():
+    """The self-test's logic with stand-in kernels (cuDNN needs a Hopper GPU): a kernel that agrees with the
+    reference passes, one that raises or computes something else is named, and the kernel is left at flash."""
+    import torch.nn.functional as F
+
+    from training.fast import attention as att
+
+    seen = []
+
+    def reference(q, k, v, cu, bound, scale):  # exact causal attention per record, GQA by repetition
+        seen.append(cu.tolist())
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        out = torch.zeros_like(q)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            if b > a:
+                out[a:b] = F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
+                                                          is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    def broken(*_):
+        raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] No valid engine configs\nmore")
+
+    def skewed(q, k, v, cu, bound, scale):
+        return reference(q, k, v, cu, bound, scale) * 1.2
+
+    args = (4, 2, 16, torch.float32, torch.device("cpu"), 64)
+    assert att.cudnn_self_test(*args, flash=reference, cudnn=reference) is None
+    assert seen == [[0, 5, 22, 64], [0, 5, 22, 64] + [64] * 13]  # cuDNN gets the record count bucketed to 16
+    why = att.cudnn_self_test(*args, flash=reference, cudnn=broken)
+    assert why == "cuDNN's attention failed its self-test (RuntimeError: cuDNN Frontend error: [cudnn_frontend] " \
+                  "No valid engine configs)"
+    assert "disagrees with FlashAttention 2 in its self-test (output: 0.2 relative)" in \
+        att.cudnn_self_test(*args, flash=reference, cudnn=skewed)
+    assert att._kernel == "flash"
+
+
 def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():
     from training.fast import attention as att
 

@@ -22,7 +22,9 @@ kernel_inputs() turns a row's boundaries into what the kernel is given:
   to 128, so nearly every new width built a backward plan mid-step, and its plan cache (128 entries,
   first in first out) turned over. bound_cudnn_totals() sizes every backward plan for the widest row
   the run can have: one plan per record count then serves every width, and warm_cudnn builds it.
-  With that bound cuDNN is the worker's automatic choice where it can run (cudnn_unfit; fastpath.decide).
+  With that bound cuDNN is the worker's automatic choice where it can run (cudnn_unfit; fastpath.decide),
+  for heads it takes (cudnn_shape_unfit) and once it has matched FlashAttention 2 on a small row
+  (cudnn_self_test); otherwise flash, with the reason in the fast-path summary.
 """
 
 from __future__ import annotations
@@ -92,6 +94,44 @@ def cudnn_shape_unfit(head_dim: int) -> str | None:
     128; the larger sizes cuDNN allows on Hopper were never measured here)."""
     if head_dim % 8 or head_dim > 128:
         return f"cuDNN's fused attention takes head dimensions of up to 128 in steps of 8, not {head_dim}"
+    return None
+
+
+def cudnn_self_test(heads_q: int, heads_kv: int, head_dim: int, dtype, device, bound: int,
+                    flash=None, cudnn=None) -> str | None:
+    """Why cuDNN's attention must not be the automatic choice after all, or None: runs it and FlashAttention 2 on
+    one small packed row (three records, forward and backward) and compares outputs and gradients. A frontend
+    that does not load against this torch's cuDNN, or computes something else, then costs a warning and flash,
+    not the run. `flash`/`cudnn` stand in for the kernels in tests."""
+    flash = flash or _flash_varlen
+    scale = head_dim ** -0.5
+    lens = [5, 17, 42]
+    bound = max(bound, max(lens))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device=device)
+    padded = torch.cat([cu, cu[-1:].expand(record_bucket(len(lens)) - len(lens))])
+    g = torch.Generator(device="cpu").manual_seed(0)
+    shapes = [(sum(lens), heads_q, head_dim), (sum(lens), heads_kv, head_dim), (sum(lens), heads_kv, head_dim)]
+    inputs = [torch.randn(sh, generator=g).to(device=device, dtype=dtype) for sh in shapes]
+    dout = torch.randn(shapes[0], generator=g).to(device=device, dtype=dtype)
+    results = []
+    try:
+        if cudnn is None:
+            set_kernel("cudnn")  # registers the frontend's ops; an ImportError here is a finding too
+            cudnn = _cudnn_varlen
+        for fn, boundaries in ((flash, cu), (cudnn, padded)):
+            q, k, v = (t.clone().requires_grad_(True) for t in inputs)
+            out = fn(q, k, v, boundaries, bound, scale)
+            out.backward(dout)
+            results.append([out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()])
+    except Exception as e:  # whatever the frontend raises (its own error classes too) rules it out: said, not hidden
+        first = (str(e).splitlines() or [""])[0][:200]
+        return f"cuDNN's attention failed its self-test ({type(e).__name__}: {first})"
+    finally:
+        set_kernel("flash")  # the caller sets the kernel it settles on
+    for name, ref, got in zip(("output", "dq", "dk", "dv"), *results):
+        err = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+        if not err <= 0.05:  # bf16 rounding is ~1e-2 of the largest value at most; NaN fails too
+            return f"cuDNN's attention disagrees with FlashAttention 2 in its self-test ({name}: {err:.2g} relative)"
     return None
 
 
