@@ -518,7 +518,7 @@ def test_cudnn_self_test_passes_an_agreeing_kernel_and_names_a_failing_or_wrong_
 
     args = (4, 2, 16, torch.float32, torch.device("cpu"), 64)
     assert att.cudnn_self_test(*args, flash=reference, cudnn=reference) is None
-    assert seen == [[0, 5, 22, 64], [0, 5, 22, 64] + [64] * 13]  # cuDNN gets the record count bucketed to 16
+    assert seen == [[0, 5, 22, 64, 128], [0, 5, 22, 64, 128] + [128] * 12]  # cuDNN gets the record count bucketed to 16
     why = att.cudnn_self_test(*args, flash=reference, cudnn=broken)
     assert why == "cuDNN's attention failed its self-test (RuntimeError: cuDNN Frontend error: [cudnn_frontend] " \
                   "No valid engine configs)"

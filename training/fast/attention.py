@@ -100,12 +100,12 @@ def cudnn_shape_unfit(head_dim: int) -> str | None:
 def cudnn_self_test(heads_q: int, heads_kv: int, head_dim: int, dtype, device, bound: int,
                     flash=None, cudnn=None) -> str | None:
     """Why cuDNN's attention must not be the automatic choice after all, or None: runs it and FlashAttention 2 on
-    one small packed row (three records, forward and backward) and compares outputs and gradients. A frontend
+    one small packed row (four records, forward and backward) and compares outputs and gradients. A frontend
     that does not load against this torch's cuDNN, or computes something else, then costs a warning and flash,
     not the run. `flash`/`cudnn` stand in for the kernels in tests."""
     flash = flash or _flash_varlen
     scale = head_dim ** -0.5
-    lens = [5, 17, 42]
+    lens = [5, 17, 42, 64]  # 128 tokens, as wide as a packed row is rounded to; the last as its padding tail
     bound = max(bound, max(lens))
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device=device)
     padded = torch.cat([cu, cu[-1:].expand(record_bucket(len(lens)) - len(lens))])
