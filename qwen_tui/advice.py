@@ -321,7 +321,7 @@ def ckpt_unneeded(c: Context) -> Iterable[Advice]:
 
 @rule
 def zero_not_needed(c: Context) -> Iterable[Advice]:
-    """DeepSpeed turns the worker's fast path off (its engine runs a fixed number of padded micro-batches):
+    """DeepSpeed turns most of the worker's fast path off (its engine runs a fixed number of padded micro-batches):
     where the model states fit every GPU without ZeRO, plain DDP keeps packing, compiled layers and the fused
     loss. Said only where the estimate, network included, has DDP clearly faster."""
     if not _memory_rules_apply(c) or c.t.zero_stage is None:
@@ -340,7 +340,8 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
     if c.t.offload != "none":
         changes["training.offload"] = "none"
     yield Advice("warning", "ZERO_NOT_NEEDED",
-                 f"ZeRO-{c.t.zero_stage} turns the worker's fast path off (packing, compiled layers, fused loss), "
+                 f"ZeRO-{c.t.zero_stage} turns the worker's fast path off (packing, compiled layers"
+                 f"{', fused loss' if c.t.zero_stage >= 3 else ''}), "
                  f"yet without ZeRO the model fits each GPU ({_gb(ddp_mem.total)} of {_gb(gib)}): plain DDP is "
                  f"estimated ~{ds.step_time_s / ddp.step_time_s:.1f}x faster per step "
                  f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s)",
@@ -548,9 +549,11 @@ _HOPPER_OR_NEWER = re.compile(r"\b(G?H\d{2,3}|G?B\d{3})\b")  # H100, H200, H800,
 
 @rule
 def fast_kernel_missing(c: Context) -> Iterable[Advice]:
-    if c.t.zero_stage is not None or c.cpu:
-        return  # under DeepSpeed the worker runs its plain path, which uses neither
+    if c.cpu or (c.t.zero_stage or 0) >= 3:
+        return  # under ZeRO-3 the worker runs its plain path, which uses neither
     for pkg, what in FAST_KERNELS.items():
+        if pkg == "nvidia-cudnn-frontend" and c.t.zero_stage is not None:
+            continue  # attention of packed rows, and DeepSpeed runs padded micro-batches
         gpu_nodes = [(i, nf) for i, nf in c.node_facts() if nf.gpus and pkg in nf.versions
                      and (pkg != "nvidia-cudnn-frontend" or _HOPPER_OR_NEWER.search(nf.gpu_model or ""))]
         lacking = [i for i, nf in gpu_nodes if nf.versions[pkg] is None]

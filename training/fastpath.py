@@ -81,9 +81,11 @@ def _cudnn_unfit() -> str | None:
     return cudnn_unfit()
 
 
-def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
-    """The fast-path switches for this run; raises InputError for an explicit choice that cannot work."""
+def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> FastChoice:
+    """The fast-path switches for this run; raises InputError for an explicit choice that cannot work.
+    zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (ZeRO-3 partitions the LM head's weight)."""
     cuda = device.type == "cuda"
+    zero3 = deepspeed and zero_stage >= 3
     why = {}
     # Packing.
     if args.packing is None:
@@ -103,8 +105,8 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
     # Cross-entropy.
     liger_ok = cuda and importlib.util.find_spec("liger_kernel") is not None
     if args.fused_ce == "auto":
-        if deepspeed:
-            ce, why["fused_ce"] = "hf", "off under --deepspeed (the loss runs inside its engine)"
+        if zero3:
+            ce, why["fused_ce"] = "hf", "off under ZeRO-3 (the LM head's weight is partitioned; transformers' loss gathers it)"
         elif liger_ok:
             ce, why["fused_ce"] = "liger", "liger: CUDA and liger-kernel installed"
         else:
@@ -114,9 +116,9 @@ def decide(args, device: torch.device, deepspeed: bool) -> FastChoice:
         ce = "plain" if packing else "hf"
         why["fused_ce"] = "off as given" + (" (full logits, summed over the packed row)" if packing else "")
     else:
-        if deepspeed:
-            raise InputError(f"--fused_ce {args.fused_ce} does not work with --deepspeed (the loss runs inside its "
-                             "engine); use --fused_ce off or auto")
+        if zero3:
+            raise InputError(f"--fused_ce {args.fused_ce} does not work with ZeRO-3 (the LM head's weight is "
+                             "partitioned across ranks); use --fused_ce off or auto, or ZeRO-2")
         if args.fused_ce == "liger" and not liger_ok:
             raise InputError("--fused_ce liger needs a CUDA GPU and the liger-kernel package; --fused_ce chunked "
                              "runs anywhere")

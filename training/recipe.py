@@ -73,7 +73,7 @@ class FinetuneRecipe:
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
-        self.fast = fastpath.decide(a, self.device, bool(a.deepspeed))
+        self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
@@ -371,7 +371,10 @@ class FinetuneRecipe:
     def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
         """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own."""
         if self.loss_module is not None:
-            # DDP wraps the loss module; evaluation goes around it (no gradient sync).
+            # DDP wraps the loss module; evaluation goes around it (no gradient sync). Under ZeRO-1/2 the loss
+            # module calls the engine's module itself: those stages reduce gradients from hooks on the
+            # parameters, so nothing in the engine's forward is needed (ZeRO-3, whose forward gathers
+            # weights, keeps transformers' loss: fastpath.decide).
             module = self.ddp if (train and self.ddp is not None) else self.loss_module
             with self._autocast():
                 loss_sum, _ = module(batch)

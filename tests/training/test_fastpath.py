@@ -229,6 +229,20 @@ def test_labelled_logits_switch_is_decided_with_packing_and_refused_without():
         _decide(argv=["--no_packing", "--labelled_logits_only"], device="cpu")
 
 
+def test_the_fused_loss_runs_under_zero_1_and_2_but_not_zero_3():
+    from training.errors import InputError
+
+    for stage in (1, 2):  # padded micro-batches through the engine's module, without the full logits
+        z = decide_for(["--use_lora"], "cpu", deepspeed=True, zero_stage=stage)
+        assert z.ce == "chunked" and not z.packing and z.our_loss
+    z3 = decide_for(["--use_lora"], "cpu", deepspeed=True, zero_stage=3)
+    assert z3.ce == "hf" and z3.why["fused_ce"].startswith("off under ZeRO-3") and not z3.our_loss
+    assert decide_for(["--fused_ce", "off"], "cpu", deepspeed=True, zero_stage=2).ce == "hf"
+    assert decide_for(["--fused_ce", "chunked"], "cpu", deepspeed=True, zero_stage=2).ce == "chunked"
+    with pytest.raises(InputError, match="--fused_ce chunked does not work with ZeRO-3"):
+        decide_for(["--fused_ce", "chunked"], "cpu", deepspeed=True, zero_stage=3)
+
+
 # ------------------------------------------------------------------ the whole path, 50 steps
 
 

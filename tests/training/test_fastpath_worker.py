@@ -134,7 +134,7 @@ def test_fast_path_over_torchrun_pads_ranks_to_the_same_rows(tmp_path, files, pl
 
 @pytest.mark.parametrize("extra,message", [
     (["--deepspeed", "builtin:zero2", "--packing"], "--packing does not work with --deepspeed"),
-    (["--deepspeed", "builtin:zero2", "--fused_ce", "chunked"], "does not work with --deepspeed"),
+    (["--deepspeed", "builtin:zero3", "--fused_ce", "chunked"], "--fused_ce chunked does not work with ZeRO-3"),
     (["--fused_ce", "liger"], "--fused_ce liger needs a CUDA GPU"),
     (["--auto_micro_batch"], "--auto_micro_batch measures CUDA memory"),
     (["--no_packing", "--packing_tokens", "512"], "they need packing"),

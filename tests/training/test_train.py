@@ -112,15 +112,19 @@ def test_full_model_reloads_with_the_same_loss(full_run, files):
     assert eval_loss_of(model, tok, files["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-5)
 
 
-@pytest.mark.parametrize("config,batch", [("zero2", ["2", "2"]), ("zero3", ["4", "1"])])
-def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch):
-    """ZeRO over 2 processes with the same global batch of 8 reproduces the plain single-process curve."""
+@pytest.mark.parametrize("config,batch,loss", [("zero2", ["2", "2"], "chunked"), ("zero2", ["4", "1"], "hf"),
+                                               ("zero3", ["4", "1"], "hf")])
+def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, loss):
+    """ZeRO over 2 processes with the same global batch of 8 reproduces the plain single-process curve, with
+    the fused (chunked) loss under ZeRO-2 by default and with transformers' own loss (ZeRO-3, --fused_ce off)."""
     run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
                      f"builtin:{config}", "--per_device_train_batch_size", batch[0],
-                     "--gradient_accumulation_steps", batch[1], nproc=2)
+                     "--gradient_accumulation_steps", batch[1], *(["--fused_ce", "off"] if config == "zero2" and
+                                                                 loss == "hf" else []), nproc=2)
     assert_ok(run)
     start = run.records[0]
     assert start["world_size"] == 2 and start["zero_stage"] == int(config[-1]) and start["global_batch_size"] == 8
+    assert start["fast_path"]["ce"] == loss and not start["fast_path"]["packing"]
     # Records over --model_max_length are counted in the start record and logged, not silently cut.
     assert start["truncated_records"] == over_128_tokens(files) > 0
     assert f"{start['truncated_records']} record(s) longer than --model_max_length 128 were truncated" in run.stderr

@@ -24,7 +24,7 @@ def demo_records(n: int | None = None) -> list[dict]:
     return build()[:n] if n else build()
 
 
-def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False):
+def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False, zero_stage: int = 2):
     """training.fastpath.decide for these worker flags (the required ones filled in) on this device type."""
     import torch
 
@@ -32,7 +32,7 @@ def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False):
     from training.fastpath import decide
 
     base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
-    return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed)
+    return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed, zero_stage)
 
 
 def run_interpreted(script: str, timeout: float = 600) -> dict:
