@@ -321,9 +321,9 @@ def ckpt_unneeded(c: Context) -> Iterable[Advice]:
 
 @rule
 def zero_not_needed(c: Context) -> Iterable[Advice]:
-    """DeepSpeed turns most of the worker's fast path off (its engine runs a fixed number of padded micro-batches):
-    where the model states fit every GPU without ZeRO, plain DDP keeps packing, compiled layers and the fused
-    loss. Said only where the estimate, network included, has DDP clearly faster."""
+    """DeepSpeed turns part of the worker's fast path off (ZeRO-1/2: compiled layers and the memory probe's row
+    sizing; ZeRO-3 also packing and the fused loss): where the model states fit every GPU without ZeRO, plain
+    DDP keeps all of it. Said only where the estimate, network included, has DDP clearly faster."""
     if not _memory_rules_apply(c) or c.t.zero_stage is None:
         return
     gib = c.gpu_memory_gib
@@ -340,8 +340,9 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
     if c.t.offload != "none":
         changes["training.offload"] = "none"
     yield Advice("warning", "ZERO_NOT_NEEDED",
-                 f"ZeRO-{c.t.zero_stage} turns the worker's fast path off (packing, compiled layers"
-                 f"{', fused loss' if c.t.zero_stage >= 3 else ''}), "
+                 f"ZeRO-{c.t.zero_stage} turns the worker's fast path off ("
+                 + ("packing, compiled layers, fused loss" if c.t.zero_stage >= 3 else "compiled layers, row sizing")
+                 + "), "
                  f"yet without ZeRO the model fits each GPU ({_gb(ddp_mem.total)} of {_gb(gib)}): plain DDP is "
                  f"estimated ~{ds.step_time_s / ddp.step_time_s:.1f}x faster per step "
                  f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s)",
@@ -538,7 +539,7 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
                          if pkg != "python" else "use the same Python on every node (cluster.nodes[].python)"))
 
 
-# The worker's fast path (no DeepSpeed) picks these up by itself where they are installed (training.fastpath);
+# The worker's fast path (no DeepSpeed, or ZeRO-1/2) picks these up by itself where installed (training.fastpath);
 # bench/results/train_speed-2026-11-30-H200.md measured what each is worth on an H200.
 FAST_KERNELS = {
     "liger-kernel": "Liger's fused loss (without it the worker runs its own chunked loss, slower)",
@@ -550,10 +551,8 @@ _HOPPER_OR_NEWER = re.compile(r"\b(G?H\d{2,3}|G?B\d{3})\b")  # H100, H200, H800,
 @rule
 def fast_kernel_missing(c: Context) -> Iterable[Advice]:
     if c.cpu or (c.t.zero_stage or 0) >= 3:
-        return  # under ZeRO-3 the worker runs its plain path, which uses neither
+        return  # under ZeRO-3 the worker runs its plain path (padded, transformers' loss), which uses neither
     for pkg, what in FAST_KERNELS.items():
-        if pkg == "nvidia-cudnn-frontend" and c.t.zero_stage is not None:
-            continue  # attention of packed rows, and DeepSpeed runs padded micro-batches
         gpu_nodes = [(i, nf) for i, nf in c.node_facts() if nf.gpus and pkg in nf.versions
                      and (pkg != "nvidia-cudnn-frontend" or _HOPPER_OR_NEWER.search(nf.gpu_model or ""))]
         lacking = [i for i, nf in gpu_nodes if nf.versions[pkg] is None]

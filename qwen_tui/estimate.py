@@ -77,8 +77,9 @@ Step time (`estimate_step`, `scaling`)
   layers, cuDNN attention, LM head on supervised positions only), which
   measured 0.52-0.57 on one H200 for 7B LoRA and 1.5B full
   (bench/results/train_speed-2026-11-30-H200.md, runs 18-20), so 0.53; under
-  DeepSpeed it runs the plain path, assumed 0.35 (not measured; the stock HF
-  Trainer recipe measured 0.04-0.12 there, padding included). Q-LoRA runs at
+  DeepSpeed 0.35 is assumed (not measured; ZeRO-1/2 pack rows and run the fused
+  loss but compile nothing, ZeRO-3 runs the plain path; the stock HF Trainer
+  recipe measured 0.04-0.12 there, padding included). Q-LoRA runs at
   0.8x (4-bit dequantisation in every matmul: 0.83x LoRA's tokens/s, run20).
 - Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
   NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves

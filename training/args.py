@@ -115,9 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = p.add_argument_group(
         "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "
-        "log say what was chosen and why); every one can be turned off. Under --deepspeed the automatic choice is the "
-        "plain path (DeepSpeed runs a fixed number of padded micro-batches per step through its own engine), except "
-        "the fused loss under ZeRO-1/2.")
+        "log say what was chosen and why); every one can be turned off. Under --deepspeed: ZeRO-1/2 keep packing and "
+        "the fused loss (rows of --per_device_train_batch_size x --model_max_length tokens) but not compiled layers; "
+        "ZeRO-3, which partitions the LM head, runs the plain path.")
     _switch(f, "packing",
             on="pack each optimizer step's records end to end into rows (no padding; positions restart per "
                "record and no token attends across records). Default: on where the attention supports packed "
@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fused_ce", default="auto", choices=["auto", "liger", "chunked", "off"],
                    help="cross-entropy without the full logits: Liger's fused linear cross-entropy (CUDA, needs "
                    "liger-kernel) or a chunked torch version (any device); off = transformers' own loss (full "
-                   "logits). Default auto: liger where available, else chunked (also under DeepSpeed ZeRO-1/2, where "
-                   "it runs on padded micro-batches); off under ZeRO-3, which partitions the LM head's weight")
+                   "logits). Default auto: liger where available, else chunked (also under DeepSpeed ZeRO-1/2); off "
+                   "under ZeRO-3, which partitions the LM head's weight")
     _switch(f, "compile",
             on="torch.compile each decoder layer (one graph shared by all layers). Default: on for CUDA "
                "(with Triton), off on CPU and under --deepspeed",

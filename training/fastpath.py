@@ -89,18 +89,21 @@ def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> 
     why = {}
     # Packing.
     if args.packing is None:
-        if deepspeed:
-            packing, why["packing"] = False, "off under --deepspeed (its engine runs a fixed number of micro-batches a step)"
+        if zero3:
+            packing = False
+            why["packing"] = "off under ZeRO-3 (packed rows need the worker's loss; ZeRO-3 partitions the LM head)"
         elif cuda and not _varlen_available():
             packing, why["packing"] = False, "off: this torch has no flash varlen attention for packed rows"
         else:
             packing = True
             why["packing"] = "on: varlen attention of packed rows" if cuda else "on: per-record attention on CPU"
+            if deepspeed:  # the engine is told which row ends the step (Recipe._train_loop), however many there are
+                why["packing"] += " (ZeRO-1/2: the rows of a step end it, not a micro-batch count)"
     else:
         packing = bool(args.packing)
-        if packing and deepspeed:
-            raise InputError("--packing does not work with --deepspeed (DeepSpeed runs a fixed number of micro-batches "
-                             "a step through its engine); drop one of them")
+        if packing and zero3:
+            raise InputError("--packing does not work with ZeRO-3 (packed rows need the worker's own loss, and ZeRO-3 "
+                             "partitions the LM head's weight); use ZeRO-2 or plain DDP, or drop --packing")
         why["packing"] = "as given"
     # Cross-entropy.
     liger_ok = cuda and importlib.util.find_spec("liger_kernel") is not None
@@ -140,11 +143,17 @@ def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> 
         fused, why["fused_adamw"] = bool(args.fused_adamw), "as given"
     # The memory probe.
     if args.auto_micro_batch is None:
-        auto = cuda and packing and args.packing_tokens is None
-        why["auto_micro_batch"] = ("on: CUDA with packing" if auto else "off: needs CUDA and packing" if args.packing_tokens is None
-                                   else "off: --packing_tokens given")
+        auto = cuda and packing and args.packing_tokens is None and not deepspeed
+        why["auto_micro_batch"] = ("on: CUDA with packing" if auto else "off: --packing_tokens given"
+                                   if args.packing_tokens is not None else
+                                   "off under --deepspeed (the probe runs before the engine builds its optimizer "
+                                   "states): rows of --per_device_train_batch_size x --model_max_length tokens"
+                                   if deepspeed and packing else "off: needs CUDA and packing")
     else:
         auto = bool(args.auto_micro_batch)
+        if auto and deepspeed:
+            raise InputError("--auto_micro_batch does not work with --deepspeed (it measures memory before the engine "
+                             "builds its optimizer states); set --packing_tokens or leave it to the micro-batch size")
         if auto and not (cuda and packing):
             raise InputError("--auto_micro_batch measures CUDA memory for packed rows: it needs a CUDA GPU and packing")
         if auto and args.packing_tokens is not None:

@@ -442,6 +442,10 @@ class FinetuneRecipe:
                     lr = self._current_lr()
                 for i, batch in enumerate(micro):
                     last = i == len(micro) - 1
+                    if self.engine is not None and self.fast.packing:
+                        # A packed step has as many rows as its records need (the same on every rank), not the
+                        # configured accumulation count: the engine is told which one ends the step.
+                        self.engine.set_gradient_accumulation_boundary(last)
                     sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
                     with sync:
                         with mark("step: forward"):

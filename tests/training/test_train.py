@@ -112,19 +112,24 @@ def test_full_model_reloads_with_the_same_loss(full_run, files):
     assert eval_loss_of(model, tok, files["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-5)
 
 
-@pytest.mark.parametrize("config,batch,loss", [("zero2", ["2", "2"], "chunked"), ("zero2", ["4", "1"], "hf"),
-                                               ("zero3", ["4", "1"], "hf")])
-def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, loss):
-    """ZeRO over 2 processes with the same global batch of 8 reproduces the plain single-process curve, with
-    the fused (chunked) loss under ZeRO-2 by default and with transformers' own loss (ZeRO-3, --fused_ce off)."""
+@pytest.mark.parametrize("config,batch,extra,loss,packing", [
+    ("zero2", ["2", "2"], [], "chunked", True),  # the default under ZeRO-1/2: packed rows, the fused loss
+    ("zero2", ["4", "1"], ["--no_packing"], "chunked", False),  # the fused loss on padded micro-batches
+    ("zero2", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),  # transformers' loss
+    ("zero3", ["4", "1"], [], "hf", False),  # the default under ZeRO-3
+], ids=["zero2-packed", "zero2-padded", "zero2-hf", "zero3"])
+def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, extra, loss, packing):
+    """ZeRO over 2 processes with the same global batch of 8 reproduces the plain single-process curve: packed
+    rows with the fused (chunked) loss under ZeRO-2, padded micro-batches with either loss, and ZeRO-3."""
     run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
                      f"builtin:{config}", "--per_device_train_batch_size", batch[0],
-                     "--gradient_accumulation_steps", batch[1], *(["--fused_ce", "off"] if config == "zero2" and
-                                                                 loss == "hf" else []), nproc=2)
+                     "--gradient_accumulation_steps", batch[1], *extra, nproc=2)
     assert_ok(run)
     start = run.records[0]
     assert start["world_size"] == 2 and start["zero_stage"] == int(config[-1]) and start["global_batch_size"] == 8
-    assert start["fast_path"]["ce"] == loss and not start["fast_path"]["packing"]
+    assert start["fast_path"]["ce"] == loss and start["fast_path"]["packing"] is packing
+    if packing:  # steps of one row, not the 2 configured micro-batches: the engine's step ends with the rows
+        assert any(r["micro_batches"] == 1 for r in run.steps), [r["micro_batches"] for r in run.steps]
     # Records over --model_max_length are counted in the start record and logged, not silently cut.
     assert start["truncated_records"] == over_128_tokens(files) > 0
     assert f"{start['truncated_records']} record(s) longer than --model_max_length 128 were truncated" in run.stderr
