@@ -60,8 +60,9 @@ class FastChoice:
 
         parts = [f"packing {on(self.packing)}" + (f" ({self.packing_tokens} tokens a row)" if self.packing else ""),
                  f"loss {self.ce}", f"compile {on(self.compile)}", f"fused AdamW {on(self.fused_adamw)}",
-                 f"auto micro-batch {on(self.auto_micro_batch)}", f"LoRA input cast {on(self.lora_input_cast, 'lora_input_cast')}",
-                 f"attention {self.attention}", f"fused LoRA dropout {on(self.fused_lora_dropout, 'fused_lora_dropout')}",
+                 f"auto micro-batch {on(self.auto_micro_batch)}",
+                 f"LoRA input cast {on(self.lora_input_cast, 'lora_input_cast')}", f"attention {self.attention}",
+                 f"fused LoRA dropout {on(self.fused_lora_dropout, 'fused_lora_dropout')}",
                  f"labelled logits only {on(self.labelled_logits)}",
                  f"overlapped steps {on(self.overlap_steps)}",
                  f"expandable segments {on(self.expandable_segments)}",

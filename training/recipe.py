@@ -210,7 +210,7 @@ class FinetuneRecipe:
         if f.packing:
             from training.fast.attention import cudnn_shape_unfit, set_kernel, use_packed_attention
 
-            unfit = cudnn_shape_unfit(self._head_dim()) if f.attention == "cudnn" else None
+            unfit = cudnn_shape_unfit(self._attention_shape()[2]) if f.attention == "cudnn" else None
             if unfit and a.attention_kernel == "cudnn":
                 raise InputError(f"--attention_kernel cudnn: {unfit} ({a.model_name_or_path}); use "
                                  "--attention_kernel flash")
@@ -218,7 +218,7 @@ class FinetuneRecipe:
                 unfit = self._cudnn_self_test()
                 if unfit:
                     log.warning("%s; using FlashAttention 2", unfit)
-            if unfit:  # the automatic choice, made before the model's shape was known
+            if unfit:  # the automatic choice was made before the model's shape was known, or failed its self-test
                 f.attention, f.why["attention_kernel"] = "flash", f"flash: {unfit}"
             use_packed_attention(self.model)
             set_kernel(f.attention)
@@ -257,28 +257,30 @@ class FinetuneRecipe:
     def _cudnn_self_test(self) -> str | None:
         from training.fast.attention import cudnn_self_test
 
-        c, a = self.model_config, self.args
-        heads = int(c["num_attention_heads"])
-        return cudnn_self_test(heads, int(c.get("num_key_value_heads") or heads), self._head_dim(),
-                               torch.float16 if a.fp16 else torch.bfloat16, self.device, a.model_max_length)
+        a = self.args
+        return cudnn_self_test(*self._attention_shape(), self._attention_dtype(), self.device, a.model_max_length)
 
-    def _head_dim(self) -> int:
+    def _attention_shape(self) -> tuple[int, int, int]:
+        """(query heads, key/value heads, head dimension) of the model's attention."""
         c = self.model_config
-        return int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
+        heads = int(c["num_attention_heads"])
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        return heads, int(c.get("num_key_value_heads") or heads), head_dim
+
+    def _attention_dtype(self) -> torch.dtype:
+        # The attention runs in 16 bits (training.fast.attention), fp32 weights or not.
+        return torch.float16 if self.args.fp16 else torch.bfloat16
 
     def _warm_cudnn(self) -> None:
         """cuDNN's attention plans for every record count a packed row can have, before the first step."""
         from training.fast.attention import bound_cudnn_totals, record_bucket, warm_cudnn
 
         bound_cudnn_totals(self.fast.packing_tokens)  # one backward plan per record count, for every row width
-        c, a = self.model_config, self.args
-        heads, head_dim = int(c["num_attention_heads"]), self._head_dim()
+        a = self.args
         items = getattr(self.train_ds, "items", None)  # tokenized up front; a lazy data set has no lengths yet
         shortest = min((len(e.input_ids) for e in items), default=1) if items is not None else 16
         most = record_bucket(self.fast.packing_tokens // max(shortest, 1) + 2)  # + the padding tail's segments
-        dtype = torch.float16 if a.fp16 else torch.bfloat16  # the attention runs in 16 bits (training.fast.attention)
-        n, secs = warm_cudnn(heads, int(c.get("num_key_value_heads") or heads), head_dim, dtype, self.device,
-                             a.model_max_length, most)
+        n, secs = warm_cudnn(*self._attention_shape(), self._attention_dtype(), self.device, a.model_max_length, most)
         log.info("cuDNN attention: plans for rows of up to %d records (%d sizes) built in %.1f s", most, n, secs)
 
     def trainable_params(self) -> list[torch.nn.Parameter]:
