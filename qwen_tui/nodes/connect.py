@@ -140,10 +140,33 @@ def connect_all(preset: Preset, *, accept_new_host_keys: Consent = False,
                 password: Optional[str] = None, timeout: Optional[float] = None) -> NodeResults:
     """Connect to every node in parallel: node index -> Transport | exception."""
     nodes = preset.cluster.nodes
-    bound = timeout or preset.cluster.connect_timeout * 3 + 5  # TCP + banner + auth
+    # TCP + banner + auth, once for the node and once for each ProxyJump hop in front of it
+    bound = timeout or preset.cluster.connect_timeout * 3 * (1 + _most_hops(preset)) + 5
     return on_nodes(lambda i: transport_for(nodes[i], preset, accept_new_host_keys=accept_new_host_keys,
                                             password=password),
                     range(len(nodes)), timeout=bound, labels={i: n.label for i, n in enumerate(nodes)})
+
+
+def _most_hops(preset: Preset) -> int:
+    """The longest ProxyJump chain in front of any node (a node whose ssh_config cannot be used counts 0: its
+    own connection attempt reports why)."""
+    most = 0
+    try:
+        config = _ssh_config(preset)
+    except TransportError:
+        return 0
+    for node in preset.cluster.nodes:
+        if node.is_local:
+            continue
+        try:
+            t = resolve_target(node, preset, config).jump
+        except TransportError:
+            continue
+        n = 0
+        while t is not None:
+            n, t = n + 1, t.jump
+        most = max(most, n)
+    return most
 
 
 def close_all(transports: NodeResults | dict) -> None:

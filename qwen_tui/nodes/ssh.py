@@ -170,9 +170,7 @@ class SSHTransport:
         """A TCP channel from the ProxyJump host to this node's sshd, as `ssh -J` opens one. The jump host is
         logged into with keys or the agent only: this node's password is never sent to another host."""
         t = self.target
-        assert t.jump is not None
-        if self._jump is not None:
-            self._jump.close()
+        assert t.jump is not None and self._jump is None  # connect() closed the last one
         self._jump = SSHTransport(t.jump, accept_new_host_keys=self._consent).connect()
         try:
             return self._jump._transport().open_channel(

@@ -81,3 +81,19 @@ def test_a_chain_longer_than_the_bound_is_refused():
     nested = "".join(f"Host h{i}\n    ProxyJump h{i + 1}\n" for i in range(MAX_JUMPS + 2))
     with pytest.raises(TransportError, match="not a chain of 1 to 8"):
         _resolve("h0", nested)
+
+
+def test_the_connect_bound_grows_with_the_longest_jump_chain(tmp_path):
+    from qwen_tui.nodes.connect import _most_hops
+
+    cfg = tmp_path / "config"
+    cfg.write_text(CONFIG)
+
+    def preset_of(*hosts):
+        return Preset.model_validate({
+            "cluster": {"nodes": [{"host": h, "gpus": 1} for h in hosts], "ssh_config": str(cfg)},
+            "training": {"model": "builtin:tiny", "data": "builtin:demo-chat"}})
+
+    assert _most_hops(preset_of("plain", "gpu3")) == 1
+    assert _most_hops(preset_of("plain", "gpu2", "pc")) == 3  # gw, bastion, and bastion's own outer; pc: its error
+    assert _most_hops(preset_of("localhost", "plain")) == 0
