@@ -59,17 +59,11 @@ def varlen_available() -> bool:
 def cudnn_available() -> bool:
     """cuDNN's varlen attention: the cudnn-frontend package (`import cudnn`) on a CUDA device of compute
     capability 9.0 or newer (Hopper), where its fused kernels run."""
-    import importlib.util
-
-    if not torch.cuda.is_available() or importlib.util.find_spec("cudnn") is None:
-        return False
-    return torch.cuda.get_device_capability()[0] >= 9
+    return _cudnn_missing() is None
 
 
-def cudnn_unfit() -> str | None:
-    """Why cuDNN's attention is not the automatic choice on this machine, or None where it is: it needs
-    cudnn_available() and a frontend whose backward plans bound_cudnn_totals can size for the widest row
-    (without that, plans are built per row width mid-step and cuDNN measured no faster than flash)."""
+def _cudnn_missing() -> str | None:
+    """What this machine lacks for cuDNN's varlen attention, or None."""
     import importlib.util
 
     if not torch.cuda.is_available():
@@ -79,6 +73,16 @@ def cudnn_unfit() -> str | None:
         return f"cuDNN's fused varlen attention needs a Hopper or newer GPU (this one is sm_{major}{minor})"
     if importlib.util.find_spec("cudnn") is None:
         return "no nvidia-cudnn-frontend installed"
+    return None
+
+
+def cudnn_unfit() -> str | None:
+    """Why cuDNN's attention is not the automatic choice on this machine, or None where it is: it needs
+    cudnn_available() and a frontend whose backward plans bound_cudnn_totals can size for the widest row
+    (without that, plans are built per row width mid-step and cuDNN measured no faster than flash)."""
+    missing = _cudnn_missing()
+    if missing:
+        return missing
     try:
         from cudnn.sdpa.fwd import torch_op
     except ImportError as e:
@@ -108,7 +112,7 @@ def cudnn_self_test(heads_q: int, heads_kv: int, head_dim: int, dtype, device, b
     lens = [5, 17, 42, 64]  # 128 tokens, as wide as a packed row is rounded to; the last as its padding tail
     bound = max(bound, max(lens))
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device=device)
-    padded = torch.cat([cu, cu[-1:].expand(record_bucket(len(lens)) - len(lens))])
+    padded = _bucketed(cu)
     g = torch.Generator(device="cpu").manual_seed(0)
     shapes = [(sum(lens), heads_q, head_dim), (sum(lens), heads_kv, head_dim), (sum(lens), heads_kv, head_dim)]
     inputs = [torch.randn(sh, generator=g).to(device=device, dtype=dtype) for sh in shapes]
@@ -150,12 +154,14 @@ def kernel_inputs(cu_seq_lens: torch.Tensor, longest: int, bound: int) -> tuple[
     `longest` tokens, with `bound` (model_max_length) the most any row may have (see the module doc)."""
     if longest > bound:
         raise ValueError(f"a segment of {longest} tokens is longer than the bound {bound}")
-    if _kernel == "cudnn":
-        n = cu_seq_lens.numel() - 1
-        extra = record_bucket(n) - n
-        if extra:
-            cu_seq_lens = torch.cat([cu_seq_lens, cu_seq_lens[-1:].expand(extra)])
-    return cu_seq_lens, int(bound)
+    return (_bucketed(cu_seq_lens) if _kernel == "cudnn" else cu_seq_lens), int(bound)
+
+
+def _bucketed(cu_seq_lens: torch.Tensor) -> torch.Tensor:
+    """The boundaries with empty records added up to record_bucket's count (what cuDNN is given)."""
+    n = cu_seq_lens.numel() - 1
+    extra = record_bucket(n) - n
+    return torch.cat([cu_seq_lens, cu_seq_lens[-1:].expand(extra)]) if extra else cu_seq_lens
 
 
 def record_bucket(n: int) -> int:
