@@ -80,6 +80,18 @@ CONFIGS = {
     # Q-LoRA through the worker: the random weights are written to disk first (bf16 safetensors), and the worker
     # quantizes them to nf4 as it loads them, as it would a downloaded model.
     "ours-qlora-7b": dict(shape="7b", method="qlora", recipe="ours"),
+    # The worker under DeepSpeed (Qwen's multi-node recipes), beside plain DDP above: same data, same flags, plus
+    # --deepspeed builtin:zeroN.
+    "ours-lora-7b-zero2": dict(shape="7b", method="lora", recipe="ours", zero=2),
+    "ours-lora-7b-zero3": dict(shape="7b", method="lora", recipe="ours", zero=3),
+    "ours-full-1.5b-zero2": dict(shape="1.5b", method="full", recipe="ours", zero=2),
+    "ours-full-1.5b-zero3": dict(shape="1.5b", method="full", recipe="ours", zero=3),
+    "ours-qlora-7b-zero2": dict(shape="7b", method="qlora", recipe="ours", zero=2),
+    "ours-qlora-7b-zero3": dict(shape="7b", method="qlora", recipe="ours", zero=3),
+    "ours-full-7b-zero3": dict(shape="7b", method="full", recipe="ours", zero=3),
+    # Qwen's published recipe under ZeRO-3: the reference the sharded worker is held to.
+    "stock-full-1.5b-zero3": dict(shape="1.5b", method="full", recipe="stock", zero=3),
+    "stock-lora-7b-zero3": dict(shape="7b", method="lora", recipe="stock", zero=3),
 }
 # Variants of an "ours" configuration, named CONFIG+TAG[+TAG]: (environment, extra worker flags).
 TAGS = {
@@ -98,9 +110,18 @@ TAGS = {
     "unfused": ({}, ["--no_fused_lora_dropout"]),  # peft's dropout module (the default since run16)
     "alllogits": ({}, ["--no_labelled_logits_only"]),  # the LM head on every position (the default before run18)
     "ligerchunks": ({"TRAINING_LIGER_CHUNK_ROWS": "0"}, []),  # Liger's own loss chunks (before run18), not 2,048 rows
+    # Under DeepSpeed before rows were sized by memory: 8 records a micro-batch, 8 micro-batches a step (rows of
+    # 8 x 2048 tokens), as issue 16 measured it.
+    "mb8": ({}, ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "8"]),
+    "nozerocompile": ({}, ["--no_compile"]),
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
-         ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b")]
+         ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b"),
+         # Sharded against plain DDP (issue 16's targets), Q-LoRA against LoRA, ours against stock under ZeRO-3.
+         ("ours-lora-7b-zero2", "ours-lora-7b"), ("ours-lora-7b-zero3", "ours-lora-7b"),
+         ("ours-full-1.5b-zero2", "ours-full-1.5b"), ("ours-full-1.5b-zero3", "ours-full-1.5b"),
+         ("ours-qlora-7b-zero2", "ours-lora-7b-zero2"), ("ours-qlora-7b-zero3", "ours-qlora-7b-zero2"),
+         ("ours-full-1.5b-zero3", "stock-full-1.5b-zero3"), ("ours-lora-7b-zero3", "stock-lora-7b-zero3")]
 
 
 def config_of(name: str) -> tuple[str, dict, dict, list[str]]:
@@ -259,7 +280,7 @@ def run_stock(cfg: dict, args, records, result: dict) -> None:
             torch.cuda.synchronize()
             marks.append((time.perf_counter(), len(real_tokens)))
 
-    ds_cfg = json.loads((ROOT / "training" / "ds_config_zero2.json").read_text())
+    ds_cfg = json.loads((ROOT / "training" / f"ds_config_zero{cfg.get('zero', 2)}.json").read_text())
     total_steps = args.stock_warmup + args.stock_steps
     targs = TrainingArguments(
         output_dir=str(Path(args.tmp) / "stock"), per_device_train_batch_size=2, gradient_accumulation_steps=8,
@@ -531,6 +552,8 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
     cmd += ["--no_compile"] * args.no_compile + (["--fused_ce", "chunked"] if args.no_liger else [])
     cmd += ["--profile_step", str(run_steps)] if args.worker_profile else []
     cmd += ["--profile_trace"] if args.worker_profile and args.worker_trace else []
+    if cfg.get("zero"):
+        cmd += ["--deepspeed", f"builtin:zero{cfg['zero']}"]
     cmd += list(extra_args or [])  # later flags win: a variant's flags override the defaults above
     t0 = time.perf_counter()
     with open(log_path, "a") as log:

@@ -86,7 +86,23 @@ def _set(path: str, cfg: dict, section: dict, key: str, value) -> None:
         raise InputError(f"{path}: '{key}' is {cur!r} but the command line gives {value!r}; set it to \"auto\"")
 
 
-def fill(path: str, raw: dict, args, world_size: int, hidden_size: int, on_cpu: bool) -> dict:
+def layer_numel(model_config: dict) -> int:
+    """Parameters of one decoder layer of a Qwen2/2.5/3 config (projections; norms and biases are noise here)."""
+    h = int(model_config.get("hidden_size") or 4096)
+    heads = int(model_config.get("num_attention_heads") or 32)
+    kv = int(model_config.get("num_key_value_heads") or heads) * int(model_config.get("head_dim") or h // heads)
+    inter = int(model_config.get("intermediate_size") or 4 * h)
+    return h * (h + 2 * kv) + heads * (h // heads) * h + 3 * h * inter
+
+
+def fill(path: str, raw: dict, args, world_size: int, hidden_size: int, on_cpu: bool,
+         layer_params: int | None = None, compiled: bool = False) -> dict:
+    """The config with its "auto" fields filled. layer_params: one decoder layer's parameters; ZeRO-3 gathers a
+    layer at a time (training.fast.zero3), so its "auto" prefetch bucket holds the next layer whole.
+    compiled: the decoder layers are compiled. ZeRO-3's memory-efficient linear (its default) replaces
+    F.linear by an autograd function that reads each weight's ZeRO id, and Dynamo compiles every layer anew
+    for its ids until the recompile limit leaves the rest eager (seen on an H200): it is turned off unless the
+    config sets it."""
     cfg = copy.deepcopy(raw)
     mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
     _set(path, cfg, cfg, "train_micro_batch_size_per_gpu", mb)
@@ -105,9 +121,12 @@ def fill(path: str, raw: dict, args, world_size: int, hidden_size: int, on_cpu: 
     if zo.get("reduce_bucket_size") == "auto":
         zo["reduce_bucket_size"] = hidden_size * hidden_size
     if zo.get("stage3_prefetch_bucket_size") == "auto":
-        zo["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+        # transformers' rule (0.9 h^2) is a tenth of a 7B layer: the next layer's gather would never start early.
+        zo["stage3_prefetch_bucket_size"] = max(int(0.9 * hidden_size * hidden_size), int(1.1 * (layer_params or 0)))
     if zo.get("stage3_param_persistence_threshold") == "auto":
         zo["stage3_param_persistence_threshold"] = 10 * hidden_size
+    if compiled and zo.get("stage", 0) == 3:
+        zo.setdefault("memory_efficient_linear", False)
     if zo.get("stage3_gather_16bit_weights_on_model_save") == "auto":
         zo["stage3_gather_16bit_weights_on_model_save"] = True
 

@@ -4,8 +4,9 @@ decide()        resolves --packing, --fused_ce, --compile, --fused_adamw, --auto
                 --attention_kernel, --fused_lora_dropout, --labelled_logits_only and --overlap_steps, and reports
                 --expandable_segments (set by the entry point) where the user left them to us, and refuses
                 combinations that cannot work (each with the reason)
-FastLoss        the module DDP wraps when the loss is ours: one micro-batch (packed row or padded batch) ->
-                (summed token loss, labelled tokens); the decoder runs without building the full logits
+FastLoss        the module DDP or DeepSpeed wraps when the loss is ours: one micro-batch (packed row or padded
+                batch) -> (summed token loss, labelled tokens); the decoder runs without building the full logits,
+                and the head and loss run in HeadLoss (under ZeRO-3 the module DeepSpeed gathers the head for)
 pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`
 probe_tokens()  the packed-row budget from two CUDA memory probes (training.fast.autobatch)
 set_lora_input_cast()
@@ -84,34 +85,25 @@ def _cudnn_unfit() -> str | None:
 
 def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> FastChoice:
     """The fast-path switches for this run; raises InputError for an explicit choice that cannot work.
-    zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (ZeRO-3 partitions the LM head's weight)."""
+    zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (said in the reasons)."""
     cuda = device.type == "cuda"
-    zero3 = deepspeed and zero_stage >= 3
     why = {}
     # Packing.
     if args.packing is None:
-        if zero3:
-            packing = False
-            why["packing"] = "off under ZeRO-3 (packed rows need the worker's loss; ZeRO-3 partitions the LM head)"
-        elif cuda and not _varlen_available():
+        if cuda and not _varlen_available():
             packing, why["packing"] = False, "off: this torch has no flash varlen attention for packed rows"
         else:
             packing = True
             why["packing"] = "on: varlen attention of packed rows" if cuda else "on: per-record attention on CPU"
             if deepspeed:  # the engine is told which row ends the step (Recipe._train_loop), however many there are
-                why["packing"] += " (ZeRO-1/2: the rows of a step end it, not a micro-batch count)"
+                why["packing"] += f" (ZeRO-{zero_stage}: the rows of a step end it, not a micro-batch count)"
     else:
-        packing = bool(args.packing)
-        if packing and zero3:
-            raise InputError("--packing does not work with ZeRO-3 (packed rows need the worker's own loss, and ZeRO-3 "
-                             "partitions the LM head's weight); use ZeRO-2 or plain DDP, or drop --packing")
-        why["packing"] = "as given"
-    # Cross-entropy.
+        packing, why["packing"] = bool(args.packing), "as given"
+    # Cross-entropy. Under ZeRO-3 the LM head's weight is partitioned: the loss runs inside a module DeepSpeed
+    # gathers it for (training.fast.sharded).
     liger_ok = cuda and importlib.util.find_spec("liger_kernel") is not None
     if args.fused_ce == "auto":
-        if zero3:
-            ce, why["fused_ce"] = "hf", "off under ZeRO-3 (the LM head's weight is partitioned; transformers' loss gathers it)"
-        elif liger_ok:
+        if liger_ok:
             ce, why["fused_ce"] = "liger", "liger: CUDA and liger-kernel installed"
         else:
             ce = "chunked"
@@ -120,41 +112,34 @@ def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> 
         ce = "plain" if packing else "hf"
         why["fused_ce"] = "off as given" + (" (full logits, summed over the packed row)" if packing else "")
     else:
-        if zero3:
-            raise InputError(f"--fused_ce {args.fused_ce} does not work with ZeRO-3 (the LM head's weight is "
-                             "partitioned across ranks); use --fused_ce off or auto, or ZeRO-2")
         if args.fused_ce == "liger" and not liger_ok:
             raise InputError("--fused_ce liger needs a CUDA GPU and the liger-kernel package; --fused_ce chunked "
                              "runs anywhere")
         ce, why["fused_ce"] = args.fused_ce, "as given"
-    # torch.compile of the decoder layers.
+    # torch.compile of the decoder layers (under ZeRO-3 each layer is one DeepSpeed leaf module, gathered whole,
+    # and its forward is compiled inside DeepSpeed's hooks: training.fast.compile).
     if args.compile is None:
         from training.fast.compile import compile_available
 
-        comp = (not deepspeed) and compile_available(device)
-        why["compile"] = ("off under --deepspeed" if deepspeed else "on: CUDA with Triton" if comp
-                          else "off: CUDA only by default" if not cuda else "off: no Triton")
+        comp = compile_available(device)
+        why["compile"] = "on: CUDA with Triton" if comp else "off: CUDA only by default" if not cuda else "off: no Triton"
     else:
         comp, why["compile"] = bool(args.compile), "as given"
-    # Fused AdamW.
+    # Fused AdamW (under DeepSpeed: the client optimizer the engine steps on its flat fp32 partitions).
     if args.fused_adamw is None:
-        fused = cuda and not deepspeed
-        why["fused_adamw"] = "on: CUDA" if fused else ("off under --deepspeed" if deepspeed else "off: CUDA only by default")
+        fused = cuda
+        why["fused_adamw"] = "on: CUDA" if fused else "off: CUDA only by default"
     else:
         fused, why["fused_adamw"] = bool(args.fused_adamw), "as given"
-    # The memory probe.
+    # The memory probe (under DeepSpeed it runs after the engine has built its optimizer states).
     if args.auto_micro_batch is None:
-        auto = cuda and packing and args.packing_tokens is None and not deepspeed
-        why["auto_micro_batch"] = ("on: CUDA with packing" if auto else "off: --packing_tokens given"
-                                   if args.packing_tokens is not None else
-                                   "off under --deepspeed (the probe runs before the engine builds its optimizer "
-                                   "states): rows of --per_device_train_batch_size x --model_max_length tokens"
-                                   if deepspeed and packing else "off: needs CUDA and packing")
+        auto = cuda and packing and args.packing_tokens is None
+        why["auto_micro_batch"] = ("on: CUDA with packing" + (" (measured after the engine is built)" if deepspeed
+                                                              else "") if auto
+                                   else "off: --packing_tokens given" if args.packing_tokens is not None
+                                   else "off: needs CUDA and packing")
     else:
         auto = bool(args.auto_micro_batch)
-        if auto and deepspeed:
-            raise InputError("--auto_micro_batch does not work with --deepspeed (it measures memory before the engine "
-                             "builds its optimizer states); set --packing_tokens or leave it to the micro-batch size")
         if auto and not (cuda and packing):
             raise InputError("--auto_micro_batch measures CUDA memory for packed rows: it needs a CUDA GPU and packing")
         if auto and args.packing_tokens is not None:
@@ -262,21 +247,50 @@ def set_lora_input_cast(model, enabled: bool) -> int:
     return n
 
 
+class HeadLoss(torch.nn.Module):
+    """The LM head and the loss as a module of its own, with no parameters of its own: hidden states -> (summed
+    token loss, labelled tokens). Under DeepSpeed ZeRO-3 the head's weight is registered as this module's external
+    parameter (shard_head_weight), so the engine gathers the partitioned weight for this module's forward and
+    backward only, and reduces its gradient like any other. The head is held outside the module tree: it stays
+    the model's, saved once under its own name."""
+
+    def __init__(self, head, ce: str, labelled_only: bool):
+        super().__init__()
+        self.__dict__["_head"] = head  # not a child module: no second path to its weight in state_dict
+        self.ce = ce
+        self.labelled_only = labelled_only
+
+    def forward(self, hidden: torch.Tensor, batch: dict):
+        from training.fast.step import head_loss_sum
+
+        return head_loss_sum(hidden, self._head.weight, batch, self.ce, labelled_only=self.labelled_only)
+
+
 class FastLoss(torch.nn.Module):
-    """model + our loss: forward(batch) -> (summed token loss, labelled tokens). DDP wraps this."""
+    """model + our loss: forward(batch) -> (summed token loss, labelled tokens). DDP or the DeepSpeed engine wraps
+    this, so the forward they see is the one that runs (ZeRO-3's hooks gather each module's weights as it runs)."""
 
     def __init__(self, model, ce: str, max_segment: int, labelled_only: bool = False):
         super().__init__()
+        from training.fast.compile import lm_head_of
+
         self.model = model
         self.ce = ce
         self.max_segment = max_segment
         self.labelled_only = labelled_only
+        self.head_loss = HeadLoss(lm_head_of(model), ce, labelled_only)
 
     def forward(self, batch: dict):
-        from training.fast.step import micro_batch_loss_sum
+        from training.fast.step import decoder_hidden
 
-        return micro_batch_loss_sum(self.model, batch, self.ce, max_segment=self.max_segment,
-                                    labelled_only=self.labelled_only)
+        return self.head_loss(decoder_hidden(self.model, batch, self.max_segment), batch)
+
+    def shard_head_weight(self) -> None:
+        """ZeRO-3: the LM head's weight (the embedding's too, when tied) is gathered for head_loss, whose forward
+        uses it outside the head module's own forward."""
+        import deepspeed
+
+        deepspeed.zero.register_external_parameter(self.head_loss, self.head_loss._head.weight)
 
 
 class _Filler:
@@ -303,8 +317,12 @@ def pack_step(items, capacity: int, pad_id: int, pad_multiple: int, max_segment:
 
 
 def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, autocast, fraction: float,
-                 max_tokens: int):
-    """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan."""
+                 max_tokens: int, engine=None):
+    """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan.
+    engine: the DeepSpeed engine that wraps loss_module. Its optimizer states and gradient buffers exist already,
+    so the probes measure them; they run through the engine, as training does, with the loss times zero: the
+    gradients they add to the first step's accumulation are zeros (ZeRO-2/3 reduce every micro-batch, so
+    gradients cannot simply be dropped), with the same memory and kernels as a real micro-batch."""
     from training.fast import autobatch
     from training.fast.packing import pack
     from training.fast.step import to_device
@@ -317,6 +335,11 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     def run(tokens: int):
         row = to_device(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0, max_segment=max_segment),
                         device)
+        if engine is not None:
+            engine.set_gradient_accumulation_boundary(False)
+            s, _ = engine(row)
+            engine.backward(s * 0.0, scale_wrt_gas=False)
+            return
         with autocast():
             s, n = loss_module(row)
         (s / n.clamp(min=1)).backward()
@@ -325,4 +348,4 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device]):
         return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction,
-                                    max_tokens=max_tokens)
+                                    max_tokens=max_tokens, states_built=engine is not None)

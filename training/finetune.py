@@ -17,6 +17,7 @@ and metrics.jsonl gets an {"event": "end", "status": "error"} record).
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
     recipe = FinetuneRecipe(args)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         recipe.setup()
         recipe.train()

@@ -93,7 +93,8 @@ class FinetuneRecipe:
             self.step = int(self.resume_state["step"])
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
-        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu")
+        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu",
+                                        dsconfig.layer_numel(self.model_config), self.fast.compile)
                           if self.ds_raw else None)
 
         # 3. Processes, model, optimizer.
@@ -108,6 +109,8 @@ class FinetuneRecipe:
         torch.manual_seed(a.seed)
         self._build_model()
         self._build_optimizer()
+        if a.deepspeed:
+            self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
         self._build_loader()
         if self.resume_dir:
             self._load_training_state()
@@ -223,29 +226,44 @@ class FinetuneRecipe:
             use_packed_attention(self.model)
             set_kernel(f.attention)
             f.packing_tokens = a.packing_tokens or a.per_device_train_batch_size * a.model_max_length
+        if self.stage == 3:
+            from training.fast import zero3
+
+            zero3.prepare(self.model, self.loss_module)  # before deepspeed.initialize registers its hooks
         if f.compile:
             from training.fast.compile import compile_decoder_layers
 
             # Before the probes: they then measure the compiled layers' memory (less than eager's), and their
             # two rows (one and two records of --model_max_length) compile both sides of Inductor's guard on the
-            # row width (training.fast.compile) at start-up instead of at some later step.
-            compile_decoder_layers(self.model)
+            # row width (training.fast.compile) at start-up instead of at some later step. Under ZeRO-3 only the
+            # layers' forwards compile: DeepSpeed's hooks around them stay eager.
+            compile_decoder_layers(self.model, forward_only=self.stage == 3)
+        if not a.deepspeed:
+            self._size_rows()  # under DeepSpeed: once the engine has built its optimizer states (setup)
+
+    def _size_rows(self) -> None:
+        """The packed-row budget from the memory probe (turning checkpointing on if nothing fits without it), then
+        cuDNN's plans for rows of that size."""
+        a, f = self.args, self.fast
         if f.auto_micro_batch:
-            self.model.train()  # dropout and checkpointing as in training
+            self.wrapped.train()  # dropout and checkpointing as in training
             vocab = int(self.model_config.get("vocab_size") or 1000)
-            plan = fastpath.probe_tokens(self.loss_module, self.device, a.model_max_length, vocab, self._autocast,
-                                         a.auto_memory_fraction, a.auto_max_tokens)
+
+            def probe():
+                return fastpath.probe_tokens(self.loss_module, self.device, a.model_max_length, vocab, self._autocast,
+                                             a.auto_memory_fraction, a.auto_max_tokens, engine=self.engine)
+
+            plan = probe()
             if not plan.fits and not f.gradient_checkpointing:
                 log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
                          "turning it on", a.model_max_length)
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 f.gradient_checkpointing = True
-                plan = fastpath.probe_tokens(self.loss_module, self.device, a.model_max_length, vocab, self._autocast,
-                                             a.auto_memory_fraction, a.auto_max_tokens)
+                plan = probe()
             if not plan.fits:
                 raise InputError(f"not even one record of --model_max_length {a.model_max_length} tokens fits in "
                                  f"{a.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
-                                 "--model_max_length, use LoRA/Q-LoRA or more GPUs with --deepspeed")
+                                 "--model_max_length, use LoRA/Q-LoRA, ZeRO-3 or more GPUs")
             # Every rank packs to the same budget: the smallest any rank measured.
             t = dist.all_reduce_max(torch.tensor([-plan.tokens], dtype=torch.float64, device=self.device))
             f.packing_tokens = int(-t.item())
@@ -312,10 +330,19 @@ class FinetuneRecipe:
 
             optimizer = None
             if "optimizer" not in self.ds_config:
+                # The client optimizer: DeepSpeed steps it on its flat fp32 partitions, so fused AdamW is one
+                # kernel over each partition.
+                fused = self.fast.fused_adamw and self.device.type == "cuda"
+                self.fast.fused_adamw = fused
                 optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
-                                              eps=a.adam_epsilon)
+                                              eps=a.adam_epsilon, fused=fused or None)
+            else:
+                self.fast.fused_adamw = False
+                self.fast.why["fused_adamw"] = "off: the DeepSpeed config names its own optimizer"
+            # With our loss the engine wraps model + loss, so its forward (and ZeRO-3's gathering) is what runs.
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=self.model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+                model=self.loss_module if self.loss_module is not None else self.model, optimizer=optimizer,
+                model_parameters=groups if optimizer is None else None,
                 lr_scheduler=make_scheduler, config=self.ds_config,
             )
             return
@@ -362,7 +389,7 @@ class FinetuneRecipe:
 
     @property
     def unwrapped(self):
-        return self.engine.module if self.engine is not None else self.model
+        return self.model  # the engine (or DDP) wraps it, or model + loss, without copying it
 
     def _autocast(self):
         a = self.args
@@ -373,11 +400,10 @@ class FinetuneRecipe:
     def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
         """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own."""
         if self.loss_module is not None:
-            # DDP wraps the loss module; evaluation goes around it (no gradient sync). Under ZeRO-1/2 the loss
-            # module calls the engine's module itself: those stages reduce gradients from hooks on the
-            # parameters, so nothing in the engine's forward is needed (ZeRO-3, whose forward gathers
-            # weights, keeps transformers' loss: fastpath.decide).
-            module = self.ddp if (train and self.ddp is not None) else self.loss_module
+            # DDP or the DeepSpeed engine wraps the loss module; evaluation goes around DDP (no gradient sync), and
+            # through the engine (ZeRO-3 gathers the weights in its hooks).
+            module = (self.engine if self.engine is not None
+                      else self.ddp if (train and self.ddp is not None) else self.loss_module)
             with self._autocast():
                 loss_sum, _ = module(batch)
             return loss_sum / num_items

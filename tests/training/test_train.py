@@ -116,11 +116,14 @@ def test_full_model_reloads_with_the_same_loss(full_run, files):
     ("zero2", ["2", "2"], [], "chunked", True),  # the default under ZeRO-1/2: packed rows, the fused loss
     ("zero2", ["4", "1"], ["--no_packing"], "chunked", False),  # the fused loss on padded micro-batches
     ("zero2", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),  # transformers' loss
-    ("zero3", ["4", "1"], [], "hf", False),  # the default under ZeRO-3
-], ids=["zero2-packed", "zero2-padded", "zero2-hf", "zero3"])
+    ("zero3", ["2", "2"], [], "chunked", True),  # the default under ZeRO-3 too: the head gathered for our loss
+    ("zero3", ["4", "1"], ["--no_packing"], "chunked", False),
+    ("zero3", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),
+], ids=["zero2-packed", "zero2-padded", "zero2-hf", "zero3-packed", "zero3-padded", "zero3-hf"])
 def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, extra, loss, packing):
-    """ZeRO over 2 processes with the same global batch of 8 reproduces the plain single-process curve: packed
-    rows with the fused (chunked) loss under ZeRO-2, padded micro-batches with either loss, and ZeRO-3."""
+    """ZeRO-2 and ZeRO-3 over 2 processes with the same global batch of 8 reproduce the plain single-process curve:
+    packed rows with the fused (chunked) loss, and padded micro-batches with either loss. Under ZeRO-3 the LM
+    head's partitioned weight is gathered for our loss (the tiny model ties it to the embedding)."""
     run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
                      f"builtin:{config}", "--per_device_train_batch_size", batch[0],
                      "--gradient_accumulation_steps", batch[1], *extra, nproc=2)
@@ -147,6 +150,23 @@ def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, 
     model = AutoModelForCausalLM.from_pretrained(run.out)
     tok = AutoTokenizer.from_pretrained(run.out)
     assert eval_loss_of(model, tok, files["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("config", ["zero2", "zero3"])
+def test_compiled_layers_under_deepspeed_keep_the_curve(tmp_path, files, full_run, monkeypatch, config):
+    """torch.compile of the decoder layers under ZeRO-2 (the whole layer call) and ZeRO-3 (each layer one leaf
+    module, gathered by DeepSpeed's eager hooks around its compiled forward) over 2 processes keeps the
+    single-process curve. Dynamo and AOTAutograd trace the layers as on a GPU; aot_eager skips building C++."""
+    monkeypatch.setenv("TRAINING_COMPILE_BACKEND", "aot_eager")
+    run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
+                     f"builtin:{config}", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+                     "--compile", nproc=2)
+    assert_ok(run)
+    fp = run.records[0]["fast_path"]
+    assert fp["compile"] is True and fp["packing"] is True and fp["ce"] == "chunked"
+    for a, b in zip(run.steps, full_run.steps, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a, b)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3), (a, b)
 
 
 def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files):

@@ -43,12 +43,19 @@ def optimizer_state_bytes(model) -> int:
     return sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536) -> Plan:
-    """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads."""
+def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536,
+               states_built: bool = False) -> Plan:
+    """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads.
+    states_built: the optimizer's states exist already (a DeepSpeed engine builds them), so the probes measure
+    them and nothing is added for them."""
     import torch
 
     peaks = []
     sizes = (seq_len, 2 * seq_len)
+    if states_built:
+        # An engine allocates some buffers at its first backward (ZeRO-2's partitioned gradients, ZeRO-3's
+        # reduce buckets): one unmeasured probe first, so they count as fixed, not as a cost per token.
+        run_probe(seq_len)
     for c in sizes:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -57,5 +64,5 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device))
     total = torch.cuda.get_device_properties(device).total_memory
-    return plan_from_probes(sizes[0], peaks[0], sizes[1], peaks[1], total, optimizer_state_bytes(model),
-                            seq_len, fraction, max_tokens)
+    extra = 0 if states_built else optimizer_state_bytes(model)
+    return plan_from_probes(sizes[0], peaks[0], sizes[1], peaks[1], total, extra, seq_len, fraction, max_tokens)

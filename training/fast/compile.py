@@ -42,21 +42,31 @@ def lm_head_of(model):
     return base.get_output_embeddings()
 
 
-def compile_decoder_layers(model, backend: str = "inductor", mode: str | None = None, dynamic: bool = True) -> int:
+def compile_decoder_layers(model, backend: str | None = None, mode: str | None = None, dynamic: bool = True,
+                           forward_only: bool = False) -> int:
     """Compiles every decoder layer in place; returns how many. Nothing runs until the first forward.
-    dynamic=True: the row width and the record count are symbolic in the first compile (see above)."""
+    dynamic=True: the row width and the record count are symbolic in the first compile (see above).
+    backend: Inductor unless TRAINING_COMPILE_BACKEND names another (the CPU tests trace the worker's compiled layers
+    with aot_eager: Dynamo and AOTAutograd as on a GPU, without building C++ kernels).
+    forward_only: compile the layer's forward and leave its module hooks eager. DeepSpeed ZeRO-3 gathers a
+    layer's partitioned weights in hooks around the forward (training.fast.zero3): compiling the whole call
+    would trace the hooks, which cannot be traced."""
     import os
 
     import torch._inductor.config as inductor_config
 
     layers = decoder_of(model).layers
+    backend = backend or os.environ.get("TRAINING_COMPILE_BACKEND", "inductor")
     inductor_config.fallback_random = os.environ.get("TRAINING_COMPILE_RANDOM", "aten") != "inductor"
     if dynamic:
         import torch.fx.experimental._config as fx_config
 
         fx_config.use_duck_shape = False  # a row width equal to the hidden size stays symbolic
     for layer in layers:
-        layer.compile(backend=backend, mode=mode, dynamic=dynamic)
+        if forward_only:
+            layer.forward = torch.compile(layer.forward, backend=backend, mode=mode, dynamic=dynamic)
+        else:
+            layer.compile(backend=backend, mode=mode, dynamic=dynamic)
     return len(layers)
 
 

@@ -17,14 +17,10 @@ def to_device(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = None,
-                         chunk_size: int = 4096, labelled_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch on the model's device: a packed row (input_ids, labels, position_ids, cu_seq_lens) or a
-    padded batch (input_ids, labels, attention_mask). Returns (loss sum, labelled tokens).
-    labelled_only: a packed row's LM head and loss run on its supervised positions only (the row's
-    loss_positions); the sum and the count are the same, less the logits nobody needed."""
+def decoder_hidden(model, batch: dict, max_segment: int | None = None) -> torch.Tensor:
+    """The decoder's last hidden states for a packed row (input_ids, position_ids, cu_seq_lens) or a padded batch
+    (input_ids, attention_mask), in the autocast dtype where autocast is on (as the LM head's Linear would see it)."""
     decoder = decoder_of(model)
-    head = lm_head_of(model)
     if "cu_seq_lens" in batch:
         from training.fast.attention import kernel_inputs
 
@@ -38,7 +34,22 @@ def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = 
     dev = hidden.device.type
     if hidden.dtype == torch.float32 and torch.is_autocast_enabled(dev):
         hidden = hidden.to(torch.get_autocast_dtype(dev))  # the LM head matmul in the autocast dtype, as a Linear would
+    return hidden
+
+
+def head_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, batch: dict, ce: str, chunk_size: int = 4096,
+                  labelled_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LM head and the loss over `hidden`: (loss sum, labelled tokens). labelled_only: a packed row's head and
+    loss run on its supervised positions only (the row's loss_positions); the sum and the count are the same."""
     if labelled_only and "loss_positions" in batch:
-        return labelled_cross_entropy_sum(hidden, head.weight, batch["loss_positions"], batch["loss_targets"],
+        return labelled_cross_entropy_sum(hidden, weight, batch["loss_positions"], batch["loss_targets"],
                                           impl=ce, chunk_size=chunk_size)
-    return linear_cross_entropy_sum(hidden, head.weight, batch["labels"], impl=ce, chunk_size=chunk_size)
+    return linear_cross_entropy_sum(hidden, weight, batch["labels"], impl=ce, chunk_size=chunk_size)
+
+
+def micro_batch_loss_sum(model, batch: dict, ce: str, max_segment: int | None = None,
+                         chunk_size: int = 4096, labelled_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch on the model's device: a packed row or a padded batch (see decoder_hidden). Returns (loss sum,
+    labelled tokens); the caller divides by the labelled tokens of the whole optimizer step."""
+    hidden = decoder_hidden(model, batch, max_segment)
+    return head_loss_sum(hidden, lm_head_of(model).weight, batch, ce, chunk_size, labelled_only)
