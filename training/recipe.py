@@ -199,6 +199,11 @@ class FinetuneRecipe:
             from safetensors.torch import load_file
 
             set_peft_model_state_dict(model, load_file(str(self.resume_dir / "adapter_model.safetensors")))
+        if self.stage == 3 and self.method != "full":
+            # The frozen embedding's output needs no gradient, so the first layer's inputs need none: DeepSpeed's
+            # backward hook on that layer then fires as its backward starts and releases the weights it is about to
+            # use (a size-0 weight in the backward, seen on an H200). With input gradients it fires after.
+            model.enable_input_require_grads()
         if self.method != "qlora" and self.stage != 3:
             model.to(self.device)
         self.model = model
