@@ -11,9 +11,9 @@ from typing import Optional
 
 from . import __version__
 from .preset import Preset, PresetError, load_preset
+from .presets_dir import shipped_preset
 
-REPO_PRESETS = Path(__file__).resolve().parent.parent / "presets"
-DEMO_PRESET = REPO_PRESETS / "local-demo.yaml"
+DEMO_PRESET = shipped_preset("local-demo.yaml")
 
 
 def _err(msg: str) -> None:
@@ -38,7 +38,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .run.session import prepare_and_launch
 
     if not DEMO_PRESET.exists():
-        _err(f"the demo preset {DEMO_PRESET} is missing: run from a source checkout (pip install -e .)")
+        _err(f"the demo preset {DEMO_PRESET} is missing: reinstall qwen-tui (pip install qwen-tui) or run from "
+             "a source checkout")
         return 2
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
