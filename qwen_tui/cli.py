@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Optional
 
 from . import __version__
+from .logsetup import configure as configure_logging
 from .preset import Preset, PresetError, load_preset
 from .presets_dir import shipped_preset
 
 DEMO_PRESET = shipped_preset("local-demo.yaml")
+VERBOSE_HELP = "log what qwen-tui does (-vv: debug, SSH included); a run directory gets the log as qwen-tui.log"
+# shtab's completion hint for a preset argument: files ending in .yaml or .yml
+PRESET_FILES = {"bash": "_shtab_compgen_files", "zsh": "_files -g '*.y(a|)ml'"}
 
 
 def _err(msg: str) -> None:
@@ -89,6 +93,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Prints the shell completion script (shtab renders it from this very parser)."""
+    try:
+        import shtab
+    except ImportError:
+        _err("shell completion needs the shtab package: pip install shtab")
+        return 1
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
 def cmd_tui(preset: Optional[str]) -> int:
     try:
         from .ui.app import run_app
@@ -107,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "With no command (or with a preset path) it opens the wizard.",
     )
     p.add_argument("--version", action="version", version=f"qwen-tui {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def launch_opts(sp: argparse.ArgumentParser) -> None:
@@ -115,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
 
     r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
-    r.add_argument("preset", help="a preset YAML file")
+    r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     launch_opts(r)
     r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
     r.add_argument("--force", action="store_true", help="launch although the checks found errors")
@@ -133,13 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_attach)
 
     e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
-    e.add_argument("preset")
+    e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh")
     e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
     e.set_defaults(func=cmd_export)
 
     s = sub.add_parser("show", help="print a preset with every default filled in")
-    s.add_argument("preset")
+    s.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     s.set_defaults(func=cmd_show)
 
     for mod in ("cli_check", "cli_estimate"):
@@ -150,20 +166,52 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         m.add_parser(sub)
+
+    c = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc; zsh: "
+                       "qwen-tui completion zsh > ~/.zfunc/_qwen-tui (a directory on $fpath), then compinit")
+    c.add_argument("shell", choices=("bash", "zsh"))
+    c.set_defaults(func=cmd_completion)
+
+    for name, sp in sub.choices.items():  # -v also after the command: `qwen-tui replay x.yaml -v`
+        if name != "completion":
+            sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+        for action in sp._actions:  # every preset argument completes .yaml files
+            if action.dest == "preset" and not hasattr(action, "complete"):
+                action.complete = PRESET_FILES
     return p
+
+
+def _leading_verbosity(argv: list[str]) -> tuple[int, list[str]]:
+    """-v flags before anything else: `qwen-tui -v` and `qwen-tui -vv PRESET` still open the wizard."""
+    n = 0
+    while argv and (argv[0] == "--verbose" or (len(argv[0]) > 1 and argv[0] == "-" + "v" * (len(argv[0]) - 1))):
+        n += 1 if argv[0] == "--verbose" else len(argv[0]) - 1
+        argv = argv[1:]
+    return n, argv
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    verbosity, rest = _leading_verbosity(list(argv))
+    if not rest or (len(rest) == 1 and not rest[0].startswith("-") and rest[0].endswith((".yaml", ".yml"))):
+        configure_logging(verbosity, stderr=False)  # the screen owns stderr; the run directory gets the log
+        return cmd_tui(rest[0] if rest else None)
     parser = build_parser()
-    if not argv or (len(argv) == 1 and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml"))):
-        return cmd_tui(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    configure_logging(args.verbose)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
+        return rc
+    except BrokenPipeError:
+        # `qwen-tui estimate --json | head`: the reader left; stop quietly as Unix tools do, and keep Python
+        # from failing again on the final flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the broken pipe
     except PresetError as e:
         for line in e.problems:
             print(line, file=sys.stderr)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..logsetup import log_to_run_dir
 from ..plan import LaunchPlan
 
 
@@ -56,6 +57,7 @@ class RunDir:
     def create(cls, root: Path, run_id: str) -> "RunDir":
         p = Path(root) / run_id
         p.mkdir(parents=True, exist_ok=False)
+        log_to_run_dir(p)  # with -v: the run keeps its own qwen-tui.log
         return cls(p)
 
     def write_plan(self, plan: LaunchPlan) -> None:
