@@ -4,4 +4,5 @@ import sys
 
 from qwen_tui.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (pkgutil.walk_packages) must not start the app
+    sys.exit(main())
