@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,6 +16,7 @@ from .preset import Preset, PresetError, load_preset
 from .presets_dir import shipped_preset
 
 DEMO_PRESET = shipped_preset("local-demo.yaml")
+RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
 VERBOSE_HELP = "log what qwen-tui does (-vv: debug, SSH included); a run directory gets the log as qwen-tui.log"
 # shtab's completion hint for a preset argument: files ending in .yaml or .yml
 PRESET_FILES = {"bash": "_shtab_compgen_files", "zsh": "_files -g '*.y(a|)ml'"}
@@ -50,10 +52,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
                               max_seconds=args.max_seconds)
 
 
+def _runs_root(args: argparse.Namespace) -> Path:
+    from .run.rundir import default_runs_root
+
+    return Path(args.runs_dir).absolute() if getattr(args, "runs_dir", None) else default_runs_root()
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
+    from .run.runs import RunNotFound, resolve_run
     from .run.session import attach
 
-    return attach(args.run_dir, accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
+    try:
+        path = resolve_run(args.run, _runs_root(args))
+    except RunNotFound as e:
+        _err(str(e))
+        return 2
+    return attach(str(path), accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """One line per run: id, preset, state, nodes, start time, last loss (newest last, as `ls -tr`)."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .run.runs import list_runs
+
+    root = _runs_root(args)
+    runs = list_runs(root)
+    if args.json:
+        json.dump([r.to_dict() for r in runs], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not runs:
+        print(f"no runs in {root}")
+        return 0
+    t = Table(title=f"runs in {root}", title_justify="left")
+    for col in ("run", "preset", "state", "nodes", "started", "step", "last loss"):
+        t.add_column(col, justify="right" if col in ("step", "last loss") else "left")
+    for r in runs:
+        nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
+        t.add_row(r.run_id, r.preset or "-", r.state, nodes, started, "-" if r.step is None else str(r.step),
+                  "-" if r.last_loss is None else f"{r.last_loss:.4f}")
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(t)
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -127,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def launch_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--dry-run", action="store_true", help="print each node's command and environment; launch nothing")
-        sp.add_argument("--runs-dir", default=None, help="where run directories go (default ./runs or $QWEN_TUI_RUNS)")
+        sp.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
         sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
 
     r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
@@ -142,11 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     launch_opts(d)
     d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("attach", help="watch (or stop) a run started earlier, from its run directory")
-    a.add_argument("run_dir")
+    a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory")
+    a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
+                   "for the newest run, or a run directory")
     a.add_argument("--stop", action="store_true", help="stop every node of that run")
     a.add_argument("--accept-new-host-keys", action="store_true")
+    a.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     a.set_defaults(func=cmd_attach)
+
+    ls = sub.add_parser("runs", help="list the runs: id, preset, state, nodes, start time, last loss")
+    ls.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.set_defaults(func=cmd_runs)
 
     e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
     e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
