@@ -98,3 +98,25 @@ def test_installed_demo_plans_from_anywhere(installed):
 def test_installed_worker_help(installed):
     res = run(installed, str(installed["py"]), "-m", "training.finetune", "--help")
     assert res.returncode == 0 and "--evaluation_strategy" in res.stdout, res.stderr
+
+
+def test_installed_demo_trains_for_real(installed):
+    """`qwen-tui demo` from the wheel alone: both local nodes start the installed worker and the tiny model
+    trains to the end (about 15 s here); --max-seconds bounds it should the machine be slow."""
+    import json
+
+    import time
+
+    for _ in range(6):  # the demo's fixed port may be taken for a moment by another test on a shared machine
+        res = run(installed, "qwen-tui", "demo", "--max-seconds", "240", timeout=300)
+        if "PORT_IN_USE" not in res.stdout:
+            break
+        time.sleep(5)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    (rd,) = (installed["cwd"] / "runs").iterdir()
+    recs = [json.loads(ln) for ln in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["world_size"] == 2 and recs[0]["method"] == "lora"
+    assert recs[-1]["event"] == "end" and recs[-1]["status"] == "ok"
+    losses = [r["loss"] for r in recs if "loss" in r and "event" not in r]
+    assert len(losses) >= 5 and losses[-1] < losses[0] * 0.8, losses
+    assert (installed["cwd"] / "output" / "local-demo" / "adapter_model.safetensors").is_file()
