@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
 from . import __version__
+from .logsetup import configure as configure_logging
 from .preset import Preset, PresetError, load_preset
+from .presets_dir import shipped_preset
 
-REPO_PRESETS = Path(__file__).resolve().parent.parent / "presets"
-DEMO_PRESET = REPO_PRESETS / "local-demo.yaml"
+DEMO_PRESET = shipped_preset("local-demo.yaml")
+RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
+VERBOSE_HELP = "log what qwen-tui does (-vv: debug, SSH included); a run directory gets the log as qwen-tui.log"
+# shtab's completion hint for a preset argument: files ending in .yaml or .yml
+PRESET_FILES = {"bash": "_shtab_compgen_files", "zsh": "_files -g '*.y(a|)ml'"}
 
 
 def _err(msg: str) -> None:
@@ -38,17 +44,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .run.session import prepare_and_launch
 
     if not DEMO_PRESET.exists():
-        _err(f"the demo preset {DEMO_PRESET} is missing: run from a source checkout (pip install -e .)")
+        _err(f"the demo preset {DEMO_PRESET} is missing: reinstall qwen-tui (pip install qwen-tui) or run from "
+             "a source checkout")
         return 2
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
                               max_seconds=args.max_seconds)
 
 
+def _runs_root(args: argparse.Namespace) -> Path:
+    from .run.rundir import default_runs_root
+
+    return Path(args.runs_dir).absolute() if getattr(args, "runs_dir", None) else default_runs_root()
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
+    from .run.runs import RunNotFound, resolve_run
     from .run.session import attach
 
-    return attach(args.run_dir, accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
+    try:
+        path = resolve_run(args.run, _runs_root(args))
+    except RunNotFound as e:
+        _err(str(e))
+        return 2
+    return attach(str(path), accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """One line per run: id, preset, state, nodes, start time, last loss (newest last, as `ls -tr`)."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .run.runs import list_runs
+
+    root = _runs_root(args)
+    runs = list_runs(root)
+    if args.json:
+        json.dump([r.to_dict() for r in runs], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not runs:
+        print(f"no runs in {root}")
+        return 0
+    t = Table(title=f"runs in {root}", title_justify="left")
+    for col in ("run", "preset", "state", "nodes", "started", "step", "last loss"):
+        t.add_column(col, justify="right" if col in ("step", "last loss") else "left")
+    for r in runs:
+        nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
+        t.add_row(r.run_id, r.preset or "-", r.state, nodes, started, "-" if r.step is None else str(r.step),
+                  "-" if r.last_loss is None else f"{r.last_loss:.4f}")
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(t)
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -88,6 +138,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Prints the shell completion script (shtab renders it from this very parser)."""
+    try:
+        import shtab
+    except ImportError:
+        _err("shell completion needs the shtab package: pip install shtab")
+        return 1
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
 def cmd_tui(preset: Optional[str]) -> int:
     try:
         from .ui.app import run_app
@@ -106,15 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "With no command (or with a preset path) it opens the wizard.",
     )
     p.add_argument("--version", action="version", version=f"qwen-tui {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def launch_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--dry-run", action="store_true", help="print each node's command and environment; launch nothing")
-        sp.add_argument("--runs-dir", default=None, help="where run directories go (default ./runs or $QWEN_TUI_RUNS)")
+        sp.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
         sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
 
     r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
-    r.add_argument("preset", help="a preset YAML file")
+    r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     launch_opts(r)
     r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
     r.add_argument("--force", action="store_true", help="launch although the checks found errors")
@@ -125,20 +187,27 @@ def build_parser() -> argparse.ArgumentParser:
     launch_opts(d)
     d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("attach", help="watch (or stop) a run started earlier, from its run directory")
-    a.add_argument("run_dir")
+    a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory")
+    a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
+                   "for the newest run, or a run directory")
     a.add_argument("--stop", action="store_true", help="stop every node of that run")
     a.add_argument("--accept-new-host-keys", action="store_true")
+    a.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     a.set_defaults(func=cmd_attach)
 
+    ls = sub.add_parser("runs", help="list the runs: id, preset, state, nodes, start time, last loss")
+    ls.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.set_defaults(func=cmd_runs)
+
     e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
-    e.add_argument("preset")
+    e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh")
     e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
     e.set_defaults(func=cmd_export)
 
     s = sub.add_parser("show", help="print a preset with every default filled in")
-    s.add_argument("preset")
+    s.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     s.set_defaults(func=cmd_show)
 
     for mod in ("cli_check", "cli_estimate"):
@@ -149,20 +218,52 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         m.add_parser(sub)
+
+    c = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc; zsh: "
+                       "qwen-tui completion zsh > ~/.zfunc/_qwen-tui (a directory on $fpath), then compinit")
+    c.add_argument("shell", choices=("bash", "zsh"))
+    c.set_defaults(func=cmd_completion)
+
+    for name, sp in sub.choices.items():  # -v also after the command: `qwen-tui replay x.yaml -v`
+        if name != "completion":
+            sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+        for action in sp._actions:  # every preset argument completes .yaml files
+            if action.dest == "preset" and not hasattr(action, "complete"):
+                action.complete = PRESET_FILES
     return p
+
+
+def _leading_verbosity(argv: list[str]) -> tuple[int, list[str]]:
+    """-v flags before anything else: `qwen-tui -v` and `qwen-tui -vv PRESET` still open the wizard."""
+    n = 0
+    while argv and (argv[0] == "--verbose" or (len(argv[0]) > 1 and argv[0] == "-" + "v" * (len(argv[0]) - 1))):
+        n += 1 if argv[0] == "--verbose" else len(argv[0]) - 1
+        argv = argv[1:]
+    return n, argv
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    verbosity, rest = _leading_verbosity(list(argv))
+    if not rest or (len(rest) == 1 and not rest[0].startswith("-") and rest[0].endswith((".yaml", ".yml"))):
+        configure_logging(verbosity, stderr=False)  # the screen owns stderr; the run directory gets the log
+        return cmd_tui(rest[0] if rest else None)
     parser = build_parser()
-    if not argv or (len(argv) == 1 and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml"))):
-        return cmd_tui(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    configure_logging(args.verbose)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
+        return rc
+    except BrokenPipeError:
+        # `qwen-tui estimate --json | head`: the reader left; stop quietly as Unix tools do, and keep Python
+        # from failing again on the final flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the broken pipe
     except PresetError as e:
         for line in e.problems:
             print(line, file=sys.stderr)

@@ -26,7 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check (ClusterFacts.to_dict())")
-    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU model when there are no probe facts")
+    p.add_argument("--gpu", choices=sorted(GPUS), type=_gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
+                   help="GPU model when there are no probe facts (any case: h100 is H100)")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
     p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
     p.add_argument("--efficiency", type=float, default=None,
@@ -36,6 +37,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")
     p.set_defaults(func=run)
     return p
+
+
+def _gpu_name(text: str) -> str:
+    """The table's spelling of a GPU name typed in any case; anything else is left for argparse to refuse."""
+    return {name.lower(): name for name in GPUS}.get(text.strip().lower(), text)
 
 
 def _yaml(v: Any) -> str:

@@ -4,7 +4,9 @@
 turns every problem into a `PresetError` whose lines read
 `presets/x.yaml:14 training.zero_stage: must be 2 or 3, got 4`. Loading never
 writes. `save_preset(preset, path)` writes atomically (temp file in the same
-directory, fsync, rename) and keeps a header comment with the command that runs it.
+directory, fsync, rename); over an existing preset it changes only the edited values and
+keeps the user's comments, order and explicit values (ruamel.yaml round trip); a new file
+gets a header comment with the command that runs it.
 """
 
 from __future__ import annotations
@@ -317,10 +319,16 @@ def dump_preset(preset: Preset) -> str:
 def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None) -> Path:
     """Write atomically: a reader sees the old file or the new one, never half of one.
 
-    An existing header comment (the lines starting with `#` at the top) is kept unless
-    `header` is given; a new file gets one with the command that runs it.
+    Over an existing valid preset only the values that differ from it are written into the
+    file's own text (comments, order, explicit defaults and spellings survive). Otherwise the
+    preset is dumped fresh: an existing header comment (the lines starting with `#` at the
+    top) is kept unless `header` is given; a new file gets one with the command that runs it.
     """
     p = Path(path)
+    text = _edited_text(preset, p) if header is None else None
+    if text is not None:
+        _write_atomic(p, text)
+        return p
     body = dump_preset(preset)
     parse_preset(body, str(p))  # never write what we could not read back
     if header is None:
@@ -337,11 +345,38 @@ def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[s
             header = header_for(p, preset)
     if header and not header.endswith("\n"):
         header += "\n"
+    _write_atomic(p, header + body)
+    return p
+
+
+def _edited_text(preset: Preset, p: Path) -> Optional[str]:
+    """The user's existing file with only the edited values changed (comments, order and explicit values kept;
+    qwen_tui.preset_roundtrip), or None where there is no valid file to start from."""
+    from .preset_roundtrip import merged_text
+
+    try:
+        original = p.read_text(encoding="utf-8")
+        previous = parse_preset(original, str(p))
+    except (OSError, UnicodeDecodeError, PresetError):
+        return None
+    text = merged_text(original, previous.model_dump(mode="json"), preset.model_dump(mode="json"),
+                       preset.model_dump(mode="json", exclude_defaults=True))
+    if text is None:
+        return None
+    try:
+        again = parse_preset(text, str(p))
+    except PresetError:
+        return None
+    # never write what does not read back as the preset being saved
+    return text if again.model_dump(mode="json") == preset.model_dump(mode="json") else None
+
+
+def _write_atomic(p: Path, text: str) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(header + body)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         if p.exists():
@@ -353,4 +388,3 @@ def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[s
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return p

@@ -1,7 +1,9 @@
 """Command-line flags of the worker.
 
 Names follow Hugging Face TrainingArguments (and Qwen's finetune.py) so users
-can bring their commands along; boolean flags are plain store_true switches.
+can bring their commands along: booleans take --x, --x True|False and --no_x, and
+HF's other spellings (--evaluation_strategy, --report_to, --optim, ...) are mapped
+or accepted with a warning (training.hf_flags).
 Everything here is cheap: no torch import, so a bad flag fails in milliseconds.
 """
 
@@ -11,6 +13,7 @@ import argparse
 import os
 
 from training.errors import InputError
+from training.hf_flags import add_bool, add_hf_flags, resolve
 
 SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]
 DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -28,9 +31,9 @@ exit codes: 0 trained and saved; 2 bad input or configuration (nothing written);
 
 
 def _switch(group, name: str, on: str, off: str) -> None:
-    """--NAME and --no_NAME: one fast-path switch whose default (None) leaves the choice to training.fastpath."""
-    group.add_argument(f"--{name}", dest=name, action="store_true", default=None, help=on)
-    group.add_argument(f"--no_{name}", dest=name, action="store_false", help=off)
+    """--NAME [True|False] and --no_NAME: one fast-path switch whose default (None) leaves the choice to
+    training.fastpath."""
+    add_bool(group, name, on, default=None, off=off)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
                    "'builtin:tiny' is a tiny offline Qwen2 built on first use")
 
-    m.add_argument("--random_init", action="store_true",
+    add_bool(m, "random_init",
                    help="build the model from its config.json with random weights instead of loading them "
                    "(benchmarks and smoke tests of a model shape; the directory needs no weight files)")
 
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "its loss is logged at the end (and every --eval_steps)")
     d.add_argument("--model_max_length", type=int, default=8192,
                    help="maximum tokens per record; longer records are truncated and counted (default 8192)")
-    d.add_argument("--lazy_preprocess", action="store_true",
+    add_bool(d, "lazy_preprocess",
                    help="tokenize records on the fly instead of all up front (records are still validated up front)")
     d.add_argument("--dataloader_num_workers", type=int, default=0,
                    help="data loader worker processes (default 0: tokenize in the training process)")
@@ -80,16 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2 (default 0.999; Qwen's recipes use 0.95)")
     t.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
     t.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping norm; 0 disables (default 1.0)")
-    prec = t.add_mutually_exclusive_group()
-    prec.add_argument("--bf16", action="store_true", help="train in bfloat16 mixed precision")
-    prec.add_argument("--fp16", action="store_true", help="train in float16 mixed precision (CUDA only)")
-    t.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    add_bool(t, "bf16", help="train in bfloat16 mixed precision")
+    add_bool(t, "fp16", help="train in float16 mixed precision (CUDA only; not with --bf16)")
+    add_bool(t, "gradient_checkpointing", help="recompute activations in backward to save memory")
     t.add_argument("--seed", type=int, default=42, help="seed for initialisation, dropout and data order (default 42)")
     t.add_argument("--deepspeed", default=None, metavar="CONFIG",
                    help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
                    "optionally with _offload_optimizer or _offload_all (ZeRO-3); its 'auto' fields are filled from "
                    "these flags; the ZeRO stage comes from it")
-    t.add_argument("--use_cpu", action="store_true", help="train on CPU with gloo (chosen automatically without CUDA)")
+    add_bool(t, "use_cpu", help="train on CPU with gloo (chosen automatically without CUDA)")
     t.add_argument("--ddp_timeout", type=int, default=int(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800),
                    help="seconds a process waits for the others (process-group set-up and collectives); "
                    "default $QWEN_TUI_NCCL_TIMEOUT or 1800")
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when to write checkpoints (default steps)")
     s.add_argument("--save_steps", type=int, default=500, help="checkpoint every N optimizer steps (default 500)")
     s.add_argument("--save_total_limit", type=int, default=None, help="keep at most N checkpoints, deleting the oldest")
-    s.add_argument("--save_on_each_node", action="store_true",
+    add_bool(s, "save_on_each_node",
                    help="every node writes its own checkpoints (clusters without shared storage)")
     s.add_argument("--resume_from_checkpoint", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint directory, or 'auto' for the latest complete one in --output_dir")
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile_step", type=int, default=0, metavar="N",
                    help="run optimizer step N under torch.profiler and write its most expensive kernels to "
                    "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
-    s.add_argument("--profile_trace", action="store_true",
+    add_bool(s, "profile_trace",
                    help="with --profile_step: also write the step's Chrome trace to OUTPUT_DIR/profile-stepN.json.gz "
                    "(open it in chrome://tracing or Perfetto; bench/gpu_gaps.py lists where the GPU waited)")
 
@@ -188,20 +190,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest packed row --auto_micro_batch may pick (default 65536)")
 
     lo = p.add_argument_group("LoRA / Q-LoRA")
-    lo.add_argument("--use_lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
-    lo.add_argument("--q_lora", action="store_true",
+    add_bool(lo, "use_lora", help="train LoRA adapters (peft) instead of all weights")
+    add_bool(lo, "q_lora",
                     help="Q-LoRA: LoRA on a 4-bit nf4 base (bitsandbytes) or on an already GPTQ/AWQ-quantized checkpoint; implies --use_lora")
     lo.add_argument("--lora_r", type=int, default=64, help="LoRA rank (default 64)")
     lo.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha (default 16)")
     lo.add_argument("--lora_dropout", type=float, default=0.05, help="LoRA dropout (default 0.05)")
-    lo.add_argument("--lora_target_modules", default=DEFAULT_LORA_TARGETS,
-                    help=f"comma-separated module names to adapt (default: every decoder projection, {DEFAULT_LORA_TARGETS})")
-    lo.add_argument("--merge_lora", action="store_true", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+    lo.add_argument("--lora_target_modules", nargs="+", default=[DEFAULT_LORA_TARGETS], metavar="NAMES",
+                    help="module names to adapt, comma- or space-separated (Qwen's finetune.py takes a list) "
+                    f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
+    add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+    add_hf_flags(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parses and checks flags. argparse exits with 2 on an unknown or malformed flag itself."""
+    """Parses and checks flags. argparse exits with 2 on an unknown or malformed flag itself.
+
+    `args.flag_warnings` holds one line for each HF flag given that has no effect here (the worker logs them)."""
     args = build_parser().parse_args(argv)
     if args.q_lora:
         args.use_lora = True
@@ -209,7 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.metrics_file = os.path.join(args.output_dir, "metrics.jsonl")
     if args.per_device_eval_batch_size is None:
         args.per_device_eval_batch_size = args.per_device_train_batch_size
-    args.lora_target_modules = [m.strip() for m in args.lora_target_modules.split(",") if m.strip()]
+    args.lora_target_modules = [m.strip() for item in args.lora_target_modules for m in item.split(",") if m.strip()]
+    args.flag_warnings = resolve(args)
     check_args(args)
     return args
 

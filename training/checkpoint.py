@@ -2,8 +2,11 @@
 
 A checkpoint is written into `checkpoint-N.tmp` and renamed to `checkpoint-N`
 only when every process has finished writing, so a directory named
-`checkpoint-N` is always complete; `trainer_state.json` inside it is written
+`checkpoint-N` is always complete; `finetune_state.json` inside it is written
 last as a second witness. The recipe decides what goes inside.
+
+The state file was called `trainer_state.json` before, HF Trainer's name with another schema (HF's
+tools read it as theirs); checkpoints written under that name are still found and resumed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,22 @@ from pathlib import Path
 from training.errors import InputError
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-STATE_FILE = "trainer_state.json"
+STATE_FILE = "finetune_state.json"
+LEGACY_STATE_FILE = "trainer_state.json"  # the same schema, under HF Trainer's name (older checkpoints)
+
+
+def state_file(ckpt: Path) -> Path | None:
+    """The checkpoint's state file, under today's name or the legacy one; None when neither is there."""
+    for name in (STATE_FILE, LEGACY_STATE_FILE):
+        if (ckpt / name).is_file():
+            return ckpt / name
+    return None
+
+
+def is_checkpoint_staging(path: str | os.PathLike) -> bool:
+    """A `checkpoint-N.tmp` directory being written (see staging_dir), as opposed to a final model directory."""
+    name = Path(path).name
+    return name.endswith(".tmp") and CKPT_RE.match(name[:-4]) is not None
 
 
 def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -27,7 +45,7 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]
     found = []
     for p in out.iterdir():
         m = CKPT_RE.match(p.name)
-        if m and p.is_dir() and (p / STATE_FILE).is_file():
+        if m and p.is_dir() and state_file(p) is not None:
             found.append((int(m.group(1)), p))
     return sorted(found)
 
@@ -42,16 +60,17 @@ def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
     p = Path(arg)
     if not p.is_dir():
         raise InputError(f"--resume_from_checkpoint {arg}: no such directory")
-    if not (p / STATE_FILE).is_file():
+    if state_file(p) is None:
         raise InputError(f"--resume_from_checkpoint {arg}: not a complete checkpoint (no {STATE_FILE})")
     return p
 
 
 def read_state(ckpt: Path) -> dict:
+    path = state_file(ckpt) or ckpt / STATE_FILE
     try:
-        return json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{ckpt / STATE_FILE}: unreadable checkpoint state: {e}") from None
+        raise InputError(f"{path}: unreadable checkpoint state: {e}") from None
 
 
 def write_json(path: Path, obj: dict) -> None:

@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in args.flag_warnings:  # HF flags accepted from a copied command that change nothing here
+            log.warning("%s", line)
 
     from training.fast.allocator import configure
 

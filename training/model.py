@@ -12,12 +12,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 
+from training.checkpoint import is_checkpoint_staging
 from training.errors import InputError
 
 log = logging.getLogger("training")
 PREQUANTIZED = {"gptq": ("optimum", "gptqmodel"), "awq": ("awq",)}
+# The dtype a full model is exported in (set by load_model, read by save_pretrained_here).
+SAVE_DTYPE_ATTR = "_finetune_save_dtype"
+HALF_NAMES = {"bfloat16", "float16"}
 
 
 def resolve_model_source(name_or_path: str, local_rank: int) -> str:
@@ -110,6 +115,7 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": load_dtype}
+    save_dtype = export_dtype(args, source)
     if getattr(args, "random_init", False):
         from transformers import AutoConfig
 
@@ -120,6 +126,7 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         with torch.device(device):  # built where it trains: no copy of random weights through the host
             model = AutoModelForCausalLM.from_config(config, dtype=load_dtype)
         model.config.use_cache = False
+        setattr(model, SAVE_DTYPE_ATTR, save_dtype)
         return model
     if method == "qlora":
         compute = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
@@ -134,7 +141,27 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         kwargs["device_map"] = {"": device}  # quantize straight onto this process's device
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
+    setattr(model, SAVE_DTYPE_ATTR, save_dtype)
     return model
+
+
+def export_dtype(args, source: str):
+    """What a full fine-tune's model is saved in: the half precision it trained in (--bf16/--fp16), else the
+    dtype its checkpoint declares (Qwen releases are bf16), else float32. Plain full fine-tuning keeps fp32
+    weights while it trains (autocast computes in half precision), which users of transformers and vLLM do not
+    expect to find in the saved model: twice the size, and loaded as fp32 by dtype="auto"."""
+    import torch
+
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    try:
+        config = read_config_dict(source)
+    except InputError:
+        return torch.float32
+    declared = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+    return getattr(torch, declared) if declared in HALF_NAMES else torch.float32
 
 
 def apply_method(args, model, method: str):
@@ -183,7 +210,46 @@ def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer)
 def save_pretrained_here(model, out_dir, **kwargs) -> None:
     """model.save_pretrained on this process, whatever its global rank. Under torch.distributed, transformers
     (5.x) writes a model only on global rank 0 and silently skips the rest, so with --save_on_each_node the
-    other nodes got a tokenizer and no weights; the worker decides who saves (the recipe's is_saver)."""
+    other nodes got a tokenizer and no weights; the worker decides who saves (the recipe's is_saver).
+
+    A full model is saved as users load it: in its export dtype (export_dtype) and with use_cache true (it is
+    off only while training). A checkpoint to resume from keeps the weights exactly as they train."""
+    # a PEFT model forwards attribute lookups to its base: its adapters keep their own dtype
+    target = None if hasattr(model, "peft_config") else getattr(model, SAVE_DTYPE_ATTR, None)
+    if target is not None and not is_checkpoint_staging(out_dir):
+        kwargs["state_dict"] = _cast_state_dict(kwargs.get("state_dict") or model.state_dict(), target)
+    _save_on_this_rank(model, out_dir, **kwargs)
+    if target is not None:
+        _fix_saved_config(Path(out_dir), None if is_checkpoint_staging(out_dir) else target)
+
+
+def _cast_state_dict(state: dict, dtype) -> dict:
+    """Floating tensors cast to dtype on the CPU (one at a time: no second copy of the model on the GPU); a tied
+    weight stays one tensor under both names."""
+    done, out = {}, {}
+    for name, t in state.items():
+        if id(t) not in done:
+            done[id(t)] = t.detach().to("cpu", dtype=dtype) if t.is_floating_point() else t
+        out[name] = done[id(t)]
+    return out
+
+
+def _fix_saved_config(out: Path, dtype) -> None:
+    """config.json as users load the model: use_cache true, and the dtype the weights were written in
+    (transformers writes the dtype of the parameters in memory)."""
+    path = out / "config.json"
+    if not path.is_file():
+        return  # another node's saver wrote it (or a PEFT adapter, which has no config.json)
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["use_cache"] = True
+    if dtype is not None:
+        config["dtype"] = str(dtype).removeprefix("torch.")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _save_on_this_rank(model, out_dir, **kwargs) -> None:
     if hasattr(model, "should_save_on_this_rank"):
         model.should_save_on_this_rank = lambda is_main_process: is_main_process  # this instance only
         try:

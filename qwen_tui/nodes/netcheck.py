@@ -6,7 +6,9 @@
 - firewall rules that could drop the job's traffic (iptables, nft, ufw), where
   they are readable;
 - iperf3 from each worker to the master, one at a time (in parallel they would
-  share the master's link and each look slower);
+  share the master's link and each look slower), with several parallel streams
+  (-P): NCCL and gloo spread a collective over several sockets, and one TCP
+  stream alone often cannot fill a fast link;
 - the interface variables per node from what the probe found.
 """
 
@@ -26,6 +28,7 @@ from qwen_tui.preset import Preset
 
 WARN_BELOW_GBPS = 10.0
 IPERF_PORT = 5201
+IPERF_STREAMS = 4  # NCCL's socket transport opens several connections per peer (NCCL_NSOCKS_PERTHREAD x threads)
 
 # Bind the given ports on all addresses, accept until the window ends; print
 # {"bound": {port: null | error}, "peers": {port: [addr...]}}.
@@ -275,8 +278,9 @@ def check_firewalls(preset: Preset, transports: dict[int, Transport], facts: Clu
 # ------------------------------------------------------------ iperf3
 
 def iperf_pair(server: Transport, client: Transport, server_addr: str, *, seconds: float = 2.0,
-               port: int = IPERF_PORT) -> float:
-    """Gbit/s from client to server, measured by the iperf3 program on both nodes."""
+               port: int = IPERF_PORT, streams: int = IPERF_STREAMS) -> float:
+    """Gbit/s from client to server over `streams` parallel TCP streams (their sum), measured by the iperf3
+    program on both nodes."""
     box: dict = {}
 
     def serve() -> None:
@@ -286,8 +290,8 @@ def iperf_pair(server: Transport, client: Transport, server_addr: str, *, second
     th.start()
     deadline = time.monotonic() + 8
     while True:
-        r = client.run(["iperf3", "-c", server_addr, "-p", str(port), "-t", f"{seconds:g}", "-J",
-                        "--connect-timeout", "3000"], timeout=seconds + 15)
+        r = client.run(["iperf3", "-c", server_addr, "-p", str(port), "-t", f"{seconds:g}", "-P", str(streams),
+                        "-J", "--connect-timeout", "3000"], timeout=seconds + 15)
         data = {}
         try:
             data = json.loads(r.stdout) if r.stdout.strip() else {}
@@ -307,11 +311,15 @@ def iperf_pair(server: Transport, client: Transport, server_addr: str, *, second
             raise RuntimeError(f"iperf3 missing on {client.label}")
         raise RuntimeError(f"iperf3 {client.label} -> {server.label}: {err}")
     th.join(timeout=seconds + 20)
+    ran = data.get("start", {}).get("test_start", {}).get("num_streams")
+    if ran != streams:
+        raise RuntimeError(f"iperf3 {client.label} -> {server.label}: ran {ran} stream(s), asked for {streams}")
     return data["end"]["sum_received"]["bits_per_second"] / 1e9
 
 
 def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
-                    seconds: float = 2.0, warn_below_gbps: float = WARN_BELOW_GBPS) -> list[Finding]:
+                    seconds: float = 2.0, warn_below_gbps: float = WARN_BELOW_GBPS,
+                    streams: int = IPERF_STREAMS) -> list[Finding]:
     nodes = preset.cluster.nodes
     findings = []
     fix_install = "apt-get install iperf3 (or dnf install iperf3)"
@@ -326,7 +334,7 @@ def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: Clu
                                     f"{lk.bandwidth_error}", fix_install, i, "bandwidth"))
             continue
         try:
-            g = iperf_pair(transports[0], transports[i], preset.master_addr, seconds=seconds)
+            g = iperf_pair(transports[0], transports[i], preset.master_addr, seconds=seconds, streams=streams)
         except Exception as e:  # per node: recorded in the facts and shown in the matrix
             lk.bandwidth_error = str(e)
             findings.append(Finding(WARNING, "BANDWIDTH_UNMEASURED", f"{nodes[i].label}: {e}",
@@ -335,12 +343,13 @@ def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: Clu
         lk.bandwidth_gbps = round(g, 3)
         if g < warn_below_gbps:
             findings.append(Finding(WARNING, "LOW_BANDWIDTH",
-                                    f"{nodes[i].label} -> master: {g:.2f} Gbit/s (under {warn_below_gbps:g}); "
+                                    f"{nodes[i].label} -> master: {g:.2f} Gbit/s over {streams} streams (under "
+                                    f"{warn_below_gbps:g}); "
                                     "gradient all-reduce will be slow over this link",
                                     "use a faster interface (network.interface) or fewer nodes", i, "bandwidth"))
         else:
-            findings.append(Finding(INFO, "BANDWIDTH", f"{nodes[i].label} -> master: {g:.2f} Gbit/s", "", i,
-                                    "bandwidth"))
+            findings.append(Finding(INFO, "BANDWIDTH", f"{nodes[i].label} -> master: {g:.2f} Gbit/s over {streams} "
+                                    "streams", "", i, "bandwidth"))
     return findings
 
 

@@ -1,7 +1,7 @@
 """A run directory on the master: everything needed to watch, stop or re-attach a
 run after qwen-tui itself has exited.
 
-    runs/<run_id>/
+    $QWEN_TUI_RUNS or $XDG_STATE_HOME/qwen-tui/runs/<run_id>/
       plan.json      the LaunchPlan that was started
       preset.yaml    the preset as launched
       facts.json     what the checks learned (when they ran)
@@ -9,6 +9,7 @@ run after qwen-tui itself has exited.
       state.json     status, times, which node failed and why
       node-<r>.log   local nodes' logs (remote nodes keep theirs on the node)
       metrics.jsonl  the worker's metrics, when the master node is local
+      qwen-tui.log   what qwen-tui logged, when started with -v
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..logsetup import log_to_run_dir
 from ..plan import LaunchPlan
 
 
@@ -31,7 +33,12 @@ def new_run_id(name: Optional[str], now: Optional[float] = None) -> str:
 
 
 def default_runs_root() -> Path:
-    return Path(os.environ.get("QWEN_TUI_RUNS", "runs")).absolute()
+    """$QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs (~/.local/state/...): the same place from any
+    directory, so `qwen-tui runs` and `attach last` find a run wherever it was started."""
+    if os.environ.get("QWEN_TUI_RUNS"):
+        return Path(os.environ["QWEN_TUI_RUNS"]).expanduser().absolute()
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state).absolute() / "qwen-tui" / "runs"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -56,6 +63,7 @@ class RunDir:
     def create(cls, root: Path, run_id: str) -> "RunDir":
         p = Path(root) / run_id
         p.mkdir(parents=True, exist_ok=False)
+        log_to_run_dir(p)  # with -v: the run keeps its own qwen-tui.log
         return cls(p)
 
     def write_plan(self, plan: LaunchPlan) -> None:

@@ -64,4 +64,6 @@ def test_shaped_link_reports_bandwidth_and_warns_for_that_node_only(preset, clus
     assert b2 > 5.0, b2
     warned = [f.node for f in rep.findings if f.code == "LOW_BANDWIDTH"]
     assert warned == [1]
+    said = [f.message for f in rep.findings if f.code in ("LOW_BANDWIDTH", "BANDWIDTH")]
+    assert len(said) == 2 and all("over 4 streams" in m for m in said), said  # iperf3 -P 4, as iperf3 reported
     assert rep.facts.min_bandwidth_gbps() == b1

@@ -264,7 +264,7 @@ def test_lora_one_process_loss_falls_and_checkpoints_rotate(lora_run):
     assert [r["step"] for r in lora_run.event("checkpoint")] == [6, 12, 18]
     assert not list(lora_run.out.glob("*.tmp"))
     assert (lora_run.out / "adapter_model.safetensors").is_file() and (lora_run.out / "adapter_config.json").is_file()
-    assert (lora_run.out / "checkpoint-12" / "trainer_state.json").is_file()
+    assert (lora_run.out / "checkpoint-12" / "finetune_state.json").is_file()  # not HF's trainer_state.json
 
 
 def test_resume_continues_step_count_and_loss_curve(tmp_path, files, lora_run):

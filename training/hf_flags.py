@@ -1,0 +1,137 @@
+"""Hugging Face TrainingArguments' spellings, so commands written for HF Trainer (Qwen's finetune_*.sh) run as
+they are.
+
+HF parses a boolean field as `--x`, `--x True|False` (any of yes/no, true/false, t/f, y/n, 1/0) and, for
+fields that default to true, `--no_x`; every boolean here takes all three forms. Flags that HF Trainer has and
+this worker does not implement are accepted with a one-line warning naming what happens instead
+(`resolve` returns those lines), so a copied command neither fails nor silently means something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from training.errors import InputError
+
+TRUE_WORDS = {"true", "t", "yes", "y", "1", "on"}
+FALSE_WORDS = {"false", "f", "no", "n", "0", "off"}
+
+# HF's optimizer names that are the AdamW this worker trains with (torch.optim.AdamW, fused by --fused_adamw).
+ADAMW = {"adamw_torch", "adamw_hf", "adamw", "adamw_torch_fused"}
+EVAL_STRATEGIES = ["no", "steps", "epoch"]
+
+# HF flags with no counterpart here: (argparse kwargs, why it has no effect). Each prints one warning if given.
+NO_EFFECT = {
+    "logging_dir": ({}, "metrics go to --metrics_file (OUTPUT_DIR/metrics.jsonl)"),
+    "logging_strategy": ({}, "a metrics record is written every --logging_steps steps"),
+    "run_name": ({}, "runs are named by their output directory"),
+    "cache_dir": ({}, "models load from the Hugging Face cache (HF_HOME)"),
+    "overwrite_output_dir": ({"bool": True}, "checkpoints of the same step are replaced; resume with "
+                             "--resume_from_checkpoint auto"),
+    "do_train": ({"bool": True}, "the worker always trains"),
+    "do_eval": ({"bool": True}, "evaluation runs whenever --eval_data_path is given"),
+    "disable_tqdm": ({"bool": True}, "the worker logs one line a step and shows no progress bar"),
+    "remove_unused_columns": ({"bool": True}, "the worker builds its own batches"),
+    "tf32": ({"bool": True}, "matmul precision follows PyTorch's defaults"),
+    "save_safetensors": ({"bool": True}, "models are always saved as safetensors"),
+    "lora_weight_path": ({}, "LoRA adapters start from peft's initialisation"),
+    "lora_bias": ({}, "LoRA trains no biases (peft bias='none')"),
+}
+# Quietly accepted: what launchers pass (deepspeed's launcher adds --local_rank; torchrun sets LOCAL_RANK).
+SILENT = {"local_rank": {"type": int, "default": -1}}
+
+
+def str2bool(text: str) -> bool:
+    word = str(text).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (True/False, yes/no, 1/0), got {text!r}")
+
+
+def add_bool(group, name: str, help: str, default=False, off: str | None = None) -> None:
+    """--NAME, --NAME True|False and --no_NAME, as HF spells booleans. default=None keeps 'not given' visible
+    (the fast-path switches: None leaves the choice to training.fastpath). `off` documents --no_NAME."""
+    group.add_argument(f"--{name}", dest=name, type=str2bool, nargs="?", const=True, default=default,
+                       metavar="BOOL", help=help)
+    group.add_argument(f"--no_{name}", dest=name, action="store_false", help=off or argparse.SUPPRESS)
+
+
+def add_hf_flags(p: argparse.ArgumentParser) -> None:
+    """The HF TrainingArguments flags that the worker maps onto its own, and those it only accepts."""
+    h = p.add_argument_group(
+        "Hugging Face TrainingArguments compatibility",
+        "Accepted so that HF Trainer commands (Qwen's finetune_ds.sh, finetune_lora_ds.sh, finetune_qlora_ds.sh) "
+        "run unchanged. Booleans also take --x True/False and --no_x.")
+    h.add_argument("--eval_strategy", "--evaluation_strategy", dest="eval_strategy", default=None,
+                   choices=EVAL_STRATEGIES,
+                   help="no: evaluate --eval_data_path once, at the end; steps: also every --eval_steps (default "
+                   "--logging_steps); epoch: at the end only here, with a warning. Default: steps when "
+                   "--eval_steps > 0, else no")
+    h.add_argument("--warmup_steps", type=int, default=0,
+                   help="linear warm-up over N optimizer steps; overrides --warmup_ratio when > 0 (needs --max_steps "
+                   "for now, else a warning)")
+    h.add_argument("--optim", default="adamw_torch",
+                   help="optimizer name: adamw_torch, adamw_hf or adamw mean AdamW (fused as --fused_adamw decides); "
+                   "adamw_torch_fused turns --fused_adamw on; any other name warns that AdamW is used")
+    h.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
+                   help="none (default): metrics go to OUTPUT_DIR/metrics.jsonl only; other trackers are not "
+                   "wired yet and warn")
+    h.add_argument("--no_cuda", dest="use_cpu", type=str2bool, nargs="?", const=True, metavar="BOOL",
+                   help="HF's older name of --use_cpu")
+    for name, (kw, why) in NO_EFFECT.items():
+        text = f"accepted for HF compatibility; no effect: {why}"
+        if kw.get("bool"):
+            add_bool(h, name, text, default=None)
+        else:
+            h.add_argument(f"--{name}", default=None, help=text)
+    for name, kw in SILENT.items():
+        h.add_argument(f"--{name}", help=argparse.SUPPRESS, **kw)
+
+
+def resolve(args: argparse.Namespace) -> list[str]:
+    """Maps the HF spellings onto the worker's own flags; returns one warning per flag that has no effect."""
+    warnings = []
+    for name, (_, why) in NO_EFFECT.items():
+        if getattr(args, name) is not None:
+            warnings.append(f"--{name} has no effect here: {why}")
+    trackers = [t for t in args.report_to if t.lower() != "none"]
+    if trackers:
+        warnings.append(f"--report_to {' '.join(trackers)} has no effect yet: metrics go to {args.metrics_file}")
+    if args.optim not in ADAMW:
+        warnings.append(f"--optim {args.optim} has no effect here: the worker trains with AdamW "
+                        "(or the optimizer of a --deepspeed config)")
+    elif args.optim == "adamw_torch_fused" and args.fused_adamw is None:
+        args.fused_adamw = True
+    if args.eval_strategy is None:
+        args.eval_strategy = "steps" if args.eval_steps > 0 else "no"
+    if args.eval_strategy == "no":
+        args.eval_steps = 0
+    elif args.eval_strategy == "steps" and args.eval_steps <= 0:
+        args.eval_steps = args.logging_steps  # HF's default for eval_steps
+    elif args.eval_strategy == "epoch":
+        args.eval_steps = 0
+        warnings.append("--eval_strategy epoch: the worker evaluates at the end only (use --eval_steps N)")
+    if args.warmup_steps < 0:
+        raise InputError(f"--warmup_steps must be >= 0, got {args.warmup_steps}")
+    if args.warmup_steps > 0:
+        if args.max_steps > 0:
+            args.warmup_ratio = warmup_ratio_for(args.warmup_steps, args.max_steps)
+        else:
+            warnings.append(f"--warmup_steps {args.warmup_steps} needs --max_steps; with --num_train_epochs the "
+                            f"warm-up follows --warmup_ratio {args.warmup_ratio}")
+    if args.bf16 and args.fp16:
+        raise InputError("--bf16 and --fp16 are mutually exclusive; give one of them")
+    return warnings
+
+
+def warmup_ratio_for(steps: int, total: int) -> float:
+    """The --warmup_ratio whose ceil(ratio x total) is exactly `steps` (the recipe's rounding), floats and all."""
+    if steps >= total:
+        raise InputError(f"--warmup_steps {steps} must be less than --max_steps {total}")
+    ratio = steps / total
+    while math.ceil(ratio * total) > steps:
+        ratio = math.nextafter(ratio, 0.0)
+    return ratio
