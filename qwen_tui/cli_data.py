@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.preset}: {report['data']} with {report['model']}")
     for line in summary_lines(report):
         print("  " + line)
+    if report["epoch_seconds"] is None and report["steps_per_epoch"]:
+        print("  (--tokens-per-second gives the time per epoch at a speed you know)")
     print("token lengths (whole records, before the cut):")
     for line in histogram_lines(report["histogram"], max_length=report["model_max_length"]):
         print("  " + line)

@@ -140,9 +140,9 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
 def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str = ".",
             gpu: Optional[str] = None, bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
             tokens_per_second_override: Optional[float] = None, timeout: float = DEFAULT_TIMEOUT_S,
-            local_python: Optional[str] = None) -> dict[str, Any]:
+            local_python: Optional[str] = None, bins: int = 16) -> dict[str, Any]:
     """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
-    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python)
+    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins)
     if tokens_per_second_override:
         tps, source = tokens_per_second_override, "as given"
     else:
@@ -198,5 +198,5 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"time: {_duration(r['epoch_seconds'])} an epoch, {_duration(r['run_seconds'])} the run at "
                      f"{r['tokens_per_second']:,.0f} tokens/s ({r['tokens_per_second_source']})")
     else:
-        lines.append(f"time: unknown ({r['tokens_per_second_source'] or 'no tokens/s'}; --tokens-per-second sets it)")
+        lines.append(f"time: unknown ({r['tokens_per_second_source'] or 'no tokens/s'})")
     return lines
