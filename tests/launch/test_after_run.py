@@ -31,7 +31,7 @@ def qwen_tui(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Complete
 
 
 def demo_run(tmp: Path, **training) -> Path:
-    """The demo preset, shortened, replayed for real; returns its run directory."""
+    """The demo preset, shortened, replayed for real; returns its run directory (replay's output in replay.out)."""
     data = yaml.safe_load(DEMO.read_text())
     data["network"]["master_port"] = _free_port()
     data["training"].update({"output_dir": str(tmp / "out"), **training})
@@ -40,12 +40,25 @@ def demo_run(tmp: Path, **training) -> Path:
     res = qwen_tui("replay", str(preset), "--runs-dir", str(tmp / "runs"), cwd=tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
+    (tmp / "replay.out").write_text(res.stdout)
     return run
 
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
-    return demo_run(tmp_path_factory.mktemp("lora"), max_steps=30, save_steps=100)
+    return demo_run(tmp_path_factory.mktemp("lora"), max_steps=30, save_steps=100, eval_data="builtin:demo-chat",
+                    eval_steps=10)
+
+
+def test_replay_with_eval_reports_the_eval_loss(lora_run):
+    """The demo with eval_data and eval_steps: eval records every 10 steps, and replay's end summary gives the
+    last eval loss."""
+    recs = [json.loads(ln) for ln in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r.get("event") == "eval"]
+    assert [e["step"] for e in evals][:3] == [10, 20, 30]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # training lowers the eval loss too
+    out = (lora_run.parent.parent / "replay.out").read_text()
+    assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in out
 
 
 def test_chat_merge_chat_and_the_merged_loss(lora_run):

@@ -256,7 +256,11 @@ class RunScreen(StepScreen):
             self.monitor.stop()
             self.monitor = None
         style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
-        self._status(Text(f"{out.status}: {out.message}", style=style))
+        status = Text(f"{out.status}: {out.message}", style=style)
+        ev = self.launcher.metrics.progress.last_eval if self.launcher is not None else None  # the follower is done
+        if ev is not None:
+            status.append(f" · last eval loss {ev['eval_loss']:.4f} at step {ev.get('step')}", style="bold")
+        self._status(status)
         if out.status == "failed" and out.failed_rank is not None:
             self.log_rank = out.failed_rank  # show what the failed node said
             self.notify(out.message, severity="error", title="Run failed", timeout=15)
@@ -290,4 +294,4 @@ class _Detached(Exception):
 def _copy_progress(p):
     from ...run.metrics import TrainingProgress
 
-    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps))
+    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))

@@ -27,6 +27,8 @@ from .base import StepScreen
 FIELDS: list[tuple[str, str, Any]] = [
     ("training.model", "model (hub id or path)", "text"),
     ("training.data", "data (JSON/JSONL)", "text"),
+    ("training.eval_data", "eval data (optional)", "opt"),
+    ("training.eval_steps", "eval every N steps", "text"),
     ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),
     ("training.zero_stage", "ZeRO stage", [("none (DDP)", "none"), ("ZeRO-2", 2), ("ZeRO-3", 3)]),
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
