@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from .run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, locate, merge
+from .run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,9 +26,10 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--accept-new-host-keys", action="store_true", help="trust a remote master's new host key")
     m.set_defaults(func=run_merge)
 
-    c = subparsers.add_parser("chat", help="one reply from a finished run's model (merged, or adapter on its base)")
+    c = subparsers.add_parser("chat", help="talk to a finished run's model (merged, or the adapter on its base)")
     c.add_argument("run_dir", help="the run directory (runs/<id>)")
-    c.add_argument("--prompt", required=True, help="the user message; the reply is printed")
+    c.add_argument("--prompt", default=None, help="one user message: print the reply and exit (without it: a chat "
+                   "on the terminal, one message a line; an empty line or end of input ends it)")
     c.add_argument("--system", default=None, help="a system message before the prompt")
     c.add_argument("--max-new-tokens", type=int, default=256, help="longest reply in tokens (default 256)")
     c.add_argument("--temperature", type=float, default=0.0, help="0 (the default) decodes greedily")
@@ -80,8 +81,28 @@ def run_merge(args: argparse.Namespace) -> int:
     return _with_master(args, work)
 
 
+def _conversation(args: argparse.Namespace, res, transport) -> int:
+    """A chat on the terminal: the whole conversation goes to the model each turn."""
+    msgs = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"chatting with {res.output_dir} on node 0 ({transport.label}); an empty line ends", file=sys.stderr)
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            return 0
+        if not text.strip():
+            return 0
+        msgs.append({"role": "user", "content": text})
+        rep = chat_turn(res, transport, msgs, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        device=args.device, timeout=args.timeout)
+        msgs.append({"role": "assistant", "content": rep["reply"]})
+        print(f"model> {rep['reply']}", flush=True)
+
+
 def run_chat(args: argparse.Namespace) -> int:
     def work(res, transport) -> int:
+        if args.prompt is None:
+            return _conversation(args, res, transport)
         rep = chat(res, transport, args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, device=args.device, timeout=args.timeout)
         print(json.dumps(rep) if args.json else rep["reply"])

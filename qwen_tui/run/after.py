@@ -132,3 +132,18 @@ def chat(res: RunResult, transport: Transport, prompt: str, *, system: Optional[
     if system:
         args.append(f"--system={system}")
     return _run(res, transport, "training.chat", args, timeout)
+
+
+def chat_turn(res: RunResult, transport: Transport, messages: list[dict[str, str]], *, max_new_tokens: int = 256,
+              temperature: float = 0.0, device: str = "auto", timeout: float = CHAT_TIMEOUT_S) -> dict[str, Any]:
+    """The model's reply to a whole conversation ([{"role", "content"}, ...], the user's turn last), through
+    training.chat --stdin: one JSON line in, the reply out (the model loads for each turn, over SSH as locally)."""
+    if not messages or messages[-1].get("role") != "user" or not str(messages[-1].get("content", "")).strip():
+        raise AfterRunError("the conversation must end with a non-empty user message")
+    args = [res.output_dir, "--base", res.preset.training.model, "--stdin", "--max_new_tokens", str(max_new_tokens),
+            "--temperature", repr(temperature), "--device", device]
+    line = (json.dumps({"messages": messages}) + "\n").encode()
+    rep = _run(res, transport, "training.chat", args, timeout, input=line)
+    if "error" in rep:
+        raise AfterRunError(f"training.chat: {rep['error']}")
+    return rep

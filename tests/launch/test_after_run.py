@@ -24,10 +24,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def qwen_tui(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def qwen_tui(*args: str, cwd: Path, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, input=input)
 
 
 def demo_run(tmp: Path, **training) -> Path:
@@ -93,6 +93,11 @@ def test_chat_merge_chat_and_the_merged_loss(lora_run):
     base_loss = eval_loss_of(AutoModelForCausalLM.from_pretrained(base_dir), tok, "builtin:demo-chat", 256)
     assert abs(la - lm) <= 1e-4 * la
     assert lm < base_loss  # the merge kept what training learnt
+
+    # Without --prompt: a conversation on the terminal, one message a line, the same greedy reply first.
+    got = qwen_tui("chat", str(lora_run), cwd=lora_run, input="What is the capital of Chile?\nAnd of Peru?\n")
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.count("model> ") == 2 and f"model> {before['reply'].strip()}" in got.stdout
 
     again = qwen_tui("merge", str(lora_run), cwd=lora_run)
     assert again.returncode == 1 and "already exists; --force replaces it" in again.stderr

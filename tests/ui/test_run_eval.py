@@ -1,5 +1,5 @@
 """Eval in the loop, in the wizard: the demo launched with eval_data and eval_steps writes eval records, and the
-Run screen's loss panel and end status show the eval loss the worker wrote."""
+Run screen's loss panel and end status show the eval loss the worker wrote. Then `c` chats with the result."""
 
 from __future__ import annotations
 
@@ -45,5 +45,30 @@ async def test_demo_with_eval_shows_the_eval_loss(tmp_path, demo_copy, monkeypat
         assert f"eval loss {last['eval_loss']:.4f}" in run.query_one(LossChart).summary
         status = str(run.query_one("#run-status").render())
         assert f"last eval loss {last['eval_loss']:.4f} at step {last['step']}" in status
+
+        # After the finished run: a chat with its model (the adapter on its base, on the master)
+        await pilot.press("c")
+        await pilot.pause()
+        from qwen_tui.ui.chat import ChatScreen
+
+        chat = app.screen
+        assert isinstance(chat, ChatScreen)
+        box = chat.query_one("#chat-input")
+        box.value = "What is the capital of Chile?"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not chat.busy and len(chat.messages) == 2 or "✘" in _lines(chat), 120,
+                         "the model's reply")
+        assert chat.messages[0] == {"role": "user", "content": "What is the capital of Chile?"}, _lines(chat)
+        assert chat.messages[1]["role"] == "assistant"
+        assert f"model  {chat.messages[1]['content'] or '(an empty reply)'}" in _lines(chat)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is run
         await pilot.press("ctrl+q")
     assert run_processes(run_id) == []
+
+
+def _lines(chat) -> str:
+    from textual.widgets import Static
+
+    return "\n".join(str(w.content) for w in chat.query(".chat-line").results(Static))

@@ -51,6 +51,7 @@ class RunScreen(StepScreen):
         Binding("s", "stop", "Stop all"),
         Binding("n", "next_node", "Next node's log"),
         Binding("l", "launch", "Launch"),
+        Binding("c", "chat", "Chat"),
     ]
 
     def __init__(self) -> None:
@@ -271,6 +272,21 @@ class RunScreen(StepScreen):
         if self.launcher is not None:
             self.log_rank = (self.log_rank + 1) % len(self.launcher.plan.nodes)
             self.query_one("#log-title", Label).update(f"Log: node {self.log_rank} (next update)")
+
+    def action_chat(self) -> None:
+        """A finished run's model, on its master (the launcher's transport to node 0)."""
+        from ...run.after import AfterRunError, locate
+        from ..chat import ChatScreen
+
+        if self.launcher is None or self.state.run_status != "ok":
+            self.notify("chat needs a run that finished training", severity="warning")
+            return
+        try:
+            result = locate(self.launcher.run_dir.path)
+        except AfterRunError as e:
+            self.notify(str(e), severity="error", title="Chat")
+            return
+        self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
     def action_stop(self) -> None:
         if self.launcher is None or self.state.run_status != "running":
