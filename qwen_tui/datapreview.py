@@ -128,8 +128,7 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
             fix = Fix("fewer, fuller rows", hint="the steps are too small to fill the packed rows: raise "
                       "gradient_accumulation_steps or lower per_device_train_batch_size")
         else:
-            fix = Fix("pack the records (ZeRO-2)", {"training.zero_stage": 2}) if t.zero_stage == 3 else \
-                Fix("pack the records", hint="drop --no_packing from training.extra_args")
+            fix = Fix("pack the records", hint="drop --no_packing from training.extra_args")
         out.append(Advice("warning", "DATA_PADDING",
                           f"{waste:.0%} of the tokens each step computes would be padding "
                           f"({'packed rows' if r.get('packing') else 'micro-batches padded to their longest record'})",

@@ -70,12 +70,10 @@ class _MeasuringEncoder:
         return Encoded(e.input_ids[: self.max_length], e.labels[: self.max_length], True)
 
 
-def packing_on(args, zero_stage: int | None) -> bool:
+def packing_on(args) -> bool:
     """The worker's packing choice (training.fastpath.decide) as far as it follows from the flags: on unless
-    --no_packing or ZeRO-3 (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
-    if args.packing is not None:
-        return bool(args.packing)
-    return zero_stage != 3
+    --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
+    return True if args.packing is None else bool(args.packing)
 
 
 def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
@@ -115,7 +113,6 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
 
 def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
     from training.data import EagerDataset
-    from training.dsconfig import load as load_ds, zero_stage
     from training.model import load_tokenizer, resolve_model_source
     from training.records import load_conversations
 
@@ -133,9 +130,8 @@ def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
     records_per_epoch = steps_per_epoch * global_batch
     # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
     tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
-    stage = zero_stage(load_ds(args.deepspeed)) if args.deepspeed else None
-    waste = padding_waste(used, args, world_size, steps_per_epoch, packing_on(args, stage), cuda) if steps_per_epoch \
-        else {"packing": packing_on(args, stage), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
+    waste = padding_waste(used, args, world_size, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
+        else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
         "data": args.data_path, "model": args.model_name_or_path, "model_max_length": args.model_max_length,
         "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
