@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     s.set_defaults(func=cmd_show)
 
-    for mod in ("cli_check", "cli_estimate"):
+    for mod in ("cli_check", "cli_estimate", "cli_data", "cli_after"):
         try:
             m = __import__(f"qwen_tui.{mod}", fromlist=["add_parser"])
         except ImportError as err:

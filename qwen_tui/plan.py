@@ -96,6 +96,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
     ]
     if t.eval_data:
         a += ["--eval_data_path", t.eval_data]
+        if t.eval_steps:
+            a += ["--eval_steps", str(t.eval_steps)]
     if t.save_total_limit is not None:
         a += ["--save_total_limit", str(t.save_total_limit)]
     if t.precision == "bf16":

@@ -92,7 +92,8 @@ class Training(_Strict):
 
     model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
     data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
-    eval_data: Optional[str] = None
+    eval_data: Optional[str] = Field(default=None, description="chat data for the eval loss (same formats as data)")
+    eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
     output_dir: str = Field(default="output", min_length=1)
     method: Literal["full", "lora", "qlora"] = "lora"
     zero_stage: Optional[int] = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
@@ -145,6 +146,13 @@ class Preset(_Strict):
         if v != PRESET_VERSION:
             raise ValueError(f"this qwen-tui reads preset version {PRESET_VERSION}, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _eval_steps_need_eval_data(self) -> "Preset":
+        if self.training.eval_steps and not self.training.eval_data:
+            raise ValueError("training.eval_steps: evaluating every "
+                             f"{self.training.eval_steps} steps needs training.eval_data (a chat file to evaluate on)")
+        return self
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> "Preset":

@@ -44,6 +44,9 @@ def render(la: Launcher) -> Group:
     if "loss" in last:
         first = prog.losses[0] if prog.losses else last["loss"]
         line.append(f"loss {last['loss']:.4f} (first {first:.4f})  ")
+    ev = prog.last_eval
+    if ev is not None:
+        line.append(f"eval loss {ev['eval_loss']:.4f} (step {ev.get('step', '?')})  ", style="bold")
     if "learning_rate" in last:
         line.append(f"lr {last['learning_rate']:.2e}  ")
     if "tokens_per_second" in last:
@@ -84,4 +87,8 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     losses = la.metrics.progress.losses
     if losses:
         console.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps")
+    ev = la.metrics.progress.evals
+    if ev:
+        first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
+        console.print(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
     return out

@@ -27,6 +27,16 @@ class TrainingProgress:
     def losses(self) -> list[float]:
         return [s["loss"] for s in self.steps if isinstance(s.get("loss"), (int, float))]
 
+    @property
+    def evals(self) -> list[dict[str, Any]]:
+        """The worker's {"event": "eval", "step", "eval_loss"} records, in order."""
+        return [e for e in self.events if e.get("event") == "eval" and isinstance(e.get("eval_loss"), (int, float))]
+
+    @property
+    def last_eval(self) -> Optional[dict[str, Any]]:
+        ev = self.evals
+        return ev[-1] if ev else None
+
     def eta_seconds(self) -> Optional[float]:
         last, total = self.last, self.total_steps
         if not last or not total or len(self.steps) < 2:

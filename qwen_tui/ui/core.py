@@ -42,13 +42,16 @@ def with_changes(preset: Preset, changes: dict[str, Any]) -> Preset:
     """A new Preset with `changes` ({"training.zero_stage": 3, "cluster.nodes": [...]}) applied.
 
     Raises PresetError whose `field_errors` name the dotted path of each problem, so the
-    screen can show it next to its input."""
-    data = preset.model_dump(mode="python")
+    screen can show it next to its input.
+
+    Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's `python` that the
+    preset never gave must stay unset, or the plan gives it "python3" instead of qwen-tui's own interpreter."""
+    data = preset.model_dump(mode="python", exclude_unset=True)
     for path, value in changes.items():
         cur = data
         parts = path.split(".")
         for p in parts[:-1]:
-            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+            cur = cur[int(p)] if isinstance(cur, list) else cur.setdefault(p, {})
         last = parts[-1]
         if isinstance(cur, list):
             cur[int(last)] = value

@@ -46,6 +46,9 @@ def synthetic_progress(steps: int = 40, total: int = 60) -> TrainingProgress:
         p.steps.append({"step": s, "loss": 7.9 * math.exp(-s / 14) + 0.45 + 0.08 * math.sin(s),
                         "learning_rate": 2e-3 * min(1.0, s / 3) * (0.5 + 0.5 * math.cos(math.pi * s / total)),
                         "tokens_per_second": 3900.0, "time": 1000.0 + 0.42 * s})
+        if s % 10 == 0:  # eval_steps 10, as the worker writes them
+            p.events.append({"event": "eval", "step": s, "eval_loss": 7.9 * math.exp(-s / 16) + 0.6,
+                             "eval_tokens": 6538})
     return p
 
 

@@ -51,6 +51,7 @@ class RunScreen(StepScreen):
         Binding("s", "stop", "Stop all"),
         Binding("n", "next_node", "Next node's log"),
         Binding("l", "launch", "Launch"),
+        Binding("c", "chat", "Chat"),
     ]
 
     def __init__(self) -> None:
@@ -256,7 +257,11 @@ class RunScreen(StepScreen):
             self.monitor.stop()
             self.monitor = None
         style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
-        self._status(Text(f"{out.status}: {out.message}", style=style))
+        status = Text(f"{out.status}: {out.message}", style=style)
+        ev = self.launcher.metrics.progress.last_eval if self.launcher is not None else None  # the follower is done
+        if ev is not None:
+            status.append(f" · last eval loss {ev['eval_loss']:.4f} at step {ev.get('step')}", style="bold")
+        self._status(status)
         if out.status == "failed" and out.failed_rank is not None:
             self.log_rank = out.failed_rank  # show what the failed node said
             self.notify(out.message, severity="error", title="Run failed", timeout=15)
@@ -267,6 +272,21 @@ class RunScreen(StepScreen):
         if self.launcher is not None:
             self.log_rank = (self.log_rank + 1) % len(self.launcher.plan.nodes)
             self.query_one("#log-title", Label).update(f"Log: node {self.log_rank} (next update)")
+
+    def action_chat(self) -> None:
+        """A finished run's model, on its master (the launcher's transport to node 0)."""
+        from ...run.after import AfterRunError, locate
+        from ..chat import ChatScreen
+
+        if self.launcher is None or self.state.run_status != "ok":
+            self.notify("chat needs a run that finished training", severity="warning")
+            return
+        try:
+            result = locate(self.launcher.run_dir.path)
+        except AfterRunError as e:
+            self.notify(str(e), severity="error", title="Chat")
+            return
+        self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
     def action_stop(self) -> None:
         if self.launcher is None or self.state.run_status != "running":
@@ -290,4 +310,4 @@ class _Detached(Exception):
 def _copy_progress(p):
     from ...run.metrics import TrainingProgress
 
-    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps))
+    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))

@@ -2,7 +2,8 @@
 change goes through the App (pydantic validates; a bad value shows its error under
 its input) and the panel recomputes: effective batch and its formula, memory per
 GPU against the smallest GPU, step time, tokens/s, scaling, and the advice list
-whose fixes apply with one key (F8 the first, Enter the highlighted one)."""
+whose fixes apply with one key (F8 the first, Enter the highlighted one). F9 previews
+the data (qwen_tui.datapreview, in a thread worker: the master tokenizes it)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ from typing import Any, Optional
 
 from rich.table import Table
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, Select, Static
 
 from .. import core
-from ..messages import ChangePreset
+from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
+from ..widgets.data_panel import BINS, DataPanel
 from .base import StepScreen
 
 # (dotted path, label, kind); kind: "text", "opt" (empty = None), or a list of Select choices
 FIELDS: list[tuple[str, str, Any]] = [
     ("training.model", "model (hub id or path)", "text"),
     ("training.data", "data (JSON/JSONL)", "text"),
+    ("training.eval_data", "eval data (optional)", "opt"),
+    ("training.eval_steps", "eval every N steps", "text"),
     ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),
     ("training.zero_stage", "ZeRO stage", [("none (DDP)", "none"), ("ZeRO-2", 2), ("ZeRO-3", 3)]),
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
@@ -51,7 +56,7 @@ def _shown(v: Any) -> str:
 
 class TrainingScreen(StepScreen):
     STEP = "training"
-    BINDINGS = [Binding("f8", "fix_first", "Apply fix")]
+    BINDINGS = [Binding("f8", "fix_first", "Apply fix"), Binding("f9", "preview_data", "Preview data")]
 
     def body(self) -> ComposeResult:
         t = self.state.preset
@@ -74,6 +79,9 @@ class TrainingScreen(StepScreen):
                 yield Static(id="estimate")
                 yield Label("Advice", classes="section")
                 yield AdviceList(id="advice")
+                yield Label("Data", classes="section")
+                with VerticalScroll(id="data-box"):
+                    yield DataPanel(id="data-preview")
 
     def on_screen_resume(self) -> None:
         self._fill_from_preset()
@@ -155,6 +163,47 @@ class TrainingScreen(StepScreen):
                 t.add_row("", Text(n, style="dim italic"))
         self.query_one("#estimate", Static).update(t)
         self.query_one(AdviceList).show(st.advice)
+        panel = self.query_one(DataPanel)
+        if panel.report is not None:
+            panel.show_report(panel.report, stale=self._previewed != st.preset.model_dump_json())
+
+    # ---------------------------------------------------------------- data preview
+    _previewed: Optional[str] = None  # the preset (as JSON) the shown preview is of
+
+    def action_preview_data(self) -> None:
+        from ...nodes.transport import LocalTransport
+
+        preset = self.state.preset.model_copy(deep=True)
+        master = preset.cluster.nodes[0]
+        transport = LocalTransport(master.label) if master.is_local else self.wizard.transports.get(0)
+        panel = self.query_one(DataPanel)
+        if transport is None:
+            panel.show_error(f"node 0 ({master.label}) is not connected: connect in the SSH step (F2) first")
+            return
+        panel.show_running()
+        self._preview_data(preset, transport, self.state.facts)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="data-preview")
+    def _preview_data(self, preset, transport, facts) -> None:
+        from ...datapreview import DataPreviewError, preview
+
+        try:
+            report = preview(preset, transport, facts, base_dir=self.wizard.base_dir,
+                             local_python=self.wizard.local_python, bins=BINS)
+        except DataPreviewError as e:
+            self.post_message(ActionDone("data-preview", error=str(e)))
+            return
+        self.post_message(ActionDone("data-preview", result=(preset.model_dump_json(), report)))
+
+    def on_action_done(self, msg: ActionDone) -> None:
+        if msg.action != "data-preview":
+            return
+        panel = self.query_one(DataPanel)
+        if msg.error:
+            panel.show_error(msg.error)
+            return
+        self._previewed, report = msg.result
+        panel.show_report(report, stale=self._previewed != self.state.preset.model_dump_json())
 
     # ---------------------------------------------------------------- fixes
     def _apply(self, item: core.AdviceItem) -> None:

@@ -60,6 +60,10 @@ class LossChart(Static):
         info = Text()
         info.append(f"step {last.get('step')}" + (f"/{total}" if total else ""), style="bold")
         info.append(f"   loss {last.get('loss', float('nan')):.4f}")
+        ev = prog.last_eval
+        if ev is not None:
+            info.append(f"   eval loss {ev['eval_loss']:.4f}", style="bold yellow")
+            info.append(f" (step {ev.get('step', '?')})", style="dim")
         if lr is not None:
             info.append(f"   lr {lr:.2e}")
         if tps is not None:
@@ -71,4 +75,7 @@ class LossChart(Static):
         parts = [info, *plot(prog.losses, width, height)]
         if lrs:
             parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style="cyan"))
+        evs = [e["eval_loss"] for e in prog.evals]
+        if len(evs) > 1:
+            parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style="yellow"))
         self.update(Group(*parts))

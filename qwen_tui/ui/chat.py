@@ -1,0 +1,84 @@
+"""The Run step's chat with a finished run's model (`c`): one message a line, replies from
+qwen_tui.run.after.chat_turn on the master (training.chat through the tokenizer's chat template), each
+in a thread worker that posts its answer back; the model answers the whole conversation every turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, Static
+
+
+class ChatReply(Message):
+    def __init__(self, reply: str | None = None, error: str | None = None) -> None:
+        super().__init__()
+        self.reply, self.error = reply, error
+
+
+class ChatScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape", "close", "Close")]
+
+    def __init__(self, result: Any, transport: Any) -> None:
+        super().__init__(classes="modal")
+        self.result, self.transport = result, transport
+        self.messages: list[dict[str, str]] = []
+        self.busy = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="chat-dialog"):
+            yield Label(f"Chat with {self.result.output_dir}", classes="dialog-title")
+            with VerticalScroll(id="chat-log"):
+                yield Static(Text("Type a message and press Enter; Esc closes. The model loads on the master for "
+                                  "each reply.", style="dim"), id="chat-hint")
+            yield Input(placeholder="your message", id="chat-input")
+
+    def on_mount(self) -> None:
+        self.query_one("#chat-input", Input).focus()
+
+    def on_input_submitted(self, ev: Input.Submitted) -> None:
+        text = ev.value.strip()
+        if not text or self.busy:
+            return
+        ev.input.value = ""
+        self.messages.append({"role": "user", "content": text})
+        self._add(Text("you  ", style="bold cyan") + Text(text))
+        self._add(Text("…", style="dim italic"), id="chat-wait")
+        self.busy = True
+        self._ask(list(self.messages))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="chat")
+    def _ask(self, messages: list[dict[str, str]]) -> None:
+        from ..run.after import AfterRunError, chat_turn
+
+        try:
+            rep = chat_turn(self.result, self.transport, messages)
+        except AfterRunError as e:
+            self.post_message(ChatReply(error=str(e)))
+            return
+        self.post_message(ChatReply(reply=rep["reply"]))
+
+    def on_chat_reply(self, msg: ChatReply) -> None:
+        self.busy = False
+        for w in self.query("#chat-wait"):
+            w.remove()
+        if msg.error is not None:
+            self.messages.pop()  # the question goes unanswered: ask again
+            self._add(Text(f"✘ {msg.error}", style="bold red"))
+            return
+        self.messages.append({"role": "assistant", "content": msg.reply})
+        self._add(Text("model  ", style="bold green") + Text(msg.reply or "(an empty reply)"))
+
+    def _add(self, text: Text, id: str | None = None) -> None:
+        log = self.query_one("#chat-log", VerticalScroll)
+        log.mount(Static(text, id=id, classes="chat-line"))
+        log.scroll_end(animate=False)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,118 @@
+"""After the demo: `qwen-tui chat` and `qwen-tui merge` on a run directory, as users run them (subprocesses of
+the CLI), for a LoRA run and a full fine-tuning run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "presets" / "local-demo.yaml"
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qwen_tui(*args: str, cwd: Path, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env, input=input)
+
+
+def demo_run(tmp: Path, **training) -> Path:
+    """The demo preset, shortened, replayed for real; returns its run directory (replay's output in replay.out)."""
+    data = yaml.safe_load(DEMO.read_text())
+    data["network"]["master_port"] = _free_port()
+    data["training"].update({"output_dir": str(tmp / "out"), **training})
+    preset = tmp / "demo.yaml"
+    preset.write_text(yaml.safe_dump(data))
+    res = qwen_tui("replay", str(preset), "--runs-dir", str(tmp / "runs"), cwd=tmp)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
+    (tmp / "replay.out").write_text(res.stdout)
+    return run
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> Path:
+    return demo_run(tmp_path_factory.mktemp("lora"), max_steps=30, save_steps=100, eval_data="builtin:demo-chat",
+                    eval_steps=10)
+
+
+def test_replay_with_eval_reports_the_eval_loss(lora_run):
+    """The demo with eval_data and eval_steps: eval records every 10 steps, and replay's end summary gives the
+    last eval loss."""
+    recs = [json.loads(ln) for ln in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r.get("event") == "eval"]
+    assert [e["step"] for e in evals][:3] == [10, 20, 30]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # training lowers the eval loss too
+    out = (lora_run.parent.parent / "replay.out").read_text()
+    assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in out
+
+
+def test_chat_merge_chat_and_the_merged_loss(lora_run):
+    out = lora_run.parent.parent / "out"
+    got = qwen_tui("chat", str(lora_run), "--prompt", "What is the capital of Chile?", "--json", cwd=lora_run)
+    assert got.returncode == 0, got.stderr[-3000:]
+    before = json.loads(got.stdout)
+    assert before["reply"].strip() and before["model"] == str(out)  # the adapter on its base
+
+    got = qwen_tui("merge", str(lora_run), "--json", cwd=lora_run)
+    assert got.returncode == 0, got.stderr[-3000:]
+    rep = json.loads(got.stdout)
+    assert rep["merged_dir"] == str(out / "merged") and (out / "merged" / "config.json").is_file()
+    assert not (out / "merged.tmp").exists()
+    assert rep["check"]["data"] == "builtin:demo-chat" and rep["check"]["records"] > 0
+
+    got = qwen_tui("chat", str(lora_run), "--prompt", "What is the capital of Chile?", cwd=lora_run)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.strip() == before["reply"].strip()  # greedy: the merged model answers as the adapter did
+
+    # The merged model, reloaded here, has the adapter's eval loss on the demo data.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.training.worker_helpers import eval_loss_of
+
+    tok = AutoTokenizer.from_pretrained(out)
+    base_dir = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(out))
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+    la, lm = eval_loss_of(adapter, tok, "builtin:demo-chat", 256), eval_loss_of(merged, tok, "builtin:demo-chat", 256)
+    base_loss = eval_loss_of(AutoModelForCausalLM.from_pretrained(base_dir), tok, "builtin:demo-chat", 256)
+    assert abs(la - lm) <= 1e-4 * la
+    assert lm < base_loss  # the merge kept what training learnt
+
+    # Without --prompt: a conversation on the terminal, one message a line, the same greedy reply first.
+    got = qwen_tui("chat", str(lora_run), cwd=lora_run, input="What is the capital of Chile?\nAnd of Peru?\n")
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.count("model> ") == 2 and f"model> {before['reply'].strip()}" in got.stdout
+
+    again = qwen_tui("merge", str(lora_run), cwd=lora_run)
+    assert again.returncode == 1 and "already exists; --force replaces it" in again.stderr
+
+
+def test_full_run_has_nothing_to_merge_and_chats(tmp_path):
+    run = demo_run(tmp_path, method="full", max_steps=3, save_steps=100, learning_rate=0.0005)
+    got = qwen_tui("merge", str(run), cwd=run)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "holds a full fine-tuned model: nothing to merge" in got.stdout
+    got = qwen_tui("chat", str(run), "--prompt", "Hi!", "--max-new-tokens", "8", "--json", cwd=run)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert json.loads(got.stdout)["tokens"] >= 1
+
+
+def test_unfinished_or_missing_runs_are_refused(tmp_path):
+    got = qwen_tui("merge", str(tmp_path), cwd=tmp_path)
+    assert got.returncode == 2 and "not a qwen-tui run directory" in got.stderr

@@ -1,0 +1,74 @@
+"""Eval in the loop, in the wizard: the demo launched with eval_data and eval_steps writes eval records, and the
+Run screen's loss panel and end status show the eval loss the worker wrote. Then `c` chats with the result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwen_tui.ui.app import WizardApp
+from qwen_tui.ui.widgets.loss_chart import LossChart
+
+from .conftest import run_processes
+from .test_run import SIZE, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_demo_with_eval_shows_the_eval_loss(tmp_path, demo_copy, monkeypatch, stop_runs_after):
+    preset = demo_copy(max_steps=10, logging_steps=1, save_strategy="no", eval_data="builtin:demo-chat",
+                       eval_steps=5)
+    runs = tmp_path / "runs"
+    stop_runs_after(runs)
+    monkeypatch.chdir(tmp_path)
+    app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.screen.query_one("#training-eval_steps").value == "5"  # shown in the Training step
+        assert app.screen.query_one("#training-eval_data").value == "builtin:demo-chat"
+        await pilot.press("f5")
+        await pilot.pause()
+        await pilot.press("l")
+        if app.screen.is_modal:
+            await pilot.press("y")
+        run = app.get_screen("run")
+        await wait_until(pilot, lambda: app.state.run_status in ("ok", "failed", "stopped"), 300, "the run's end")
+        assert app.state.run_status == "ok", str(run.query_one("#run-status").render())
+        run_id = run.launcher.plan.run_id
+        recs = [json.loads(ln) for ln in (runs / run_id / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in recs if r.get("event") == "eval"]
+        assert [e["step"] for e in evals][:2] == [5, 10]  # every 5 steps (and perhaps once more at the end)
+        last = evals[-1]
+        await wait_until(pilot, lambda: "eval loss" in run.query_one(LossChart).summary, 10, "the eval loss")
+        assert f"eval loss {last['eval_loss']:.4f}" in run.query_one(LossChart).summary
+        status = str(run.query_one("#run-status").render())
+        assert f"last eval loss {last['eval_loss']:.4f} at step {last['step']}" in status
+
+        # After the finished run: a chat with its model (the adapter on its base, on the master)
+        await pilot.press("c")
+        await pilot.pause()
+        from qwen_tui.ui.chat import ChatScreen
+
+        chat = app.screen
+        assert isinstance(chat, ChatScreen)
+        box = chat.query_one("#chat-input")
+        box.value = "What is the capital of Chile?"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not chat.busy and len(chat.messages) == 2 or "✘" in _lines(chat), 120,
+                         "the model's reply")
+        assert chat.messages[0] == {"role": "user", "content": "What is the capital of Chile?"}, _lines(chat)
+        assert chat.messages[1]["role"] == "assistant"
+        assert f"model  {chat.messages[1]['content'] or '(an empty reply)'}" in _lines(chat)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is run
+        await pilot.press("ctrl+q")
+    assert run_processes(run_id) == []
+
+
+def _lines(chat) -> str:
+    from textual.widgets import Static
+
+    return "\n".join(str(w.content) for w in chat.query(".chat-line").results(Static))

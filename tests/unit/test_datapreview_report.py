@@ -1,0 +1,68 @@
+"""The data preview's arithmetic and advice over worker counts (pure: no torch, no subprocess)."""
+
+from pathlib import Path
+
+from qwen_tui.datapreview import build_report, histogram_lines, preview_command, summary_lines, tokens_per_second
+from qwen_tui.preset import load_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def counts(**kw):
+    c = {"data": "d.jsonl", "model": "m", "model_max_length": 2048, "records": 1000, "usable": 1000, "dropped": 0,
+         "truncated": 0, "truncated_ids": [], "tokens": 1_000_000, "supervised_tokens": 400_000,
+         "length_percentiles": {"p50": 900, "p90": 1800, "p99": 2000, "max": 2100},
+         "histogram": {"edges": [100, 600, 1100, 1600, 2100, 2600], "counts": [100, 400, 300, 190, 10]},
+         "world_size": 16, "global_batch_size": 64, "steps_per_epoch": 15, "total_steps": 30,
+         "records_per_epoch": 960, "tokens_per_epoch": 960_000, "packing": True, "packing_tokens": 4096,
+         "steps_measured": 15, "padding_waste": 0.0}
+    c.update(kw)
+    return c
+
+
+def test_timing_from_tokens_per_second_and_padding():
+    preset = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml")
+    r = build_report(counts(), preset, 10_000.0)
+    assert r["epoch_seconds"] == 96.0 and r["run_seconds"] == 192.0
+    assert r["supervised_share"] == 0.4
+    assert r["advice"] == []
+    padded = build_report(counts(padding_waste=0.5, packing=False), preset, 10_000.0)
+    assert padded["epoch_seconds"] == 192.0  # half of what each step computes is padding
+    codes = {a["code"]: a for a in padded["advice"]}
+    assert "DATA_PADDING" in codes
+    assert build_report(counts(), preset, None)["epoch_seconds"] is None
+
+
+def test_truncation_warning_fix_is_p99():
+    preset = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml")
+    preset.training.model_max_length = 1024
+    r = build_report(counts(truncated=11, model_max_length=1024), preset, None)  # 1.1% of the records
+    (warn,) = [a for a in r["advice"] if a["code"] == "DATA_TRUNCATED"]
+    assert warn["fix"]["changes"] == {"training.model_max_length": 2000}
+    r = build_report(counts(truncated=10, model_max_length=1024), preset, None)  # exactly 1%: no warning
+    assert not [a for a in r["advice"] if a["code"] == "DATA_TRUNCATED"]
+    r = build_report(counts(steps_per_epoch=0, usable=50), preset, None)
+    assert [a["code"] for a in r["advice"]] == ["DATA_TOO_SMALL"]
+
+
+def test_histogram_bars_and_summary():
+    lines = histogram_lines(counts()["histogram"], width=20, max_length=1024)
+    assert len(lines) == 5
+    assert lines[1].count("█") == 20 and lines[0].count("█") == 5
+    assert "(cut)" in lines[2] and "(cut)" not in lines[0]
+    text = "\n".join(summary_lines(build_report(counts(), load_preset(ROOT / "presets" / "local-demo.yaml"), 5000.0)))
+    assert "p99 2,000" in text and "40.0%" in text and "3 min 12 s an epoch" in text
+
+
+def test_speed_from_the_estimate_and_the_command():
+    gpu = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml")
+    tps, where = tokens_per_second(gpu, gpu="H100")
+    assert tps and tps > 1000 and "H100" in where
+    cpu = load_preset(ROOT / "presets" / "local-demo.yaml")
+    assert tokens_per_second(cpu)[0] is None
+    argv, cwd = preview_command(cpu, base_dir="/base", local_python="/venv/bin/python")
+    assert argv[:3] == ["/venv/bin/python", "-m", "training.datapreview"]
+    assert argv[argv.index("--world_size") + 1] == "2" and argv[argv.index("--device") + 1] == "cpu"
+    worker = argv[argv.index("--") + 1:]
+    assert worker[worker.index("--model_max_length") + 1] == "256" and "--use_cpu" in worker
+    assert cwd == "/base"

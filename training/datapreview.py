@@ -1,0 +1,188 @@
+"""What the worker would make of its data, without training: `python -m training.datapreview`.
+
+    python -m training.datapreview --world_size 2 -- WORKER_FLAGS...
+
+WORKER_FLAGS are the worker's own (`--model_name_or_path --data_path --output_dir
+--model_max_length ...`, as the launcher passes them to training.finetune). The
+records are read and tokenized exactly as the worker does it (training.records,
+the model's tokenizer and chat template through training.data.ChatEncoder, and
+the worker's EagerDataset for the counts), so the counts here are the ones the
+worker's start record and log give. Prints one JSON object on stdout: the counts,
+the untruncated length of every record as percentiles and a histogram, the steps
+and tokens of an epoch, and the share of padding the worker's batches would carry
+(packed rows, or micro-batches padded to their longest record). Nothing is written.
+
+Exit codes as the worker's: 0 done; 2 bad input (one line on stderr); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+
+from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+
+HIST_BINS = 16
+WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    """Nearest-rank percentile (a value that occurs in the data)."""
+    k = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[k - 1]
+
+
+def histogram(lengths: list[int], bins: int = HIST_BINS) -> dict:
+    """Equal-width bins from the shortest to the longest record: edges (bins + 1) and counts; bin i holds the
+    lengths in [edges[i], edges[i+1])."""
+    lo, hi = min(lengths), max(lengths)
+    width = max(1, math.ceil((hi - lo + 1) / bins))
+    bins = math.ceil((hi - lo + 1) / width)  # no empty bins past the longest record
+    edges = [lo + i * width for i in range(bins + 1)]
+    counts = [0] * bins
+    for n in lengths:
+        counts[(n - lo) // width] += 1
+    return {"edges": edges, "counts": counts}
+
+
+class _MeasuringEncoder:
+    """The worker's ChatEncoder with no length limit, cut to model_max_length here as ChatEncoder.encode cuts:
+    one tokenization gives both the record's whole length (for the percentiles) and what the worker trains on."""
+
+    def __init__(self, tokenizer, max_length: int):
+        from training.data import ChatEncoder
+
+        self.inner = ChatEncoder(tokenizer, 1 << 62)
+        self.max_length = max_length
+        self.full_lengths: list[int] = []
+
+    def encode(self, conv):
+        from training.data import Encoded
+
+        e = self.inner.encode(conv)
+        self.full_lengths.append(len(e.input_ids))
+        if len(e.input_ids) <= self.max_length:
+            return e
+        return Encoded(e.input_ids[: self.max_length], e.labels[: self.max_length], True)
+
+
+def packing_on(args) -> bool:
+    """The worker's packing choice (training.fastpath.decide) as far as it follows from the flags: on unless
+    --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
+    return True if args.packing is None else bool(args.packing)
+
+
+def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
+    """Share of the tokens the worker's batches compute that are padding, over the first epoch's steps in the
+    worker's own data order (training.data.StepSampler, every rank)."""
+    from training.data import StepSampler
+    from training.fast.packing import balanced_bins
+
+    mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    capacity = args.packing_tokens or mb * args.model_max_length
+    pad_multiple = 128 if cuda else 8  # the recipe's row widths (FinetuneRecipe._pad_multiple)
+    collate_multiple = 8 if cuda else 1  # the recipe's Collator for unpacked micro-batches
+    steps = min(steps_per_epoch, WASTE_STEPS)
+    samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, args.seed, steps)) for r in range(world_size)]
+    real = computed = 0
+    for _ in range(steps):
+        per_rank = [[next(s) for _ in range(gas)] for s in samplers]
+        if packing:
+            widths = []
+            for micro in per_rank:
+                lens = [lengths[i] for m in micro for i in m]
+                real += sum(lens)
+                rows = [sum(lens[i] for i in b) for b in balanced_bins(lens, capacity)]
+                widths.append([min(capacity, -(-t // pad_multiple) * pad_multiple) for t in rows])
+            most = max(len(w) for w in widths)
+            filler = min(pad_multiple, capacity)  # ranks with fewer rows run empty ones (training.fastpath.empty_row)
+            computed += sum(sum(w) + (most - len(w)) * filler for w in widths)
+        else:
+            for micro in per_rank:
+                for m in micro:
+                    lens = [lengths[i] for i in m]
+                    real += sum(lens)
+                    computed += len(lens) * (-(-max(lens) // collate_multiple) * collate_multiple)
+    return {"packing": packing, "packing_tokens": capacity if packing else None, "steps_measured": steps,
+            "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
+
+
+def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
+    from training.data import EagerDataset
+    from training.model import load_tokenizer, resolve_model_source
+    from training.records import load_conversations
+
+    t0 = time.monotonic()
+    convs = load_conversations(args.data_path)
+    tokenizer = load_tokenizer(resolve_model_source(args.model_name_or_path, 0))
+    enc = _MeasuringEncoder(tokenizer, args.model_max_length)
+    ds = EagerDataset(convs, enc)
+    s = ds.stats
+    full = sorted(enc.full_lengths)
+    used = [len(e.input_ids) for e in ds.items]
+    global_batch = world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    steps_per_epoch = len(ds) // global_batch
+    total_steps = (args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch))
+    records_per_epoch = steps_per_epoch * global_batch
+    # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
+    tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
+    waste = padding_waste(used, args, world_size, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
+        else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
+    return {
+        "data": args.data_path, "model": args.model_name_or_path, "model_max_length": args.model_max_length,
+        "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
+        "truncated_ids": s.truncated_ids[:5],
+        "tokens": s.tokens, "supervised_tokens": s.label_tokens,
+        "length_percentiles": {"p50": _percentile(full, 50), "p90": _percentile(full, 90),
+                               "p99": _percentile(full, 99), "max": full[-1]},
+        "histogram": histogram(full, bins),
+        "world_size": world_size, "global_batch_size": global_batch, "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps, "records_per_epoch": records_per_epoch, "tokens_per_epoch": tokens_per_epoch,
+        **waste, "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, worker = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(prog="python -m training.datapreview", description=__doc__.split("\n\n")[0],
+                                epilog="after --: the worker's flags (python -m training.finetune --help)")
+    p.add_argument("--world_size", type=int, default=1, help="processes of the run, all nodes together (default 1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
+                   help="where the run trains: sets the row and batch padding multiples (default cuda)")
+    p.add_argument("--bins", type=int, default=HIST_BINS, help=f"histogram bins (default {HIST_BINS})")
+    mine = p.parse_args(ours)
+    if mine.world_size < 1 or mine.bins < 1:
+        print("training.datapreview: --world_size and --bins must be positive", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    import logging
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+    from training.args import parse_args
+
+    try:
+        args = parse_args(worker)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone (a model build may print)
+            report = preview(args, mine.world_size, mine.device == "cuda" and "--use_cpu" not in worker, mine.bins)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - the caller shows this one line; the traceback goes to stderr too
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    json.dump(report, sys.stdout)
+    sys.stdout.write("\n")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
