@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .advice import CKPT_OFF_HEADROOM, advise, make_context
 from .estimate import (
-    DEEPSPEED_EFFICIENCY, FAST_PATH_EFFICIENCY, GPUS, RunShape, effective_efficiency, estimate_memory, max_micro_batch,
+    FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS, RunShape, effective_efficiency, estimate_memory, max_micro_batch,
     scaling,
 )
 from .facts import ClusterFacts
@@ -31,9 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
     p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
     p.add_argument("--efficiency", type=float, default=None,
-                   help=f"model FLOPs utilisation assumed for compute time (default: {FAST_PATH_EFFICIENCY} without "
-                   f"DeepSpeed, the worker's fast path as measured on an H200; {DEEPSPEED_EFFICIENCY} under DeepSpeed; "
-                   "Q-LoRA runs at 0.8x)")
+                   help=f"model FLOPs utilisation assumed for compute time (default: the worker's as measured on an "
+                   f"H200: {FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
+                   f"{ZERO_EFFICIENCY[(3, True)]} under ZeRO-3 for full fine-tuning and {ZERO_EFFICIENCY[(3, False)]} "
+                   "with a frozen base; Q-LoRA runs at 0.8x)")
     p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")
     p.set_defaults(func=run)
     return p

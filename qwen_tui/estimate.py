@@ -72,15 +72,17 @@ Step time (`estimate_step`, `scaling`)
   skips weight gradients, so 1x forward (Hu et al. 2021, LoRA); gradient
   checkpointing adds one more forward.
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
-  efficiency (model FLOPs utilisation) depends on the worker's path unless given:
-  without DeepSpeed the worker takes its fast path (packing, fused loss, compiled
-  layers, cuDNN attention, LM head on supervised positions only), which
-  measured 0.52-0.57 on one H200 for 7B LoRA and 1.5B full
-  (bench/results/train_speed-2026-11-30-H200.md, runs 18-20), so 0.53; under
-  DeepSpeed 0.35 is assumed (not measured; ZeRO-1/2 pack rows and run the fused
-  loss but compile nothing, ZeRO-3 runs the plain path; the stock HF Trainer
-  recipe measured 0.04-0.12 there, padding included). Q-LoRA runs at
-  0.8x (4-bit dequantisation in every matmul: 0.83x LoRA's tokens/s, run20).
+  efficiency (model FLOPs utilisation) depends on the worker's path unless given,
+  each figure measured through the worker on one H200 (bench/results/, the test
+  in tests/unit/test_estimate.py holds every run within 15%): without DeepSpeed
+  the fast path (packing, fused loss, compiled layers, cuDNN attention, LM head
+  on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full
+  (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
+  0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
+  layer's weights in forward and backward, 0.49 for full fine-tuning (1.5B,
+  run26) and 0.34 with a frozen base (7B LoRA, run27), whose gathers weigh more
+  against its lighter backward. Q-LoRA runs at 0.8x (4-bit dequantisation in
+  every matmul: 0.83x LoRA's tokens/s, run20; under ZeRO-3 not yet measured).
 - Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
   NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
   2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
@@ -118,7 +120,9 @@ DS_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce/allgath
 DS_OVERLAP_FACTOR = 4.5  # DeepSpeed docs: overlap_comm uses 4.5x the bucket sizes
 QUANT_BYTES = {4: 0.52, 8: 1.02}
 FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the module doc)
-DEEPSPEED_EFFICIENCY = 0.35  # the worker's plain path under DeepSpeed (assumed)
+# The worker under DeepSpeed, by ZeRO stage and by whether the base trains (measured, see the module doc).
+ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
+                   (3, True): 0.49, (3, False): 0.34}
 QLORA_EFFICIENCY_FACTOR = 0.8
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
 PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
@@ -451,9 +455,11 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
 
 
 def path_efficiency(run: RunShape) -> float:
-    """The model FLOPs utilisation assumed for the worker's path: its fast path without DeepSpeed (measured),
-    the plain path under DeepSpeed (assumed). Q-LoRA's factor comes on top (estimate_step)."""
-    return FAST_PATH_EFFICIENCY if run.zero_stage is None else DEEPSPEED_EFFICIENCY
+    """The worker's measured model FLOPs utilisation on its path: plain DDP, or DeepSpeed's ZeRO stage with a
+    trained (full) or frozen (LoRA, Q-LoRA) base."""
+    if run.zero_stage is None:
+        return FAST_PATH_EFFICIENCY
+    return ZERO_EFFICIENCY.get((min(max(int(run.zero_stage), 1), 3), run.method == "full"), ZERO_EFFICIENCY[(2, True)])
 
 
 def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:

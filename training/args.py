@@ -117,13 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = p.add_argument_group(
         "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "
-        "log say what was chosen and why); every one can be turned off. Under --deepspeed: ZeRO-1/2 keep packing and "
-        "the fused loss (rows of --per_device_train_batch_size x --model_max_length tokens) but not compiled layers; "
-        "ZeRO-3, which partitions the LM head, runs the plain path.")
+        "log say what was chosen and why); every one can be turned off. Under --deepspeed (ZeRO-1/2/3) the engine "
+        "wraps model + loss and the same switches apply; the memory probe runs once the engine has built its "
+        "optimizer states.")
     _switch(f, "packing",
             on="pack each optimizer step's records end to end into rows (no padding; positions restart per "
                "record and no token attends across records). Default: on where the attention supports packed "
-               "rows (flash varlen on CUDA, per-record attention on CPU), off under --deepspeed",
+               "rows (flash varlen on CUDA, per-record attention on CPU)",
             off="padded micro-batches of --per_device_train_batch_size records instead")
     f.add_argument("--packing_tokens", type=int, default=None, metavar="N",
                    help="tokens per packed row (one row is one micro-batch; a step's records take as many rows as "
@@ -132,14 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fused_ce", default="auto", choices=["auto", "liger", "chunked", "off"],
                    help="cross-entropy without the full logits: Liger's fused linear cross-entropy (CUDA, needs "
                    "liger-kernel) or a chunked torch version (any device); off = transformers' own loss (full "
-                   "logits). Default auto: liger where available, else chunked (also under DeepSpeed ZeRO-1/2); off "
-                   "under ZeRO-3, which partitions the LM head's weight")
+                   "logits). Default auto: liger where available, else chunked (under ZeRO-3 the partitioned LM head "
+                   "is gathered for the loss)")
     _switch(f, "compile",
             on="torch.compile each decoder layer (one graph shared by all layers). Default: on for CUDA "
-               "(with Triton), off on CPU and under --deepspeed",
+               "(with Triton), off on CPU; under ZeRO-3 each layer's forward compiles inside DeepSpeed's hooks",
             off="run the decoder eagerly")
     _switch(f, "fused_adamw",
-            on="single-kernel AdamW (torch's fused=True). Default: on for CUDA, off on CPU and under --deepspeed",
+            on="single-kernel AdamW (torch's fused=True; under --deepspeed the client optimizer the engine steps). "
+               "Default: on for CUDA, off on CPU",
             off="torch's default AdamW")
     _switch(f, "auto_micro_batch",
             on="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "

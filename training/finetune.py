@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
     recipe = FinetuneRecipe(args)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits. To the
+    # process's own stderr (sys.stderr may be a stand-in without a file descriptor when main() is called in-process).
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     try:
         recipe.setup()
         recipe.train()

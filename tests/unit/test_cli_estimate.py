@@ -110,5 +110,7 @@ def test_the_shipped_7b_lora_presets_get_the_advice_the_readme_says(capsys):
     ddp = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml", "--gpu", "H100")
     assert ddp["advice"] == [] and ddp["gpu_memory_gb"]["fits"] is True
     zero2 = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml", "--gpu", "H100")
-    assert {"ZERO_NOT_NEEDED", "CKPT_UNNEEDED"} <= {a["code"] for a in zero2["advice"]}
+    # ZeRO-2 keeps the worker's fast path (0.95x plain DDP measured): only the checkpointing is advised against
+    codes = {a["code"] for a in zero2["advice"]}
+    assert "CKPT_UNNEEDED" in codes and "ZERO_NOT_NEEDED" not in codes
     assert ddp["tokens_per_second"] > zero2["tokens_per_second"]

@@ -232,11 +232,10 @@ def test_checkpointing_costs_compute():
 
 
 def test_step_estimate_matches_the_worker_measured_on_an_h200():
-    """Tokens/s the estimate predicts for the worker's fast path (no DeepSpeed) against what bench/train_speed.py
-    measured through the worker on one H200 (runs 18 onwards: today's defaults, cuDNN attention and the LM head
-    on supervised positions only), each run's own data shape: the token-weighted record length and the real
-    tokens of a step. A default efficiency off by more than the machines' spread fails it (the 0.50 this
-    replaced predicted 0.87x of run19's 1.5B full; the 0.35 before it 0.7x)."""
+    """Tokens/s the estimate predicts for the worker against what bench/train_speed.py measured through it on one
+    H200 (runs 18 onwards: today's defaults), on every path: plain DDP, ZeRO-2 and ZeRO-3, each run's own data
+    shape (the token-weighted record length and the real tokens of a step). Every run within 15%: the 0.35 once
+    assumed for every DeepSpeed run predicted 0.66-0.71x of ZeRO-2 and of 1.5B full under ZeRO-3."""
     import json
     import re
 
@@ -250,18 +249,20 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
         if not m or int(m.group(1)) < 18:
             continue
         for r in json.loads(path.read_text())["results"]:
-            if r["config"] not in ("ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b") or r.get("status") != "ok":
+            # ours-* without a variant tag: the worker's defaults; a tag changes them on purpose
+            if not r["config"].startswith("ours-") or "+" in r["config"] or r.get("status") != "ok":
                 continue
             seq = round(r["seq_eff"])
             per_step = r["real_tokens"] / r["timed_steps"]
-            run = RunShape(method=r["method"], zero_stage=None, seq=seq, micro_batch=round(per_step / seq),
+            run = RunShape(method=r["method"], zero_stage=r.get("zero"), seq=seq, micro_batch=round(per_step / seq),
                            grad_accum=1, gradient_checkpointing=False, lora_r=64)
             est = estimate_step(specs[r["shape"]], run, 1, 1, None, **h200)
             ratio = est.tokens_per_second / r["tokens_per_s"]
-            assert 0.88 < ratio < 1.12, (path.name, r["config"], est.tokens_per_second, r["tokens_per_s"])
+            assert 0.85 < ratio < 1.15, (path.name, r["config"], est.tokens_per_second, r["tokens_per_s"])
             seen.add(r["config"])
-    assert seen == {"ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b"}, seen
-    # under DeepSpeed the worker runs its plain path: the estimate assumes less of it
-    ds = estimate_step(SEVEN, RunShape(method="lora", zero_stage=2, seq=1024, micro_batch=32), 1, 1, None, **h200)
+    assert {"ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b", "ours-lora-7b-zero2", "ours-full-1.5b-zero2",
+            "ours-lora-7b-zero3", "ours-full-1.5b-zero3"} <= seen, seen
+    # ZeRO-3 with a frozen base gathers it in every pass for a lighter backward: it is modelled slower
+    lora3 = estimate_step(SEVEN, RunShape(method="lora", zero_stage=3, seq=1024, micro_batch=32), 1, 1, None, **h200)
     fast = estimate_step(SEVEN, RunShape(method="lora", zero_stage=None, seq=1024, micro_batch=32), 1, 1, None, **h200)
-    assert ds.compute_s == pytest.approx(fast.compute_s * 0.53 / 0.35)
+    assert lora3.compute_s == pytest.approx(fast.compute_s * 0.53 / 0.34)
