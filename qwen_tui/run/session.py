@@ -17,7 +17,7 @@ from ..nodes.transport import LocalTransport, Transport
 from ..plan import LaunchPlan, make_plan
 from ..preset import Preset, load_preset, save_preset
 from .launcher import LaunchError, Launcher
-from .rundir import RunDir, default_runs_root, new_run_id, write_json_atomic
+from .rundir import RunDir, RunDirError, default_runs_root, new_run_id, write_json_atomic
 
 
 def local_port_free(port: int, host: str = "") -> Optional[str]:
@@ -159,10 +159,27 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
             t.close()
 
 
+FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
+
+
 def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
+    """Follow (or stop) a run from its run directory. Never signals a process that does
+    not prove it is this run's job, and never signals a run that has ended."""
     console = Console()
     rd = RunDir(Path(run_dir))
-    plan = rd.read_plan()
+    try:
+        plan = rd.read_plan()
+        state = rd.read_state()
+        rd.read_jobs(len(plan.nodes))
+    except RunDirError as e:
+        console.print(f"[bold red]cannot attach: {e}[/]", markup=True, highlight=False)
+        return 2
+    status = state.get("status")
+    if status in FINAL:
+        what = "nothing to stop" if stop else "nothing to follow"
+        console.print(f"run {plan.run_id} already ended ({status}): {state.get('message', '')}; {what}",
+                      markup=False, highlight=False)
+        return 0 if stop else FINAL[status]
     preset = load_preset(rd.path / "preset.yaml")
     conns = connect(preset, accept_new_host_keys=accept_new_host_keys)
     bad = {i: e for i, e in conns.items() if isinstance(e, Exception)}
@@ -173,7 +190,20 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 console.print(f"[bold red]node {i}: {e}[/]")
             return 1
         la = Launcher.attach(rd, transports)
+        refused = la.refusals()
+        if refused:
+            for r, why in sorted(refused.items()):
+                console.print(f"node {r} ({la.nodes[r].label}): refusing to signal pid {la.nodes[r].pid}: {why}",
+                              style="bold red", markup=False, highlight=False)
+            console.print("nothing was signalled: the run directory does not describe processes of this run",
+                          style="bold red")
+            return 1
         if stop:
+            ended = la.poll()  # every node may have written its exit code since
+            if ended is not None:
+                console.print(f"run {plan.run_id} already ended ({ended.status}): {ended.message}; nothing to stop",
+                              markup=False, highlight=False)
+                return 0
             out, left = la.stop_and_record()
             if left:
                 console.print(f"[bold red]processes left on node(s) {left}[/]")
@@ -186,5 +216,3 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     finally:
         for t in transports.values():
             t.close()
-
-
