@@ -137,6 +137,21 @@ class Preset(_Strict):
     network: Network = Field(default_factory=Network)
     training: Training
 
+    @field_validator("name")
+    @classmethod
+    def _name_one_line(cls, v: Optional[str]) -> Optional[str]:
+        # the name heads the saved preset's comment and names the run directory
+        if v is not None and _CONTROL.search(v):
+            raise ValueError("must not contain control characters (one line, no escapes)")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description_text(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and re.search(r"[\x00-\x08\x0b-\x1f\x7f]", v):
+            raise ValueError("must not contain control characters other than newlines and tabs")
+        return v
+
     @field_validator("version")
     @classmethod
     def _version(cls, v: int) -> int:
@@ -253,9 +268,10 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
 
 def parse_preset(text: str, source: str = "<preset>") -> Preset:
     """Validate YAML text. Raises PresetError with `source:line field: problem` lines."""
+    from .preset_yaml import load_yaml
+
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = load_yaml(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -314,13 +330,18 @@ def dump_preset(preset: Preset) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
-def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None) -> Path:
+def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None,
+                mode: int = 0o644) -> Path:
     """Write atomically: a reader sees the old file or the new one, never half of one.
 
     An existing header comment (the lines starting with `#` at the top) is kept unless
-    `header` is given; a new file gets one with the command that runs it.
+    `header` is given; a new file gets one with the command that runs it. A path that
+    is a symbolic link updates the link's target (the link stays a link). A new file
+    gets `mode`; an existing one keeps its mode.
     """
     p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
     body = dump_preset(preset)
     parse_preset(body, str(p))  # never write what we could not read back
     if header is None:
@@ -347,7 +368,7 @@ def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[s
         if p.exists():
             os.chmod(tmp, p.stat().st_mode & 0o777)
         else:
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):

@@ -101,7 +101,7 @@ def start_run(preset: Preset, plan: LaunchPlan, transports: dict[int, Transport]
     """Record the run (plan, preset, facts, the check matrix) in a new run directory and
     start every node. The one launch step of `replay` and the wizard. Raises LaunchError."""
     rd = RunDir.create(root, plan.run_id)
-    save_preset(preset, rd.path / "preset.yaml")
+    save_preset(preset, rd.path / "preset.yaml", mode=0o600)  # it may hold secrets (network.env)
     write_json_atomic(rd.path / "facts.json", facts.to_dict())
     if check_report is not None:
         write_json_atomic(rd.path / "check.json", check_report)
