@@ -46,11 +46,16 @@ def load_conversations(path: str) -> list[Conversation]:
     if not file.is_file():
         raise InputError(f"{path}: data file not found" if not file.exists() else f"{path}: not a file")
     try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        data = file.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte {e.start}, column {col}: "
+                         f"{data[e.start:e.start + 4]!r})") from None
     raw = list(_parse(path, text))
     if not raw:
         raise InputError(f"{path}: no records")
@@ -65,16 +70,61 @@ def _parse(path: str, text: str):
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}: invalid JSON at line {_array_line(text, stripped, e)}, column {e.colno}: {e.msg}") from None
+        except (RecursionError, ValueError):
+            line, record, why = _locate_hostile(text)
+            raise InputError(f"{path}:{line}: record {record}: {why}") from None
         for obj in data:
             yield None, obj
         return
+    record = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{lineno}: invalid JSON at column {e.colno}: {e.msg}") from None
+            raise InputError(f"{path}:{lineno}: record {record}: invalid JSON at column {e.colno}: {e.msg}") from None
+        except (RecursionError, ValueError):  # nesting past the parser's stack, an int past int()'s digit limit
+            raise InputError(f"{path}:{lineno}: record {record}: {_locate_hostile(line)[2]}") from None
+        record += 1
+
+
+MAX_DEPTH = 200  # a chat record is 3 levels deep
+MAX_INT_DIGITS = 4300  # Python's int() refuses more (sys.int_info.default_max_str_digits)
+
+
+def _locate_hostile(text: str) -> tuple[int, int, str]:
+    """(line, record index, problem) of the first place that nests deeper than MAX_DEPTH
+    or holds a longer integer than int() takes. Only run once parsing has failed."""
+    depth, line, record, in_str, esc, digits = 0, 1, 0, False, False, 0
+    for ch in text:
+        if ch == "\n":
+            line += 1
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch.isdigit():
+            digits += 1
+            if digits > MAX_INT_DIGITS:
+                return line, record, f"a number of more than {MAX_INT_DIGITS} digits"
+            continue
+        digits = 0
+        if ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line, record, f"nested more than {MAX_DEPTH} levels deep"
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 1:
+            record += 1
+    return line, record, "cannot be read as JSON"
 
 
 def _array_line(text: str, stripped: str, e: json.JSONDecodeError) -> int:
@@ -82,9 +132,17 @@ def _array_line(text: str, stripped: str, e: json.JSONDecodeError) -> int:
     return e.lineno + text[: len(text) - len(stripped)].count("\n")
 
 
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
     rid = obj.get("id") if isinstance(obj, dict) else None
-    rid = f"#{index}" if rid is None else str(rid)
+    rid = f"#{index}" if rid is None else str(rid)[:100]
     where = f"{path}:{line}" if line is not None else path
 
     def bad(problem: str) -> InputError:
@@ -114,6 +172,9 @@ def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
         content = turn.get(text_key)
         if not isinstance(content, str):
             raise bad(f"{field}[{t}].{text_key} must be a string, got {type(content).__name__}")
+        if not _encodable(content):
+            raise bad(f"{field}[{t}].{text_key} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                      "not text a tokenizer can read")
         if role == "assistant" and not content.strip():
             raise bad(f"{field}[{t}] is an empty assistant reply")
         messages.append({"role": role, "content": content})
