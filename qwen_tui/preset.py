@@ -274,9 +274,16 @@ def parse_preset(text: str, source: str = "<preset>") -> Preset:
         root, data = load_yaml(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(e, "problem", None) or str(e)
-        raise PresetError([f"{where} not valid YAML: {problem}"]) from None
+        if mark is not None:
+            line = mark.line + 1
+        elif isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (control, BOM misuse)
+            line = text.count("\n", 0, e.position) + 1
+        else:
+            line = 1
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, yaml.reader.ReaderError):
+            problem = f"character #x{e.character:04x} is not allowed in YAML"
+        raise PresetError([f"{source}:{line} (text): not valid YAML: {problem}"]) from None
     if not isinstance(data, dict):
         raise PresetError([f"{source}:1 (top level): must be a mapping with cluster and training, got {type(data).__name__}"])
     try:
@@ -301,11 +308,16 @@ def load_preset(path: str | os.PathLike[str]) -> Preset:
     """Read and validate a preset file. Never writes anything."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise PresetError([f"{p}: no such preset file"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PresetError([f"{p}: cannot read: {e}"]) from None
+    except OSError as e:
+        raise PresetError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PresetError([f"{p}:{line} (text): not UTF-8 (byte {e.start}: {data[e.start:e.start + 4]!r})"]) from None
     return parse_preset(text, str(p))
 
 

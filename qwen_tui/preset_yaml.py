@@ -64,8 +64,12 @@ def _check_graph(root: yaml.Node, source: str) -> None:
         line = node.start_mark.line + 1
         size = 1
         if isinstance(node, yaml.ScalarNode):
-            digits = sum(c.isdigit() for c in node.value)
-            if node.tag == _INT and digits > MAX_INT_DIGITS:
+            try:
+                node.value.encode("utf-8")
+            except UnicodeEncodeError:  # "\ud800" in a double-quoted string
+                raise _err(source, line, path, "holds a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+            digits = sum(c.isdigit() for c in node.value) if node.tag == _INT else 0
+            if digits > MAX_INT_DIGITS:
                 raise _err(source, line, path, f"a number of {digits} digits is not a setting")
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):

@@ -62,31 +62,92 @@ def load_conversations(path: str) -> list[Conversation]:
     return [_check_record(path, i, line, obj) for i, (line, obj) in enumerate(raw)]
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    """object_pairs_hook: a record whose key comes twice would silently keep the last one."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {k[:60]!r} in one object")
+        out[k] = v
+    return out
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
+def _why(e: Exception, text: str) -> str:
+    if isinstance(e, _DuplicateKey):
+        return str(e)
+    return _locate_hostile(text)[2]
+
+
 def _parse(path: str, text: str):
-    """Yields (line or None, object) for a JSON array file or a JSON-lines file."""
+    """Yields (line, object) for a JSON array file or a JSON-lines file."""
     stripped = text.lstrip("\ufeff \t\r\n")
     if stripped.startswith("["):
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}: invalid JSON at line {_array_line(text, stripped, e)}, column {e.colno}: {e.msg}") from None
-        except (RecursionError, ValueError):
-            line, record, why = _locate_hostile(text)
-            raise InputError(f"{path}:{line}: record {record}: {why}") from None
-        for obj in data:
-            yield None, obj
+        yield from _parse_array(path, text, len(text) - len(stripped) + 1)
         return
     record = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            yield lineno, _DECODER.decode(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}:{lineno}: record {record}: invalid JSON at column {e.colno}: {e.msg}") from None
-        except (RecursionError, ValueError):  # nesting past the parser's stack, an int past int()'s digit limit
-            raise InputError(f"{path}:{lineno}: record {record}: {_locate_hostile(line)[2]}") from None
+        except (RecursionError, ValueError) as e:  # nesting past the parser's stack, an int past int()'s limit
+            raise InputError(f"{path}:{lineno}: record {record}: {_why(e, line)}") from None
         record += 1
+
+
+def _parse_array(path: str, text: str, i: int):
+    """The records of a JSON array, one at a time, each with the line it starts on."""
+    ws = " \t\r\n"
+    line, seen, record = 1, 0, 0
+
+    def skip(k: int) -> int:
+        while k < len(text) and text[k] in ws:
+            k += 1
+        return k
+
+    def bad_json(pos: int, msg: str) -> InputError:
+        ln = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        return InputError(f"{path}: invalid JSON at line {ln}, column {col}: {msg} (record {record})")
+
+    i = skip(i)
+    if i < len(text) and text[i] == "]":
+        i = skip(i + 1)
+        if i < len(text):
+            raise bad_json(i, "extra data after the array")
+        return
+    while True:
+        line += text.count("\n", seen, i)
+        seen = i
+        try:
+            obj, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg} "
+                             f"(record {record})") from None
+        except (RecursionError, ValueError) as e:
+            ln, _, why = _locate_hostile(text[i:]) if not isinstance(e, _DuplicateKey) else (1, 0, str(e))
+            raise InputError(f"{path}:{line + ln - 1}: record {record}: {why}") from None
+        yield line, obj
+        record += 1
+        i = skip(end)
+        if i < len(text) and text[i] == ",":
+            i = skip(i + 1)
+            continue
+        if i < len(text) and text[i] == "]":
+            i = skip(i + 1)
+            if i < len(text):
+                raise bad_json(i, "extra data after the array")
+            return
+        raise bad_json(i, "expected ',' or ']' after a record")
 
 
 MAX_DEPTH = 200  # a chat record is 3 levels deep
@@ -125,11 +186,6 @@ def _locate_hostile(text: str) -> tuple[int, int, str]:
         elif ch == "," and depth == 1:
             record += 1
     return line, record, "cannot be read as JSON"
-
-
-def _array_line(text: str, stripped: str, e: json.JSONDecodeError) -> int:
-    # json counts lines in the stripped text; add the lines that the strip removed.
-    return e.lineno + text[: len(text) - len(stripped)].count("\n")
 
 
 def _encodable(s: str) -> bool:
