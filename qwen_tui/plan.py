@@ -43,9 +43,13 @@ class NodeCommand:
         return posixpath.join(self.run_dir, f"node-{self.rank}.rc")
 
     def shell_line(self) -> str:
-        """One line a person can paste into a shell on that node."""
-        envs = [f"{k}={v}" for k, v in self.env.items()]
-        return f"cd {quote_argv([self.workdir])} && " + quote_argv(["env", *envs, *self.argv])
+        """One line a person can paste into a shell on that node. A secret's value is not
+        in it: it reads the variable from that shell's environment. Control characters
+        are shown escaped (redact.printable), so the line is safe to print."""
+        from .redact import is_secret, printable
+
+        envs = [f'{k}="${k}"' if is_secret(k) else quote_argv([f"{k}={v}"]) for k, v in self.env.items()]
+        return printable(f"cd {quote_argv([self.workdir])} && env " + " ".join([*envs, quote_argv(self.argv)]))
 
 
 @dataclass

@@ -11,7 +11,10 @@ shell string unquoted.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
+import secrets
 import select
 import signal as _signal
 import socket
@@ -33,7 +36,8 @@ _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
 # The job's environment arrives on stdin and goes into a 0600 file created with
 # noclobber (O_EXCL: a planted link is not followed); the job sources and removes it.
 # The run directories are made 0700.
-_DETACH = ('(umask 077 && mkdir -p -- "$1" "$2") || exit 98; envf=$3; shift 3; '
+# The run mark is exported before setsid, so it is in the environment of every exec.
+_DETACH = ('(umask 077 && mkdir -p -- "$1" "$2") || exit 98; envf=$3; export ' + RUN_MARK + '=$4; shift 4; '
            'rm -f -- "$envf" && (umask 077 && set -C && cat >"$envf") || exit 99; '
            'setsid "$@" </dev/null >/dev/null 2>&1 & echo "$!"')
 # One line per candidate process of a job: "pid<TAB>stat text after comm<TAB>marks".
@@ -411,7 +415,7 @@ class SSHTransport:
         envfile = rcfile + ".env"
         inner = job_argv(argv, cwd, log, rcfile, envfile=envfile, run_id=run_id)
         dirs = [posixpath.dirname(log) or ".", posixpath.dirname(rcfile) or "."]
-        r = self.run(["sh", "-c", _DETACH, "sh", *dirs, envfile, *inner], timeout=timeout,
+        r = self.run(["sh", "-c", _DETACH, "sh", *dirs, envfile, run_id, *inner], timeout=timeout,
                      input=env_script(dict(env)))
         if not r.ok:
             raise TransportError(f"{self.label}: could not start job (rc {r.rc}): {r.stderr.strip()[-500:]}")
@@ -511,18 +515,41 @@ class SSHTransport:
             r = self.run(["mkdir", "-p", "--", parent], timeout=min(timeout, 30))
             if not r.ok:
                 raise TransportError(f"{self.label}: mkdir {parent}: {r.stderr.strip()}")
-        tmp = remote + ".part"
+        # A fresh name opened with O_CREAT|O_EXCL ("wx"): a planted `.part` link is never followed.
+        tmp = f"{remote}.{secrets.token_hex(4)}.part"
         with self._lock:
             sftp = self._sftp_client(timeout)
             try:
-                sftp.put(local, tmp, callback=progress, confirm=True)
-                sftp.posix_rename(tmp, remote)
+                try:
+                    self._put_exclusive(sftp, local, tmp, progress)
+                    sftp.posix_rename(tmp, remote)
+                except BaseException:
+                    # never created, or the connection is gone: the error raised below says which
+                    with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+                        sftp.remove(tmp)
+                    raise
             except (socket.timeout, TimeoutError):
                 self._sftp = None
                 raise TransportError(f"{self.label}: copying to {remote} timed out after {timeout:g}s") from None
             except (paramiko.SSHException, OSError, EOFError) as e:
                 self._sftp = None
                 raise TransportError(f"{self.label}: copying to {remote} failed: {e}") from None
+
+    @staticmethod
+    def _put_exclusive(sftp: paramiko.SFTPClient, local: str, tmp: str,
+                       progress: Optional[Callable[[int, int], None]]) -> None:
+        size = os.path.getsize(local)
+        done = 0
+        with open(local, "rb") as src, sftp.open(tmp, "wxb") as dst:
+            dst.set_pipelined(True)
+            while chunk := src.read(32768):
+                dst.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, size)
+        got = sftp.stat(tmp).st_size
+        if got != size:
+            raise OSError(f"size mismatch after copying: {got} != {size}")
 
     def get_file(self, remote, local, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
         remote = self.abspath(remote)

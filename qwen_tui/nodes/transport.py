@@ -172,11 +172,13 @@ class LocalTransport:
             _end_process_group(p)
 
     def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0, run_id="") -> int:
+        # The run mark is in the environment the first exec gets: Popen returns after that
+        # exec, so from the moment the pid is known /proc/PID/environ proves the job is ours.
         # 0700: the run directory holds logs and exit codes of this user's job only
         Path(log).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         p = subprocess.Popen(job_argv(argv, cwd, log, rcfile, run_id=run_id), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, env={**os.environ, **env})
+                             start_new_session=True, env={**os.environ, **env, RUN_MARK: run_id})
         # Reap it in the background so it does not linger as a zombie while we watch.
         threading.Thread(target=p.wait, daemon=True).start()
         return p.pid
@@ -230,11 +232,20 @@ class LocalTransport:
 
     def put_file(self, local, remote, *, timeout=600.0, progress=None) -> None:
         import shutil
+        import tempfile
 
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{remote}.part"
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, remote)
+        # mkstemp (O_EXCL) in the target's directory: a planted `<name>.part` link is never written through
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(remote).name}.", suffix=".part", dir=Path(remote).parent)
+        try:
+            with os.fdopen(fd, "wb") as dst, open(local, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, remote)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
         if progress:
             size = os.path.getsize(remote)
             progress(size, size)

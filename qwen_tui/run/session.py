@@ -16,6 +16,7 @@ from ..facts import ClusterFacts
 from ..nodes.transport import LocalTransport, Transport
 from ..plan import LaunchPlan, make_plan
 from ..preset import Preset, load_preset, save_preset
+from ..redact import shown_env
 from .launcher import LaunchError, Launcher
 from .rundir import RunDir, RunDirError, default_runs_root, new_run_id, write_json_atomic
 
@@ -49,7 +50,7 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
     console.print(f"effective batch size: {plan.batch_formula}")
     for c in plan.nodes:
         console.rule(f"node {c.rank}: {c.label}" + (" (local)" if c.local else ""))
-        for k, v in c.env.items():
+        for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
 
