@@ -218,9 +218,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(next_gpu + i) for i in range(node.gpus))
             next_gpu += node.gpus
         env.update(preset.network.env)
-        python = node.python
-        if node.is_local and local_python and "python" not in node.model_fields_set:
-            python = local_python
+        python = node.python_for(local_python)
         argv = [
             python, "-m", "torch.distributed.run",
             "--nnodes", str(len(nodes)),

@@ -52,6 +52,13 @@ class Node(_Strict):
     def label(self) -> str:
         return self.name or self.host
 
+    def python_for(self, local_python: Optional[str]) -> str:
+        """The interpreter a run uses here: a local node that names no python of its own
+        runs `local_python` (qwen-tui's own). The checks probe the same one."""
+        if self.is_local and local_python and "python" not in self.model_fields_set:
+            return local_python
+        return self.python
+
     @property
     def is_local(self) -> bool:
         return self.host in ("localhost", "127.0.0.1", "::1")
