@@ -98,15 +98,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.keys import setup_keys
+    from qwen_tui.nodes.keys import KeyLocked, identity_for, key_is_encrypted, setup_keys
+    from qwen_tui.nodes.transport import TransportError
     from qwen_tui.preset import load_preset
 
     preset = load_preset(args.preset)
     console = Console()
     password = getpass.getpass("SSH password for the nodes (used once, kept in memory only): ") \
         if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
-    rep = setup_keys(preset, password or None, accept_new_host_keys=args.accept_new_host_keys)
-    del password
+    try:
+        ident = identity_for(preset)
+    except TransportError as e:  # the preset's ssh_config cannot be read
+        print(f"qwen-tui keys: {e}", file=sys.stderr)
+        return 2
+    passphrase = None
+    if key_is_encrypted(ident):
+        # asked like the password (the next stdin line when not a terminal); empty: use ssh-agent
+        prompt = f"passphrase of {ident} (kept in memory only; empty: use ssh-agent): "
+        passphrase = getpass.getpass(prompt) if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    try:
+        rep = setup_keys(preset, password or None, accept_new_host_keys=args.accept_new_host_keys,
+                         passphrase=passphrase or None)
+    except KeyLocked as e:
+        print(f"qwen-tui keys: {e}", file=sys.stderr)
+        return 2
+    finally:
+        del password, passphrase
     labels = [n.label for n in preset.cluster.nodes]
     console.print(f"key: {rep.key.private_path}" + (" (new)" if rep.key.created else ""))
     for i, v in sorted(rep.installed.items()):

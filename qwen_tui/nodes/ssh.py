@@ -103,10 +103,11 @@ class Unreachable(TransportError):
 
 class SSHTransport:
     def __init__(self, target: SSHTarget, *, password: Optional[str] = None,
-                 accept_new_host_keys: Consent = False):
+                 accept_new_host_keys: Consent = False, passphrase: Optional[str] = None):
         self.target = target
         self.label = target.label
         self._password = password  # memory only; needed again only to reconnect
+        self._passphrase = passphrase  # the identity file's, memory only
         self._consent = accept_new_host_keys
         self._client: Optional[paramiko.SSHClient] = None
         self._sftp: Optional[paramiko.SFTPClient] = None
@@ -160,7 +161,7 @@ class SSHTransport:
         try:
             client.connect(
                 t.hostname, port=t.port, username=t.user, password=self._password,
-                key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
+                passphrase=self._passphrase, key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
                 channel_timeout=ct, allow_agent=t.look_for_keys, look_for_keys=t.look_for_keys and not keys,
                 sock=sock)
         except HostKeyError:
