@@ -32,13 +32,15 @@ from .jobs import JOB_MARK, RUN_MARK, Proc, local_kill, local_proc, local_procs
 # is the child's environment; over SSH it is a 0600 file ($4) that the job sources
 # and removes before it starts the command. The exit code goes through a temp file
 # created with noclobber (O_EXCL), so a planted link is never written through.
+# The log and exit-code files are made 0600 (umask 077); the command itself runs
+# with the umask it was given.
 JOB_SCRIPT = (
-    f'export {JOB_MARK}=$$; '
+    f'export {JOB_MARK}=$$; u=$(umask); umask 077; '
     'cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; }; '
-    'log=$2; rcf=$3; envf=$4; shift 4; '
+    'log=$2; rcf=$3; envf=$4; shift 4; : >>"$log"; '
     'if [ -n "$envf" ]; then . "$envf" || { echo "cannot read the job environment $envf" >>"$log"; '
     'rm -f -- "$envf"; echo 96 >"$rcf"; exit 96; }; rm -f -- "$envf"; fi; '
-    '"$@" >>"$log" 2>&1 </dev/null; rc=$?; rm -f -- "$rcf.tmp"; '
+    'umask "$u"; "$@" >>"$log" 2>&1 </dev/null; rc=$?; umask 077; rm -f -- "$rcf.tmp"; '
     '(set -C; echo "$rc" >"$rcf.tmp") && mv -f -- "$rcf.tmp" "$rcf"'
 )
 

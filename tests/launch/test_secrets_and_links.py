@@ -195,4 +195,6 @@ def test_ssh_env_file_is_never_written_through_a_planted_link(tmp_path):
         time.sleep(0.05)
     assert (run_dir / "node-0.rc").read_text().strip() == "0"
     assert victim.read_text() == "precious\n"
+    for f in ("node-0.log", "node-0.rc"):
+        assert (run_dir / f).stat().st_mode & 0o777 == 0o600, f
     assert pid > 1
