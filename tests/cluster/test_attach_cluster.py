@@ -36,19 +36,48 @@ def _attach(rd: Path, *extra: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "250", "PYTHONPATH": str(REPO)})
 
 
-def _jobs(cluster, i: int, bystander) -> list[int]:
-    return [p for p in cluster.job_pids(i) if p != bystander.pid]
+SLEEP = "3131"  # the bystander's sleep, told apart from the run's processes by its argument
+
+
+class Bystander:
+    """An unrelated process group on node 1: `setsid sleep`, started over SSH so it lives
+    in the node's own pid namespace (each node has one); `pid` is its pid there."""
+
+    def __init__(self, t):
+        self.t = t
+        r = t.run(["sh", "-c", f"setsid sleep {SLEEP} </dev/null >/dev/null 2>&1 & echo $!"], timeout=15)
+        assert r.ok, r.stderr
+        self.pid = int(r.stdout.split()[-1])
+        time.sleep(0.3)
+        self.start = t.proc_start(self.pid)
+
+    def alive(self) -> bool:
+        return self.t.run(["kill", "-0", str(self.pid)], timeout=15).ok
+
+    def end(self) -> None:
+        self.t.run(["kill", "-9", str(self.pid)], timeout=15)
+
+
+def _jobs(cluster, i: int) -> list[int]:
+    """The run's processes on node i (host pids), the bystander left out."""
+    out = []
+    for pid in cluster.job_pids(i):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() != f"sleep\0{SLEEP}\0".encode():
+                out.append(pid)
+        except FileNotFoundError:
+            continue
+    return out
 
 
 @pytest.fixture
-def bystander(cluster):
-    """An unrelated process group on node 1: `setsid sleep` in its namespace (`ip netns exec`
-    execs the command, so the pid is the sleep's)."""
-    p = subprocess.Popen(["ip", "netns", "exec", cluster.nodes[1].netns, "sleep", "300"], start_new_session=True)
-    time.sleep(0.3)
-    yield p
-    p.kill()
-    p.wait()
+def bystander(cluster, sshdir, keyed, tmp_path):
+    conns = connect_all(_preset(cluster, sshdir, tmp_path))
+    assert conns.ok, conns.errors_text()
+    b = Bystander(conns[1])
+    yield b
+    b.end()
+    close_all(conns)
 
 
 def test_attach_stop_on_a_crafted_run_dir_refuses_and_the_sleep_survives(cluster, sshdir, keyed, tmp_path, bystander):
@@ -56,15 +85,14 @@ def test_attach_stop_on_a_crafted_run_dir_refuses_and_the_sleep_survives(cluster
     rd = RunDir.create(tmp_path / "runs", "crafted")
     save_preset(preset, rd.path / "preset.yaml", mode=0o600)
     rd.write_plan(make_plan(preset, run_id="crafted", local_run_dir=str(rd.path)))
-    start = int(Path(f"/proc/{bystander.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    rd.write_pids({r: bystander.pid for r in range(3)}, starts={r: start for r in range(3)})
+    rd.write_pids({r: bystander.pid for r in range(3)}, starts={r: bystander.start for r in range(3)})
     rd.write_state(status="running")
     res = _attach(rd.path, "--stop")
     assert res.returncode == 1, res.stdout + res.stderr
     out = " ".join(res.stdout.split())
     assert f"refusing to signal pid {bystander.pid}" in out and "nothing was signalled" in out, out
     time.sleep(0.5)
-    assert bystander.poll() is None
+    assert bystander.alive()
     for pid in (0, 1):
         rd.write_pids({r: pid for r in range(3)}, starts={r: 1 for r in range(3)})
         res = _attach(rd.path, "--stop")
@@ -84,10 +112,10 @@ def test_a_real_run_hides_its_secret_logs_under_the_workdir_and_attach_stops_onl
     try:
         la.start()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(_jobs(cluster, i, bystander) for i in range(3)):
+        while time.monotonic() < deadline and not all(_jobs(cluster, i) for i in range(3)):
             time.sleep(0.5)
         for i in range(3):
-            for pid in _jobs(cluster, i, bystander):
+            for pid in _jobs(cluster, i):
                 try:
                     assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
                 except FileNotFoundError:
@@ -101,10 +129,10 @@ def test_a_real_run_hides_its_secret_logs_under_the_workdir_and_attach_stops_onl
         assert res.returncode == 0, res.stdout + res.stderr
         assert json.loads((rd.path / "state.json").read_text())["status"] == "stopped"
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_jobs(cluster, i, bystander) for i in range(3)):
+        while time.monotonic() < deadline and any(_jobs(cluster, i) for i in range(3)):
             time.sleep(0.3)
-        assert not any(_jobs(cluster, i, bystander) for i in range(3))
-        assert bystander.poll() is None
+        assert not any(_jobs(cluster, i) for i in range(3))
+        assert bystander.alive()
         # the run is over: a second stop signals nothing and changes nothing
         before = (rd.path / "state.json").read_text()
         res = _attach(rd.path, "--stop")
