@@ -6,7 +6,6 @@ channel is the only part not exercised: tests/cluster/test_attach_cluster.py doe
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
