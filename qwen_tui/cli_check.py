@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from qwen_tui.redact import printable
 
 COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim"}
 
@@ -89,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(t)
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"
-        console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {who:12} {f.code}: {f.message}",
-                      markup=True, highlight=False)
+        # messages carry user values (paths, hosts): escaped, never read as markup or terminal codes
+        console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {escape(printable(who)):12} {f.code}: "
+                      f"{escape(printable(f.message))}", markup=True, highlight=False)
         if f.fix:
-            console.print(f"{'':20} fix: {f.fix}", markup=False, highlight=False)
+            console.print(f"{'':20} fix: {printable(f.fix)}", markup=False, highlight=False)
     console.print("[green]all checks passed[/]" if rep.ok else f"[bold red]{len(rep.errors)} error(s)[/]")
     return 0 if rep.ok else 1
 

@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..facts import ClusterFacts
 from ..nodes.transport import LocalTransport, Transport
 from ..plan import LaunchPlan, make_plan
 from ..preset import Preset, load_preset, save_preset
-from ..redact import shown_env
+from ..redact import printable, shown_env
 from .launcher import LaunchError, Launcher
 from .rundir import RunDir, RunDirError, default_runs_root, new_run_id, write_json_atomic
 
@@ -49,7 +51,7 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
                   f"backend {plan.backend}, master {plan.master_addr}:{plan.master_port}")
     console.print(f"effective batch size: {plan.batch_formula}")
     for c in plan.nodes:
-        console.rule(f"node {c.rank}: {c.label}" + (" (local)" if c.local else ""))
+        console.rule(escape(f"node {c.rank}: {c.label}" + (" (local)" if c.local else "")))
         for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
@@ -93,7 +95,9 @@ def print_advice(advice: list, console: Console) -> None:
     colours = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for a in advice:
         fix = getattr(a.fix, "label", a.fix) if a.fix else ""
-        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, a.message, str(fix or ""))
+        # Text, not markup: messages carry user values (paths, hosts); control characters escaped
+        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, Text(printable(a.message)),
+                  Text(printable(str(fix or ""))))
     console.print(t)
 
 

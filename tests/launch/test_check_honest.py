@@ -69,3 +69,18 @@ def test_check_probes_the_interpreter_replay_runs_and_creates_nothing(tmp_path):
     assert "TORCH_MISSING" not in codes and "CODE_MISSING" not in codes, data["findings"]
     assert not (tmp_path / "deep").exists()
     assert list(work.iterdir()) == []
+
+
+def test_user_values_in_findings_are_never_markup_or_terminal_codes(tmp_path):
+    d = yaml.safe_load(DEMO.read_text())
+    d["training"]["data"] = "data[/x]\x1b[2J.jsonl"  # rich markup and an escape sequence in a path
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(d))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+    for args in (["check", str(p), "--no-rehearsal"], ["replay", str(p)]):
+        res = subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300, env=env)
+        out = res.stdout + res.stderr
+        assert res.returncode == 1, out[-2000:]  # the data file is missing: an error, not a crash
+        assert "Traceback" not in out and "\x1b[2J" not in out
+        assert "data[/x]\\x1b[2J.jsonl" in out, out[-2000:]
