@@ -116,16 +116,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             sys.stdout.write(next(iter(files.values())))
             return 0
         out = Path(f"{Path(args.preset).stem}-{args.format}")
-    if len(files) > 1 or out.is_dir() or str(out).endswith("/"):
+    # Path() drops a trailing slash: "-o dir/" asks for a directory, so look at the argument
+    if len(files) > 1 or out.is_dir() or (args.output or "").endswith(os.sep):
+        if out.exists() and not out.is_dir():
+            _err(f"{out}: exists and is not a directory (the {args.format} format writes "
+                 f"{len(files)} files into a directory)")
+            return 2
         out.mkdir(parents=True, exist_ok=True)
         targets = {out / name: text for name, text in files.items()}
     else:
         targets = {out: next(iter(files.values()))}
+    from .atomic import write_text_atomic
+
     for path, text in targets.items():
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, path)
+        write_text_atomic(path, text, mode=0o755)
         print(f"wrote {path}")
     return 0
 

@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from qwen_tui.redact import printable
 
 COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim"}
 
@@ -89,24 +92,42 @@ def run(args: argparse.Namespace) -> int:
     console.print(t)
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"
-        console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {who:12} {f.code}: {f.message}",
-                      markup=True, highlight=False)
+        # messages carry user values (paths, hosts): escaped, never read as markup or terminal codes
+        console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {escape(printable(who)):12} {f.code}: "
+                      f"{escape(printable(f.message))}", markup=True, highlight=False)
         if f.fix:
-            console.print(f"{'':20} fix: {f.fix}", markup=False, highlight=False)
+            console.print(f"{'':20} fix: {printable(f.fix)}", markup=False, highlight=False)
     console.print("[green]all checks passed[/]" if rep.ok else f"[bold red]{len(rep.errors)} error(s)[/]")
     return 0 if rep.ok else 1
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.keys import setup_keys
+    from qwen_tui.nodes.keys import KeyLocked, identity_for, key_is_encrypted, setup_keys
+    from qwen_tui.nodes.transport import TransportError
     from qwen_tui.preset import load_preset
 
     preset = load_preset(args.preset)
     console = Console()
     password = getpass.getpass("SSH password for the nodes (used once, kept in memory only): ") \
         if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
-    rep = setup_keys(preset, password or None, accept_new_host_keys=args.accept_new_host_keys)
-    del password
+    try:
+        ident = identity_for(preset)
+    except TransportError as e:  # the preset's ssh_config cannot be read
+        print(f"qwen-tui keys: {e}", file=sys.stderr)
+        return 2
+    passphrase = None
+    if key_is_encrypted(ident):
+        # asked like the password (the next stdin line when not a terminal); empty: use ssh-agent
+        prompt = f"passphrase of {ident} (kept in memory only; empty: use ssh-agent): "
+        passphrase = getpass.getpass(prompt) if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    try:
+        rep = setup_keys(preset, password or None, accept_new_host_keys=args.accept_new_host_keys,
+                         passphrase=passphrase or None)
+    except KeyLocked as e:
+        print(f"qwen-tui keys: {e}", file=sys.stderr)
+        return 2
+    finally:
+        del password, passphrase
     labels = [n.label for n in preset.cluster.nodes]
     console.print(f"key: {rep.key.private_path}" + (" (new)" if rep.key.created else ""))
     for i, v in sorted(rep.installed.items()):

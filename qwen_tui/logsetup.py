@@ -9,6 +9,7 @@ terminal. The wizard logs to that file only: stderr belongs to the screen.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -40,6 +41,8 @@ def log_to_run_dir(run_dir: Path) -> Optional[Path]:
     if _level is None:
         return None
     path = Path(run_dir) / LOG_FILE
+    # 0600 like the run directory's other files, and never through a link planted in its place
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
     h = logging.FileHandler(path, encoding="utf-8")
     h.setLevel(_level)
     h.setFormatter(logging.Formatter(FORMAT))

@@ -43,9 +43,13 @@ class NodeCommand:
         return posixpath.join(self.run_dir, f"node-{self.rank}.rc")
 
     def shell_line(self) -> str:
-        """One line a person can paste into a shell on that node."""
-        envs = [f"{k}={v}" for k, v in self.env.items()]
-        return f"cd {quote_argv([self.workdir])} && " + quote_argv(["env", *envs, *self.argv])
+        """One line a person can paste into a shell on that node. A secret's value is not
+        in it: it reads the variable from that shell's environment. Control characters
+        are shown escaped (redact.printable), so the line is safe to print."""
+        from .redact import is_secret, printable
+
+        envs = [f'{k}="${k}"' if is_secret(k) else quote_argv([f"{k}={v}"]) for k, v in self.env.items()]
+        return printable(f"cd {quote_argv([self.workdir])} && env " + " ".join([*envs, quote_argv(self.argv)]))
 
 
 @dataclass
@@ -154,9 +158,11 @@ def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Opt
 
 
 def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
+    """Where a node's log and exit code live: <workdir>/.qwen-tui/runs/<id> on a remote node
+    (a relative workdir is taken from the login directory, as every remote path is)."""
     if node.is_local:
         return local_run_dir
-    return posixpath.join(REMOTE_RUNS, run_id)
+    return posixpath.normpath(posixpath.join(node.workdir, REMOTE_RUNS, run_id))
 
 
 def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str = ".",
@@ -170,12 +176,12 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
     master_addr = preset.master_addr
     port = preset.network.master_port
     master = nodes[0]
-    metrics_file = posixpath.join(node_run_dir(master, run_id, local_run_dir), METRICS_NAME)
-    if not master.is_local:
-        # the master's worker resolves a relative path against its workdir
-        metrics_file = posixpath.join(master.workdir, metrics_file) if posixpath.isabs(master.workdir) else metrics_file
+    metrics_file = posixpath.join(node_run_dir(master, run_id, local_run_dir), METRICS_NAME)  # where qwen-tui reads
+    # the master's worker resolves a relative path against its workdir, not the login directory
+    worker_metrics = metrics_file if master.is_local or posixpath.isabs(metrics_file) else \
+        posixpath.join(REMOTE_RUNS, run_id, METRICS_NAME)
     shared = preset.cluster.shared_storage or all(n.is_local for n in nodes)
-    wargs = worker_args(preset.training, metrics_file=metrics_file, save_on_each_node=not shared and len(nodes) > 1,
+    wargs = worker_args(preset.training, metrics_file=worker_metrics, save_on_each_node=not shared and len(nodes) > 1,
                         ddp_timeout=preset.network.nccl_timeout)
     t = preset.training
     ebs = preset.effective_batch_size
@@ -216,9 +222,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(next_gpu + i) for i in range(node.gpus))
             next_gpu += node.gpus
         env.update(preset.network.env)
-        python = node.python
-        if node.is_local and local_python and "python" not in node.model_fields_set:
-            python = local_python
+        python = node.python_for(local_python)
         argv = [
             python, "-m", "torch.distributed.run",
             "--nnodes", str(len(nodes)),

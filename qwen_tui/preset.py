@@ -54,6 +54,13 @@ class Node(_Strict):
     def label(self) -> str:
         return self.name or self.host
 
+    def python_for(self, local_python: Optional[str]) -> str:
+        """The interpreter a run uses here: a local node that names no python of its own
+        runs `local_python` (qwen-tui's own). The checks probe the same one."""
+        if self.is_local and local_python and "python" not in self.model_fields_set:
+            return local_python
+        return self.python
+
     @property
     def is_local(self) -> bool:
         return self.host in ("localhost", "127.0.0.1", "::1")
@@ -139,6 +146,21 @@ class Preset(_Strict):
     cluster: Cluster
     network: Network = Field(default_factory=Network)
     training: Training
+
+    @field_validator("name")
+    @classmethod
+    def _name_one_line(cls, v: Optional[str]) -> Optional[str]:
+        # the name heads the saved preset's comment and names the run directory
+        if v is not None and _CONTROL.search(v):
+            raise ValueError("must not contain control characters (one line, no escapes)")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description_text(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and re.search(r"[\x00-\x08\x0b-\x1f\x7f]", v):
+            raise ValueError("must not contain control characters other than newlines and tabs")
+        return v
 
     @field_validator("version")
     @classmethod
@@ -263,14 +285,22 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
 
 def parse_preset(text: str, source: str = "<preset>") -> Preset:
     """Validate YAML text. Raises PresetError with `source:line field: problem` lines."""
+    from .preset_yaml import load_yaml
+
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = load_yaml(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(e, "problem", None) or str(e)
-        raise PresetError([f"{where} not valid YAML: {problem}"]) from None
+        if mark is not None:
+            line = mark.line + 1
+        elif isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (control, BOM misuse)
+            line = text.count("\n", 0, e.position) + 1
+        else:
+            line = 1
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, yaml.reader.ReaderError):
+            problem = f"character #x{e.character:04x} is not allowed in YAML"
+        raise PresetError([f"{source}:{line} (text): not valid YAML: {problem}"]) from None
     if not isinstance(data, dict):
         raise PresetError([f"{source}:1 (top level): must be a mapping with cluster and training, got {type(data).__name__}"])
     try:
@@ -295,11 +325,16 @@ def load_preset(path: str | os.PathLike[str]) -> Preset:
     """Read and validate a preset file. Never writes anything."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise PresetError([f"{p}: no such preset file"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PresetError([f"{p}: cannot read: {e}"]) from None
+    except OSError as e:
+        raise PresetError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PresetError([f"{p}:{line} (text): not UTF-8 (byte {e.start}: {data[e.start:e.start + 4]!r})"]) from None
     return parse_preset(text, str(p))
 
 
@@ -324,18 +359,23 @@ def dump_preset(preset: Preset) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
-def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None) -> Path:
+def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None,
+                mode: int = 0o644) -> Path:
     """Write atomically: a reader sees the old file or the new one, never half of one.
 
     Over an existing valid preset only the values that differ from it are written into the
     file's own text (comments, order, explicit defaults and spellings survive). Otherwise the
     preset is dumped fresh: an existing header comment (the lines starting with `#` at the
     top) is kept unless `header` is given; a new file gets one with the command that runs it.
+    A path that is a symbolic link updates the link's target (the link stays a link). A new
+    file gets `mode`; an existing one keeps its mode.
     """
     p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
     text = _edited_text(preset, p) if header is None else None
     if text is not None:
-        _write_atomic(p, text)
+        _write_atomic(p, text, mode)
         return p
     body = dump_preset(preset)
     parse_preset(body, str(p))  # never write what we could not read back
@@ -353,7 +393,7 @@ def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[s
             header = header_for(p, preset)
     if header and not header.endswith("\n"):
         header += "\n"
-    _write_atomic(p, header + body)
+    _write_atomic(p, header + body, mode)
     return p
 
 
@@ -379,7 +419,7 @@ def _edited_text(preset: Preset, p: Path) -> Optional[str]:
     return text if again.model_dump(mode="json") == preset.model_dump(mode="json") else None
 
 
-def _write_atomic(p: Path, text: str) -> None:
+def _write_atomic(p: Path, text: str, mode: int = 0o644) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
@@ -390,7 +430,7 @@ def _write_atomic(p: Path, text: str) -> None:
         if p.exists():
             os.chmod(tmp, p.stat().st_mode & 0o777)
         else:
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):

@@ -110,7 +110,7 @@ class ChatEncoder:
     def encode(self, conv: Conversation) -> Encoded:
         text = self.render(conv.messages)
         spans = self.assistant_spans(text, conv)
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = self._tokenize_bounded(text)
         ids = list(enc["input_ids"])
         labels = [IGNORE_INDEX] * len(ids)
         s = 0
@@ -123,6 +123,28 @@ class ChatEncoder:
         if truncated:
             ids, labels = ids[: self.max_length], labels[: self.max_length]
         return Encoded(ids, labels, truncated)
+
+    # Characters per token to try first when bounding the work; real text is ~3-4.
+    CHARS_PER_TOKEN = 8
+    MARGIN_TOKENS = 16  # tokens past the cut: a prefix's last tokens can differ from the full text's
+
+    def _tokenize_bounded(self, text: str):
+        """Token ids and offsets of at least max_length + 1 tokens of `text` (all of it when it is
+        shorter): a 50 MB record costs the tokenizer what its first max_length tokens cost.
+
+        A prefix cut mid-word tokenizes differently only near the cut; the tokens kept are
+        MARGIN_TOKENS before it and so are the full text's own. The prefix doubles until it
+        holds enough tokens."""
+        need = self.max_length + 1 + self.MARGIN_TOKENS
+        chars = need * self.CHARS_PER_TOKEN
+        while True:
+            if chars >= len(text):
+                return self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            enc = self.tok(text[:chars], add_special_tokens=False, return_offsets_mapping=True)
+            if len(enc["input_ids"]) >= need:
+                keep = self.max_length + 1  # one past the cut: the record still counts as truncated
+                return {"input_ids": enc["input_ids"][:keep], "offset_mapping": enc["offset_mapping"][:keep]}
+            chars *= 2
 
 
 def _has_labels(e: Encoded) -> bool:

@@ -46,45 +46,159 @@ def load_conversations(path: str) -> list[Conversation]:
     if not file.is_file():
         raise InputError(f"{path}: data file not found" if not file.exists() else f"{path}: not a file")
     try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        data = file.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte {e.start}, column {col}: "
+                         f"{data[e.start:e.start + 4]!r})") from None
     raw = list(_parse(path, text))
     if not raw:
         raise InputError(f"{path}: no records")
     return [_check_record(path, i, line, obj) for i, (line, obj) in enumerate(raw)]
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    """object_pairs_hook: a record whose key comes twice would silently keep the last one."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {k[:60]!r} in one object")
+        out[k] = v
+    return out
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
+def _why(e: Exception, text: str) -> str:
+    if isinstance(e, _DuplicateKey):
+        return str(e)
+    return _locate_hostile(text)[2]
+
+
 def _parse(path: str, text: str):
-    """Yields (line or None, object) for a JSON array file or a JSON-lines file."""
+    """Yields (line, object) for a JSON array file or a JSON-lines file."""
     stripped = text.lstrip("\ufeff \t\r\n")
     if stripped.startswith("["):
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}: invalid JSON at line {_array_line(text, stripped, e)}, column {e.colno}: {e.msg}") from None
-        for obj in data:
-            yield None, obj
+        yield from _parse_array(path, text, len(text) - len(stripped) + 1)
         return
+    record = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            yield lineno, _DECODER.decode(line)
         except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{lineno}: invalid JSON at column {e.colno}: {e.msg}") from None
+            raise InputError(f"{path}:{lineno}: record {record}: invalid JSON at column {e.colno}: {e.msg}") from None
+        except (RecursionError, ValueError) as e:  # nesting past the parser's stack, an int past int()'s limit
+            raise InputError(f"{path}:{lineno}: record {record}: {_why(e, line)}") from None
+        record += 1
 
 
-def _array_line(text: str, stripped: str, e: json.JSONDecodeError) -> int:
-    # json counts lines in the stripped text; add the lines that the strip removed.
-    return e.lineno + text[: len(text) - len(stripped)].count("\n")
+def _parse_array(path: str, text: str, i: int):
+    """The records of a JSON array, one at a time, each with the line it starts on."""
+    ws = " \t\r\n"
+    line, seen, record = 1, 0, 0
+
+    def skip(k: int) -> int:
+        while k < len(text) and text[k] in ws:
+            k += 1
+        return k
+
+    def bad_json(pos: int, msg: str) -> InputError:
+        ln = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        return InputError(f"{path}: invalid JSON at line {ln}, column {col}: {msg} (record {record})")
+
+    i = skip(i)
+    if i < len(text) and text[i] == "]":
+        i = skip(i + 1)
+        if i < len(text):
+            raise bad_json(i, "extra data after the array")
+        return
+    while True:
+        line += text.count("\n", seen, i)
+        seen = i
+        try:
+            obj, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg} "
+                             f"(record {record})") from None
+        except (RecursionError, ValueError) as e:
+            ln, _, why = _locate_hostile(text[i:]) if not isinstance(e, _DuplicateKey) else (1, 0, str(e))
+            raise InputError(f"{path}:{line + ln - 1}: record {record}: {why}") from None
+        yield line, obj
+        record += 1
+        i = skip(end)
+        if i < len(text) and text[i] == ",":
+            i = skip(i + 1)
+            continue
+        if i < len(text) and text[i] == "]":
+            i = skip(i + 1)
+            if i < len(text):
+                raise bad_json(i, "extra data after the array")
+            return
+        raise bad_json(i, "expected ',' or ']' after a record")
+
+
+MAX_DEPTH = 200  # a chat record is 3 levels deep
+MAX_INT_DIGITS = 4300  # Python's int() refuses more (sys.int_info.default_max_str_digits)
+
+
+def _locate_hostile(text: str) -> tuple[int, int, str]:
+    """(line, record index, problem) of the first place that nests deeper than MAX_DEPTH
+    or holds a longer integer than int() takes. Only run once parsing has failed."""
+    depth, line, record, in_str, esc, digits = 0, 1, 0, False, False, 0
+    for ch in text:
+        if ch == "\n":
+            line += 1
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch.isdigit():
+            digits += 1
+            if digits > MAX_INT_DIGITS:
+                return line, record, f"a number of more than {MAX_INT_DIGITS} digits"
+            continue
+        digits = 0
+        if ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line, record, f"nested more than {MAX_DEPTH} levels deep"
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 1:
+            record += 1
+    return line, record, "cannot be read as JSON"
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
     rid = obj.get("id") if isinstance(obj, dict) else None
-    rid = f"#{index}" if rid is None else str(rid)
+    rid = f"#{index}" if rid is None else str(rid)[:100]
     where = f"{path}:{line}" if line is not None else path
 
     def bad(problem: str) -> InputError:
@@ -114,6 +228,9 @@ def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
         content = turn.get(text_key)
         if not isinstance(content, str):
             raise bad(f"{field}[{t}].{text_key} must be a string, got {type(content).__name__}")
+        if not _encodable(content):
+            raise bad(f"{field}[{t}].{text_key} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                      "not text a tokenizer can read")
         if role == "assistant" and not content.strip():
             raise bad(f"{field}[{t}] is an empty assistant reply")
         messages.append({"role": role, "content": content})

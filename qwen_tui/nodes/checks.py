@@ -4,6 +4,7 @@ it) and returns findings, each placed in the node x check matrix."""
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -51,27 +52,40 @@ class CheckReport:
         matrix = {}
         for i, lab in enumerate(self.labels):
             matrix[lab] = {c: self.verdict(i, c) for c in COLUMNS}
+        why = {}
+        for (i, c), reason in sorted(self.not_checked.items()):
+            why.setdefault(self.labels[i], {})[c] = reason
         return {"ok": self.ok, "seconds": round(self.seconds, 2), "labels": self.labels, "matrix": matrix,
+                "not_checked": why,
                 "findings": [f.to_dict() for f in self.findings], "facts": self.facts.to_dict()}
 
     def verdict(self, i: int, column: str) -> str:
+        """ok / warning / error; "not checked" when the check could not run (not_checked says
+        why); "-" when it does not apply (a data file on the hub, one node's ports)."""
         lv, _ = self.cell(i, column)
         if lv is None:
+            if (i, column) in self.not_checked:
+                return "not checked"
             return "ok" if column in self._checked.get(i, set()) else "-"
         return {"info": "ok"}.get(lv, lv)
 
     _checked: dict = field(default_factory=dict)
+    not_checked: dict = field(default_factory=dict)  # (node, column) -> why the check could not run
 
 
-def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
-    """Compare nodes with each other and with the preset (pure)."""
+def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = None,
+                local_python: Optional[str] = None) -> list[Finding]:
+    """Compare nodes with each other and with the preset (pure). Only `probed` nodes (all
+    nodes with facts, when not given) are judged: an unreachable node has no stack to judge."""
     out: list[Finding] = []
     nodes = preset.cluster.nodes
-    ok = {i: f for i, f in facts.nodes.items() if f.error is None or f.gpus is None and "nvidia" in (f.error or "")}
+    local_python = local_python or sys.executable
+    node_facts = {i: f for i, f in facts.nodes.items() if probed is None or i in probed}
+    ok = {i: f for i, f in node_facts.items() if f.error is None or f.gpus is None and "nvidia" in (f.error or "")}
     ref_i = 0 if 0 in ok else (min(ok) if ok else None)
     want_gpu = preset.training.device != "cpu"
-    for i, f in sorted(facts.nodes.items()):
-        lab, py = nodes[i].label, nodes[i].python
+    for i, f in sorted(node_facts.items()):
+        lab, py = nodes[i].label, nodes[i].python_for(local_python)
         if "python" in f.missing_tools:
             out.append(Finding(ERROR, "PYTHON_MISSING", f"{lab}: {f.error}", FIXES["python"].format(i=i), i, "python"))
             continue
@@ -125,7 +139,8 @@ def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
             if a != b and (a or b):
                 lvl = ERROR if pkg == "torch" else WARNING
                 out.append(Finding(lvl, "VERSION_MISMATCH", f"{lab}: {pkg} {b or 'missing'}, master has {a or 'missing'}",
-                                   f"{nodes[i].python} -m pip install {pkg}=={a}" if a else "", i, "python"))
+                                   f"{nodes[i].python_for(local_python)} -m pip install {pkg}=={a}" if a else "",
+                                   i, "python"))
         if ref.python_version and f.python_version and ref.python_version.rsplit(".", 1)[0] != \
                 f.python_version.rsplit(".", 1)[0]:
             out.append(Finding(WARNING, "PYTHON_MISMATCH", f"{lab}: Python {f.python_version}, master has "
@@ -138,7 +153,7 @@ def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
                                "", i, "gpu"))
     for kind in ("data", "model"):
         r = getattr(ref, kind)
-        for i, f in sorted(facts.nodes.items()):
+        for i, f in sorted(node_facts.items()):
             x = getattr(f, kind)
             if x is None or f.error and "python" in f.missing_tools:
                 continue
@@ -156,7 +171,10 @@ def consistency(preset: Preset, facts: ClusterFacts) -> list[Finding]:
 
 def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: Optional[dict] = None,
                network: bool = True, bandwidth_seconds: float = 2.0,
-               warn_below_gbps: float = 10.0) -> CheckReport:
+               warn_below_gbps: float = 10.0, local_python: Optional[str] = None) -> CheckReport:
+    """`local_python`: what local nodes without a python of their own run (as make_plan);
+    qwen-tui's own interpreter by default, as `replay` and the wizard launch them."""
+    local_python = local_python or sys.executable
     t0 = time.monotonic()
     nodes = preset.cluster.nodes
     facts = ClusterFacts()
@@ -165,24 +183,38 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
     for i, e in (connect_errors or {}).items():
         facts.nodes[i] = NodeFacts(error=str(e))
         rep.findings.append(Finding(ERROR, "UNREACHABLE", str(e), _connect_fix(e), i, "ssh"))
+        for c in COLUMNS[1:]:
+            rep.not_checked[(i, c)] = "the node is unreachable"
     for i in transports:
         checked[i].add("ssh")
-    probes = probe_all(preset, transports)
+    probes = probe_all(preset, transports, local_python=local_python)
+    probed: set[int] = set()
     ephemeral = {}
     for i, v in probes.items():
         if isinstance(v, BaseException):
             facts.nodes[i] = NodeFacts(error=f"probe: {v}")
             rep.findings.append(Finding(ERROR, "PROBE_FAILED", f"{nodes[i].label}: {v}", "", i, "python"))
+            for c in ("gpu", "code", "data", "model", "disk"):
+                rep.not_checked[(i, c)] = "the probe failed"
             continue
         facts.nodes[i], raw = v
+        probed.add(i)
         if raw.get("ephemeral_ports"):
             ephemeral[i] = tuple(raw["ephemeral_ports"])
+        if raw.get("python_missing") or raw.get("workdir_missing"):
+            # nothing past the python check ran on this node: no ok for what was not looked at
+            why = "no python to probe with" if raw.get("python_missing") else "the workdir is missing"
+            checked[i].add("python" if raw.get("python_missing") else "code")
+            for c in ("gpu", "code", "data", "model", "disk"):
+                if c not in checked[i]:
+                    rep.not_checked[(i, c)] = why
+            continue
         checked[i] |= {"python", "gpu", "code", "disk"}
         if raw.get("data") is not None:
             checked[i].add("data")
         if raw.get("model") is not None:
             checked[i].add("model")
-    rep.findings += consistency(preset, facts)
+    rep.findings += consistency(preset, facts, probed=probed, local_python=local_python)
     if len(transports) > 1:
         from .storage import detect_shared_storage
 

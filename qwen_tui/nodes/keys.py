@@ -52,19 +52,51 @@ class KeyPair:
     private_path: str
     public_line: str
     created: bool
+    encrypted: bool = False  # protected by a passphrase
 
 
-def ensure_keypair(path: str = "~/.ssh/id_ed25519", comment: str = "qwen-tui") -> KeyPair:
-    """Load or create an ed25519 key pair (private 0600, public next to it)."""
+class KeyLocked(ValueError):
+    """The private key is protected by a passphrase that was not given (or is wrong)."""
+
+
+def key_is_encrypted(path: str) -> bool:
+    """True when the private key at `path` exists and needs a passphrase to be read."""
+    priv = Path(os.path.expanduser(path))
+    if not priv.exists():
+        return False
+    try:
+        serialization.load_ssh_private_key(priv.read_bytes(), password=None)
+    except TypeError:  # cryptography: "Password was not given but private key is encrypted"
+        return True
+    except ValueError:
+        return False  # not an OpenSSH key at all: ensure_keypair says so
+    return False
+
+
+def ensure_keypair(path: str = "~/.ssh/id_ed25519", comment: str = "qwen-tui",
+                   passphrase: Optional[str] = None) -> KeyPair:
+    """Load or create an ed25519 key pair (private 0600, public next to it). A key with a
+    passphrase is read with `passphrase`, or, without one, known by its .pub file."""
     priv = Path(os.path.expanduser(path))
     pub = priv.with_name(priv.name + ".pub")
     if priv.exists():
-        key = serialization.load_ssh_private_key(priv.read_bytes(), password=None)
+        encrypted = key_is_encrypted(str(priv))
+        if encrypted and passphrase is None:
+            if not pub.exists():
+                raise KeyLocked(f"{priv} is protected by a passphrase and has no {pub.name} next to it: "
+                                "give the passphrase when asked, or load the key into ssh-agent")
+            return KeyPair(str(priv), " ".join(pub.read_text().split()[:2]), created=False, encrypted=True)
+        try:
+            key = serialization.load_ssh_private_key(
+                priv.read_bytes(), password=passphrase.encode() if encrypted and passphrase else None)
+        except ValueError as e:
+            why = "wrong passphrase" if encrypted else f"not an OpenSSH private key ({e})"
+            raise KeyLocked(f"{priv}: cannot read the key: {why}") from None
         line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                              serialization.PublicFormat.OpenSSH).decode()
         if pub.exists():
             line = " ".join(pub.read_text().split()[:2])
-        return KeyPair(str(priv), line, created=False)
+        return KeyPair(str(priv), line, created=False, encrypted=encrypted)
     priv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = Ed25519PrivateKey.generate()
     data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
@@ -115,24 +147,35 @@ class KeySetupReport:
         return out
 
 
+def identity_for(preset: Preset, identity: Optional[str] = None) -> str:
+    """The key ssh would use: explicit, else the preset's/ssh_config's IdentityFile, else the default."""
+    config = _ssh_config(preset)
+    targets = [resolve_target(n, preset, config) for n in preset.cluster.nodes if not n.is_local]
+    configured = next((t.identity_files[0] for t in targets if t.identity_files), None)
+    return identity or preset.cluster.identity_file or configured or "~/.ssh/id_ed25519"
+
+
 def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[str] = None,
-               accept_new_host_keys: Consent = False, timeout: float = 60.0) -> KeySetupReport:
-    """The whole key step for every remote node; per-node results, never the first error."""
+               accept_new_host_keys: Consent = False, timeout: float = 60.0,
+               passphrase: Optional[str] = None) -> KeySetupReport:
+    """The whole key step for every remote node; per-node results, never the first error.
+    A key with a passphrase is used with `passphrase` (memory only) or, without one,
+    through ssh-agent. Raises KeyLocked when the key cannot be used at all."""
     nodes = preset.cluster.nodes
     labels = {i: n.label for i, n in enumerate(nodes)}
     remote = [i for i, n in enumerate(nodes) if not n.is_local]
     config = _ssh_config(preset)
     targets = {i: resolve_target(nodes[i], preset, config) for i in remote}
-    # The key ssh would use: explicit, else the preset's/ssh_config's IdentityFile, else the default.
-    configured = next((t.identity_files[0] for t in targets.values() if t.identity_files), None)
-    key = ensure_keypair(identity or preset.cluster.identity_file or configured or "~/.ssh/id_ed25519")
+    key = ensure_keypair(identity_for(preset, identity), passphrase=passphrase)
     for t in targets.values():
         t.identity_files = [key.private_path]  # a key that already works spares the password
-        t.look_for_keys = False
+        # a locked key without its passphrase can only be used through the agent
+        t.look_for_keys = key.encrypted and passphrase is None
 
     def install(i: int) -> int:
         t = targets[i]
-        tr = SSHTransport(t, password=password, accept_new_host_keys=accept_new_host_keys).connect()
+        tr = SSHTransport(t, password=password, accept_new_host_keys=accept_new_host_keys,
+                          passphrase=passphrase).connect()
         try:
             return append_once(tr, "authorized_keys", [key.public_line + " qwen-tui"]
                                if not _present_check(tr, key.public_line) else [])
@@ -144,7 +187,8 @@ def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[st
     ok_nodes = sorted(installed.succeeded)
 
     # From here on, log in with the key only: it proves the install worked.
-    conns = on_nodes(lambda i: SSHTransport(targets[i]).connect(), ok_nodes, timeout=timeout, labels=labels)
+    conns = on_nodes(lambda i: SSHTransport(targets[i], passphrase=passphrase).connect(), ok_nodes,
+                     timeout=timeout, labels=labels)
     live = conns.succeeded
     try:
         node_keys = on_nodes(lambda i: _node_pubkey(live[i], labels[i]), list(live), timeout=timeout,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Optional
 
 from qwen_tui.facts import GPU, FileFact, NodeFacts
@@ -199,14 +200,17 @@ def facts_from_json(d: dict) -> NodeFacts:
     return f
 
 
-def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180.0) -> tuple[NodeFacts, dict]:
-    """Probe one node. Returns (facts, raw JSON). A missing python is a fact, not a crash."""
+def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180.0,
+               local_python: Optional[str] = None) -> tuple[NodeFacts, dict]:
+    """Probe one node with the interpreter a run would use there (Node.python_for).
+    Returns (facts, raw JSON). A missing python is a fact, not a crash."""
     node = preset.cluster.nodes[index]
+    python = node.python_for(local_python or sys.executable)  # as replay and the wizard launch it
     tr = preset.training
     args = {"master": preset.master_addr, "tools": list(TOOLS), "gpu_query": GPU_QUERY,
             "versioned": list(VERSIONED), "output_dir": tr.output_dir,
             "data": local_path(tr.data), "model": local_path(tr.model)}
-    r = t.run([node.python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
+    r = t.run([python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
     if r.rc == 96:
         host = t.run(["hostname"], timeout=10)
         return NodeFacts(hostname=host.stdout.strip() or None,
@@ -214,7 +218,7 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
     if r.rc == 127 or (r.rc != 0 and not r.stdout.strip() and "not found" in r.stderr):
         host = t.run(["hostname"], timeout=10)
         return NodeFacts(hostname=host.stdout.strip() or None, missing_tools=["python"],
-                         error=f"python {node.python!r} not found on the node"), {"python_missing": True}
+                         error=f"python {python!r} not found on the node"), {"python_missing": True}
     if r.rc != 0:
         return NodeFacts(error=f"probe failed (rc {r.rc}): {(r.stderr.strip() or r.stdout.strip())[-500:]}"), {}
     try:
@@ -224,8 +228,10 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
     return facts_from_json(raw), raw
 
 
-def probe_all(preset: Preset, transports: dict[int, Transport], *, timeout: float = 180.0) -> NodeResults:
+def probe_all(preset: Preset, transports: dict[int, Transport], *, timeout: float = 180.0,
+              local_python: Optional[str] = None) -> NodeResults:
     """node -> (NodeFacts, raw) in parallel."""
     labels = {i: n.label for i, n in enumerate(preset.cluster.nodes)}
-    return on_nodes(lambda i: probe_node(transports[i], preset, i, timeout=timeout), sorted(transports),
+    return on_nodes(lambda i: probe_node(transports[i], preset, i, timeout=timeout, local_python=local_python),
+                    sorted(transports),
                     timeout=timeout + 15, labels=labels)

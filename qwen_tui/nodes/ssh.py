@@ -11,7 +11,10 @@ shell string unquoted.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
+import secrets
 import select
 import signal as _signal
 import socket
@@ -23,15 +26,37 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
-from qwen_tui.nodes.transport import JOB_MARK, CommandResult, TransportError, check_stream_quiet, job_argv, quote_argv
+from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, Proc, env_script, parse_marks, parse_stat
+from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet, job_argv, quote_argv
 
 # Runs argv in a directory without a shell seeing the directory's name.
 _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
 # Starts a detached job: makes the log and rc directories, then `setsid` puts the
 # job in a new session (pid = pgid) that outlives this SSH session; prints its pid.
-_DETACH = ('mkdir -p -- "$1" "$2" || exit 98; shift 2; '
+# The job's environment arrives on stdin and goes into a 0600 file created with
+# noclobber (O_EXCL: a planted link is not followed); the job sources and removes it.
+# The run directories are made 0700.
+# The run mark is exported before setsid, so it is in the environment of every exec.
+_DETACH = ('(umask 077 && mkdir -p -- "$1" "$2") || exit 98; envf=$3; export ' + RUN_MARK + '=$4; shift 4; '
+           'rm -f -- "$envf" && (umask 077 && set -C && cat >"$envf") || exit 99; '
            'setsid "$@" </dev/null >/dev/null 2>&1 & echo "$!"')
-
+# One line per candidate process of a job: "pid<TAB>stat text after comm<TAB>marks".
+# Candidates: the leader $1, its group's members, and every process whose environment
+# carries RUN_MARK=$2. qwen_tui.nodes.jobs decides which of them are the job's.
+_JOB_PROCS = (
+    'pg=$1; run=$2; { echo "$pg"; '
+    'grep -lzxF -- "' + RUN_MARK + '=$run" /proc/[0-9]*/environ 2>/dev/null | sed "s#^/proc/##; s#/environ\\$##"; '
+    'ps -A -o pid=,pgid= | while read -r p g; do [ "$g" = "$pg" ] && echo "$p"; done; } | sort -u | '
+    'while read -r p; do s=$(cat "/proc/$p/stat" 2>/dev/null) || continue; '
+    'm=$(tr "\\0" "\\n" <"/proc/$p/environ" 2>/dev/null | grep -E "^(' + JOB_MARK + '|' + RUN_MARK + ')=" | tr "\\n" " "); '
+    'printf "%s\\t%s\\t%s\\n" "$p" "$s" "$m"; done; true'
+)
+# Signals "pid:start" pairs whose start time is still the same (no reused pid).
+_KILL_CHECKED = (
+    'sig=$1; shift; n=0; for ps in "$@"; do p=${ps%%:*}; st=${ps#*:}; '
+    's=$(cat "/proc/$p/stat" 2>/dev/null) || continue; s=${s##*)}; set -f; set -- $s; set +f; '
+    '[ "${20}" = "$st" ] && kill -s "$sig" -- "$p" 2>/dev/null && n=$((n+1)); done; echo "$n"'
+)
 # The job's live processes: its process group, plus every process whose
 # environment carries the job mark (torchrun's ranks run in sessions of their
 # own). Zombies do not count. Prints one pid a line.
@@ -78,10 +103,11 @@ class Unreachable(TransportError):
 
 class SSHTransport:
     def __init__(self, target: SSHTarget, *, password: Optional[str] = None,
-                 accept_new_host_keys: Consent = False):
+                 accept_new_host_keys: Consent = False, passphrase: Optional[str] = None):
         self.target = target
         self.label = target.label
         self._password = password  # memory only; needed again only to reconnect
+        self._passphrase = passphrase  # the identity file's, memory only
         self._consent = accept_new_host_keys
         self._client: Optional[paramiko.SSHClient] = None
         self._sftp: Optional[paramiko.SFTPClient] = None
@@ -135,7 +161,7 @@ class SSHTransport:
         try:
             client.connect(
                 t.hostname, port=t.port, username=t.user, password=self._password,
-                key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
+                passphrase=self._passphrase, key_filename=keys or None, timeout=ct, banner_timeout=ct, auth_timeout=ct,
                 channel_timeout=ct, allow_agent=t.look_for_keys, look_for_keys=t.look_for_keys and not keys,
                 sock=sock)
         except HostKeyError:
@@ -384,18 +410,54 @@ class SSHTransport:
         return path
 
     # ------------------------------------------------------------ detached jobs
-    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
+    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0, run_id="") -> int:
         # Absolute before the job cds into cwd: the log is then where read_file looks.
         cwd, log, rcfile = self.abspath(cwd), self.abspath(log), self.abspath(rcfile)
-        inner = job_argv(argv, env, cwd, log, rcfile)
+        envfile = rcfile + ".env"
+        inner = job_argv(argv, cwd, log, rcfile, envfile=envfile, run_id=run_id)
         dirs = [posixpath.dirname(log) or ".", posixpath.dirname(rcfile) or "."]
-        r = self.run(["sh", "-c", _DETACH, "sh", *dirs, *inner], timeout=timeout)
+        r = self.run(["sh", "-c", _DETACH, "sh", *dirs, envfile, run_id, *inner], timeout=timeout,
+                     input=env_script(dict(env)))
         if not r.ok:
             raise TransportError(f"{self.label}: could not start job (rc {r.rc}): {r.stderr.strip()[-500:]}")
         try:
             return int(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise TransportError(f"{self.label}: job start printed no pid: {r.stdout!r} {r.stderr!r}") from None
+
+    def proc_start(self, pid, *, timeout=15.0) -> Optional[int]:
+        if pid <= 0:
+            return None
+        r = self.run(["cat", f"/proc/{int(pid)}/stat"], timeout=timeout)
+        parsed = parse_stat(r.stdout) if r.ok else None
+        return parsed[2] if parsed else None
+
+    def job_procs(self, pgid, run_id, *, timeout=15.0) -> list[Proc]:
+        r = self.run(["sh", "-c", _JOB_PROCS, "sh", str(int(pgid)), run_id], timeout=timeout)
+        if r.rc != 0:
+            raise TransportError(f"{self.label}: listing the job's processes failed (rc {r.rc}): "
+                                 f"{r.stderr.strip()[-300:]}")
+        out = []
+        for line in r.stdout.splitlines():
+            pid, _, rest = line.partition("\t")
+            stat, _, marks = rest.rpartition("\t")
+            parsed = parse_stat(stat)
+            if not pid.isdigit() or parsed is None:
+                continue
+            env = "\0".join(marks.split()).encode()
+            out.append(Proc(int(pid), parsed[1], parsed[2], parsed[0], parse_marks(env)))
+        return out
+
+    def kill_procs(self, procs, sig, *, timeout=15.0) -> int:
+        if not procs:
+            return 0
+        name = _signal.Signals(sig).name.removeprefix("SIG")
+        r = self.run(["sh", "-c", _KILL_CHECKED, "sh", name, *(f"{p.pid}:{p.start}" for p in procs if p.pid > 1)],
+                     timeout=timeout)
+        try:
+            return int(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise TransportError(f"{self.label}: signalling the job failed: {r.stderr.strip()[-300:]}") from None
 
     def job_pids(self, pgid: int, *, timeout: float = 15.0) -> list[int]:
         """Live (non-zombie) pids of the job started as `pgid`, on the node."""
@@ -405,6 +467,8 @@ class SSHTransport:
         return sorted(int(x) for x in r.stdout.split() if x.isdigit())
 
     def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
+        if pgid <= 1:
+            raise ValueError(f"pid {pgid} is never a job's process group")
         name = _signal.Signals(sig).name.removeprefix("SIG")
         pids = self.job_pids(pgid, timeout=timeout)
         if not pids:
@@ -452,18 +516,41 @@ class SSHTransport:
             r = self.run(["mkdir", "-p", "--", parent], timeout=min(timeout, 30))
             if not r.ok:
                 raise TransportError(f"{self.label}: mkdir {parent}: {r.stderr.strip()}")
-        tmp = remote + ".part"
+        # A fresh name opened with O_CREAT|O_EXCL ("wx"): a planted `.part` link is never followed.
+        tmp = f"{remote}.{secrets.token_hex(4)}.part"
         with self._lock:
             sftp = self._sftp_client(timeout)
             try:
-                sftp.put(local, tmp, callback=progress, confirm=True)
-                sftp.posix_rename(tmp, remote)
+                try:
+                    self._put_exclusive(sftp, local, tmp, progress)
+                    sftp.posix_rename(tmp, remote)
+                except BaseException:
+                    # never created, or the connection is gone: the error raised below says which
+                    with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+                        sftp.remove(tmp)
+                    raise
             except (socket.timeout, TimeoutError):
                 self._sftp = None
                 raise TransportError(f"{self.label}: copying to {remote} timed out after {timeout:g}s") from None
             except (paramiko.SSHException, OSError, EOFError) as e:
                 self._sftp = None
                 raise TransportError(f"{self.label}: copying to {remote} failed: {e}") from None
+
+    @staticmethod
+    def _put_exclusive(sftp: paramiko.SFTPClient, local: str, tmp: str,
+                       progress: Optional[Callable[[int, int], None]]) -> None:
+        size = os.path.getsize(local)
+        done = 0
+        with open(local, "rb") as src, sftp.open(tmp, "wxb") as dst:
+            dst.set_pipelined(True)
+            while chunk := src.read(32768):
+                dst.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, size)
+        got = sftp.stat(tmp).st_size
+        if got != size:
+            raise OSError(f"size mismatch after copying: {got} != {size}")
 
     def get_file(self, remote, local, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
         remote = self.abspath(remote)

@@ -1,7 +1,8 @@
 """Is the output directory one filesystem on every node? Measured, not assumed.
 
-The master writes a marker with a random token into `training.output_dir`; every
-other node reads it back from its own `output_dir`. Shared storage decides who saves
+The master writes a marker with a random token into `training.output_dir` (or its
+nearest existing parent: a check creates no directory); every other node reads it
+back from the same path. Shared storage decides who saves
 checkpoints: rank 0 alone (shared), or every node (not shared). Getting it wrong
 either loses checkpoints on the nodes that cannot see them or makes every node write
 the same files.
@@ -17,8 +18,11 @@ from ..preset import Preset
 from .results import on_nodes
 from .transport import Transport
 
-# Writes the token into DIR/NAME, creating DIR: argv stays data, never shell text.
-_WRITE = 'mkdir -p -- "$1" && printf %s "$2" > "$1/$3"'
+# Writes the token into NAME in DIR or, when DIR does not exist yet, in its nearest
+# existing parent (the filesystem DIR will be made on): a check creates no directory.
+# Prints the directory used. argv stays data, never shell text.
+_WRITE = ('d=$1; while [ ! -d "$d" ]; do p=$(dirname -- "$d"); [ "$p" = "$d" ] && exit 1; d=$p; done; '
+          '(set -C; printf %s "$2" > "$d/$3") && printf %s "$d"')
 
 
 def detect_shared_storage(preset: Preset, transports: dict[int, Transport], *,
@@ -32,10 +36,10 @@ def detect_shared_storage(preset: Preset, transports: dict[int, Transport], *,
     out = preset.training.output_dir
     token = secrets.token_hex(12)
     name = f".qwen-tui-shared-{token[:8]}"
-    marker = posixpath.join(out, name)
     wrote = transports[0].run(["sh", "-c", _WRITE, "sh", out, token, name], timeout=timeout, cwd=nodes[0].workdir)
-    if not wrote.ok:
+    if not wrote.ok or not wrote.stdout:
         return None
+    marker = posixpath.join(wrote.stdout, name)
     try:
         seen = on_nodes(lambda i: transports[i].run(["cat", "--", marker], timeout=timeout, cwd=nodes[i].workdir),
                         others, timeout=timeout + 5)

@@ -20,24 +20,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
+from .jobs import JOB_MARK, RUN_MARK, Proc, local_kill, local_proc, local_procs
+
 # A detached job: run argv in `cwd`, output appended to `log`, exit code written to
 # `rcfile` when it ends. The job is its own session/process group. torchrun starts
 # every rank in a session of its own (start_new_session), so a signal to the group
 # misses the ranks once the agent is dead: every process of the job also carries
-# JOB_MARK=<pgid> in its environment, and the stop finds them by it.
-JOB_MARK = "QWEN_TUI_JOB_PGID"
+# JOB_MARK=<pgid> and RUN_MARK=<run id> in its environment, and the stop finds them
+# by both (qwen_tui.nodes.jobs says which processes may be signalled).
+# The job's environment (which may hold secrets) never travels in argv: locally it
+# is the child's environment; over SSH it is a 0600 file ($4) that the job sources
+# and removes before it starts the command. The exit code goes through a temp file
+# created with noclobber (O_EXCL), so a planted link is never written through.
+# The log and exit-code files are made 0600 (umask 077); the command itself runs
+# with the umask it was given.
 JOB_SCRIPT = (
-    f'export {JOB_MARK}=$$; '
+    f'export {JOB_MARK}=$$; u=$(umask); umask 077; '
     'cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; }; '
-    'log=$2; rcf=$3; shift 3; '
-    '"$@" >>"$log" 2>&1 </dev/null; rc=$?; echo "$rc" >"$rcf.tmp" && mv -f "$rcf.tmp" "$rcf"'
+    'log=$2; rcf=$3; envf=$4; shift 4; : >>"$log"; '
+    'if [ -n "$envf" ]; then . "$envf" || { echo "cannot read the job environment $envf" >>"$log"; '
+    'rm -f -- "$envf"; echo 96 >"$rcf"; exit 96; }; rm -f -- "$envf"; fi; '
+    'umask "$u"; "$@" >>"$log" 2>&1 </dev/null; rc=$?; umask 077; rm -f -- "$rcf.tmp"; '
+    '(set -C; echo "$rc" >"$rcf.tmp") && mv -f -- "$rcf.tmp" "$rcf"'
 )
 
 
-def job_argv(argv: Sequence[str], env: Mapping[str, str], cwd: str, log: str, rcfile: str) -> list[str]:
-    """argv for `sh -c JOB_SCRIPT` that runs `env K=V ... argv` detached-ready."""
-    envs = [f"{k}={v}" for k, v in env.items()]
-    return ["sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, "env", *envs, *argv]
+def job_argv(argv: Sequence[str], cwd: str, log: str, rcfile: str, *, envfile: str = "",
+             run_id: str = "") -> list[str]:
+    """argv that runs `argv` as a job (JOB_SCRIPT); the leader carries RUN_MARK from its exec."""
+    return ["env", f"{RUN_MARK}={run_id}", "sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, envfile, *argv]
 
 
 def quote_argv(argv: Sequence[str]) -> str:
@@ -75,8 +86,20 @@ class Transport(Protocol):
             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> CommandResult: ...
 
     def start_job(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, log: str,
-                  rcfile: str, timeout: float = 30.0) -> int:
+                  rcfile: str, timeout: float = 30.0, run_id: str = "") -> int:
         """Start a detached job in its own process group; return its pid (= pgid)."""
+        ...
+
+    def proc_start(self, pid: int, *, timeout: float = 15.0) -> Optional[int]:
+        """The start time (clock ticks after boot) of process `pid`, None if there is none."""
+        ...
+
+    def job_procs(self, pgid: int, run_id: str, *, timeout: float = 15.0) -> list[Proc]:
+        """Process `pgid`, its group, and every process marked with run `run_id`."""
+        ...
+
+    def kill_procs(self, procs: Sequence[Proc], sig: int, *, timeout: float = 15.0) -> int:
+        """Signal each of `procs` whose start time is unchanged; how many were signalled."""
         ...
 
     def signal_group(self, pgid: int, sig: int, *, timeout: float = 15.0) -> bool:
@@ -150,18 +173,31 @@ class LocalTransport:
         finally:
             _end_process_group(p)
 
-    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0) -> int:
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.Popen(job_argv(argv, env, cwd, log, rcfile), stdin=subprocess.DEVNULL,
+    def start_job(self, argv, *, env, cwd, log, rcfile, timeout=30.0, run_id="") -> int:
+        # The run mark is in the environment the first exec gets: Popen returns after that
+        # exec, so from the moment the pid is known /proc/PID/environ proves the job is ours.
+        # 0700: the run directory holds logs and exit codes of this user's job only
+        Path(log).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        p = subprocess.Popen(job_argv(argv, cwd, log, rcfile, run_id=run_id), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, env={**os.environ, **env, RUN_MARK: run_id})
         # Reap it in the background so it does not linger as a zombie while we watch.
-        import threading
-
         threading.Thread(target=p.wait, daemon=True).start()
         return p.pid
 
+    def proc_start(self, pid, *, timeout=15.0) -> Optional[int]:
+        p = local_proc(pid) if pid > 0 else None
+        return p.start if p else None
+
+    def job_procs(self, pgid, run_id, *, timeout=15.0) -> list[Proc]:
+        return local_procs(pgid, run_id)
+
+    def kill_procs(self, procs, sig, *, timeout=15.0) -> int:
+        return local_kill(procs, sig)
+
     def signal_group(self, pgid, sig, *, timeout=15.0) -> bool:
+        if pgid <= 1:  # killpg(0) is our own group, killpg(1) everything init leads
+            raise ValueError(f"pid {pgid} is never a job's process group")
         hit = False
         try:
             os.killpg(pgid, sig)
@@ -198,11 +234,20 @@ class LocalTransport:
 
     def put_file(self, local, remote, *, timeout=600.0, progress=None) -> None:
         import shutil
+        import tempfile
 
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{remote}.part"
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, remote)
+        # mkstemp (O_EXCL) in the target's directory: a planted `<name>.part` link is never written through
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(remote).name}.", suffix=".part", dir=Path(remote).parent)
+        try:
+            with os.fdopen(fd, "wb") as dst, open(local, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, remote)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
         if progress:
             size = os.path.getsize(remote)
             progress(size, size)
@@ -267,7 +312,11 @@ def _is_zombie(pid: int) -> bool:
 
 
 def stop_group(t: Transport, pgid: int, grace: float = 10.0) -> bool:
-    """SIGTERM the group, wait up to `grace` seconds, then SIGKILL. True when it is gone."""
+    """SIGTERM the group, wait up to `grace` seconds, then SIGKILL. True when it is gone.
+    For groups this process started a moment ago (the rehearsal); a pid read back from
+    a run directory goes through qwen_tui.nodes.jobs.stop_job, which checks it first."""
+    if pgid <= 1:
+        raise ValueError(f"pid {pgid} is never a job's process group")
     if not t.group_alive(pgid):
         return True
     t.signal_group(pgid, signal.SIGTERM)

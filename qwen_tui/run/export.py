@@ -1,6 +1,7 @@
 """Render a LaunchPlan as batch scripts: SLURM (sbatch + srun), PBS, or one plain
 shell script per node. Same argv and environment as `replay`; only the node rank
-and master address come from the scheduler where it assigns the nodes.
+and master address come from the scheduler where it assigns the nodes. Secrets
+(HF_TOKEN, ...) are not written: the scripts read them from their environment.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import shlex
 from typing import Callable
 
 from ..plan import LaunchPlan, NodeCommand
+from ..redact import is_secret
 
 FORMATS = ("slurm", "pbs", "sh")
 
@@ -28,8 +30,16 @@ def _argv_with(cmd: NodeCommand, replace: dict[str, str]) -> str:
     return " ".join(out)
 
 
+def _env_value(k: str, v: str) -> str:
+    """A value as the script writes it. A secret (redact.is_secret) is never written into
+    the script: it is read from the environment the script runs in, which must set it."""
+    if is_secret(k):
+        return f'"${{{k}:?set {k} in the environment that runs this script}}"'
+    return shlex.quote(v)
+
+
 def _env_lines(env: dict[str, str], skip: tuple[str, ...] = ()) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k not in skip]
+    return [f"export {k}={_env_value(k, v)}" for k, v in env.items() if k not in skip]
 
 
 def _header(plan: LaunchPlan) -> list[str]:
@@ -78,7 +88,7 @@ def render_pbs(plan: LaunchPlan) -> str:
     gpus = head.nproc
     env_skip = ("NODE_RANK", "MASTER_ADDR")
     inner = ("cd " + shlex.quote(head.workdir) + " && "
-             + " ".join(f"{k}={shlex.quote(v)}" for k, v in head.env.items() if k not in env_skip)
+             + " ".join(f"{k}={_env_value(k, v)}" for k, v in head.env.items() if k not in env_skip)
              + ' NODE_RANK="$1" MASTER_ADDR="$2" '
              + _argv_with(head, {"--node_rank": '"$1"', "--master_addr": '"$2"'}))
     lines = [

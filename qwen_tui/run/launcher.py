@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..nodes.transport import Transport, stop_group
+from ..nodes.jobs import JobRef, job_alive, job_verdict, stop_job
+from ..nodes.transport import Transport
 from ..plan import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
 from .rundir import RunDir
@@ -29,6 +30,7 @@ class NodeState:
     label: str
     status: str = "pending"
     pid: Optional[int] = None
+    start: Optional[int] = None  # the job leader's start time, recorded at launch
     rc: Optional[int] = None
     error: Optional[str] = None
 
@@ -81,16 +83,19 @@ class Launcher:
         """Start every node; if any fails to start, stop the ones that did and raise."""
         self.run_dir.write_plan(self.plan)
 
-        def go(c: NodeCommand) -> int:
-            return self.transports[c.rank].start_job(c.argv, env=c.env, cwd=c.workdir,
-                                                     log=c.log_path, rcfile=c.rc_path)
+        def go(c: NodeCommand) -> tuple[int, Optional[int]]:
+            t = self.transports[c.rank]
+            pid = t.start_job(c.argv, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
+                              run_id=self.plan.run_id)
+            return pid, t.proc_start(pid)
 
         results = _parallel(go, self.plan.nodes)
         errors = {r: f"{type(v).__name__}: {v}" for r, v in results.items() if isinstance(v, Exception)}
-        pids = {r: int(v) for r, v in results.items() if not isinstance(v, Exception)}
-        for r, pid in pids.items():
-            self.nodes[r].pid, self.nodes[r].status = pid, RUNNING
-        self.run_dir.write_pids(pids)
+        started = {r: v for r, v in results.items() if not isinstance(v, Exception)}
+        for r, (pid, start) in started.items():
+            self.nodes[r].pid, self.nodes[r].start, self.nodes[r].status = pid, start, RUNNING
+        self.run_dir.write_pids({r: pid for r, (pid, _) in started.items()},
+                                starts={r: start for r, (_, start) in started.items()})
         if errors:
             for r, e in errors.items():
                 self.nodes[r].status, self.nodes[r].error = FAILED, e
@@ -102,11 +107,34 @@ class Launcher:
 
     @classmethod
     def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
+        """A launcher for a run started earlier. Raises RunDirError on a corrupt run directory.
+        Nothing is signalled here; `refusals()` says which recorded pids are not provably ours."""
         plan = run_dir.read_plan()
         la = cls(plan, transports, run_dir)
-        for r, pid in run_dir.read_pids().items():
-            la.nodes[r].pid, la.nodes[r].status = pid, RUNNING
+        for r, (pid, start) in run_dir.read_jobs(len(plan.nodes)).items():
+            la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, RUNNING
         return la
+
+    def _ref(self, rank: int) -> Optional[JobRef]:
+        st = self.nodes[rank]
+        return None if st.pid is None else JobRef(st.pid, st.start, self.plan.run_id)
+
+    def refusals(self) -> dict[int, str]:
+        """rank -> why its recorded pid must not be signalled, for every running node whose
+        pid is alive but does not prove it is this run's job (qwen_tui.nodes.jobs)."""
+        def judge(c: NodeCommand) -> tuple[str, str]:
+            ref = self._ref(c.rank)
+            if ref is None or self.nodes[c.rank].status != RUNNING:
+                return "none", ""
+            return job_verdict(self.transports[c.rank], ref)
+
+        out = {}
+        for r, v in _parallel(judge, self.plan.nodes).items():
+            if isinstance(v, Exception):
+                out[r] = f"cannot check pid {self.nodes[r].pid}: {v}"
+            elif v[0] == "refused":
+                out[r] = v[1]
+        return out
 
     # ------------------------------------------------------------ watch
     def _check_node(self, c: NodeCommand) -> None:
@@ -119,7 +147,8 @@ class Launcher:
             st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
             st.status = OK if st.rc == 0 else FAILED
             return
-        if st.pid is not None and not t.group_alive(st.pid):
+        ref = self._ref(c.rank)
+        if ref is not None and not job_alive(t, ref):
             # gone, and no exit code: killed from outside (or the node rebooted); re-read in
             # case the rc file landed between the two reads
             raw = t.read_file(c.rc_path).strip()
@@ -224,10 +253,11 @@ class Launcher:
         """Stop every node's process group in parallel. rank -> True when nothing is left."""
         with self._lock:
             def stop(c: NodeCommand) -> bool:
-                pid = self.nodes[c.rank].pid
-                if pid is None:
+                ref = self._ref(c.rank)
+                if ref is None:
                     return True
-                gone = stop_group(self.transports[c.rank], pid, grace=self.stop_grace)
+                # only processes that prove they are this run's job are signalled
+                gone = stop_job(self.transports[c.rank], ref, grace=self.stop_grace)
                 if self.nodes[c.rank].status == RUNNING:
                     self.nodes[c.rank].status = STOPPED
                 return gone

@@ -6,6 +6,7 @@ run after qwen-tui itself has exited.
       preset.yaml    the preset as launched
       facts.json     what the checks learned (when they ran)
       pids.json      node rank -> pid (= process group) of that node's job, on that node
+      starts.json    node rank -> that pid's start time, to recognise it later (nodes/jobs.py)
       state.json     status, times, which node failed and why
       node-<r>.log   local nodes' logs (remote nodes keep theirs on the node)
       metrics.jsonl  the worker's metrics, when the master node is local
@@ -55,6 +56,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+class RunDirError(ValueError):
+    """A run directory file is missing, unreadable or not what qwen-tui wrote."""
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -62,27 +67,73 @@ class RunDir:
     @classmethod
     def create(cls, root: Path, run_id: str) -> "RunDir":
         p = Path(root) / run_id
-        p.mkdir(parents=True, exist_ok=False)
+        Path(root).mkdir(parents=True, exist_ok=True)
+        p.mkdir(mode=0o700, exist_ok=False)  # its files are 0600 (mkstemp, save_preset)
         log_to_run_dir(p)  # with -v: the run keeps its own qwen-tui.log
         return cls(p)
 
     def write_plan(self, plan: LaunchPlan) -> None:
         write_json_atomic(self.path / "plan.json", plan.to_dict())
 
-    def read_plan(self) -> LaunchPlan:
+    def _read_json(self, name: str, default: Any = None) -> Any:
+        f = self.path / name
         try:
-            return LaunchPlan.from_dict(json.loads((self.path / "plan.json").read_text()))
+            return json.loads(f.read_bytes().decode("utf-8"))
         except FileNotFoundError:
-            raise FileNotFoundError(f"{self.path}: not a qwen-tui run directory (no plan.json)") from None
+            if default is not None:
+                return default
+            raise RunDirError(f"{self.path}: not a qwen-tui run directory (no {name})") from None
+        except UnicodeDecodeError as e:
+            raise RunDirError(f"{f}: not UTF-8 (byte {e.start})") from None
+        except ValueError as e:  # JSONDecodeError, and ints too long to convert
+            raise RunDirError(f"{f}: not valid JSON: {e}") from None
+        except RecursionError:
+            raise RunDirError(f"{f}: nested too deeply") from None
+        except OSError as e:
+            raise RunDirError(f"{f}: cannot read: {e.strerror}") from None
 
-    def write_pids(self, pids: dict[int, int]) -> None:
+    def read_plan(self) -> LaunchPlan:
+        data = self._read_json("plan.json")
+        try:
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON object is needed, got {type(data).__name__}")
+            plan = LaunchPlan.from_dict(data)
+            if not plan.nodes:
+                raise ValueError("it names no nodes")
+            return plan
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RunDirError(f"{self.path / 'plan.json'}: not a plan qwen-tui wrote: "
+                              f"{type(e).__name__}: {e}") from None
+
+    def write_pids(self, pids: dict[int, int], starts: Optional[dict[int, Optional[int]]] = None) -> None:
         write_json_atomic(self.path / "pids.json", {str(k): v for k, v in pids.items()})
+        if starts is not None:
+            write_json_atomic(self.path / "starts.json", {str(k): v for k, v in starts.items()})
 
     def read_pids(self) -> dict[int, int]:
-        try:
-            return {int(k): int(v) for k, v in json.loads((self.path / "pids.json").read_text()).items()}
-        except FileNotFoundError:
-            return {}
+        return {r: pid for r, (pid, _) in self.read_jobs().items()}
+
+    def read_jobs(self, nnodes: Optional[int] = None) -> dict[int, tuple[int, Optional[int]]]:
+        """rank -> (pid, start time or None), checked: ranks of the plan, integer pids."""
+        pids, starts = self._read_json("pids.json", {}), self._read_json("starts.json", {})
+        out: dict[int, tuple[int, Optional[int]]] = {}
+        for name, data in (("pids.json", pids), ("starts.json", starts)):
+            if not isinstance(data, dict):
+                raise RunDirError(f"{self.path / name}: a JSON object rank -> number is needed, "
+                                  f"got {type(data).__name__}")
+        for k, v in pids.items():
+            where = f"{self.path / 'pids.json'}: rank {k!r}"
+            if not (isinstance(k, str) and k.isdigit() and len(k) < 6):
+                raise RunDirError(f"{where}: not a node rank")
+            if nnodes is not None and int(k) >= nnodes:
+                raise RunDirError(f"{where}: the plan has {nnodes} node(s)")
+            if type(v) is not int:
+                raise RunDirError(f"{where}: the pid must be an integer, got {v!r}"[:300])
+            start = starts.get(k)
+            if start is not None and type(start) is not int:
+                raise RunDirError(f"{self.path / 'starts.json'}: rank {k!r}: not an integer: {start!r}"[:300])
+            out[int(k)] = (v, start)
+        return out
 
     def write_state(self, **state: Any) -> None:
         cur = self.read_state()
@@ -90,7 +141,7 @@ class RunDir:
         write_json_atomic(self.path / "state.json", cur)
 
     def read_state(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.path / "state.json").read_text())
-        except FileNotFoundError:
-            return {}
+        data = self._read_json("state.json", {})
+        if not isinstance(data, dict):
+            raise RunDirError(f"{self.path / 'state.json'}: a JSON object is needed, got {type(data).__name__}")
+        return data

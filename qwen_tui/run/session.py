@@ -10,14 +10,17 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..facts import ClusterFacts
 from ..nodes.transport import LocalTransport, Transport
 from ..plan import LaunchPlan, make_plan
 from ..preset import Preset, load_preset, save_preset
+from ..redact import printable, shown_env
 from .launcher import LaunchError, Launcher
-from .rundir import RunDir, default_runs_root, new_run_id, write_json_atomic
+from .rundir import RunDir, RunDirError, default_runs_root, new_run_id, write_json_atomic
 
 
 def local_port_free(port: int, host: str = "") -> Optional[str]:
@@ -48,8 +51,8 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
                   f"backend {plan.backend}, master {plan.master_addr}:{plan.master_port}")
     console.print(f"effective batch size: {plan.batch_formula}")
     for c in plan.nodes:
-        console.rule(f"node {c.rank}: {c.label}" + (" (local)" if c.local else ""))
-        for k, v in c.env.items():
+        console.rule(escape(f"node {c.rank}: {c.label}" + (" (local)" if c.local else "")))
+        for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
 
@@ -92,7 +95,9 @@ def print_advice(advice: list, console: Console) -> None:
     colours = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for a in advice:
         fix = getattr(a.fix, "label", a.fix) if a.fix else ""
-        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, a.message, str(fix or ""))
+        # Text, not markup: messages carry user values (paths, hosts); control characters escaped
+        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, Text(printable(a.message)),
+                  Text(printable(str(fix or ""))))
     console.print(t)
 
 
@@ -101,7 +106,7 @@ def start_run(preset: Preset, plan: LaunchPlan, transports: dict[int, Transport]
     """Record the run (plan, preset, facts, the check matrix) in a new run directory and
     start every node. The one launch step of `replay` and the wizard. Raises LaunchError."""
     rd = RunDir.create(root, plan.run_id)
-    save_preset(preset, rd.path / "preset.yaml")
+    save_preset(preset, rd.path / "preset.yaml", mode=0o600)  # it may hold secrets (network.env)
     write_json_atomic(rd.path / "facts.json", facts.to_dict())
     if check_report is not None:
         write_json_atomic(rd.path / "check.json", check_report)
@@ -159,10 +164,27 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
             t.close()
 
 
+FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
+
+
 def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
+    """Follow (or stop) a run from its run directory. Never signals a process that does
+    not prove it is this run's job, and never signals a run that has ended."""
     console = Console()
     rd = RunDir(Path(run_dir))
-    plan = rd.read_plan()
+    try:
+        plan = rd.read_plan()
+        state = rd.read_state()
+        rd.read_jobs(len(plan.nodes))
+    except RunDirError as e:
+        console.print(f"[bold red]cannot attach: {e}[/]", markup=True, highlight=False)
+        return 2
+    status = state.get("status")
+    if status in FINAL:
+        what = "nothing to stop" if stop else "nothing to follow"
+        console.print(f"run {plan.run_id} already ended ({status}): {state.get('message', '')}; {what}",
+                      markup=False, highlight=False)
+        return 0 if stop else FINAL[status]
     preset = load_preset(rd.path / "preset.yaml")
     conns = connect(preset, accept_new_host_keys=accept_new_host_keys)
     bad = {i: e for i, e in conns.items() if isinstance(e, Exception)}
@@ -173,7 +195,20 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 console.print(f"[bold red]node {i}: {e}[/]")
             return 1
         la = Launcher.attach(rd, transports)
+        refused = la.refusals()
+        if refused:
+            for r, why in sorted(refused.items()):
+                console.print(f"node {r} ({la.nodes[r].label}): refusing to signal pid {la.nodes[r].pid}: {why}",
+                              style="bold red", markup=False, highlight=False)
+            console.print("nothing was signalled: the run directory does not describe processes of this run",
+                          style="bold red")
+            return 1
         if stop:
+            ended = la.poll()  # every node may have written its exit code since
+            if ended is not None:
+                console.print(f"run {plan.run_id} already ended ({ended.status}): {ended.message}; nothing to stop",
+                              markup=False, highlight=False)
+                return 0
             out, left = la.stop_and_record()
             if left:
                 console.print(f"[bold red]processes left on node(s) {left}[/]")
@@ -186,5 +221,3 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     finally:
         for t in transports.values():
             t.close()
-
-

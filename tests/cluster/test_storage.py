@@ -29,7 +29,9 @@ def test_one_disk_is_detected_and_an_undeclared_one_refused(cluster, sshdir, key
         assert detect_shared_storage(p, dict(conns.succeeded)) is True
     finally:
         close_all(conns)
-    assert [m.name for m in (tmp_path / "out").iterdir()] == []  # the marker is cleaned up
+    # a check creates nothing: no output_dir (the marker went into its existing parent), no marker left
+    assert not (tmp_path / "out").exists()
+    assert [m.name for m in tmp_path.iterdir() if m.name.startswith(".qwen-tui-shared")] == []
     codes = {a.code for a in advise(p, ClusterFacts(shared_storage=True))}
     assert "SHARED_STORAGE_UNDECLARED" in codes
 

@@ -53,7 +53,7 @@ def test_four_nodes_ranks_env_and_torchrun_args():
         assert c.argv[i - 1] == "-m"
         assert arg(c.argv, "--deepspeed") == "builtin:zero3"
         assert "--use_lora" not in c.argv
-        assert c.run_dir == ".qwen-tui/runs/r1" and not c.local
+        assert c.run_dir == "/w/.qwen-tui/runs/r1" and not c.local  # under the workdir, as the README says
     # the master's metrics path is absolute on the master, inside its workdir
     assert plan.metrics_file == "/w/.qwen-tui/runs/r1/metrics.jsonl"
     # no shared storage declared: every node saves its own checkpoints
@@ -179,3 +179,22 @@ def test_local_nodes_on_one_gpu_host_get_their_own_gpus():
     assert all("CUDA_VISIBLE_DEVICES" not in c.env for c in make_plan(cpu, run_id="r", local_run_dir="/r").nodes)
     remote = parse_preset(FOUR)
     assert all("CUDA_VISIBLE_DEVICES" not in c.env for c in make_plan(remote, run_id="r", local_run_dir="/r").nodes)
+
+
+@pytest.mark.parametrize("workdir,run_dir", [("proj", "proj/.qwen-tui/runs/r9"), (".", ".qwen-tui/runs/r9"),
+                                             ("~/w", "~/w/.qwen-tui/runs/r9"), ("/abs", "/abs/.qwen-tui/runs/r9")])
+def test_remote_logs_live_under_the_workdir_and_the_worker_writes_metrics_there(workdir, run_dir):
+    p = parse_preset(textwrap.dedent(f"""
+        cluster:
+          nodes:
+          - {{host: a, workdir: "{workdir}"}}
+          - {{host: b, workdir: "{workdir}"}}
+        training: {{model: m, data: d.jsonl}}
+        """))
+    plan = make_plan(p, run_id="r9", local_run_dir="/runs/r9")
+    for c in plan.nodes:
+        assert c.run_dir == run_dir and c.log_path == f"{run_dir}/node-{c.rank}.log"
+    assert plan.metrics_file == f"{run_dir}/metrics.jsonl"  # where qwen-tui reads it (relative: from the login dir)
+    worker = plan.nodes[0].argv[plan.nodes[0].argv.index("--metrics_file") + 1]
+    # the worker runs in the workdir: its path, taken from there, is the same file
+    assert worker == (plan.metrics_file if workdir.startswith("/") else ".qwen-tui/runs/r9/metrics.jsonl")

@@ -15,8 +15,10 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Label, Static, TabbedContent, TabPane
 
+from ...atomic import write_text_atomic
 from ...plan import LaunchPlan, make_plan
 from ...preset import dump_preset
+from ...redact import shown_env
 from ..modals import Confirm, Form, Notice
 from .base import StepScreen
 
@@ -36,7 +38,7 @@ def plan_text(plan: LaunchPlan) -> Text:
     t.append(f"effective batch size: {plan.batch_formula}\n\n")
     for c in plan.nodes:
         t.append(f"── node {c.rank}: {c.label}{' (this machine)' if c.local else ''} ──\n", style="bold cyan")
-        for k, v in c.env.items():
+        for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             t.append(f"  {k}", style="green")
             t.append(f"={v}\n")
         t.append(f"  {c.shell_line()}\n\n")
@@ -101,10 +103,7 @@ class ReviewScreen(StepScreen):
         try:
             out.mkdir(parents=True, exist_ok=True)
             for name, text in render(plan, fmt).items():
-                tmp = out / f".{name}.tmp"
-                tmp.write_text(text)
-                tmp.chmod(0o755)
-                os.replace(tmp, out / name)
+                write_text_atomic(out / name, text, mode=0o755)  # never through a planted link
         except OSError as e:
             self.app.push_screen(Notice("Not exported", str(e)))
             return

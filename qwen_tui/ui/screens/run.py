@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Log, Static
 
-from ...run.rundir import RunDir, default_runs_root
+from ...run.rundir import RunDir, RunDirError, default_runs_root
 from ..messages import GpuSampleMsg, RunEnded, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
@@ -30,8 +30,11 @@ def find_running(root: Path) -> Optional[RunDir]:
         return None
     for d in sorted(root.iterdir(), reverse=True):
         rd = RunDir(d)
-        if (d / "plan.json").exists() and rd.read_state().get("status") == "running":
-            return rd
+        try:
+            if (d / "plan.json").exists() and rd.read_state().get("status") == "running":
+                return rd
+        except RunDirError:
+            continue  # a corrupt run directory is not one to re-attach to
     return None
 
 
@@ -164,7 +167,16 @@ class RunScreen(StepScreen):
             self.app.call_from_thread(self._failed_start, "cannot re-attach:\n" +
                                       "\n".join(f"node {i}: {e}" for i, e in bad.items()))
             return
-        la = Launcher.attach(rd, conns)
+        try:
+            la = Launcher.attach(rd, conns)
+            refused = la.refusals()  # never follow (or later stop) pids that are not this run's job
+        except RunDirError as e:
+            self.app.call_from_thread(self._failed_start, f"cannot re-attach: {e}")
+            return
+        if refused:
+            self.app.call_from_thread(self._failed_start, "cannot re-attach:\n" + "\n".join(
+                f"node {r}: refusing to signal pid {la.nodes[r].pid}: {why}" for r, why in sorted(refused.items())))
+            return
         self.app.call_from_thread(self._started, la)
         self._follow(la)
 

@@ -1,0 +1,224 @@
+"""Which processes on a node belong to a job qwen-tui started, and how to stop them.
+
+A run directory names each node's job by pid, but a pid read back from a file is
+only a number: the process may have ended and the pid gone to something else, or
+the file may have been edited. Nothing is signalled unless it proves it is ours:
+
+- the job's leader (`pid`, its own process group) is ours when its start time is
+  the one recorded at launch and its environment carries this run's id;
+- any other process is ours when its environment carries both this run's id and
+  the job mark `QWEN_TUI_JOB_PGID=<pid>` (torchrun's ranks run in sessions of
+  their own, so they are found by mark, not by group);
+- members of a verified leader's process group are ours (a process can only join
+  a group of its own session, and the job is a session of its own).
+
+Pids 0 and 1 are never a job. The rules are pure functions over `Proc` rows, which
+each transport reads from /proc on its node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Protocol, Sequence
+
+JOB_MARK = "QWEN_TUI_JOB_PGID"
+RUN_MARK = "QWEN_TUI_RUN_ID"
+MARKS = (JOB_MARK, RUN_MARK)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as recorded at launch: its leader's pid (= pgid), start time, run id."""
+
+    pid: int
+    start: Optional[int]  # the leader's start time (clock ticks after boot, /proc/PID/stat field 22)
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    pgrp: int
+    start: int
+    state: str
+    marks: dict[str, str] = field(default_factory=dict)
+
+
+def parse_stat(text: str) -> Optional[tuple[str, int, int]]:
+    """(state, pgrp, start time) from the text of /proc/PID/stat, or None."""
+    # comm may hold spaces and parentheses: the fields start after the last ')'
+    rest = text[text.rfind(")") + 1:].split()
+    try:
+        return rest[0], int(rest[2]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_marks(environ: bytes) -> dict[str, str]:
+    out = {}
+    for item in environ.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k.decode(errors="replace") in MARKS:
+            out[k.decode()] = v.decode(errors="replace")
+    return out
+
+
+def members(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
+    """The live processes of `ref`'s job among `procs` (see the module docstring)."""
+    if ref.pid <= 1 or not ref.run_id:
+        return []
+    procs = list(procs)
+    leader = next((p for p in procs if p.pid == ref.pid), None)
+    leader_ok = (leader is not None and ref.start is not None and leader.start == ref.start
+                 and leader.pgrp == ref.pid and leader.marks.get(RUN_MARK) == ref.run_id)
+    out = []
+    for p in procs:
+        if p.pid <= 1 or p.state == "Z":
+            continue
+        marked = p.marks.get(RUN_MARK) == ref.run_id and p.marks.get(JOB_MARK) == str(ref.pid)
+        if marked or (leader_ok and p.pgrp == ref.pid):
+            out.append(p)
+    return out
+
+
+def verdict(ref: JobRef, procs: Iterable[Proc]) -> tuple[str, str]:
+    """("ours", ...) when the job has live processes, ("gone", why) when nothing of it
+    is left, ("refused", why) when the recorded pid is alive but not provably ours."""
+    if ref.pid <= 1:
+        return "refused", f"pid {ref.pid} is never a job's process group"
+    procs = list(procs)
+    if members(ref, procs):
+        return "ours", ""
+    leader = next((p for p in procs if p.pid == ref.pid and p.state != "Z"), None)
+    if leader is None:
+        return "gone", f"no process {ref.pid} is left"
+    if ref.start is None:
+        return "refused", f"pid {ref.pid} is alive but no start time was recorded for it at launch"
+    if leader.start != ref.start:
+        return "refused", (f"pid {ref.pid} is another process (started at tick {leader.start}, "
+                           f"the job at tick {ref.start})")
+    return "refused", f"pid {ref.pid} does not carry this run's mark ({RUN_MARK}={ref.run_id})"
+
+
+class JobHost(Protocol):
+    """What a transport offers for jobs (LocalTransport and SSHTransport both do)."""
+
+    def job_procs(self, pgid: int, run_id: str, *, timeout: float = 15.0) -> list[Proc]: ...
+
+    def kill_procs(self, procs: Sequence[Proc], sig: int, *, timeout: float = 15.0) -> int: ...
+
+
+def job_verdict(t: JobHost, ref: JobRef) -> tuple[str, str]:
+    if ref.pid <= 1:
+        return verdict(ref, [])
+    return verdict(ref, t.job_procs(ref.pid, ref.run_id))
+
+
+def job_alive(t: JobHost, ref: JobRef) -> bool:
+    return ref.pid > 1 and bool(members(ref, t.job_procs(ref.pid, ref.run_id)))
+
+
+def signal_job(t: JobHost, ref: JobRef, sig: int) -> int:
+    """Send `sig` to every live process of the job; how many were signalled."""
+    if ref.pid <= 1:
+        return 0
+    found = members(ref, t.job_procs(ref.pid, ref.run_id))
+    return t.kill_procs(found, sig) if found else 0
+
+
+def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0) -> bool:
+    """SIGTERM the job's processes, wait up to `grace` seconds, then SIGKILL. True when
+    nothing of it is left. Touches only processes that prove they are the job's."""
+    if not job_alive(t, ref):
+        return True
+    signal_job(t, ref, signal.SIGTERM)
+    if _gone_within(t, ref, grace):
+        return True
+    signal_job(t, ref, signal.SIGKILL)
+    return _gone_within(t, ref, 5.0)
+
+
+def _gone_within(t: JobHost, ref: JobRef, bound: float) -> bool:
+    deadline = time.monotonic() + bound
+    while True:
+        if not job_alive(t, ref):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- this machine's /proc
+
+def _read(path: str, mode: str = "r"):
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError:
+        return None  # gone, or not ours to read
+
+
+def local_proc(pid: int) -> Optional[Proc]:
+    stat = _read(f"/proc/{pid}/stat")
+    parsed = parse_stat(stat) if stat else None
+    if parsed is None:
+        return None
+    env = _read(f"/proc/{pid}/environ", "rb") or b""
+    return Proc(pid, parsed[1], parsed[2], parsed[0], parse_marks(env))
+
+
+def local_procs(pgid: int, run_id: str) -> list[Proc]:
+    """The leader `pgid` and every process here whose environment carries run `run_id`."""
+    mark = f"{RUN_MARK}={run_id}".encode()
+    out = []
+    for d in _all_pids():
+        env = _read(f"/proc/{d}/environ", "rb")
+        if d == pgid or (env and mark in env.split(b"\0")):
+            p = local_proc(d)
+        else:  # a member of the group that changed its environment
+            stat = _read(f"/proc/{d}/stat")
+            parsed = parse_stat(stat) if stat else None
+            p = Proc(d, parsed[1], parsed[2], parsed[0]) if parsed and parsed[1] == pgid else None
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def local_kill(procs: Sequence[Proc], sig: int) -> int:
+    """Signal each process whose start time is still the one just read (no reused pid)."""
+    n = 0
+    for p in procs:
+        now = local_proc(p.pid)
+        if p.pid <= 1 or now is None or now.start != p.start:
+            continue
+        try:
+            os.kill(p.pid, sig)
+            n += 1
+        except ProcessLookupError:
+            continue  # ended between the check and the signal
+    return n
+
+
+def _all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_script(env: dict[str, str]) -> bytes:
+    """`export K='v'` lines a POSIX shell sources: a job's environment travels through a
+    0600 file instead of its argv (which `ps` shows to every user of the node)."""
+    lines = []
+    for k, v in env.items():
+        if not _ENV_NAME.fullmatch(k):
+            raise ValueError(f"{k!r} is not a valid environment variable name")
+        if "\0" in v:
+            raise ValueError(f"the value of {k} holds a NUL byte")
+        lines.append(f"export {k}={shlex.quote(v)}\n")
+    return "".join(lines).encode()
