@@ -197,9 +197,13 @@ def qlora_full(c: Context) -> Iterable[Advice]:
 
 @rule
 def qlora_zero3(c: Context) -> Iterable[Advice]:
-    if c.t.method == "qlora" and c.t.zero_stage == 3:
-        yield Advice("error", "QLORA_ZERO3", "Q-LoRA with ZeRO-3: 4-bit weights cannot be partitioned (the worker "
-                     "refuses it)", Fix("Use ZeRO-2", {"training.zero_stage": 2}))
+    """ZeRO-3 shards a base the worker quantizes to nf4 itself (stored in bf16, which DeepSpeed partitions); a
+    GPTQ/AWQ checkpoint's packed integer weights it cannot."""
+    q = c.spec.quant_method if c.spec is not None else None
+    if c.t.method == "qlora" and c.t.zero_stage == 3 and q is not None:
+        yield Advice("error", "QLORA_ZERO3", f"Q-LoRA with ZeRO-3 on a {q.upper()} checkpoint: its packed weights "
+                     "cannot be partitioned (the worker refuses it; a plain checkpoint, quantized to nf4 on load, "
+                     "can be)", Fix("Use ZeRO-2", {"training.zero_stage": 2}))
 
 
 @rule
@@ -268,8 +272,10 @@ def _oom_fix(c: Context) -> Optional[Fix]:
     if not t.gradient_checkpointing:
         tries.append(("Gradient checkpointing on", {"training.gradient_checkpointing": True},
                       {"gradient_checkpointing": True}))
-    if w > 1 and t.zero_stage != 3 and t.method != "qlora":
-        tries.append(("Use ZeRO-3", {"training.zero_stage": 3}, {"zero_stage": 3}))
+    if w > 1 and t.zero_stage != 3 and not (t.method == "qlora" and c.spec.quant_method is not None):
+        # Q-LoRA too: ZeRO-3 shards the 4-bit base, a 1/N share of it on each GPU
+        tries.append(("Use ZeRO-3" + (" (shards the 4-bit base)" if t.method == "qlora" else ""),
+                      {"training.zero_stage": 3}, {"zero_stage": 3}))
     if t.zero_stage is not None and t.offload == "none":
         tries.append(("Offload the optimizer to CPU", {"training.offload": "optimizer"}, {"offload": "optimizer"}))
     if t.method == "full":
@@ -277,8 +283,9 @@ def _oom_fix(c: Context) -> Optional[Fix]:
     if t.method == "lora" and t.zero_stage != 3:
         tries.append(("Use Q-LoRA", {"training.method": "qlora"}, {"method": "qlora"}))
     for label, changes, over in tries:
-        if c.memory(**over).fits(gib):
-            return Fix(label, changes)
+        m = c.memory(**over)
+        if m.fits(gib):
+            return Fix(f"{label}: ~{_gb(m.total)} per GPU", changes)
     return None
 
 
@@ -542,7 +549,7 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
                          if pkg != "python" else "use the same Python on every node (cluster.nodes[].python)"))
 
 
-# The worker's fast path (no DeepSpeed, or ZeRO-1/2) picks these up by itself where installed (training.fastpath);
+# The worker's fast path (with or without DeepSpeed) picks these up by itself where installed (training.fastpath);
 # bench/results/train_speed-2026-11-30-H200.md measured what each is worth on an H200.
 FAST_KERNELS = {
     "liger-kernel": "Liger's fused loss (without it the worker runs its own chunked loss, slower)",
@@ -553,8 +560,8 @@ _HOPPER_OR_NEWER = re.compile(r"\b(G?H\d{2,3}|G?B\d{3})\b")  # H100, H200, H800,
 
 @rule
 def fast_kernel_missing(c: Context) -> Iterable[Advice]:
-    if c.cpu or (c.t.zero_stage or 0) >= 3:
-        return  # under ZeRO-3 the worker runs its plain path (padded, transformers' loss), which uses neither
+    if c.cpu:
+        return
     for pkg, what in FAST_KERNELS.items():
         gpu_nodes = [(i, nf) for i, nf in c.node_facts() if nf.gpus and pkg in nf.versions
                      and (pkg != "nvidia-cudnn-frontend" or _HOPPER_OR_NEWER.search(nf.gpu_model or ""))]

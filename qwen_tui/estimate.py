@@ -287,7 +287,10 @@ def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, fl
     if run.method == "qlora":
         bits = spec.quant_bits or 4
         quantized = spec.layers * spec.layer_linear_params
-        frozen_bytes = quantized * QUANT_BYTES.get(bits, 0.52) + (P - quantized) * 4  # kbit prep: rest in fp32
+        # kbit preparation keeps the rest (embeddings, norms, head) in fp32; ZeRO-3 converts it to the run's half
+        # dtype as it partitions it, with the 4-bit weights (stored in that dtype) beside it
+        rest = 2 if (run.zero_stage == 3 and run.half) else 4
+        frozen_bytes = quantized * QUANT_BYTES.get(bits, 0.52) + (P - quantized) * rest
     else:
         frozen_bytes = Pf * (2 if run.half else 4)
     largest = spec.largest_layer_params

@@ -77,9 +77,10 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
                          "only --q_lora can train it (LoRA on the frozen quantized base)")
     if not args.q_lora:
         return "lora" if args.use_lora else "full"
-    if stage == 3:
-        raise InputError("--q_lora does not work with ZeRO-3 (quantized weights cannot be partitioned); "
-                         "use training/ds_config_zero2.json or no --deepspeed")
+    if stage == 3 and quant:
+        raise InputError(f"--q_lora on a {quant.upper()}-quantized checkpoint does not work with ZeRO-3 (its packed "
+                         "weights cannot be partitioned); use ZeRO-2, or a plain checkpoint (quantized to nf4 on load, "
+                         "which ZeRO-3 shards)")
     if args.merge_lora and quant:
         raise InputError(f"--merge_lora cannot merge into a {quant}-quantized base; merge into the unquantized model")
     if quant:
@@ -109,8 +110,12 @@ def load_tokenizer(source: str):
     return tok
 
 
-def load_model(args, source: str, method: str, device, load_dtype, quant: str | None):
-    """Loads the causal LM in load_dtype; for Q-LoRA quantizes to nf4 on load (unless already quantized)."""
+def load_model(args, source: str, method: str, device, load_dtype, quant: str | None, zero_stage: int = 0):
+    """Loads the causal LM in load_dtype; for Q-LoRA quantizes to nf4 on load (unless already quantized).
+    Q-LoRA under ZeRO-3 (zero_stage 3): the 4-bit weights are stored in the compute dtype, so DeepSpeed can
+    partition them like any other weight (PEFT's recipe for DeepSpeed ZeRO-3 + QLoRA), and they are quantized in
+    host memory: a base that only fits the GPUs once sharded never has to fit one GPU whole. deepspeed.initialize
+    then moves each rank's shard to its GPU (shard_quantized_base moves the quantization constants)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -130,15 +135,17 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         return model
     if method == "qlora":
         compute = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+        sharded = zero_stage == 3
         if quant is None:
             from transformers import BitsAndBytesConfig
 
             kwargs["quantization_config"] = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=compute,
+                bnb_4bit_compute_dtype=compute, **({"bnb_4bit_quant_storage": compute} if sharded else {}),
             )
         kwargs["dtype"] = compute
-        kwargs["device_map"] = {"": device}  # quantize straight onto this process's device
+        # quantize straight onto this process's device; under ZeRO-3 in host memory, sharded later
+        kwargs["device_map"] = {"": "cpu" if sharded else device}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
     setattr(model, SAVE_DTYPE_ATTR, save_dtype)
@@ -194,6 +201,20 @@ def apply_method(args, model, method: str):
     log.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters",
              args.lora_r, args.lora_alpha, ",".join(args.lora_target_modules), trainable, total)
     return model
+
+
+def shard_quantized_base(model, device) -> int:
+    """After deepspeed.initialize has partitioned a 4-bit base onto the GPUs (ZeRO-3): the quantization constants
+    (absmax and the like, a few per 64 weights, kept beside each weight rather than in it) follow to this rank's
+    device. Returns how many 4-bit weights."""
+    n = 0
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        state = getattr(w, "quant_state", None)
+        if state is not None and hasattr(state, "to"):
+            state.to(device)
+            n += 1
+    return n
 
 
 def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer) -> None:

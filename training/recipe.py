@@ -130,6 +130,7 @@ class FinetuneRecipe:
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
             "lazy_preprocess": a.lazy_preprocess, "fast_path": self.fast.record(),
+            "base_partition": getattr(self, "base_partition", None),
         })
         self.started = True
         if env.is_main:
@@ -178,15 +179,17 @@ class FinetuneRecipe:
 
     def _build_model(self) -> None:
         a = self.args
-        if self.stage == 3:
+        if self.stage == 3 and self.method != "qlora":
             from transformers.integrations import HfDeepSpeedConfig
 
-            # Tells from_pretrained to partition the weights across ranks as it loads them.
+            # Tells from_pretrained to partition the weights across ranks as it loads them. transformers never does
+            # that for a quantized model (and refuses a device_map then): a 4-bit base is quantized in host memory
+            # and partitioned by deepspeed.initialize (training.model.load_model).
             self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
         source = self.source
         if self.resume_dir and self.method == "full" and not a.deepspeed:
             source = str(self.resume_dir)  # the checkpoint holds the full model in HF format
-        model = load_model(a, source, self.method, self.device, self._load_dtype(), self.quant)
+        model = load_model(a, source, self.method, self.device, self._load_dtype(), self.quant, self.stage)
         model = apply_method(a, model, self.method)
         if self.method != "full" and not self.fast.lora_input_cast:
             fastpath.set_lora_input_cast(model, False)
@@ -350,6 +353,8 @@ class FinetuneRecipe:
                 model_parameters=groups if optimizer is None else None,
                 lr_scheduler=make_scheduler, config=self.ds_config,
             )
+            if self.stage == 3:
+                self._place_shards()
             return
         from training.fast.optim import fused_supported
 
@@ -370,6 +375,22 @@ class FinetuneRecipe:
                 self.loss_module if self.loss_module is not None else self.model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
             )
+
+    def _place_shards(self) -> None:
+        """ZeRO-3: a 4-bit base's quantization constants follow its shards to the GPU; each rank says how much of the
+        frozen base it holds (about 1/world of it)."""
+        from training.model import shard_quantized_base
+
+        if self.method == "qlora":
+            shard_quantized_base(self.model, self.device)
+        frozen = [p for p in self.model.parameters() if not p.requires_grad and hasattr(p, "ds_tensor")]
+        held = sum(p.ds_tensor.numel() for p in frozen)
+        total = sum(p.ds_numel for p in frozen)
+        by_rank = [int(x) for x in dist.all_gather_floats(float(held), self.device)]
+        self.base_partition = {"held_by_rank": by_rank, "total": total}  # into the start record
+        if total and self.env.is_main:
+            log.info("ZeRO-3: the frozen base's %d stored elements held as %s by rank (%s)", total, by_rank,
+                     ", ".join(f"{100 * h / total:.1f}%" for h in by_rank))
 
     def _build_loader(self) -> None:
         a, env = self.args, self.env

@@ -331,6 +331,33 @@ def test_qlora_one_process(tmp_path, files):
     assert (run.out / "adapter_model.safetensors").is_file()
 
 
+QLORA_NO_DROP = ["--q_lora", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0", "--learning_rate", "5e-3",
+                 "--max_steps", "6", "--model_max_length", "96", "--logging_steps", "1", "--save_strategy", "no",
+                 "--seed", "7"]
+
+
+def test_qlora_base_sharded_over_four_zero3_ranks(tmp_path, files):
+    """Q-LoRA under ZeRO-3 over 4 processes: the nf4 base (stored in the compute dtype) is partitioned, each rank
+    holding about a quarter of it, and training follows the single-process Q-LoRA curve (same global batch of 8,
+    no dropout, so the two runs see the same numbers up to the order of sums)."""
+    one = run_worker(tmp_path / "one", "--model_name_or_path", files["model"], "--data_path", files["train"],
+                     *QLORA_NO_DROP, "--per_device_train_batch_size", "8")
+    assert_ok(one)
+    four = run_worker(tmp_path / "four", "--model_name_or_path", files["model"], "--data_path", files["train"],
+                      *QLORA_NO_DROP, "--per_device_train_batch_size", "2", "--deepspeed", "builtin:zero3", nproc=4,
+                      timeout=600)
+    assert_ok(four)
+    start = four.records[0]
+    assert start["method"] == "qlora" and start["zero_stage"] == 3 and start["world_size"] == 4
+    part = start["base_partition"]
+    assert len(part["held_by_rank"]) == 4 and part["total"] > 0
+    for held in part["held_by_rank"]:
+        assert 0.2 < held / part["total"] < 0.3, part  # a quarter, give or take each partition's padding
+    for a, b in zip(four.steps, one.steps, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), (a, b)
+    assert falls([r["loss"] for r in four.steps], 0.3)
+
+
 def test_stopped_run_ends_metrics_with_an_error_record(tmp_path, files):
     """torchrun stops workers with SIGTERM: the monitor still gets a closing record."""
     import json

@@ -114,3 +114,20 @@ def test_the_shipped_7b_lora_presets_get_the_advice_the_readme_says(capsys):
     codes = {a["code"] for a in zero2["advice"]}
     assert "CKPT_UNNEEDED" in codes and "ZERO_NOT_NEEDED" not in codes
     assert ddp["tokens_per_second"] > zero2["tokens_per_second"]
+
+
+def test_72b_qlora_fits_four_24gb_gpus_only_with_the_base_sharded(capsys, tmp_path):
+    """Qwen's headline: 72B Q-LoRA on four single-GPU nodes of 24 GB. The shipped preset shards the 4-bit base
+    under ZeRO-3 and fits 22.5 GiB; the same preset under ZeRO-2 (every GPU holds the whole base) does not, and
+    its OOM advice names ZeRO-3 with the figure it reaches."""
+    shipped = REPO / "presets" / "qwen2.5-72b-qlora-4x1gpu.yaml"
+    z3 = run_json(capsys, shipped, "--gpu-memory-gib", "22.5")
+    assert z3["gpu_memory_gb"]["fits"] is True and z3["gpu_memory_gb"]["total"] < 22.5
+    assert not [a for a in z3["advice"] if a["level"] == "error"]
+    z2_path = tmp_path / "z2.yaml"
+    z2_path.write_text(shipped.read_text().replace("zero_stage: 3", "zero_stage: 2"))
+    z2 = run_json(capsys, z2_path, "--gpu-memory-gib", "22.5")
+    assert z2["gpu_memory_gb"]["fits"] is False and z2["gpu_memory_gb"]["weights"] > 3 * z3["gpu_memory_gb"]["weights"]
+    (oom,) = [a for a in z2["advice"] if a["code"] == "OOM"]
+    assert oom["fix"]["changes"] == {"training.zero_stage": 3}
+    assert "shards the 4-bit base" in oom["fix"]["label"] and f"~{z3['gpu_memory_gb']['total']:.1f} GiB" in oom["fix"]["label"]
