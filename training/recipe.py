@@ -340,8 +340,7 @@ class FinetuneRecipe:
             if "optimizer" not in self.ds_config:
                 # The client optimizer: DeepSpeed steps it on its flat fp32 partitions, so fused AdamW is one
                 # kernel over each partition.
-                fused = self.fast.fused_adamw and self.device.type == "cuda"
-                self.fast.fused_adamw = fused
+                fused = self.fast.fused_adamw  # on CUDA by default; on CPU as given (torch has a CPU kernel too)
                 optimizer = torch.optim.AdamW(groups, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
                                               eps=a.adam_epsilon, fused=fused or None)
             else:

@@ -153,17 +153,19 @@ def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, 
 
 
 @pytest.mark.parametrize("config", ["zero2", "zero3"])
-def test_compiled_layers_under_deepspeed_keep_the_curve(tmp_path, files, full_run, monkeypatch, config):
+def test_compiled_layers_and_fused_adamw_under_deepspeed_keep_the_curve(tmp_path, files, full_run, monkeypatch,
+                                                                        config):
     """torch.compile of the decoder layers under ZeRO-2 (the whole layer call) and ZeRO-3 (each layer one leaf
-    module, gathered by DeepSpeed's eager hooks around its compiled forward) over 2 processes keeps the
-    single-process curve. Dynamo and AOTAutograd trace the layers as on a GPU; aot_eager skips building C++."""
+    module, gathered by DeepSpeed's eager hooks around its compiled forward), with fused AdamW as the engine's client
+    optimizer, over 2 processes keeps the single-process curve. Dynamo and AOTAutograd trace the layers as on a GPU;
+    aot_eager skips building C++."""
     monkeypatch.setenv("TRAINING_COMPILE_BACKEND", "aot_eager")
     run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
                      f"builtin:{config}", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
-                     "--compile", nproc=2)
+                     "--compile", "--fused_adamw", nproc=2)
     assert_ok(run)
     fp = run.records[0]["fast_path"]
-    assert fp["compile"] is True and fp["packing"] is True and fp["ce"] == "chunked"
+    assert fp["compile"] is True and fp["fused_adamw"] is True and fp["packing"] is True and fp["ce"] == "chunked"
     for a, b in zip(run.steps, full_run.steps, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a, b)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3), (a, b)
