@@ -553,21 +553,23 @@ def test_cudnn_self_test_passes_an_agreeing_kernel_and_names_a_failing_or_wrong_
     assert att._kernel == "flash"
 
 
-def test_the_recipe_gives_the_self_test_the_models_attention_shape():
-    """The recipe's side of the automatic cuDNN choice, on CPU: the shape and dtype it hands over, and a self-test
-    that cannot run here (no varlen kernel, no cuDNN) comes back as a reason, not an exception."""
+def test_the_fast_setup_gives_the_self_test_the_models_attention_shape():
+    """The recipe's side of the automatic cuDNN choice (training.fast_setup), on CPU: the shape and dtype it hands
+    over, and a self-test that cannot run here (no varlen kernel, no cuDNN) comes back as a reason, not an
+    exception."""
     from types import SimpleNamespace
 
-    from training.recipe import FinetuneRecipe
+    from training import fast_setup
+    from training.fast.attention import cudnn_self_test
 
-    r = FinetuneRecipe.__new__(FinetuneRecipe)
-    r.model_config = {"num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
-    r.args = SimpleNamespace(fp16=False, model_max_length=2048)
-    r.device = torch.device("cpu")
-    assert r._attention_shape() == (28, 4, 128) and r._attention_dtype() == torch.bfloat16
-    r.model_config = {"num_attention_heads": 4, "hidden_size": 64, "head_dim": 32}  # Qwen3 sets head_dim itself
-    assert r._attention_shape() == (4, 4, 32)
-    assert r._cudnn_self_test().startswith("cuDNN's attention failed its self-test (")
+    seven = {"num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
+    assert fast_setup.attention_shape(seven) == (28, 4, 128)
+    assert fast_setup.attention_dtype(SimpleNamespace(fp16=False)) == torch.bfloat16
+    assert fast_setup.attention_dtype(SimpleNamespace(fp16=True)) == torch.float16
+    qwen3 = {"num_attention_heads": 4, "hidden_size": 64, "head_dim": 32}  # Qwen3 sets head_dim itself
+    assert fast_setup.attention_shape(qwen3) == (4, 4, 32)
+    got = cudnn_self_test(*fast_setup.attention_shape(qwen3), torch.bfloat16, torch.device("cpu"), 2048)
+    assert got.startswith("cuDNN's attention failed its self-test (")
 
 
 def test_kernel_inputs_bucket_the_record_count_for_cudnn_only():

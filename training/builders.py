@@ -1,0 +1,177 @@
+"""The recipe's components, each built from its slice of the flags: the model, the optimizer (with the DeepSpeed
+engine or DDP around the model), and the data loader. Each builder returns what it built; the recipe wires them
+together in the order its setup() explains.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training import dist, fastpath
+from training.data import Collator, StepSampler
+from training.model import apply_method, load_model
+
+log = logging.getLogger("training")
+
+
+@dataclass
+class Optimization:
+    """What steps the weights: the optimizer and its schedule, and what wraps the model for the forward."""
+    optimizer: Any
+    scheduler: Any
+    engine: Any = None  # the DeepSpeed engine (wraps model + loss, or the model)
+    ddp: Any = None  # DistributedDataParallel (several processes without DeepSpeed)
+    scaler: Any = None  # fp16's gradient scaler without DeepSpeed
+
+
+@dataclass
+class Loading:
+    collator: Collator
+    sampler: StepSampler
+    loader: torch.utils.data.DataLoader
+
+
+def build_model(args, source: str, method: str, device, load_dtype, quant: str | None, stage: int, fast,
+                resume_dir: Path | None, ds_config: dict | None):
+    """The model as the method trains it, on its device (under ZeRO-3 partitioned while it loads, or by the engine).
+    Returns (model, transformers' ZeRO-3 config object, which must stay alive while the model loads)."""
+    hf_ds_config = None
+    if stage == 3 and method != "qlora":
+        from transformers.integrations import HfDeepSpeedConfig
+
+        # Tells from_pretrained to partition the weights across ranks as it loads them. transformers never does
+        # that for a quantized model (and refuses a device_map then): a 4-bit base is quantized in host memory
+        # and partitioned by deepspeed.initialize (training.model.load_model).
+        hf_ds_config = HfDeepSpeedConfig(ds_config)
+    if resume_dir and method == "full" and not args.deepspeed:
+        source = str(resume_dir)  # the checkpoint holds the full model in HF format
+    model = load_model(args, source, method, device, load_dtype, quant, stage)
+    model = apply_method(args, model, method)
+    if method != "full" and not fast.lora_input_cast:
+        fastpath.set_lora_input_cast(model, False)
+    if fast.fused_lora_dropout:
+        from training.fast.lora_dropout import fuse_lora_dropout
+
+        log.info("LoRA dropout fused into lora_A in %d adapted projections", fuse_lora_dropout(model))
+    if resume_dir and method != "full" and not args.deepspeed:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(resume_dir / "adapter_model.safetensors")))
+    if stage == 3 and method != "full":
+        # The frozen embedding's output needs no gradient, so the first layer's inputs need none: DeepSpeed's
+        # backward hook on that layer then fires as its backward starts and releases the weights it is about to
+        # use (a size-0 weight in the backward, seen on an H200). With input gradients it fires after.
+        model.enable_input_require_grads()
+    if method != "qlora" and stage != 3:
+        model.to(device)
+    return model, hf_ds_config
+
+
+def build_optimization(args, env, model, loss_module, fast, ds_config: dict | None, device,
+                       total_steps: int) -> Optimization:
+    """AdamW (no weight decay on biases and norms) with the scheduler, inside the DeepSpeed engine under
+    --deepspeed, else with DDP around the model (or model + loss) on several processes. Sets fast.fused_adamw to
+    what was used."""
+    from transformers import get_scheduler
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def is_matrix(p) -> bool:
+        return len(getattr(p, "ds_shape", p.shape)) >= 2  # ZeRO-3 shards are flat; ds_shape is the real one
+
+    # No weight decay on biases and norm weights (1-D), as in HF Trainer.
+    groups = [
+        {"params": [p for n, p in named if is_matrix(p)], "weight_decay": args.weight_decay},
+        {"params": [p for n, p in named if not is_matrix(p)], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    warmup = math.ceil(args.warmup_ratio * total_steps)
+
+    def make_scheduler(optimizer):
+        return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                             num_training_steps=total_steps)
+
+    def adamw(fused: bool):
+        return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                 eps=args.adam_epsilon, fused=fused or None)
+
+    if args.deepspeed:
+        import deepspeed
+
+        optimizer = None
+        if "optimizer" not in ds_config:
+            # The client optimizer: DeepSpeed steps it on its flat fp32 partitions, so fused AdamW is one kernel
+            # over each partition. On CUDA by default; on CPU as given (torch has a CPU kernel too).
+            optimizer = adamw(fast.fused_adamw)
+        else:
+            fast.fused_adamw = False
+            fast.why["fused_adamw"] = "off: the DeepSpeed config names its own optimizer"
+        # With our loss the engine wraps model + loss, so its forward (and ZeRO-3's gathering) is what runs.
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=loss_module if loss_module is not None else model, optimizer=optimizer,
+            model_parameters=groups if optimizer is None else None, lr_scheduler=make_scheduler, config=ds_config,
+        )
+        return Optimization(optimizer, scheduler, engine=engine)
+    from training.fast.optim import fused_supported
+
+    fused = fast.fused_adamw and fused_supported(p for _, p in named)
+    if fast.fused_adamw and not fused:
+        log.warning("fused AdamW is not supported for these parameters; using the default AdamW")
+    fast.fused_adamw = fused
+    optimizer = adamw(fused)
+    opt = Optimization(optimizer, make_scheduler(optimizer))
+    if args.fp16:
+        opt.scaler = torch.amp.GradScaler("cuda")
+    if env.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # With our loss, DDP wraps model + loss, so the forward that DDP sees is the one that runs.
+        opt.ddp = DistributedDataParallel(loss_module if loss_module is not None else model,
+                                          device_ids=[device.index] if device.type == "cuda" else None)
+    return opt
+
+
+def place_shards(model, method: str, device, is_main: bool) -> dict:
+    """ZeRO-3, after deepspeed.initialize: a 4-bit base's quantization constants follow its shards to the GPU.
+    Returns how much of the frozen base each rank holds (about 1/world each), for the start record."""
+    from training.model import shard_quantized_base
+
+    if method == "qlora":
+        shard_quantized_base(model, device)
+    frozen = [p for p in model.parameters() if not p.requires_grad and hasattr(p, "ds_tensor")]
+    held = sum(p.ds_tensor.numel() for p in frozen)
+    total = sum(p.ds_numel for p in frozen)
+    by_rank = [int(x) for x in dist.all_gather_floats(float(held), device)]
+    if total and is_main:
+        log.info("ZeRO-3: the frozen base's %d stored elements held as %s by rank (%s)", total, by_rank,
+                 ", ".join(f"{100 * h / total:.1f}%" for h in by_rank))
+    return {"held_by_rank": by_rank, "total": total}
+
+
+def build_loader(args, env, dataset, pad_id: int, device, packing: bool, total_steps: int,
+                 start_step: int) -> Loading:
+    """The step sampler (every rank's share of each optimizer step, resumable at start_step) and its loader:
+    padded batches, or (packing) the records themselves, packed a whole step at a time by the loop."""
+    collator = Collator(pad_id, pad_to_multiple_of=8 if device.type == "cuda" else 1)
+    sampler = StepSampler(len(dataset), env.world_size, env.rank, args.per_device_train_batch_size,
+                          args.gradient_accumulation_steps, args.seed, total_steps, start_step=start_step)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=_records_of if packing else collator,
+        num_workers=args.dataloader_num_workers, pin_memory=device.type == "cuda",
+        # Its own generator: a loader seeds its workers from the global RNG otherwise, and a
+        # resumed run would then draw different dropout masks than an uninterrupted one.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    return Loading(collator, sampler, loader)
+
+
+def _records_of(items: list) -> list:
+    """collate_fn of packed training: the records themselves (the loop packs a whole step at once)."""
+    return list(items)

@@ -1,0 +1,306 @@
+"""The step loop: one optimizer step after another, with packing a step ahead, steps read back a step late, metrics,
+evaluations and checkpoints at their steps.
+
+StepLoop is the loop half of training.recipe.FinetuneRecipe, which sets up what it uses: args, env, fast (the
+fast-path choices), device, model, loss_module, engine or ddp, optimizer, scheduler, scaler, loader, tokenizer,
+meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds; and
+_forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the supervised tokens of the whole
+step over all ranks (so accumulation and the number of processes do not change it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from training import dist, fastpath, profiling
+from training.data import IGNORE_INDEX
+from training.fast import allocator
+
+log = logging.getLogger("training")
+
+
+class StepLoop:
+    def train(self) -> None:
+        gas = self.args.gradient_accumulation_steps
+        self.wrapped.train()
+        # The tokenized records, the model and the tokenizer are millions of long-lived Python objects; a full
+        # garbage collection walks all of them, tens of milliseconds at an arbitrary step while the GPU waits.
+        # Frozen, the collector skips them (what the loop itself allocates is still collected).
+        gc.collect()
+        gc.freeze()
+        batches = iter(self.loader)
+        # Packing runs one step ahead on a thread (the next step's job starts once this step's first micro-batch
+        # is queued on the GPU), so the GPU does not wait for Python between steps.
+        packer = ThreadPoolExecutor(1, thread_name_prefix="pack") if self.fast.packing else None
+
+        def pack_next():
+            return packer.submit(lambda: self._pack_cpu([e for _ in range(gas) for e in next(batches)]))
+
+        pending = pack_next() if packer else None
+        try:
+            self._train_loop(batches, pending, pack_next)
+        finally:
+            if packer:
+                packer.shutdown(wait=True, cancel_futures=True)
+
+    def _train_loop(self, batches, pending, pack_next) -> None:
+        a, env = self.args, self.env
+        gas = a.gradient_accumulation_steps
+        self._window = _Window()
+        t_start = time.perf_counter()
+        queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
+        try:
+            while self.step < self.total_steps:
+                if queued is not None and a.profile_step == self.step + 1:
+                    # Read back before the profiler starts: its start-up would count as the queued step's time.
+                    self._record_step(queued, seconds=None)
+                    queued = None
+                prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
+                mark = profiling.marker(prof)
+                t0 = time.perf_counter()
+                with mark("step: inputs"):
+                    if self.fast.packing:
+                        packed, pending = pending.result(), None
+                        micro, counts = self._packed_step(packed)
+                    else:
+                        micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
+                                 for _ in range(gas)]
+                        # Supervised and real tokens of the whole optimizer step, over all ranks: the loss divisor.
+                        counts = torch.tensor([sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro),
+                                               sum(int(b["attention_mask"].sum()) for b in micro),
+                                               sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
+                    if dist.active() and not self.fast.packing:  # packed steps come with all ranks' counts
+                        counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
+                    n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
+                    # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
+                    num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
+                    loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                    lr = self._current_lr()
+                for i, batch in enumerate(micro):
+                    last = i == len(micro) - 1
+                    if self.engine is not None and self.fast.packing:
+                        # A packed step has as many rows as its records need (the same on every rank), not the
+                        # configured accumulation count: the engine is told which one ends the step.
+                        self.engine.set_gradient_accumulation_boundary(last)
+                    sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
+                    with sync:
+                        with mark("step: forward"):
+                            loss = self._forward_loss(batch, num_items)
+                        with mark("step: backward"):
+                            self._backward(loss)
+                    if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
+                        # The next step is packed from here on: with this micro-batch's kernels queued, the packing
+                        # thread's Python runs while the main thread waits on the GPU. Started with the step, it
+                        # held the GIL while the main thread had the first kernels to launch, and the GPU idled.
+                        pending = pack_next()
+                    if queued is not None:
+                        # The previous step is read back only now, with this step's first micro-batch queued: the
+                        # GPU works on it while the host waits, logs and writes metrics.
+                        with mark("step: previous step's metrics"):
+                            self._record_step(queued, seconds=t0 - queued.t0)
+                        queued = None
+                    if self.engine is not None:
+                        self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
+                    loss_sum += loss.detach().double() * num_items.double()
+                with mark("step: optimizer"):
+                    grad_norm = self._optimizer_step()
+                self.step += 1
+                loss_sum = dist.all_reduce_sum(loss_sum)
+                done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
+                due_eval = a.eval_steps > 0 and self.eval_ds is not None and self.step % a.eval_steps == 0
+                if (self.fast.overlap_steps and prof is None and self.step < self.total_steps and not due_eval
+                        and not self._should_save()):
+                    queued = done
+                    continue
+                self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
+                if prof is not None:
+                    out = Path(a.output_dir) / f"profile-step{self.step}.txt"
+                    trace = out.with_suffix(".json.gz") if a.profile_trace else None
+                    text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
+                    log.info("profile of step %d (%s):\n%s", self.step, out, text)
+                if due_eval:
+                    self.evaluate()
+                if self._should_save():
+                    self.save_checkpoint()
+        except BaseException:
+            if queued is not None:  # a step that finished before the failure still gets its metrics record
+                self._flush_after_error(queued)
+            raise
+        self.train_runtime = time.perf_counter() - t_start
+
+    def _record_step(self, q: "_Queued", seconds: float | None) -> None:
+        """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
+        step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
+        a = self.args
+        loss_sum = q.loss_sum.item()
+        grad_norm = float(q.grad_norm)
+        if seconds is None:
+            seconds = time.perf_counter() - q.t0
+        if q.n_trunc and a.lazy_preprocess:
+            self.lazy_truncated += int(q.n_trunc)
+            if self.env.is_main:
+                log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
+                            q.step, int(q.n_trunc), a.model_max_length)
+        w = self._window
+        w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
+        w.micro_batches += q.micro_batches
+        w.empty_rows += int(q.n_empty)
+        if q.step % a.logging_steps == 0 or q.step == self.total_steps:
+            self._log_step(w, q.step, q.lr, grad_norm)
+            self._window = _Window()
+
+    def _flush_after_error(self, q: "_Queued") -> None:
+        try:
+            self._record_step(q, seconds=None)
+        except Exception as e:  # the device may be what failed; the original error is what gets raised
+            log.warning("step %d's metrics could not be read back after the failure: %s", q.step, e)
+
+    def _device_scalar(self, x: float) -> torch.Tensor:
+        """A float32 scalar on the device without a synchronisation: a copy from pageable memory would wait for
+        every queued kernel, so on CUDA it goes through pinned memory."""
+        t = torch.tensor(x, dtype=torch.float32)
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float], int]:
+        """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA; the
+        supervised tokens, real tokens, truncated records and empty rows of all ranks; and the rows every rank
+        runs (the busiest rank's count). Several ranks agree on these here, on the host, a step ahead."""
+        f, a = self.fast, self.args
+        pad_id = self.tokenizer.pad_token_id
+        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        if self.device.type == "cuda":
+            rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
+        counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
+                  float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
+        if self.meta_group is None:
+            return rows, counts + [0.0], len(rows)
+        ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
+        most = int(max(r[3] for r in ranks))
+        totals = [sum(r[i] for r in ranks) for i in range(3)]
+        return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most
+
+    @property
+    def _pad_multiple(self) -> int:
+        # Rows are as wide as their records rounded up to this: tile-friendly widths on CUDA with at most 127 tokens
+        # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
+        return 128 if self.device.type == "cuda" else 8
+
+    def _packed_step(self, packed: tuple[list[dict], list[float], int]) -> tuple[list[dict], torch.Tensor]:
+        """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
+        needs the same number of forwards everywhere), with the counts of all ranks (see _pack_cpu)."""
+        f, a = self.fast, self.args
+        rows, counts, n_rows = packed
+        if len(rows) < n_rows:
+            filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
+                                        a.model_max_length)
+            rows = rows + [filler] * (n_rows - len(rows))
+        micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
+                 for r in rows]
+        return micro, torch.tensor(counts, dtype=torch.float64)
+
+    def _current_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.engine is not None:
+            self.engine.backward(loss, scale_wrt_gas=False)  # our loss is already normalised per step
+        elif self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _optimizer_step(self) -> torch.Tensor | float:
+        a = self.args
+        if self.engine is not None:
+            norm = self.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
+            return float(norm) if norm is not None else float("nan")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable_params(), max_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm  # on the device: _record_step reads it back (with --overlap_steps, a step later)
+
+    def _log_step(self, w: "_Window", step: int, lr: float, grad_norm: float) -> None:
+        rec = {
+            "step": step,
+            "epoch": round(step / self.steps_per_epoch, 4),
+            "loss": w.loss_sum / max(w.labels, 1.0),
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "tokens": int(w.tokens),
+            "label_tokens": int(w.labels),
+            "tokens_per_second": w.tokens / w.seconds if w.seconds > 0 else None,
+            "step_time": w.seconds / w.steps,
+        }
+        if self.fast.packing:
+            rec["micro_batches"] = w.micro_batches  # packed rows each process ran, empty ones included
+            rec["empty_rows"] = w.empty_rows  # rows of padding, over all processes, so all ran as many
+        if self.device.type == "cuda":
+            rec["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # Each retry freed the allocator's cache mid-step: a device-wide synchronisation (training.fast.allocator).
+            rec["alloc_retries"] = allocator.retries(self.device)
+            if rec["alloc_retries"] > self._retries_warned:
+                log.warning("the CUDA allocator freed its cache and retried %d time(s) so far (each one stalls the "
+                            "GPU): %s", rec["alloc_retries"],
+                            "lower --auto_memory_fraction" if self.fast.expandable_segments
+                            else "use --expandable_segments or a lower --auto_memory_fraction")
+                self._retries_warned = rec["alloc_retries"]
+        self.metrics.write(rec)
+        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.total_steps,
+                 rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
+
+    def _should_save(self) -> bool:
+        a = self.args
+        if a.save_strategy == "steps":
+            return self.step % a.save_steps == 0
+        if a.save_strategy == "epoch":
+            return self.step % self.steps_per_epoch == 0
+        return False
+
+
+@dataclass
+class _Queued:
+    """A finished optimizer step whose loss and gradient norm may still be on the device."""
+    step: int
+    loss_sum: torch.Tensor
+    grad_norm: torch.Tensor | float
+    lr: float
+    n_labels: float
+    n_tokens: float
+    n_trunc: float
+    n_empty: float
+    micro_batches: int
+    t0: float
+
+
+class _Window:
+    """Sums over the optimizer steps between two metrics records."""
+
+    def __init__(self):
+        self.loss_sum = self.labels = self.tokens = self.seconds = 0.0
+        self.steps = self.micro_batches = self.empty_rows = 0
+
+    def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:
+        self.loss_sum += loss_sum
+        self.labels += labels
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1
+
