@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -420,19 +419,9 @@ def _edited_text(preset: Preset, p: Path) -> Optional[str]:
 
 
 def _write_atomic(p: Path, text: str, mode: int = 0o644) -> None:
+    """A new file gets `mode`, an existing one keeps its own (qwen_tui.atomic: never half written, never through a
+    planted temp-file link)."""
+    from .atomic import write_text_atomic
+
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if p.exists():
-            os.chmod(tmp, p.stat().st_mode & 0o777)
-        else:
-            os.chmod(tmp, mode)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(p, text, p.stat().st_mode & 0o777 if p.exists() else mode)
