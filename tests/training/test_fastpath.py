@@ -229,28 +229,30 @@ def test_labelled_logits_switch_is_decided_with_packing_and_refused_without():
         _decide(argv=["--no_packing", "--labelled_logits_only"], device="cpu")
 
 
-def test_the_fused_loss_runs_under_zero_1_and_2_but_not_zero_3(monkeypatch):
+def test_the_fast_path_runs_under_every_zero_stage(monkeypatch):
+    """Under ZeRO-1/2/3 the engine wraps model + loss: packed rows without the full logits (ZeRO-3 gathers the
+    LM head for the loss), compiled layers, fused AdamW and the memory probe, which runs once the engine exists."""
     import training.fastpath as fp
-    from training.errors import InputError
 
-    for stage in (1, 2):  # packed rows through the engine's module, without the full logits
+    for stage in (1, 2, 3):
         z = decide_for(["--use_lora"], "cpu", deepspeed=True, zero_stage=stage)
-        assert z.ce == "chunked" and z.packing and z.our_loss and z.labelled_logits and "ZeRO-1/2" in z.why["packing"]
+        assert z.ce == "chunked" and z.packing and z.our_loss and z.labelled_logits, stage
+        assert f"ZeRO-{stage}: the rows of a step end it" in z.why["packing"]
         assert not decide_for(["--no_packing"], "cpu", deepspeed=True, zero_stage=stage).packing
-    z3 = decide_for(["--use_lora"], "cpu", deepspeed=True, zero_stage=3)
-    assert z3.ce == "hf" and z3.why["fused_ce"].startswith("off under ZeRO-3") and not z3.our_loss
-    assert not z3.packing and z3.why["packing"].startswith("off under ZeRO-3")
-    assert decide_for(["--fused_ce", "off"], "cpu", deepspeed=True, zero_stage=2).ce == "plain"  # packed, full logits
-    assert decide_for(["--fused_ce", "off", "--no_packing"], "cpu", deepspeed=True, zero_stage=2).ce == "hf"
-    assert decide_for(["--fused_ce", "chunked"], "cpu", deepspeed=True, zero_stage=2).ce == "chunked"
-    with pytest.raises(InputError, match="--fused_ce chunked does not work with ZeRO-3"):
-        decide_for(["--fused_ce", "chunked"], "cpu", deepspeed=True, zero_stage=3)
-    # On CUDA the rows are not sized by the memory probe, which would run before the engine's optimizer states
+        assert decide_for(["--fused_ce", "chunked"], "cpu", deepspeed=True, zero_stage=stage).ce == "chunked"
+    assert decide_for(["--fused_ce", "off"], "cpu", deepspeed=True, zero_stage=3).ce == "plain"  # packed, full logits
+    assert decide_for(["--fused_ce", "off", "--no_packing"], "cpu", deepspeed=True, zero_stage=3).ce == "hf"
+    # On CUDA: compiled layers, fused AdamW and the probe-sized rows, as without DeepSpeed
     monkeypatch.setattr(fp, "_varlen_available", lambda: True)
     monkeypatch.setattr(fp, "_cudnn_unfit", lambda: "not asked here")
-    gpu = decide_for(["--use_lora", "--bf16"], "cuda", deepspeed=True, zero_stage=2)
-    assert gpu.packing and not gpu.auto_micro_batch and "rows of --per_device_train_batch_size x" in \
-        gpu.why["auto_micro_batch"]
+    monkeypatch.setattr("training.fast.compile.compile_available", lambda device: True)
+    for stage in (2, 3):
+        gpu = decide_for(["--use_lora", "--bf16"], "cuda", deepspeed=True, zero_stage=stage)
+        assert gpu.packing and gpu.auto_micro_batch and gpu.compile and gpu.fused_adamw, stage
+        assert "measured after the engine is built" in gpu.why["auto_micro_batch"]
+        off = decide_for(["--use_lora", "--bf16", "--no_compile", "--no_fused_adamw", "--no_auto_micro_batch"],
+                         "cuda", deepspeed=True, zero_stage=stage)
+        assert not (off.compile or off.fused_adamw or off.auto_micro_batch)  # each one a switch
     assert decide_for(["--use_lora", "--bf16"], "cuda").auto_micro_batch  # plain DDP: the probe sizes the rows
 
 
@@ -502,9 +504,10 @@ def test_attention_kernel_is_cudnn_only_where_it_can_run_with_bounded_plans(monk
     assert fit.attention == "cudnn" and fit.why["attention_kernel"].startswith("cudnn: Hopper GPU")
     assert _decide(argv=["--bf16", "--attention_kernel", "flash"]).attention == "flash"
     assert _decide(argv=["--bf16", "--no_packing"]).why["attention_kernel"] == "n/a: no packed rows on CUDA"
-    ds = decide_for(["--bf16"], "cuda", deepspeed=True, zero_stage=3)  # no packing under ZeRO-3: no varlen kernel
-    assert ds.attention == "flash" and ds.why["attention_kernel"] == "n/a: no packed rows on CUDA"
-    assert decide_for(["--bf16"], "cuda", deepspeed=True, zero_stage=2).attention == "cudnn"  # ZeRO-2 packs
+    for stage in (2, 3):  # ZeRO packs too
+        assert decide_for(["--bf16"], "cuda", deepspeed=True, zero_stage=stage).attention == "cudnn"
+    padded = decide_for(["--bf16", "--no_packing"], "cuda", deepspeed=True, zero_stage=3)
+    assert padded.attention == "flash" and padded.why["attention_kernel"] == "n/a: no packed rows on CUDA"
     monkeypatch.setattr(fp, "_cudnn_unfit", lambda: "no nvidia-cudnn-frontend installed")
     unfit = _decide(argv=["--bf16", "--use_lora"])
     assert unfit.attention == "flash" and unfit.why["attention_kernel"] == "flash: no nvidia-cudnn-frontend installed"
