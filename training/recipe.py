@@ -141,6 +141,9 @@ class FinetuneRecipe(StepLoop):
             "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,
             "data": a.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
             "truncated_records": self.train_ds.stats.truncated, "dropped_records": self.train_ds.stats.dropped,
+            # every token and the supervised ones (None with --lazy_preprocess: counted as batches are made)
+            "tokens": None if a.lazy_preprocess else self.train_ds.stats.tokens,
+            "supervised_tokens": None if a.lazy_preprocess else self.train_ds.stats.label_tokens,
             "model_max_length": a.model_max_length, "device": self.device.type,
             "precision": "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,

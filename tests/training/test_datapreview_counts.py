@@ -46,7 +46,8 @@ def test_data_json_agrees_with_the_worker(tmp_path):
     assert rep["usable"] == start["usable_records"]
     assert rep["dropped"] == start["dropped_records"]
     assert rep["truncated"] == start["truncated_records"] > 0
-    # The start record has no token count: the worker logs it ("DATA: N records, T tokens, S of them supervised").
+    assert rep["tokens"] == start["tokens"] and rep["supervised_tokens"] == start["supervised_tokens"] > 0
+    # and as the worker logs them ("DATA: N records, T tokens, S of them supervised")
     logged = re.search(r": (\d+) records, (\d+) tokens, (\d+) of them supervised", run.stderr)
     assert logged, run.stderr[-2000:]
     assert (rep["records"], rep["tokens"], rep["supervised_tokens"]) == tuple(map(int, logged.groups()))
