@@ -221,3 +221,25 @@ async def test_review_shows_the_python_launch_gives_local_nodes(tmp_path):
         text = str(app.screen.query_one("#commands", Static).render())
         # Every node's command line starts with it; the default would have been "python3 -m torch...".
         assert text.count(f"{sys.executable} -m torch.distributed.run") == 2, text
+
+
+async def test_review_masks_secret_environment_values(tmp_path):
+    """A token in network.env is never on screen: Review's preset YAML and its commands show *** for it (a
+    screenshot or a shared terminal would otherwise carry it), while the saved preset keeps the value."""
+    from textual.widgets import Static
+
+    from qwen_tui.preset import save_preset
+
+    preset = load_preset(DEMO)
+    preset.network.env = {"HF_TOKEN": "hf_very_secret_value", "NCCL_DEBUG": "INFO"}
+    path = tmp_path / "secret.yaml"
+    save_preset(preset, path)
+    app = WizardApp(str(path), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f5")
+        await pilot.pause()
+        yaml_text = app.screen.query_one("#yaml", Static).render()._renderable.code  # the Syntax's source
+        commands = str(app.screen.query_one("#commands", Static).render())
+        assert "hf_very_secret_value" not in yaml_text + commands
+        assert "HF_TOKEN: '***'" in yaml_text and "NCCL_DEBUG: INFO" in yaml_text and "HF_TOKEN=***" in commands
+    assert "hf_very_secret_value" in path.read_text()

@@ -63,7 +63,9 @@ class ReviewScreen(StepScreen):
         st = self.state
         self.query_one("#commands", Static).update(plan_text(preview_plan(st, self.wizard.base_dir,
                                                                           self.wizard.local_python)))
-        self.query_one("#yaml", Static).update(Syntax(dump_preset(st.preset), "yaml", theme="ansi_dark",
+        shown_preset = st.preset.model_copy(deep=True)  # what is shown: secrets in network.env as ***
+        shown_preset.network.env = shown_env(st.preset.network.env)
+        self.query_one("#yaml", Static).update(Syntax(dump_preset(shown_preset), "yaml", theme="ansi_dark",
                                                       background_color="default"))
         errs = [a for a in st.advice if a.level == "error"]
         warns = [a for a in st.advice if a.level == "warning"]
