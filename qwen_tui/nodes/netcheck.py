@@ -23,15 +23,17 @@ from typing import Optional
 from qwen_tui.facts import ClusterFacts, LinkFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.transport import Transport
+from qwen_tui.nodes.transport import CommandResult, Transport
 from qwen_tui.preset import Preset
 
 WARN_BELOW_GBPS = 10.0
 IPERF_PORT = 5201
 IPERF_STREAMS = 4  # NCCL's socket transport opens several connections per peer (NCCL_NSOCKS_PERTHREAD x threads)
 
-# Bind the given ports on all addresses, accept until the window ends; print
-# {"bound": {port: null | error}, "peers": {port: [addr...]}}.
+# Bind the given ports on all addresses, accept until every port has heard from
+# `expect` peers or the window ends. Once bound it prints {"bound": {port: null | error}}
+# and READY (what a streamed listener needs: it is stopped when the connectors are done),
+# at the end {"bound": ..., "peers": {port: [addr...]}}.
 LISTEN = r'''
 import json, select, socket, sys, time
 a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]
@@ -44,8 +46,11 @@ for p in a["ports"]:
         s.bind(("0.0.0.0", p)); s.listen(64); socks[s] = p; bound[p] = None; peers[p] = []
     except OSError as e:
         bound[p] = e.strerror or str(e); s.close()
+print(json.dumps({"bound": bound}), flush=True)
 print("READY", flush=True)
 while socks and time.monotonic() < end:
+    if all(len(set(peers[p])) >= a["expect"] for p in socks.values()):
+        break  # everyone got through: no need to sit out the window
     r, _, _ = select.select(list(socks), [], [], max(0.0, min(0.2, end - time.monotonic())))
     for s in r:
         c, addr = s.accept(); peers[socks[s]].append(addr[0])
@@ -59,15 +64,20 @@ while socks and time.monotonic() < end:
 print(json.dumps({"bound": bound, "peers": peers}))
 '''
 
-# Connect to each (host, port) until it answers or the window ends; "refused"
-# is retried (the listener may not be up yet), a timeout is not.
+# Connect to each (host, port), each within its own bound (`probe` seconds), all
+# within the window. "refused" is retried inside the probe's bound (a REJECT rule
+# answers at once; a late listener too), a timeout is not. A target the window
+# left no time for is left out: only what was tried is reported.
 CONNECT = r'''
 import json, socket, sys, time
 a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]; res = {}
 for host, port in a["targets"]:
-    err = "not tried"
+    now = time.monotonic()
+    if now >= end:
+        break
+    stop = min(end, now + a["probe"]); err = f"timed out after {a['probe']:g}s (packets dropped: a firewall?)"
     while True:
-        left = end - time.monotonic()
+        left = stop - time.monotonic()
         if left <= 0:
             break
         try:
@@ -75,12 +85,15 @@ for host, port in a["targets"]:
         except ConnectionRefusedError:
             err = "connection refused"; time.sleep(0.1)
         except socket.timeout:
-            err = f"timed out after {a['window']:g}s (packets dropped: a firewall?)"; break
+            err = f"timed out after {a['probe']:g}s (packets dropped: a firewall?)"; break
         except OSError as e:
             err = e.strerror or str(e); time.sleep(0.1)
     res[f"{host}:{port}"] = err
 print(json.dumps(res))
 '''
+
+# One probe's bound: a connect on a LAN answers in milliseconds; a dropped SYN never does.
+PROBE_S = 2.0
 
 
 def node_address(preset: Preset, facts: ClusterFacts, i: int) -> Optional[str]:
@@ -117,30 +130,57 @@ def check_ports(preset: Preset, transports: dict[int, Transport], facts: Cluster
     listen_ports = {i: ([port] if i == 0 else []) + sample_ports((ephemeral or {}).get(i), sample, {port, IPERF_PORT}, rng)
                     for i in idx}
     addrs = {i: node_address(preset, facts, i) for i in idx}
+    targets = {i: [(addrs[j], p) for j in idx if j != i and addrs[j] for p in listen_ports[j]] for i in idx}
+    # each probe has its own bound; the window gives every target its turn even when all
+    # of them time out (capped: a target left without time is reported as not tried)
+    window = max(window, min(60.0, PROBE_S * max((len(t) for t in targets.values()), default=1)))
     listeners: dict[int, object] = {}
     ready = {i: threading.Event() for i in idx}
+    stop = threading.Event()
+    start_bound = preset.cluster.connect_timeout + 10.0
 
     def listen(i: int) -> None:
-        listeners[i] = transports[i].run(
-            [nodes[i].python, "-c", LISTEN, json.dumps({"ports": listen_ports[i], "window": window + 2})],
-            timeout=window + 15)
+        argv = [nodes[i].python, "-c", LISTEN,
+                json.dumps({"ports": listen_ports[i], "window": window + start_bound, "expect": len(idx) - 1})]
+        t = transports[i]
+        if not hasattr(t, "stream_lines"):  # no stream: start it and give it a moment
+            threading.Timer(1.0, ready[i].set).start()
+            listeners[i] = t.run(argv, timeout=window + start_bound + 15)
+            return
+        lines: list[str] = []
+        try:
+            for ln in t.stream_lines(argv, stop=stop, timeout_first_line=start_bound):
+                lines.append(ln)
+                if ln.strip() == "READY":
+                    ready[i].set()
+        except Exception as e:  # the stream's own error is the finding: carried in the result
+            listeners[i] = CommandResult(1, "\n".join(lines), f"{type(e).__name__}: {e}")
+            return
+        finally:
+            ready[i].set()  # nobody waits on a listener that is gone
+        got = [ln for ln in lines if ln.lstrip().startswith('{"bound"')]
+        listeners[i] = CommandResult(0, got[-1], "") if got else CommandResult(1, "", "\n".join(lines[-5:]))
 
     threads = [threading.Thread(target=listen, args=(i,), daemon=True) for i in idx]
     for th in threads:
         th.start()
-    time.sleep(0.3)  # listeners start; connectors retry "refused" anyway
+    # connectors start once every listener is bound: a late listener would read as a closed port
+    deadline = time.monotonic() + start_bound
+    for i in idx:
+        ready[i].wait(timeout=max(0.0, deadline - time.monotonic()))
 
     def connect(i: int) -> dict:
-        targets = [(addrs[j], p) for j in idx if j != i and addrs[j] for p in listen_ports[j]]
-        r = transports[i].run([nodes[i].python, "-c", CONNECT, json.dumps({"targets": targets, "window": window})],
+        r = transports[i].run([nodes[i].python, "-c", CONNECT,
+                               json.dumps({"targets": targets[i], "window": window, "probe": PROBE_S})],
                               timeout=window + 15)
         if not r.ok:
             raise RuntimeError(f"connect test failed (rc {r.rc}): {r.stderr.strip()[-300:]}")
         return json.loads(r.stdout.strip().splitlines()[-1])
 
     conns = on_nodes(connect, idx, timeout=window + 25)
+    stop.set()  # the connectors are done: a listener still waiting for a peer that never came ends now
     for th in threads:
-        th.join(timeout=window + 20)
+        th.join(timeout=start_bound + 5)
 
     # master port free on the master?
     lr = listeners.get(0)
@@ -173,14 +213,17 @@ def check_ports(preset: Preset, transports: dict[int, Transport], facts: Cluster
         if i != 0 and facts.master_port_free:
             key = f"{addrs[0]}:{port}"
             err = res.get(key)
-            lk.port_reachable, lk.port_error = err is None, err
-            if err is not None:
+            if key not in res:  # the window ran out before it: unknown, not unreachable
+                lk.port_reachable, lk.port_error = None, "not tried within the window"
+            else:
+                lk.port_reachable, lk.port_error = err is None, err
+            if key in res and err is not None:
                 findings.append(Finding(
                     ERROR, "MASTER_PORT_UNREACHABLE",
                     f"{nodes[i].label} cannot reach the master port {addrs[0]}:{port}: {err}",
                     f"open TCP port {port} from {nodes[i].label} to {nodes[0].label} (firewall), "
                     f"or pick a network.master_port that is open", i, "port"))
-        bad = []
+        bad, untried = [], []
         for j in idx:
             if j == i or not addrs[j]:
                 continue
@@ -193,15 +236,21 @@ def check_ports(preset: Preset, transports: dict[int, Transport], facts: Cluster
                             continue  # that port was busy on the listener: not a network finding
                     except (json.JSONDecodeError, IndexError, KeyError):
                         pass  # no readable listener report: the connect result alone decides
-                err = res.get(f"{addrs[j]}:{p}")
-                if err is not None:
-                    bad.append(f"{nodes[j].label}:{p} ({err})")
+                key = f"{addrs[j]}:{p}"
+                if key not in res:
+                    untried.append(f"{nodes[j].label}:{p}")
+                elif res[key] is not None:
+                    bad.append(f"{nodes[j].label}:{p} ({res[key]})")
         if bad:
             findings.append(Finding(ERROR, "HIGH_PORTS_BLOCKED",
                                     f"{nodes[i].label} cannot reach ephemeral ports that NCCL/gloo use: "
                                     + ", ".join(bad),
                                     "allow TCP between the nodes on the ephemeral range "
                                     "(/proc/sys/net/ipv4/ip_local_port_range)", i, "nccl-ports"))
+        if untried:
+            findings.append(Finding(INFO, "PORTS_NOT_TRIED", f"{nodes[i].label}: no time left to try "
+                                    + ", ".join(untried) + f" (each probe waits up to {PROBE_S:g}s)",
+                                    "fix the ports named above, then check again", i, "nccl-ports"))
     return findings
 
 
