@@ -77,6 +77,7 @@ class LinkFacts:
     bandwidth_gbps: Optional[float] = None  # iperf3, this node -> master
     bandwidth_error: Optional[str] = None
     firewall: list[str] = field(default_factory=list)  # rules seen that may block the job's ports
+    firewall_unread: Optional[str] = None  # why the rules could not be read (None: read, or not looked at)
 
 
 @dataclass

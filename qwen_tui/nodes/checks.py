@@ -63,9 +63,9 @@ class CheckReport:
         """ok / warning / error; "not checked" when the check could not run (not_checked says
         why); "-" when it does not apply (a data file on the hub, one node's ports)."""
         lv, _ = self.cell(i, column)
+        if (i, column) in self.not_checked and lv != ERROR:
+            return "not checked"  # what was not looked at is never "ok", whatever else was said about it
         if lv is None:
-            if (i, column) in self.not_checked:
-                return "not checked"
             return "ok" if column in self._checked.get(i, set()) else "-"
         return {"info": "ok"}.get(lv, lv)
 
@@ -228,6 +228,9 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
                                         warn_below_gbps=warn_below_gbps)
         for i in alive:
             checked[i] |= {"port", "nccl-ports", "firewall"} | ({"bandwidth"} if i else set())
+        for i, lk in facts.links.items():
+            if lk.firewall_unread:  # rules nobody could read are no evidence of an open path
+                rep.not_checked[(i, "firewall")] = lk.firewall_unread
     rep._checked = checked
     rep.seconds = time.monotonic() - t0
     return rep
@@ -277,7 +280,7 @@ def run_network_check(preset: Preset, transports: dict[int, Transport], which: s
         elif which == "bandwidth":
             lk.bandwidth_gbps = lk.bandwidth_error = None
         else:
-            lk.firewall = []
+            lk.firewall, lk.firewall_unread = [], None
     if which == "port":
         out.master_port_free = None
         if 0 not in alive:

@@ -281,46 +281,83 @@ def _nft_rules(text: str) -> list[str]:
     return out
 
 
-def read_firewall(t: Transport) -> tuple[list[str], list[str]]:
-    """(rules that drop or reject, notes about what could not be read)."""
-    rules, notes = [], []
-    for tool in ("iptables", "ip6tables"):
-        r = t.run([tool, "-S"], timeout=10)
+# A login user's PATH (sshd's default for a non-root user) lacks the sbin directories
+# where the firewall tools live: look there too.
+SBIN_DIRS = ("/usr/sbin", "/sbin")
+
+
+def _last_line(r) -> str:
+    return (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or [f"rc {r.rc}"])[-1]
+
+
+def _run_tool(t: Transport, tool: str, args: list[str]):
+    """Run a firewall tool found on PATH or in an sbin directory; when it is there but
+    refuses (not root), once more through `sudo -n` (never asks for a password).
+    None when the tool is not installed."""
+    for cand in (tool, *(f"{d}/{tool}" for d in SBIN_DIRS)):
+        r = t.run([cand, *args], timeout=10)
+        if r.rc == 127:
+            continue
         if r.ok:
+            return r
+        s = t.run(["sudo", "-n", cand, *args], timeout=10)
+        return s if s.ok else r
+    return None
+
+
+def read_firewall(t: Transport) -> tuple[list[str], list[str], Optional[str]]:
+    """(rules that drop or reject, notes about what could not be read, why the firewall
+    could not be read at all: None once iptables or nft answered)."""
+    rules, notes, read = [], [], False
+    for tool in ("iptables", "ip6tables"):
+        r = _run_tool(t, tool, ["-S"])
+        if r is None:
+            notes.append(f"{tool} not found (PATH, {', '.join(SBIN_DIRS)})")
+        elif r.ok:
             rules += _iptables_rules(r.stdout, tool)
-        elif r.rc != 127:
-            notes.append(f"{tool} not readable: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    r = t.run(["nft", "list", "ruleset"], timeout=10)
-    if r.ok:
+            read = read or tool == "iptables"
+        else:
+            notes.append(f"{tool} not readable: {_last_line(r)}")
+    r = _run_tool(t, "nft", ["list", "ruleset"])
+    if r is None:
+        notes.append(f"nft not found (PATH, {', '.join(SBIN_DIRS)})")
+    elif r.ok:
         rules += _nft_rules(r.stdout)
-    elif r.rc != 127:
-        notes.append(f"nft not readable: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    r = t.run(["ufw", "status"], timeout=10)
-    if r.ok and "Status: active" in r.stdout:
+        read = True
+    else:
+        notes.append(f"nft not readable: {_last_line(r)}")
+    r = _run_tool(t, "ufw", ["status"])
+    if r is not None and r.ok and "Status: active" in r.stdout:
         rules += [f"ufw: {ln.strip()}" for ln in r.stdout.splitlines() if "DENY" in ln or "REJECT" in ln]
         if "Default: deny (incoming)" in r.stdout:
             rules.append("ufw: default deny (incoming)")
-    return rules, notes
+    unread = None if read else "; ".join(n for n in notes if not n.startswith("ip6tables")) or "no tool answered"
+    return rules, notes, unread
 
 
 def check_firewalls(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts) -> list[Finding]:
-    res = on_nodes(lambda i: read_firewall(transports[i]), sorted(transports), timeout=60)
+    """Findings per node; a node whose rules could not be read gets LinkFacts.firewall_unread
+    (the reason) and a warning: its firewall is "not checked", never "ok"."""
+    res = on_nodes(lambda i: read_firewall(transports[i]), sorted(transports), timeout=90)
     findings = []
+    fix = ("run the check as root, or let the login user read the rules without a password "
+           "(sudoers: USER ALL=(root) NOPASSWD: /usr/sbin/iptables -S, /usr/sbin/nft list ruleset)")
     for i, v in sorted(res.items()):
         label = preset.cluster.nodes[i].label
         lk = facts.links.setdefault(i, LinkFacts())
         if isinstance(v, BaseException):
+            lk.firewall, lk.firewall_unread = [], str(v)
             findings.append(Finding(WARNING, "FIREWALL_UNREAD", f"{label}: firewall not read: {v}", "", i, "firewall"))
             continue
-        rules, notes = v
-        lk.firewall = rules
+        rules, notes, unread = v
+        lk.firewall, lk.firewall_unread = rules, unread
         if rules:
             findings.append(Finding(WARNING, "FIREWALL_RULES", f"{label}: {len(rules)} rule(s) that drop or reject: "
                                     + "; ".join(rules[:5]), "make sure they spare the master port and the "
                                     "ephemeral range between the nodes", i, "firewall"))
-        for n in notes:
-            findings.append(Finding(INFO, "FIREWALL_UNREAD", f"{label}: {n}", "run the check as a user who "
-                                    "may read the firewall (root) to see its rules", i, "firewall"))
+        if unread:
+            findings.append(Finding(WARNING, "FIREWALL_UNREAD", f"{label}: firewall not checked: {unread}",
+                                    fix, i, "firewall"))
     return findings
 
 
