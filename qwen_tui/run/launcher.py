@@ -9,6 +9,7 @@ stops the whole run. Stopping sends SIGTERM to every node's group, then SIGKILL.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,11 @@ class Launcher:
         self.run_dir = run_dir
         self.stop_grace = stop_grace
         self.nodes = {c.rank: NodeState(c.rank, c.label) for c in plan.nodes}
-        self.metrics = MetricsFollower(transports[0], plan.metrics_file)
+        # a remote master's metrics are copied into the run directory as they are read (a
+        # local master writes them there itself): the run keeps them after the node is gone
+        kept = run_dir.path / "metrics.jsonl"
+        local = os.path.realpath(plan.metrics_file) == os.path.realpath(kept)
+        self.metrics = MetricsFollower(transports[0], plan.metrics_file, keep=None if local else str(kept))
         self._stop_requested = threading.Event()
         self._lock = threading.Lock()
 

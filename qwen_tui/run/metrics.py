@@ -1,9 +1,11 @@
 """Follow the worker's metrics.jsonl (append-only, one JSON object a line) from the
-master node, incrementally, through a Transport, and keep a summary for the views."""
+master node, incrementally, through a Transport, and keep a summary for the views.
+When the master is remote, what is read is also kept in the run directory."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -60,11 +62,14 @@ class TrainingProgress:
 
 
 class MetricsFollower:
-    """Reads only what was appended since the last call; a partial last line waits."""
+    """Reads only what was appended since the last call; a partial last line waits.
+    `keep`: a local file that gets every byte read, at the offset it was read from
+    (a follower re-attached from offset 0 rewrites the same bytes: no duplicates)."""
 
-    def __init__(self, transport, path: str):
+    def __init__(self, transport, path: str, keep: Optional[str] = None):
         self.transport = transport
         self.path = path
+        self.keep = keep
         self.offset = 0
         self._partial = b""
         self.progress = TrainingProgress()
@@ -74,6 +79,12 @@ class MetricsFollower:
         chunk = self.transport.read_file(self.path, offset=self.offset)
         if not chunk:
             return []
+        if self.keep:
+            fd = os.open(self.keep, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, chunk, self.offset)
+            finally:
+                os.close(fd)
         self.offset += len(chunk)
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")

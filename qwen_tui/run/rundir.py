@@ -9,7 +9,7 @@ run after qwen-tui itself has exited.
       starts.json    node rank -> that pid's start time, to recognise it later (nodes/jobs.py)
       state.json     status, times, which node failed and why
       node-<r>.log   local nodes' logs (remote nodes keep theirs on the node)
-      metrics.jsonl  the worker's metrics, when the master node is local
+      metrics.jsonl  the worker's metrics: written there by a local master, copied as read from a remote one
       qwen-tui.log   what qwen-tui logged, when started with -v
 """
 

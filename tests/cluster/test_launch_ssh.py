@@ -96,6 +96,10 @@ def test_three_node_lora_run_over_ssh_loss_falls_rank0_writes_metrics(cluster, s
         steps = [r["step"] for r in lines if "step" in r and r.get("event") not in ("start", "end")]
         assert len(steps) == len(set(steps))
         assert sum(r.get("event") == "start" for r in lines) == 1
+        # the master is reached over SSH: the run directory keeps what was read from it, byte for byte
+        kept = la.run_dir.path / "metrics.jsonl"
+        assert kept.is_file(), sorted(os.listdir(la.run_dir.path))
+        assert kept.read_bytes() == open(la.plan.metrics_file, "rb").read()
         assert prog.start.get("world_size", 3) == 3
         # the logs live in the run directory on each node
         for c in la.plan.nodes:

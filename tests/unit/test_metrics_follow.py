@@ -35,3 +35,21 @@ def test_follow_appends_partial_lines_and_events(tmp_path):
 def test_missing_file_is_empty(tmp_path):
     fol = MetricsFollower(LocalTransport(), str(tmp_path / "nope.jsonl"))
     assert fol.poll() == [] and fol.progress.start is None
+
+
+def test_kept_copy_matches_what_was_read_and_a_reattach_adds_no_duplicates(tmp_path):
+    src, kept = tmp_path / "master-metrics.jsonl", tmp_path / "run" / "metrics.jsonl"
+    kept.parent.mkdir()
+    src.write_text(json.dumps({"event": "start", "total_steps": 2}) + "\n" + '{"step": 1, "lo')
+    fol = MetricsFollower(LocalTransport(), str(src), keep=str(kept))
+    fol.poll()
+    assert kept.read_bytes() == src.read_bytes()  # a partial line is kept as read: the rest follows
+    with src.open("a") as fh:
+        fh.write('ss": 2.0}\n' + json.dumps({"event": "end", "status": "ok"}) + "\n")
+    fol.poll()
+    assert kept.read_bytes() == src.read_bytes()
+    # qwen-tui re-attached: a new follower reads from the start again
+    again = MetricsFollower(LocalTransport(), str(src), keep=str(kept))
+    again.poll()
+    assert kept.read_bytes() == src.read_bytes()
+    assert [json.loads(x).get("event") for x in kept.read_text().splitlines()] == ["start", None, "end"]
