@@ -86,6 +86,19 @@ def members(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
     return out
 
 
+def leader_alive(ref: JobRef, procs: Iterable[Proc]) -> bool:
+    """Is the job's shell (the leader, which writes the exit code when the command ends)
+    still there? Without it no exit code can ever come, whatever else of the job lives on:
+    torchrun's ranks outlive their agent (sessions of their own) and would keep a killed
+    job looking alive."""
+    for p in procs:
+        if p.pid == ref.pid and p.state != "Z" and p.pgrp == ref.pid:
+            if ref.start is None:  # no start time recorded: the run's mark must vouch for it
+                return p.marks.get(RUN_MARK) == ref.run_id
+            return p.start == ref.start
+    return False
+
+
 def verdict(ref: JobRef, procs: Iterable[Proc]) -> tuple[str, str]:
     """("ours", ...) when the job has live processes, ("gone", why) when nothing of it
     is left, ("refused", why) when the recorded pid is alive but not provably ours."""

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..nodes.jobs import JobRef, job_alive, job_verdict, stop_job
+from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
@@ -153,15 +153,24 @@ class Launcher:
             st.status = OK if st.rc == 0 else FAILED
             return
         ref = self._ref(c.rank)
-        if ref is not None and not job_alive(t, ref):
-            # gone, and no exit code: killed from outside (or the node rebooted); re-read in
-            # case the rc file landed between the two reads
-            raw = t.read_file(c.rc_path).strip()
-            if raw:
-                st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
-                st.status = OK if st.rc == 0 else FAILED
-            else:
-                st.status, st.error = LOST, "its processes were killed or the node went away (no exit code)"
+        if ref is None:
+            return
+        procs = t.job_procs(ref.pid, ref.run_id)
+        if leader_alive(ref, procs):
+            return
+        # the job shell is gone and left no exit code: killed from outside (or the node
+        # rebooted). Ranks may live on without their agent; they are stopped with the rest.
+        # Re-read in case the rc file landed between the two reads.
+        raw = t.read_file(c.rc_path).strip()
+        if raw:
+            st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
+            st.status = OK if st.rc == 0 else FAILED
+            return
+        left = members(ref, procs)
+        st.status = LOST
+        st.error = (f"its job shell and torchrun agent (pid {ref.pid}) were killed, no exit code; "
+                    f"{len(left)} orphaned process(es) of it left" if left else
+                    "its processes were killed or the node went away (no exit code)")
 
     def poll(self) -> Optional[RunOutcome]:
         """Refresh node states and metrics. Returns the outcome once the run is over."""

@@ -155,3 +155,34 @@ def test_a_missing_module_on_one_node_is_named_with_cause_and_fix(cluster, sshdi
     assert "module 'qt_dependency_missing_on_this_node' is missing" in out.message, out.message
     assert "fix:" in out.message and "last log lines" in out.message
     assert _no_job_left(cluster) == {}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
+
+
+def test_job_shell_and_agent_killed_together_name_the_node_within_15s(cluster, sshdir, launched, tmp_path):
+    # The ranks run in sessions of their own: they outlive their agent, and the job shell
+    # that writes the exit code is gone too. The node must not look alive on their account.
+    preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
+    la, conns = launched(preset, "agent")
+    try:
+        _wait_steps(la, 2)
+        procs = {pid: _cmdline(pid) for pid in cluster.job_pids(1)}
+        shell = [p for p, c in procs.items() if c.startswith(b"sh\0-c\0export QWEN_TUI_JOB_PGID")]
+        agent = [p for p, c in procs.items() if p not in shell and b"torch.distributed.run" in c]
+        ranks = [p for p, c in procs.items() if p not in shell + agent and b"training" in c]
+        assert len(shell) == 1 and len(agent) == 1 and ranks, procs
+        for pid in shell + agent:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = la.wait(interval=0.5, max_seconds=60)
+        took = time.monotonic() - t0
+        assert out.status == "failed" and out.failed_rank == 1 and "node1" in out.message, out.message
+        assert took < 15, (took, out.message)
+        assert _no_job_left(cluster) == {}  # the orphaned rank was stopped with the rest
+    finally:
+        la.stop_all()

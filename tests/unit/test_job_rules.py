@@ -1,7 +1,7 @@
 """The rules that decide which processes are a run's job (qwen_tui.nodes.jobs), on rows
 as /proc gives them: only what proves it is the job may be signalled."""
 
-from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, JobRef, Proc, members, parse_stat, verdict
+from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, JobRef, Proc, leader_alive, members, parse_stat, verdict
 
 RUN = "20260101-120000-demo-0001"
 MARKED = {RUN_MARK: RUN}
@@ -39,3 +39,15 @@ def test_unmarked_process_zombies_and_pid_0_1_are_never_the_job():
 def test_stat_with_spaces_and_parentheses_in_the_name():
     text = "4242 (evil) (name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 777 0 0"
     assert parse_stat(text) == ("S", 4242, 777)
+
+
+def test_orphaned_ranks_keep_the_job_alive_but_not_its_leader():
+    rank = P(120, 120, 5100, {**MARKED, JOB_MARK: "100"})
+    ref = JobRef(100, 5000, RUN)
+    assert leader_alive(ref, [P(100, 100, 5000, MARKED), rank])
+    # shell and agent killed: the rank lives on, the leader (who writes the exit code) does not
+    assert members(ref, [rank]) and not leader_alive(ref, [rank])
+    assert not leader_alive(ref, [P(100, 100, 5000, MARKED, state="Z"), rank])
+    assert not leader_alive(ref, [P(100, 100, 9999, MARKED), rank])  # the pid went to another process
+    assert leader_alive(JobRef(100, None, RUN), [P(100, 100, 7, MARKED)])
+    assert not leader_alive(JobRef(100, None, RUN), [P(100, 100, 7)])
