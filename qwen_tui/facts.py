@@ -46,6 +46,9 @@ class NodeFacts:
     versions: dict[str, Optional[str]] = field(default_factory=dict)  # torch, transformers, peft, deepspeed, ... (None = missing)
     training_importable: Optional[bool] = None
     disk_free_bytes: Optional[int] = None  # in the output dir's filesystem
+    shm_bytes: Optional[int] = None  # size of /dev/shm (NCCL's shared memory, DataLoader workers)
+    memlock_bytes: Optional[int] = None  # ulimit -l (soft), -1 = unlimited
+    open_files: Optional[int] = None  # ulimit -n (soft), -1 = unlimited
     data: Optional[FileFact] = None
     model: Optional[FileFact] = None
     missing_tools: list[str] = field(default_factory=list)  # e.g. ["iperf3", "nvidia-smi"]

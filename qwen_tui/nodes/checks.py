@@ -16,7 +16,7 @@ from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
 
-COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "port", "nccl-ports", "firewall",
+COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports", "firewall",
            "bandwidth", "rehearsal"]
 FIXES = {
     "python": "install Python 3.10+ on the node, or set cluster.nodes[{i}].python to its path",
@@ -25,6 +25,30 @@ FIXES = {
     "nvidia-smi": "install the NVIDIA driver (apt-get install nvidia-driver-XXX), or set training.device: cpu",
 }
 LOW_DISK = 20 << 30
+MIN_SHM = 1 << 30  # Docker's default /dev/shm is 64 MB: NCCL's shared-memory transport and DataLoader workers fail
+MIN_OPEN_FILES = 4096
+
+
+def limit_findings(i: int, lab: str, f: NodeFacts) -> list[Finding]:
+    """/dev/shm size, memlock and open-file limits, as a job started over SSH gets them."""
+    out = []
+    # pinned memory and RDMA need memlock; on a CPU-only node it is only worth a note
+    lvl = WARNING if f.gpus or f.ib_devices else INFO
+    if f.shm_bytes is not None and f.shm_bytes < MIN_SHM:
+        out.append(Finding(WARNING, "SHM_SMALL", f"{lab}: /dev/shm is {f.shm_bytes / 2**20:.0f} MiB; NCCL's "
+                           "shared memory and DataLoader workers need at least 1 GiB",
+                           "in a container: docker run --shm-size=16g (or --ipc=host); on a host: "
+                           "mount -o remount,size=16G /dev/shm", i, "limits"))
+    if f.memlock_bytes is not None and f.memlock_bytes != -1:
+        out.append(Finding(lvl, "MEMLOCK_LIMITED", f"{lab}: locked memory is limited to "
+                           f"{f.memlock_bytes / 2**20:.0f} MiB (ulimit -l); NCCL pins memory for GPU and RDMA transfers",
+                           "ulimit -l unlimited (/etc/security/limits.conf: * - memlock unlimited; "
+                           "docker run --ulimit memlock=-1)", i, "limits"))
+    if f.open_files is not None and f.open_files != -1 and f.open_files < MIN_OPEN_FILES:
+        out.append(Finding(lvl, "OPEN_FILES_LOW", f"{lab}: at most {f.open_files} open files (ulimit -n); "
+                           "DataLoader workers and NCCL's sockets take many",
+                           "ulimit -n 65536 (/etc/security/limits.conf: * - nofile 65536)", i, "limits"))
+    return out
 
 
 @dataclass
@@ -124,6 +148,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
             out.append(Finding(WARNING, "LOW_DISK", f"{lab}: {f.disk_free_bytes / 2**30:.1f} GiB free for "
                                f"{preset.training.output_dir}", "free space or point training.output_dir elsewhere",
                                i, "disk"))
+        out += limit_findings(i, lab, f)
         if "iperf3" in f.missing_tools:
             out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
                                i, "bandwidth"))
@@ -194,7 +219,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
         if isinstance(v, BaseException):
             facts.nodes[i] = NodeFacts(error=f"probe: {v}")
             rep.findings.append(Finding(ERROR, "PROBE_FAILED", f"{nodes[i].label}: {v}", "", i, "python"))
-            for c in ("gpu", "code", "data", "model", "disk"):
+            for c in ("gpu", "code", "data", "model", "disk", "limits"):
                 rep.not_checked[(i, c)] = "the probe failed"
             continue
         facts.nodes[i], raw = v
@@ -205,11 +230,11 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
             # nothing past the python check ran on this node: no ok for what was not looked at
             why = "no python to probe with" if raw.get("python_missing") else "the workdir is missing"
             checked[i].add("python" if raw.get("python_missing") else "code")
-            for c in ("gpu", "code", "data", "model", "disk"):
+            for c in ("gpu", "code", "data", "model", "disk", "limits"):
                 if c not in checked[i]:
                     rep.not_checked[(i, c)] = why
             continue
-        checked[i] |= {"python", "gpu", "code", "disk"}
+        checked[i] |= {"python", "gpu", "code", "disk"} | ({"limits"} if raw.get("shm_bytes") is not None else set())
         if raw.get("data") is not None:
             checked[i].add("data")
         if raw.get("model") is not None:

@@ -98,6 +98,15 @@ def free(p):
         p = os.path.dirname(p)
     return shutil.disk_usage(p).free
 out["disk_free_bytes"] = free(a["output_dir"])
+try:  # NCCL's shared-memory transport and DataLoader workers live in /dev/shm
+    v = os.statvfs("/dev/shm"); out["shm_bytes"] = v.f_blocks * v.f_frsize
+except OSError:
+    out["shm_bytes"] = None
+import resource
+def soft(lim):  # -1: unlimited
+    x = resource.getrlimit(lim)[0]
+    return -1 if x == resource.RLIM_INFINITY else x
+out["memlock_bytes"] = soft(resource.RLIMIT_MEMLOCK); out["open_files"] = soft(resource.RLIMIT_NOFILE)
 def sha_file(p):
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -180,6 +189,7 @@ def facts_from_json(d: dict) -> NodeFacts:
                   cpu_count=d.get("cpu_count"), memory_total_mib=d.get("memory_total_mib"),
                   python_version=d.get("python_version"), versions=d.get("versions") or {},
                   training_importable=d.get("training_importable"), disk_free_bytes=d.get("disk_free_bytes"),
+                  shm_bytes=d.get("shm_bytes"), memlock_bytes=d.get("memlock_bytes"), open_files=d.get("open_files"),
                   cuda_version=d.get("cuda_version"))
     smi = d.get("nvidia_smi")
     if smi is None:

@@ -1,0 +1,54 @@
+"""Shared memory and limits per node: a 64 MB /dev/shm (Docker's default) on one node is
+named with the fix; the limits a job started over SSH gets are measured on every node."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from netns import sh
+from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.connect import close_all, connect_all
+
+
+def _node_mount_ns_pid(cluster, i: int) -> int:
+    """A process of node i that lives in the node's own mount namespace (its sshd)."""
+    mine = os.readlink("/proc/self/ns/mnt")
+    for pid in sorted(cluster.sshd_pids(i) | set(cluster.pids(i))):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no process of node{i} in a mount namespace of its own")
+
+
+@pytest.fixture
+def small_shm_on_node1(cluster):
+    """A 64 MiB tmpfs on /dev/shm in node1's own mount namespace (private: the host's stays)."""
+    host_before = os.statvfs("/dev/shm").f_blocks
+    pid = _node_mount_ns_pid(cluster, 1)
+    sh("nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", "/dev/shm")
+    try:
+        assert os.statvfs("/dev/shm").f_blocks == host_before  # nothing leaked to this machine
+        yield
+    finally:
+        sh("nsenter", "-t", str(pid), "-m", "umount", "/dev/shm")
+
+
+def test_a_64mb_dev_shm_on_one_node_is_named_with_the_fix(preset, cluster, small_shm_on_node1):
+    conns = connect_all(preset)
+    try:
+        assert conns.ok, conns.errors_text()
+        rep = run_checks(preset, dict(conns), network=False)
+    finally:
+        close_all(conns)
+    shm = [f for f in rep.findings if f.code == "SHM_SMALL"]
+    assert [f.node for f in shm] == [1], [(f.code, f.message) for f in rep.findings]
+    assert "node1" in shm[0].message and "64 MiB" in shm[0].message and "--shm-size" in shm[0].fix
+    assert rep.facts.nodes[1].shm_bytes == 64 << 20
+    assert rep.verdict(1, "limits") == "warning" and rep.verdict(0, "limits") in ("ok", "warning")
+    for i in range(3):  # the limits were read on every node, as its login session has them
+        f = rep.facts.nodes[i]
+        assert f.open_files and f.memlock_bytes is not None, f
