@@ -153,7 +153,9 @@ async def test_probe_localhost_nodes_in_parallel(tmp_path, demo_copy):
         assert app.state.step_status("nodes") in ("ok", "warn", "bad")  # probed: no longer "todo"
 
 
-async def test_a_failing_worker_becomes_a_notice_not_a_crash(tmp_path):
+async def test_a_failing_worker_becomes_an_error_modal_not_a_crash(tmp_path):
+    from qwen_tui.ui.modals import Notice
+
     app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         def boom(*a, **k):
@@ -162,8 +164,12 @@ async def test_a_failing_worker_becomes_a_notice_not_a_crash(tmp_path):
         await pilot.press("f3")
         await pilot.press("r")
         await pilot.pause(0.5)
-        assert app.is_running and app.screen.STEP == "network"
-        assert any("node exploded" in str(n.message) for n in app._notifications)
+        assert app.is_running and isinstance(app.screen, Notice)
+        body = str(app.screen.query_one(".dialog-body").render())
+        assert "RuntimeError: node exploded" in body and "in boom" in body
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.STEP == "network"
 
 
 async def test_bad_preset_opens_with_the_errors_shown(tmp_path):
