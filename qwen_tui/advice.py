@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Optional
 
+from pydantic import BaseModel
+
 from .estimate import (
     GPUS, GPUSpec, MemoryEstimate, estimate_memory, estimate_step, gpu_spec, max_micro_batch,
 )
@@ -63,15 +65,25 @@ class Advice:
 
 
 def apply_fix(preset: Preset, fix: Fix) -> Preset:
-    """A new preset with the fix's changes, validated; the given preset is left as it was."""
-    data = preset.model_dump(mode="python")
+    """A new preset with the fix's changes, validated; the given preset is left as it was.
+
+    Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's
+    `python` that the preset never gave must stay unset, or the plan runs "python3" there
+    instead of qwen-tui's own interpreter."""
+    data = preset.model_dump(mode="python", exclude_unset=True)
     for path, value in fix.changes.items():
         parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+        obj: Any = preset  # the path must name a field of the model, set or not
+        for p in parts:
+            if isinstance(p, int):
+                obj = obj[p]
+            elif isinstance(obj, BaseModel) and p in type(obj).model_fields:
+                obj = getattr(obj, p)
+            else:
+                raise KeyError(f"{path}: no such preset field")
         cur: Any = data
         for p in parts[:-1]:
-            cur = cur[p]
-        if isinstance(cur, dict) and parts[-1] not in cur:
-            raise KeyError(f"{path}: no such preset field")
+            cur = cur[p] if isinstance(p, int) else cur.setdefault(p, {})
         cur[parts[-1]] = value
     return Preset.model_validate(data)
 
@@ -469,7 +481,8 @@ def duplicate_host(c: Context) -> Iterable[Advice]:
             yield Advice("error", "DUPLICATE_HOST",
                          f"nodes {names[nf.hostname]} ({nodes[names[nf.hostname]].host}) and {i} ({nodes[i].host}) "
                          f"are the same machine ({nf.hostname}): two torchrun agents would claim the same GPUs",
-                         Fix(f"Remove node {i}", {"cluster.nodes": [n.model_dump() for j, n in enumerate(nodes) if j != i]}),
+                         Fix(f"Remove node {i}", {"cluster.nodes": [n.model_dump(exclude_unset=True)
+                                                                    for j, n in enumerate(nodes) if j != i]}),
                          node=i)
         names.setdefault(nf.hostname, i)
 

@@ -164,6 +164,23 @@ def cmd_tui(preset: Optional[str]) -> int:
 
 # ------------------------------------------------------------------ parser
 
+# What `qwen-tui COMMAND --help` ends with: one line a user can copy.
+EXAMPLES = {
+    "replay": "qwen-tui replay presets/local-demo.yaml   (--dry-run prints each node's command first)",
+    "demo": "qwen-tui demo   (the tiny model on two local 'nodes', a few minutes on a laptop's CPU)",
+    "attach": "qwen-tui attach last   (or a run id from `qwen-tui runs`, or runs/<id>; --stop stops it)",
+    "runs": "qwen-tui runs --json",
+    "export": "qwen-tui export presets/qwen2.5-7b-lora-2node-zero2.yaml --format slurm -o train.sbatch",
+    "show": "qwen-tui show presets/local-demo.yaml",
+    "check": "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --bandwidth-seconds 5 --out facts.json",
+    "keys": "qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml --accept-new-host-keys",
+    "estimate": "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100",
+    "data": "qwen-tui data presets/local-demo.yaml",
+    "merge": "qwen-tui merge runs/<id>",
+    "chat": "qwen-tui chat runs/<id> --prompt 'What is the capital of Chile?'",
+    "completion": 'eval "$(qwen-tui completion bash)"',
+}
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qwen-tui",
@@ -195,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
                    "for the newest run, or a run directory")
     a.add_argument("--stop", action="store_true", help="stop every node of that run")
-    a.add_argument("--accept-new-host-keys", action="store_true")
+    a.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust and record host keys seen for the first time")
     a.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     a.set_defaults(func=cmd_attach)
 
@@ -206,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
     e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
-    e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh")
+    e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh",
+                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node (default: sh)")
     e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
     e.set_defaults(func=cmd_export)
 
@@ -224,12 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
         m.add_parser(sub)
 
     c = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
-                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc; zsh: "
+                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc;\nzsh: "
                        "qwen-tui completion zsh > ~/.zfunc/_qwen-tui (a directory on $fpath), then compinit")
-    c.add_argument("shell", choices=("bash", "zsh"))
+    c.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
     c.set_defaults(func=cmd_completion)
 
     for name, sp in sub.choices.items():  # -v also after the command: `qwen-tui replay x.yaml -v`
+        if name in EXAMPLES and not sp.epilog:  # kept as written: a wrapped example cannot be copied
+            sp.formatter_class = argparse.RawDescriptionHelpFormatter
+            sp.epilog = "example:\n  " + EXAMPLES[name]
         if name != "completion":
             sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
         for action in sp._actions:  # every preset argument completes .yaml files

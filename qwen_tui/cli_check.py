@@ -23,7 +23,7 @@ COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold r
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help="check every node: SSH, Python stack, GPUs, data, ports, firewall, "
                                      "bandwidth, rehearsal")
-    c.add_argument("preset")
+    c.add_argument("preset", help="a preset YAML file")
     c.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust and record host keys seen for the first time")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -31,12 +31,15 @@ def add_parser(sub) -> None:
     c.add_argument("--no-rehearsal", action="store_true", help="skip the torchrun rehearsal")
     c.add_argument("--sync", action="store_true", help="copy missing data/model/code from the master to the nodes")
     c.add_argument("--overwrite", action="store_true", help="with --sync: also replace files that differ")
-    c.add_argument("--bandwidth-seconds", type=float, default=2.0)
+    c.add_argument("--bandwidth-seconds", type=float, default=2.0,
+                   help="how long each iperf3 measurement between the master and a node runs (default 2)")
     c.set_defaults(func=run)
     k = sub.add_parser("keys", help="set up passwordless SSH to every node and between all nodes "
                                     "(asks the password once)")
-    k.add_argument("preset")
-    k.add_argument("--accept-new-host-keys", action="store_true")
+    k.add_argument("preset", help="a preset YAML file")
+    k.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust and record host keys seen for the first time (without it, a new key asks "
+                   "or is refused; a changed key is always refused)")
     k.set_defaults(func=run_keys)
 
 

@@ -40,6 +40,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+# The advice that only runs when the GPU's memory is known (advice.py's memory rules).
+NEEDS_GPU_MEMORY = ("OOM", "MEMORY_TIGHT", "CKPT_UNNEEDED", "ZERO_NOT_NEEDED")
+
+
 def _gpu_name(text: str) -> str:
     """The table's spelling of a GPU name typed in any case; anything else is left for argparse to refuse."""
     return {name.lower(): name for name in GPUS}.get(text.strip().lower(), text)
@@ -156,8 +160,13 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
         if rec["micro_batch"] is not None:
             con.print(f"recommended: micro-batch up to {rec['micro_batch']}, gradient checkpointing "
                       f"{'on' if rec['gradient_checkpointing'] else 'off'}")
+    unchecked = not report["cpu"] and gpu["memory_gib"] is None
+    if unchecked:  # silence here would read as "it fits"
+        con.print(f"[yellow]GPU type unknown: memory fit not checked.[/] The advice {', '.join(NEEDS_GPU_MEMORY)} "
+                  "and the recommended micro-batch need the GPU's memory: pass --gpu (or --gpu-memory-gib, "
+                  "or --facts from `qwen-tui check`)", highlight=False)
     if not report["advice"]:
-        con.print("[green]no advice[/]")
+        con.print("[yellow]no advice (memory fit not checked)[/]" if unchecked else "[green]no advice[/]")
     colours = {"error": "red", "warning": "yellow", "info": "cyan"}
     for a in report["advice"]:
         fix = a["fix"]

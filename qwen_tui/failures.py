@@ -87,3 +87,20 @@ def explain(label: str, log_text: str, *, python: str = "python3", tail: int = 1
     lines = [ln for ln in log_text.splitlines() if ln.strip()][-tail:]
     head = f"{label}: {d.cause}. Fix: {d.fix}" if d else f"{label}: no known failure signature in its log"
     return head + ("\n  last log lines:\n" + "\n".join("    " + ln for ln in lines) if lines else "")
+
+
+def describe_exception(err: BaseException, *, depth: int = 5) -> str:
+    """An unexpected exception for the user: its type, message and where it was raised,
+    then each cause behind it (`raise ... from` or raised while handling another)."""
+    import traceback
+
+    out: list[str] = []
+    seen: set[int] = set()
+    e: Optional[BaseException] = err
+    while e is not None and id(e) not in seen and len(seen) < depth:
+        seen.add(id(e))
+        where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+        at = f"\n  at {where[0].filename}:{where[0].lineno} in {where[0].name}" if where else ""
+        out.append(("caused by: " if out else "") + f"{type(e).__name__}: {e}{at}")
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return "\n".join(out)

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .facts import ClusterFacts
-from .nodes.transport import quote_argv
 from .preset import Node, Preset, Training
+from .shell import quote_argv
 
 # Where a remote node keeps its part of a run, relative to the node's workdir.
 REMOTE_RUNS = ".qwen-tui/runs"

@@ -20,6 +20,8 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .preset_yaml import PresetError  # defined beside the YAML guards; everyone imports it from here
+
 PRESET_VERSION = 1
 
 # Host names, users and paths are passed to ssh/torchrun as quoted argv, never
@@ -203,14 +205,6 @@ class Preset(_Strict):
             return self.network.master_addr
         host = self.cluster.nodes[0].host
         return "127.0.0.1" if host == "localhost" else host
-
-
-class PresetError(ValueError):
-    """A preset could not be loaded or saved. `problems` holds one line per problem."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 # ---------------------------------------------------------------- loading

@@ -24,9 +24,17 @@ _CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToke
 _INT = "tag:yaml.org,2002:int"
 
 
-def _err(source: str, line: int, path: list, problem: str):
-    from .preset import PresetError
+class PresetError(ValueError):
+    """A preset could not be loaded or saved. `problems` holds one line per problem.
+    (It lives here, below preset.py, so the guards raise it without a circular import;
+    qwen_tui.preset re-exports it.)"""
 
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _err(source: str, line: int, path: list, problem: str):
     if len(path) > 8:
         path = [*path[:4], "...", *path[-2:]]
     where = ".".join(str(p) for p in path) or "(top level)"

@@ -52,7 +52,7 @@ async def shoot(name: str, key: str) -> Path:
             await pilot.pause()
             scr.query_one("#training-zero_stage", Select).value = 3
         if name == "6-run":
-            show_synthetic_run(app)
+            await show_synthetic_run(app)
         await pilot.pause(0.5)
         svg = OUT / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(OUT))

@@ -10,7 +10,6 @@ script, never pasted into it.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import select
 import subprocess
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
+from ..shell import quote_argv  # noqa: F401  (re-exported: the transports' users import it from here)
 from .jobs import JOB_MARK, RUN_MARK, Proc, local_kill, local_proc, local_procs
 
 # A detached job: run argv in `cwd`, output appended to `log`, exit code written to
@@ -49,10 +49,6 @@ def job_argv(argv: Sequence[str], cwd: str, log: str, rcfile: str, *, envfile: s
              run_id: str = "") -> list[str]:
     """argv that runs `argv` as a job (JOB_SCRIPT); the leader carries RUN_MARK from its exec."""
     return ["env", f"{RUN_MARK}={run_id}", "sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, envfile, *argv]
-
-
-def quote_argv(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def check_stream_quiet(label: str, argv: Sequence[str], now: float, started: float, last: float, got_line: bool,

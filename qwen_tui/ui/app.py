@@ -227,8 +227,12 @@ class WizardApp(App[int]):
     def worker_failed(self, worker: Worker) -> None:
         """Workers run with exit_on_error=False: their errors land here (via the
         screen that owns them), never crash the app."""
-        err = worker.error
-        self.notify(f"{type(err).__name__}: {err}", title=f"{worker.name} failed", severity="error", timeout=10)
+        from ..failures import describe_exception
+
+        self.push_screen(Notice(f"Internal error: {worker.name} failed", describe_exception(worker.error) + (
+            "\n\nThis is a bug in qwen-tui, not a problem with the preset or the nodes; please report it with "
+            "this text. Nothing was lost: a job that had started keeps running, and reopening qwen-tui "
+            "re-attaches to it.")))
 
     def on_unmount(self) -> None:
         mon = getattr(self.get_screen("run"), "monitor", None) if "run" in self._installed_screens else None

@@ -52,13 +52,13 @@ def synthetic_progress(steps: int = 40, total: int = 60) -> TrainingProgress:
     return p
 
 
-def show_synthetic_run(app: WizardApp) -> None:
+async def show_synthetic_run(app: WizardApp) -> None:
     """Fill the Run screen as a running job would (no processes, no clock)."""
     from qwen_tui.ui.screens.run import Snapshot
 
     run = app.get_screen("run")
     app.state.run_status = "running"
-    run.show_panels([(0, "localhost"), (1, "localhost")])
+    await run.show_panels([(0, "localhost"), (1, "localhost")])
 
     def later() -> None:
         from rich.text import Text

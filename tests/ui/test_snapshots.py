@@ -62,7 +62,7 @@ def test_review(snap_compare):
 
 def test_run(snap_compare):
     async def fill(pilot) -> None:
-        show_synthetic_run(pilot.app)
+        await show_synthetic_run(pilot.app)
         await pilot.pause(0.3)
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f6", fill))
 

@@ -153,7 +153,9 @@ async def test_probe_localhost_nodes_in_parallel(tmp_path, demo_copy):
         assert app.state.step_status("nodes") in ("ok", "warn", "bad")  # probed: no longer "todo"
 
 
-async def test_a_failing_worker_becomes_a_notice_not_a_crash(tmp_path):
+async def test_a_failing_worker_becomes_an_error_modal_not_a_crash(tmp_path):
+    from qwen_tui.ui.modals import Notice
+
     app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         def boom(*a, **k):
@@ -162,8 +164,12 @@ async def test_a_failing_worker_becomes_a_notice_not_a_crash(tmp_path):
         await pilot.press("f3")
         await pilot.press("r")
         await pilot.pause(0.5)
-        assert app.is_running and app.screen.STEP == "network"
-        assert any("node exploded" in str(n.message) for n in app._notifications)
+        assert app.is_running and isinstance(app.screen, Notice)
+        body = str(app.screen.query_one(".dialog-body").render())
+        assert "RuntimeError: node exploded" in body and "in boom" in body
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.STEP == "network"
 
 
 async def test_bad_preset_opens_with_the_errors_shown(tmp_path):
@@ -243,3 +249,46 @@ async def test_review_masks_secret_environment_values(tmp_path):
         assert "hf_very_secret_value" not in yaml_text + commands
         assert "HF_TOKEN: '***'" in yaml_text and "NCCL_DEBUG: INFO" in yaml_text and "HF_TOKEN=***" in commands
     assert "hf_very_secret_value" in path.read_text()
+
+
+async def test_an_edit_a_fix_and_a_node_edit_keep_the_local_nodes_interpreter(tmp_path):
+    """Bug 2 of issue 18: an edit went through model_dump -> model_validate, which marked `python` as
+    set, so local nodes ran `python3` (no torch there) instead of qwen-tui's own interpreter."""
+    import sys
+
+    from textual.widgets import Static
+
+    app = WizardApp(str(DEMO), facts=slow_h200_facts(2.0), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        scr = app.screen
+        scr.query_one("#training-device", Select).value = "auto"  # edits
+        scr.query_one("#training-precision", Select).value = "bf16"
+        scr.query_one("#training-zero_stage", Select).value = 3
+        await pilot.pause()
+        assert app.state.preset.training.zero_stage == 3
+        lst = scr.query_one(AdviceList)  # an applied fix: ZeRO-3 on a slow link -> ZeRO-2
+        lst.focus()
+        lst.highlighted = [a.code for a in lst.items].index("ZERO3_SLOW_LINK")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.state.preset.training.zero_stage == 2
+        for n in app.state.preset.cluster.nodes:
+            assert "python" not in n.model_fields_set and n.python_for(app.local_python) == sys.executable
+        await pilot.press("f1")  # a node edited through its form: only the label changes
+        await pilot.pause()
+        app.screen.query_one(DataTable).move_cursor(row=1)
+        await pilot.press("e")
+        await pilot.pause()
+        assert app.screen.query_one("#f-python", Input).value == ""  # unset: not "python3"
+        app.screen.query_one("#f-name", Input).value = "second"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.state.preset.cluster.nodes[1].name == "second"
+        for n in app.state.preset.cluster.nodes:
+            assert "python" not in n.model_fields_set and n.python_for(app.local_python) == sys.executable
+        await pilot.press("f5")
+        await pilot.pause()
+        text = str(app.screen.query_one("#commands", Static).render())
+        assert text.count(f"{sys.executable} -m torch.distributed.run") == 2, text

@@ -354,3 +354,35 @@ def test_advice_is_sorted_and_serialisable():
         d = a.to_dict()
         assert set(d) >= {"code", "level", "message", "fix"} and d["code"].isupper()
         assert isinstance(a, Advice)
+
+
+def test_apply_fix_keeps_unset_fields_unset_so_local_nodes_keep_our_python(tmp_path):
+    """Issue 18, bug 2: a fix must not mark `python` as set (the plan would then run `python3` on a
+    local node instead of qwen-tui's own interpreter), nor any other field the preset left out."""
+    from pathlib import Path
+
+    from qwen_tui.plan import make_plan
+    from qwen_tui.preset import load_preset
+
+    demo = load_preset(Path(__file__).resolve().parents[2] / "presets" / "local-demo.yaml")
+    fixed = apply_fix(demo, Fix("Lower the learning rate", {"training.learning_rate": 1e-3}))
+    assert fixed.training.learning_rate == 1e-3
+    assert all("python" not in n.model_fields_set for n in fixed.cluster.nodes)
+    plan = make_plan(fixed, run_id="r1", local_run_dir=str(tmp_path / "r1"), local_python="/opt/venv/bin/python")
+    assert [c.argv[0] for c in plan.nodes] == ["/opt/venv/bin/python"] * 2
+    # a field of a section the preset never gave is set, and only it
+    q = apply_fix(Preset.model_validate({"cluster": {"nodes": [{"host": "localhost"}]},
+                                         "training": {"model": "builtin:tiny", "data": "builtin:demo-chat"}}),
+                  Fix("Longer timeout", {"network.rdzv_timeout": 120}))
+    assert q.network.rdzv_timeout == 120 and q.network.model_fields_set == {"rdzv_timeout"}
+    assert "python" not in q.cluster.nodes[0].model_fields_set
+    with pytest.raises(KeyError):
+        apply_fix(demo, Fix("bad", {"network.no_such_field": 1}))
+
+
+def test_remove_node_fix_keeps_the_other_nodes_unset_fields():
+    f = facts()
+    f.nodes[1].hostname = "gpu0"
+    adv = [a for a in advise(preset(), f) if a.code == "DUPLICATE_HOST"]
+    kept = apply_fix(preset(), adv[0].fix).cluster.nodes[0]
+    assert "python" not in kept.model_fields_set and kept.python == "python3"

@@ -131,3 +131,22 @@ def test_72b_qlora_fits_four_24gb_gpus_only_with_the_base_sharded(capsys, tmp_pa
     (oom,) = [a for a in z2["advice"] if a["code"] == "OOM"]
     assert oom["fix"]["changes"] == {"training.zero_stage": 3}
     assert "shards the 4-bit base" in oom["fix"]["label"] and f"~{z3['gpu_memory_gb']['total']:.1f} GiB" in oom["fix"]["label"]
+
+
+def test_without_a_gpu_type_it_says_which_advice_was_not_checked(capsys):
+    """No --gpu: not a green "no advice" that reads as "it fits", but which advice needs a GPU type."""
+    import inspect
+
+    from qwen_tui import advice
+    from qwen_tui.cli_estimate import NEEDS_GPU_MEMORY
+
+    assert main(["estimate", str(PRESET_14B)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert "GPU type unknown: memory fit not checked" in out and "pass --gpu" in out
+    assert f"The advice {', '.join(NEEDS_GPU_MEMORY)} and the recommended micro-batch" in out
+    # each named code is advice's own, and runs once the memory is known
+    src = inspect.getsource(advice)
+    assert all(f'"{code}"' in src for code in NEEDS_GPU_MEMORY)
+    assert "OOM" in {a["code"] for a in run_json(capsys, PRESET_14B, "--gpu-memory-gib", "8")["advice"]}
+    assert main(["estimate", str(PRESET_14B), "--gpu", "H100"]) == 0
+    assert "not checked" not in capsys.readouterr().out

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
@@ -14,9 +12,7 @@ from textual.worker import Worker, WorkerState
 from ..messages import StateChanged
 from ..state import STEPS, WizardState
 from ..widgets.stepper import Stepper
-
-if TYPE_CHECKING:
-    from ..app import WizardApp
+from ..wizard import Wizard
 
 
 class StepScreen(Screen):
@@ -24,8 +20,8 @@ class StepScreen(Screen):
     HELP = ""
 
     @property
-    def wizard(self) -> "WizardApp":
-        return self.app  # type: ignore[return-value]
+    def wizard(self) -> Wizard:
+        return self.app  # type: ignore[return-value]  (a WizardApp: app.py is not imported here)
 
     @property
     def state(self) -> WizardState:

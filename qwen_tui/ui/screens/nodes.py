@@ -112,7 +112,11 @@ class NodesScreen(StepScreen):
         i = self.query_one(DataTable).cursor_row
         if i is None or i >= len(self.state.preset.cluster.nodes):
             return
-        self._form(f"Edit node {i}", self.state.preset.cluster.nodes[i].model_dump(), i)
+        node = self.state.preset.cluster.nodes[i]
+        initial = node.model_dump()
+        if "python" not in node.model_fields_set:  # "python3" in the form would pin it: a local node runs ours
+            initial["python"] = None
+        self._form(f"Edit node {i}", initial, i)
 
     def action_remove(self) -> None:
         i = self.query_one(DataTable).cursor_row

@@ -15,6 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Log, Static
+from textual.worker import Worker, WorkerState
 
 from ...run.rundir import RunDir, RunDirError, default_runs_root
 from ..messages import GpuSampleMsg, RunEnded, RunUpdate
@@ -78,7 +79,8 @@ class RunScreen(StepScreen):
 
     def refresh_state(self) -> None:
         st = self.state
-        if self.launcher is None and self.outcome is None:
+        # once a launch was tried, the status line keeps what it said (a failure's cause)
+        if self.launcher is None and self.outcome is None and st.run_status is None:
             self.query_one("#run-status", Static).update(
                 Text("Nothing running. Review (F5) shows what will run; l launches it from here.", style="dim"))
             self.query_one(LossChart).show(None)
@@ -206,19 +208,34 @@ class RunScreen(StepScreen):
             return
         self.post_message(RunEnded(out))
 
+    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
+        """A launch, attach or follow worker that died: StepScreen's handler (textual
+        calls it too, after this one) shows the error; this screen says what it means
+        for the run, so it never stays at "starting"."""
+        if ev.state != WorkerState.ERROR or ev.worker.group != "run":
+            return
+        err = f"{type(ev.worker.error).__name__}: {ev.worker.error}"
+        if self.state.run_status != "running":  # died before a job was started or attached
+            self.state.run_status = "failed"
+            self._status(Text(f"not launched: {err}", style="bold red"))
+        else:  # a job is on: it runs on, unfollowed, until stop-all or a re-attach
+            self._status(Text(f"lost track of the run ({err}); the job may still be running: s stops it, "
+                              "reopening qwen-tui re-attaches", style="bold red"))
+        self.wizard.facts_changed()
+
     def _failed_start(self, why: str) -> None:
         self.state.run_status = "failed"
         self._status(Text(why, style="bold red"))
         self.app.push_screen(Notice("Not launched", why))
         self.wizard.facts_changed()
 
-    def _started(self, la) -> None:
+    async def _started(self, la) -> None:
         from ...run.gpumon import GpuMonitor
 
         self.launcher = la
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
-        self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
+        await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
         self._status(Text(f"running · {la.plan.nnodes} nodes · world size {la.plan.world_size} · "
                           f"run dir {la.run_dir.path}", style="green"))
         if self.monitor is not None:
@@ -233,10 +250,11 @@ class RunScreen(StepScreen):
         self.monitor.start()
         self.wizard.facts_changed()
 
-    def show_panels(self, nodes: list[tuple[int, str]]) -> None:
+    async def show_panels(self, nodes: list[tuple[int, str]]) -> None:
         box = self.query_one("#gpu-panels", Horizontal)
-        box.remove_children()
-        box.mount_all([GpuPanel(r, label, classes="gpu-panel", id=f"gpu-{r}") for r, label in nodes])
+        # the old panels must be gone before new ones with the same ids mount
+        await box.remove_children()
+        await box.mount_all([GpuPanel(r, label, classes="gpu-panel", id=f"gpu-{r}") for r, label in nodes])
 
     # ---------------------------------------------------------------- updates
     def _status(self, t: Text) -> None:

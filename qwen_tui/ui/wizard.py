@@ -1,0 +1,46 @@
+"""What the step screens use of the App, as a Protocol: the screens type-check against
+it without importing app.py (which opens the screens), so there is no import circle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+from textual.worker import Worker
+
+from ..preset import Preset
+from .state import WizardState
+
+
+class Wizard(Protocol):
+    """WizardApp's side the screens call: its state, connections and notifications, and
+    the few App methods they reach through it."""
+
+    state: WizardState
+    runs_root: Optional[Path]
+    base_dir: str
+    local_python: str
+    transports: dict[int, Any]
+    password: Optional[str]
+
+    def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None: ...
+
+    def facts_changed(self) -> None: ...
+
+    def connect(self, indices: Optional[list[int]] = None,
+                on_progress: Optional[Callable[..., Any]] = None) -> dict[int, Any]: ...
+
+    def ask_host_key(self, label: str, host: str, key: Any) -> bool: ...
+
+    def worker_failed(self, worker: Worker) -> None: ...
+
+    # textual.App's, used through `self.wizard`
+    is_running: bool
+
+    def push_screen(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def switch_screen(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def get_screen(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def call_from_thread(self, *args: Any, **kwargs: Any) -> Any: ...

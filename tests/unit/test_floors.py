@@ -1,0 +1,169 @@
+"""The house plan's floors (/work/shared/ARCHITECTURE.md, "Floors"), read from the code:
+every import of every module under qwen_tui/ (lazy ones inside functions and
+TYPE_CHECKING ones included) points to its own floor or one below, and no modules
+import each other in a circle. A new module must be given a floor here: that is
+the moment to decide where it lives.
+
+    5  faces      cli*.py, ui/ (Textual only)
+    4  run/       launch API, launcher, live view, exports, run directories
+    3  nodes/     transports, keys, probe, network checks; advice.py
+    2  plan.py, estimate.py
+    1  preset.py, facts.py, modelspec.py, failures.py, shell.py (quoting), ...
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "qwen_tui"
+
+# module (without the "qwen_tui." prefix; "" is the package itself) -> floor; first match wins
+FLOORS: list[tuple[str, int]] = [
+    ("", 1), ("atomic", 1), ("facts", 1), ("failures", 1), ("logsetup", 1), ("modelspec", 1),
+    ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
+    ("shell", 1),
+    ("plan", 2), ("estimate", 2),
+    ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("datapreview", 3),  # the preview runs on a node
+    ("run", 4), ("run.*", 4),
+    ("cli", 5), ("cli_*", 5), ("__main__", 5), ("ui", 5), ("ui.*", 5),
+]
+
+# Known breaches in today's code, each with the issue that removes it. The list may only shrink:
+# the test fails on any breach not listed here, and on a listed one that is gone.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_CIRCLES: list[set[str]] = []  # screens type-check the App through ui/wizard.py's Protocol
+# ui/ holds only Textual code; these pure modules are still there (issue 18: dissolve ui/core.py,
+# hostlists to nodes/). Same rule: the list may only shrink.
+KNOWN_PURE_UNDER_UI = {"ui.core", "ui.hostlists", "ui.state"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in sorted(PKG.rglob("*.py")):
+        parts = list(f.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def floor(mod: str) -> int:
+    for pat, n in FLOORS:
+        if fnmatch.fnmatchcase(mod, pat):
+            return n
+    raise AssertionError(f"qwen_tui.{mod} has no floor: add it to FLOORS in {__file__}")
+
+
+def imports(mod: str, path: Path, known: set[str]) -> set[str]:
+    """The qwen_tui modules `mod` imports (relative to the package, "" for qwen_tui itself)."""
+    is_pkg = path.name == "__init__.py"
+    here = ["qwen_tui"] + (mod.split(".") if mod else [])
+    if not is_pkg:
+        here = here[:-1]
+    out: set[str] = set()
+
+    def add(full: str) -> None:
+        if full == "qwen_tui" or full.startswith("qwen_tui."):
+            out.add(full.removeprefix("qwen_tui").lstrip("."))
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(a.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = (".".join(here[:len(here) - (node.level - 1)]) if node.level else "")
+            target = ".".join(p for p in (base, node.module or "") if p)
+            for a in node.names:  # `from . import core` imports the module qwen_tui.ui.core
+                sub = f"{target}.{a.name}".removeprefix("qwen_tui").lstrip(".")
+                if target.startswith("qwen_tui") and sub in known:
+                    out.add(sub)
+                else:
+                    add(target)
+    out.discard(mod)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def circles(g: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_floor():
+    for m in modules():
+        floor(m)
+
+
+def test_imports_only_point_down():
+    up = {(m, d) for m, deps in graph().items() for d in deps if floor(d) > floor(m)}
+    assert up - KNOWN_UPWARD == set(), "imports that run up a floor: " + ", ".join(
+        f"qwen_tui.{m} (floor {floor(m)}) -> qwen_tui.{d} (floor {floor(d)})" for m, d in sorted(up - KNOWN_UPWARD))
+    assert KNOWN_UPWARD - up == set(), f"fixed, so take them off KNOWN_UPWARD: {sorted(KNOWN_UPWARD - up)}"
+
+
+def test_no_circles():
+    found = circles(graph())
+    new = [c for c in found if c not in KNOWN_CIRCLES]
+    assert new == [], "modules that import each other in a circle: " + "; ".join(
+        " <-> ".join(sorted(c)) for c in new)
+    gone = [c for c in KNOWN_CIRCLES if c not in found]
+    assert gone == [], f"fixed (or changed), so update KNOWN_CIRCLES: {gone}"
+
+
+def test_ui_holds_only_textual_code():
+    """Pure code belongs to its core room, not under ui/ (a module there draws with Textual or rich)."""
+    pure = set()
+    for m, p in modules().items():
+        if m.startswith("ui.") and not p.name == "__init__.py":
+            names = {a.name.split(".")[0] for n in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(n, ast.Import) for a in n.names}
+            names |= {(n.module or "").split(".")[0] for n in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(n, ast.ImportFrom) and not n.level}
+            if not names & {"textual", "rich"}:  # rich: drawing for the screen (bars, charts)
+                pure.add(m)
+    assert pure - KNOWN_PURE_UNDER_UI == set(), f"pure modules under ui/ (move them to their core room): " \
+                                                 f"{sorted(pure - KNOWN_PURE_UNDER_UI)}"
+    assert KNOWN_PURE_UNDER_UI - pure == set(), f"moved, so take them off: {sorted(KNOWN_PURE_UNDER_UI - pure)}"
+
+
+def test_the_checker_sees_an_upward_import_and_a_circle():
+    """The rules above catch what they claim to (on a made-up graph)."""
+    g = {"plan": {"nodes.transport"}, "nodes.transport": {"nodes.jobs"}, "nodes.jobs": {"nodes.transport"}}
+    assert [(m, d) for m, ds in g.items() for d in ds if floor(d) > floor(m)] == [("plan", "nodes.transport")]
+    assert circles(g) == [{"nodes.transport", "nodes.jobs"}]
