@@ -75,10 +75,17 @@ def test_model_dir_missing(tmp_path, capsys, good_data):
                                               "--data_path", str(good_data)], "no-model", "not found")
 
 
-def test_qlora_with_zero3(tmp_path, capsys, tiny_model, good_data):
-    check_rejected(capsys, tmp_path / "out", ["--model_name_or_path", str(tiny_model), "--data_path", str(good_data),
+def test_qlora_on_a_gptq_checkpoint_with_zero3(tmp_path, capsys, tiny_model, good_data):
+    """ZeRO-3 shards a base quantized on load (tests/training/test_train.py); a GPTQ checkpoint's packed weights it
+    cannot, and says so before anything loads."""
+    model = tmp_path / "int4"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (model / "config.json").write_text(json.dumps(cfg))
+    check_rejected(capsys, tmp_path / "out", ["--model_name_or_path", str(model), "--data_path", str(good_data),
                                               "--q_lora", "--deepspeed", str(ROOT / "training" / "ds_config_zero3.json")],
-                   "--q_lora", "ZeRO-3")
+                   "--q_lora on a GPTQ-quantized checkpoint does not work with ZeRO-3")
 
 
 def test_qlora_on_a_gptq_checkpoint_without_gpu(tmp_path, capsys, tiny_model, good_data):
