@@ -14,6 +14,7 @@ from . import __version__
 from .logsetup import configure as configure_logging
 from .preset import Preset, PresetError, load_preset
 from .presets_dir import shipped_preset
+from .run.rundir import RunDirError
 
 DEMO_PRESET = shipped_preset("local-demo.yaml")
 RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
@@ -295,6 +296,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(line, file=sys.stderr)
         return 2
     except FileNotFoundError as e:
+        _err(str(e))
+        return 2
+    except RunDirError as e:  # a run directory that is not one, or corrupt: the user's input, one line
         _err(str(e))
         return 2
 

@@ -21,7 +21,18 @@ from qwen_tui.preset import Preset
 PASSPHRASE = "open sesame, 'quoted' $(not run)"
 
 
-def test_keys_with_a_locked_identity_file_asks_the_passphrase_and_installs(cluster, sshdir, keyed, tmp_path):
+@pytest.fixture
+def authorized_keys_restored(cluster):
+    """The nodes' authorized_keys as they were before: the shared cluster's other tests count its keys."""
+    files = [nd.home / ".ssh" / "authorized_keys" for nd in cluster.nodes]
+    before = {f: f.read_bytes() for f in files if f.exists()}
+    yield
+    for f, data in before.items():
+        f.write_bytes(data)
+
+
+def test_keys_with_a_locked_identity_file_asks_the_passphrase_and_installs(cluster, sshdir, keyed, tmp_path,
+                                                                           authorized_keys_restored):
     key = Ed25519PrivateKey.generate()
     priv = tmp_path / "id_locked"
     priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,

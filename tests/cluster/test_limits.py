@@ -15,7 +15,7 @@ from qwen_tui.nodes.connect import close_all, connect_all
 def _node_mount_ns_pid(cluster, i: int) -> int:
     """A process of node i that lives in the node's own mount namespace (its sshd)."""
     mine = os.readlink("/proc/self/ns/mnt")
-    for pid in sorted(cluster.sshd_pids(i) | set(cluster.pids(i))):
+    for pid in sorted(cluster.sshd_pids(i)) + sorted(set(cluster.pids(i))):  # the sshd listener outlives sessions
         try:
             if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
                 return pid
@@ -34,7 +34,8 @@ def small_shm_on_node1(cluster):
         assert os.statvfs("/dev/shm").f_blocks == host_before  # nothing leaked to this machine
         yield
     finally:
-        sh("nsenter", "-t", str(pid), "-m", "umount", "/dev/shm")
+        # any live process of the node's namespace: the one found first may have been a session that ended since
+        sh("nsenter", "-t", str(_node_mount_ns_pid(cluster, 1)), "-m", "umount", "/dev/shm")
 
 
 def test_a_64mb_dev_shm_on_one_node_is_named_with_the_fix(preset, cluster, small_shm_on_node1):
