@@ -15,7 +15,6 @@ total_steps, padding_waste, tokens_per_second, run_seconds, advice.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Optional
@@ -23,7 +22,8 @@ from typing import Any, Optional
 from .advice import Advice, Fix, make_context
 from .estimate import estimate_step
 from .facts import ClusterFacts
-from .nodes.transport import CommandResult, Transport, quote_argv
+from .nodes.json_tool import run_json_tool
+from .nodes.transport import Transport
 from .plan import make_plan
 from .preset import Preset
 
@@ -53,20 +53,7 @@ def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", loc
                timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16) -> dict[str, Any]:
     """The worker-side counts (training.datapreview's JSON), run on the master through `transport`."""
     argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins)
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    res: CommandResult = transport.run(argv, timeout=timeout, cwd=cwd, env=env)
-    where = f"node 0 ({transport.label})"
-    if res.rc != 0:
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-        said = [ln for ln in lines if ln.startswith("error: ")]
-        why = said[-1][len("error: "):] if said else (lines[-1] if lines else f"exit {res.rc}")
-        if res.rc == 124:
-            why = f"no answer within {timeout:g} s"
-        raise DataPreviewError(f"data preview on {where} failed: {why}  [{quote_argv(argv[:3])} ...]")
-    try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise DataPreviewError(f"data preview on {where}: no JSON on stdout: {res.stdout[-300:]!r}") from None
+    return run_json_tool(transport, argv, cwd=cwd, timeout=timeout, what="data preview", error=DataPreviewError)
 
 
 def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,

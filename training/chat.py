@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,15 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps({"error": "expected {\"messages\": [...]}"}), file=real_out, flush=True)
                     continue
                 print(json.dumps(chat.reply(msgs)), file=real_out, flush=True)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as e:  # noqa: BLE001 - one line for the caller after the traceback
-        import traceback
-
-        traceback.print_exc()
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+        return report_failure(e)
     return EXIT_OK
 
 

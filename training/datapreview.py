@@ -24,7 +24,7 @@ import math
 import sys
 import time
 
-from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
 
 HIST_BINS = 16
 WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
@@ -170,15 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(worker)
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone (a model build may print)
             report = preview(args, mine.world_size, mine.device == "cuda" and "--use_cpu" not in worker, mine.bins)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as e:  # noqa: BLE001 - the caller shows this one line; the traceback goes to stderr too
-        import traceback
-
-        traceback.print_exc()
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+        return report_failure(e)
     json.dump(report, sys.stdout)
     sys.stdout.write("\n")
     return EXIT_OK

@@ -12,3 +12,19 @@ class InputError(Exception):
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+
+def report_failure(error: Exception) -> int:
+    """The end of a worker tool's main (datapreview, merge, chat) on an exception: its exit code, and on stderr one
+    `error: ...` line for the caller (qwen_tui.nodes.json_tool shows it), after the traceback where the failure is
+    not the user's input."""
+    import sys
+
+    if isinstance(error, InputError):
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    import traceback
+
+    traceback.print_exception(error)
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    return EXIT_FAILED

@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 
-from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.errors import EXIT_OK, InputError, report_failure
 
 # Relative difference of the two losses the check allows: the merged weights are the adapter's sum rounded once.
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 1e-2}
@@ -110,15 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
             report = merge(args)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as e:  # noqa: BLE001 - one line for the caller after the traceback
-        import traceback
-
-        traceback.print_exc()
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+        return report_failure(e)
     print(json.dumps(report))
     return EXIT_OK
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..nodes.transport import Transport, quote_argv
+from ..nodes.json_tool import run_json_tool
+from ..nodes.transport import Transport
 from ..preset import Preset, load_preset
 from .rundir import RunDir
 
@@ -91,21 +92,8 @@ def locate(run_dir: str | Path) -> RunResult:
 
 def _run(res: RunResult, transport: Transport, module: str, args: list[str], timeout: float,
          input: Optional[bytes] = None) -> dict[str, Any]:
-    argv = [res.python, "-m", module, *args]
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    r = transport.run(argv, timeout=timeout, cwd=res.workdir, env=env, input=input)
-    where = f"node 0 ({transport.label})"
-    if r.rc != 0:
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        said = [ln for ln in lines if ln.startswith("error: ")]
-        why = said[-1][len("error: "):] if said else (lines[-1] if lines else f"exit {r.rc}")
-        if r.rc == 124:
-            why = f"no answer within {timeout:g} s"
-        raise AfterRunError(f"{module} on {where} failed: {why}  [{quote_argv(argv[:3])} ...]")
-    try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise AfterRunError(f"{module} on {where}: no JSON on stdout: {r.stdout[-300:]!r}") from None
+    return run_json_tool(transport, [res.python, "-m", module, *args], cwd=res.workdir, timeout=timeout,
+                         what=module, error=AfterRunError, input=input)
 
 
 def merge(res: RunResult, transport: Transport, *, force: bool = False, dtype: str = "auto",

@@ -1,0 +1,31 @@
+"""One of the worker's tools (python -m training.X) on a node, its answer the last JSON line of its stdout: the data
+preview, merge and chat all run this way, on the master, through its transport."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from .transport import Transport, quote_argv
+
+# The tools' own chatter (tokenizer forks, download bars) kept out of stdout and stderr.
+TOOL_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def run_json_tool(transport: Transport, argv: list[str], *, cwd: Optional[str], timeout: float, what: str,
+                  error: type[Exception], input: Optional[bytes] = None) -> dict[str, Any]:
+    """Runs argv on the node and returns its last stdout line as JSON. A failure raises `error` with one line: the
+    tool's own "error: ..." line (else its last stderr line), or that it did not answer within `timeout`."""
+    r = transport.run(argv, timeout=timeout, cwd=cwd, env=TOOL_ENV, input=input)
+    where = f"node 0 ({transport.label})"
+    if r.rc != 0:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        said = [ln for ln in lines if ln.startswith("error: ")]
+        why = said[-1][len("error: "):] if said else (lines[-1] if lines else f"exit {r.rc}")
+        if r.rc == 124:
+            why = f"no answer within {timeout:g} s"
+        raise error(f"{what} on {where} failed: {why}  [{quote_argv(argv[:3])} ...]")
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise error(f"{what} on {where}: no JSON on stdout: {r.stdout[-300:]!r}") from None
