@@ -1,0 +1,165 @@
+"""What the advice rules are made of: Advice and its Fix, apply_fix, the Context a rule looks at, and the rule
+registry (qwen_tui.advice runs the rules; qwen_tui.advice_cluster holds the ones about the nodes' facts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal, Optional
+
+from pydantic import BaseModel
+
+from .estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
+from .facts import ClusterFacts, NodeFacts
+from .modelspec import ModelSpec, UnknownModel, resolve_model
+from .preset import Preset
+
+Level = Literal["info", "warning", "error"]
+LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
+LOW_BANDWIDTH_GBPS = 10.0
+LORA_BATCH_MIN, LORA_BATCH_MAX = 64, 256
+RDZV_TIMEOUT_MAX_S = 600
+NCCL_TIMEOUT_MAX_S = 3 * 3600
+MEMORY_TIGHT = 0.90  # of the GPU: fits, but a longer batch may not
+CKPT_OFF_HEADROOM = 0.85  # checkpointing off must leave this much of the GPU unused to be recommended
+ZERO3_SLOWER = 1.2  # ZeRO-3 at least this much slower than ZeRO-2 to warn
+DDP_FASTER = 1.2  # plain DDP (the worker's fast path) at least this much faster than ZeRO to warn
+QLORA_QUANT_METHODS = ("gptq", "awq", "bitsandbytes")  # what training/model.py can put LoRA on
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One action: `changes` maps dotted preset paths (`training.zero_stage`,
+    `cluster.nodes.1.gpus`) to new values; `hint` says what to do outside the
+    preset when no preset change can help (then `changes` is empty)."""
+
+    label: str
+    changes: dict[str, Any] = field(default_factory=dict)
+    hint: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "changes": dict(self.changes), "hint": self.hint}
+
+
+@dataclass(frozen=True)
+class Advice:
+    level: Level
+    code: str
+    message: str
+    fix: Optional[Fix] = None
+    node: Optional[int] = None  # the node it is about, when it is about one
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "level": self.level, "message": self.message,
+                "fix": self.fix.to_dict() if self.fix else None, "node": self.node}
+
+
+def apply_fix(preset: Preset, fix: Fix) -> Preset:
+    """A new preset with the fix's changes, validated; the given preset is left as it was.
+
+    Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's
+    `python` that the preset never gave must stay unset, or the plan runs "python3" there
+    instead of qwen-tui's own interpreter."""
+    data = preset.model_dump(mode="python", exclude_unset=True)
+    for path, value in fix.changes.items():
+        parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+        obj: Any = preset  # the path must name a field of the model, set or not
+        for p in parts:
+            if isinstance(p, int):
+                obj = obj[p]
+            elif isinstance(obj, BaseModel) and p in type(obj).model_fields:
+                obj = getattr(obj, p)
+            else:
+                raise KeyError(f"{path}: no such preset field")
+        cur: Any = data
+        for p in parts[:-1]:
+            cur = cur[p] if isinstance(p, int) else cur.setdefault(p, {})
+        cur[parts[-1]] = value
+    return Preset.model_validate(data)
+
+
+# ---------------------------------------------------------------- what the rules look at
+
+@dataclass
+class Context:
+    preset: Preset
+    facts: Optional[ClusterFacts]
+    spec: Optional[ModelSpec]
+    spec_error: Optional[str]
+    gpu: Optional[GPUSpec]  # for FLOPs and intra-node bandwidth
+    gpu_memory_gib: Optional[float]  # smallest GPU's memory; None = unknown
+    gpu_memory_where: str
+    bandwidth_gbps: Optional[float]
+    efficiency: Optional[float]  # None: the worker path's (estimate.path_efficiency)
+    cpu: bool
+
+    @property
+    def nodes(self) -> int:
+        return len(self.preset.cluster.nodes)
+
+    @property
+    def t(self):
+        return self.preset.training
+
+    def node_facts(self) -> Iterable[tuple[int, NodeFacts]]:
+        if self.facts:
+            for i in sorted(self.facts.nodes):
+                if self.facts.nodes[i].error is None:
+                    yield i, self.facts.nodes[i]
+
+    def memory(self, **overrides: Any) -> MemoryEstimate:
+        assert self.spec is not None
+        return estimate_memory(self.spec, self.t, self.preset.world_size, **overrides)
+
+    def step_kwargs(self) -> dict[str, Any]:
+        g = self.gpu or GPUS["H100"]
+        return dict(gpu_tflops=g.bf16_tflops, efficiency=self.efficiency, intra_node_gbs=g.intra_node_gbs,
+                    hbm_gbs=g.hbm_gbs)
+
+    def gpus_per_node(self) -> int:
+        return max(n.gpus for n in self.preset.cluster.nodes)
+
+
+def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: Optional[ModelSpec] = None,
+                 gpu: Optional[str | GPUSpec] = None, gpu_memory_gib: Optional[float] = None,
+                 bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
+                 base_dir: Optional[str] = None) -> Context:
+    spec_error = None
+    if spec is None:
+        try:
+            spec = resolve_model(preset.training.model, base_dir)
+        except UnknownModel as e:
+            spec_error = str(e)
+    gspec = gpu_spec(gpu) if isinstance(gpu, str) else gpu
+    where = f"--gpu-memory-gib {gpu_memory_gib}" if gpu_memory_gib else ""
+    mem = gpu_memory_gib
+    cpu = preset.training.device == "cpu"
+    if facts:
+        probed = [(nf.gpu_memory_gib, i, nf) for i, nf in facts.nodes.items() if nf.gpus]
+        if any(nf.gpus == [] for nf in facts.nodes.values()):
+            cpu = True
+        if probed and mem is None:
+            mem, i, nf = min(probed, key=lambda x: x[0])
+            where = f"{nf.gpu_model} on node {i}"
+            if gspec is None:
+                gspec = gpu_spec(nf.gpu_model or "", nf.gpus[0].memory_total_mib)
+    if mem is None and gspec is not None:
+        mem, where = gspec.memory_gib, gspec.name
+    if bandwidth_gbps is None and facts is not None:
+        bandwidth_gbps = facts.min_bandwidth_gbps()
+    return Context(preset=preset, facts=facts, spec=spec, spec_error=spec_error, gpu=gspec, gpu_memory_gib=mem,
+                   gpu_memory_where=where, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, cpu=cpu)
+
+
+def _gb(x: float) -> str:
+    return f"{x:.1f} GiB"
+
+
+Rule = Callable[[Context], Iterable[Advice]]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
