@@ -196,8 +196,9 @@ def apply_method(args, model, method: str):
         target_modules=args.lora_target_modules, bias="none", task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, cfg)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    # ZeRO-3 partitions the base while it loads: a partitioned weight holds 0 elements here, ds_numel of them.
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     log.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters",
              args.lora_r, args.lora_alpha, ",".join(args.lora_target_modules), trainable, total)
     return model
