@@ -348,4 +348,21 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device]):
         return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction,
-                                    max_tokens=max_tokens, states_built=engine is not None)
+                                    max_tokens=max_tokens, states_built=engine is not None,
+                                    optimizer=_torch_optimizer_of(engine) if engine is not None else None,
+                                    optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)
+
+
+def _torch_optimizer_of(engine):
+    """The torch optimizer inside a DeepSpeed engine's ZeRO optimizer (the one holding the Adam states)."""
+    opt = engine.optimizer
+    while opt is not None and not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):
+        opt = opt.optimizer
+    return opt if isinstance(opt, torch.optim.Optimizer) else None
+
+
+def _fp32_partitions_of(engine):
+    """The flat fp32 partitions a ZeRO-3 engine steps: it puts them in the torch optimizer's groups only inside its
+    step, so they are not there to be counted at the probe. None elsewhere (ZeRO-1/2 keep them in the groups)."""
+    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    return list(flats) if flats else None

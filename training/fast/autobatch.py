@@ -43,11 +43,26 @@ def optimizer_state_bytes(model) -> int:
     return sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+def lazy_state_bytes(optimizer, params=None, count_host: bool = False) -> int:
+    """The Adam states `optimizer` has not allocated yet for `params` (default: its own), on the device: torch's
+    AdamW (and DeepSpeed's Adam) create exp_avg and exp_avg_sq at the first step, after the probes. Under
+    DeepSpeed the params are the engine's flat fp32 partitions (ZeRO-3 hands them to the optimizer only inside
+    its step, so the caller names them), so this counts what ZeRO keeps on this rank; an offloaded optimizer
+    keeps them in host memory and counts nothing. For a full fine-tune of a 7B model that is 57 GiB the probes
+    cannot see (an H200 ran out of memory at the first step without it). count_host: count host-memory params too
+    (a CPU run's)."""
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+    return sum(2 * p.numel() * p.element_size() for p in params
+               if not optimizer.state.get(p) and (count_host or p.device.type != "cpu"))
+
+
 def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536,
-               states_built: bool = False) -> Plan:
+               states_built: bool = False, optimizer=None, optimizer_params=None) -> Plan:
     """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads.
-    states_built: the optimizer's states exist already (a DeepSpeed engine builds them), so the probes measure
-    them and nothing is added for them."""
+    states_built: the optimizer exists already (a DeepSpeed engine builds it with its fp32 partitions and
+    gradient buffers), so the probes measure those; `optimizer` (the torch optimizer the engine steps) then says
+    which Adam states are still to come for `optimizer_params` (lazy_state_bytes), added to the fixed part."""
     import torch
 
     peaks = []
@@ -64,5 +79,14 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device))
     total = torch.cuda.get_device_properties(device).total_memory
-    extra = 0 if states_built else optimizer_state_bytes(model)
+    if states_built:
+        extra = lazy_state_bytes(optimizer, optimizer_params) if optimizer is not None else 0
+    else:
+        extra = optimizer_state_bytes(model)
+    import logging
+
+    # The raw peaks behind the plan: what to read first when a run's rows look short for its memory.
+    logging.getLogger("training").info("auto micro-batch probes: %s", ", ".join(
+        f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in zip(sizes, peaks)) + f"; optimizer states still to "
+        f"come {extra / 2**30:.2f} GiB")
     return plan_from_probes(sizes[0], peaks[0], sizes[1], peaks[1], total, extra, seq_len, fraction, max_tokens)
