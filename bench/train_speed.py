@@ -40,6 +40,7 @@ import json
 import math
 import os
 import platform
+import re
 import random
 import subprocess
 import sys
@@ -131,8 +132,12 @@ def config_of(name: str) -> tuple[str, dict, dict, list[str]]:
         raise SystemExit(f"unknown configuration {base!r}; known: {', '.join(CONFIGS)}")
     env, extra = {}, []
     for t in tags:
+        if re.fullmatch(r"bs[1-9][0-9]*", t) and CONFIGS[base]["recipe"] == "ours":
+            # +bsN: N records a step in one micro-batch setting (issue 16's "no OOM for 1 to 128" sweep)
+            extra += ["--per_device_train_batch_size", t[2:], "--gradient_accumulation_steps", "1"]
+            continue
         if t not in TAGS or CONFIGS[base]["recipe"] != "ours":
-            raise SystemExit(f"{name}: tag {t!r} is not one of {', '.join(TAGS)} (for ours-* configurations)")
+            raise SystemExit(f"{name}: tag {t!r} is not one of {', '.join(TAGS)} or bsN (for ours-* configurations)")
         env.update(TAGS[t][0])
         extra += TAGS[t][1]
     return base, CONFIGS[base], env, extra

@@ -80,9 +80,11 @@ Step time (`estimate_step`, `scaling`)
   (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
   0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
   layer's weights in forward and backward, 0.49 for full fine-tuning (1.5B,
-  run26) and 0.34 with a frozen base (7B LoRA, run27), whose gathers weigh more
-  against its lighter backward. Q-LoRA runs at 0.8x (4-bit dequantisation in
-  every matmul: 0.83x LoRA's tokens/s, run20; under ZeRO-3 not yet measured).
+  run26) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
+  run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
+  without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
+  tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
+  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters).
 - Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
   NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
   2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
@@ -122,8 +124,8 @@ QUANT_BYTES = {4: 0.52, 8: 1.02}
 FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the module doc)
 # The worker under DeepSpeed, by ZeRO stage and by whether the base trains (measured, see the module doc).
 ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
-                   (3, True): 0.49, (3, False): 0.34}
-QLORA_EFFICIENCY_FACTOR = 0.8
+                   (3, True): 0.49, (3, False): 0.49}
+QLORA_EFFICIENCY_FACTOR = 0.8  # without DeepSpeed; under it Q-LoRA measured LoRA's speed (module doc)
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
 PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
 
@@ -468,7 +470,7 @@ def path_efficiency(run: RunShape) -> float:
 def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:
     """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
     base = path_efficiency(run) if efficiency is None else efficiency
-    return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" else 1.0)
+    return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" and run.zero_stage is None else 1.0)
 
 
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,

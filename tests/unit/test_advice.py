@@ -107,7 +107,8 @@ def test_zero_not_needed_where_ddp_fits_and_is_faster():
     assert adv[0].fix.changes == {"training.zero_stage": None, "training.offload": "none"}
     fixed = apply_fix(p, adv[0].fix)
     assert fixed.training.zero_stage is None and "ZERO_NOT_NEEDED" not in codes(fixed, f)
-    # without offload too; ZeRO-2, which keeps the fast path at 0.95x DDP, is not worth a warning
+    # without offload too, across these nodes: ZeRO-3's gathers cross the 100 Gbit/s link in every pass; ZeRO-2,
+    # which keeps the fast path at 0.98x DDP, is not worth a warning
     lora3 = [a for a in advise(preset(zero_stage=3), f) if a.code == "ZERO_NOT_NEEDED"]
     assert lora3 and "ZeRO-3 gathers every layer's weights in each pass" in lora3[0].message
     assert "ZERO_NOT_NEEDED" not in codes(preset(zero_stage=2), f)
@@ -117,8 +118,8 @@ def test_zero_not_needed_where_ddp_fits_and_is_faster():
     from qwen_tui.advice import make_context
 
     ddp_total = make_context(apply_fix(p, adv[0].fix), f).memory().total
-    assert "ZERO_NOT_NEEDED" not in codes(p, gpu_memory_gib=ddp_total / 0.95)
-    assert "ZERO_NOT_NEEDED" in codes(p, gpu_memory_gib=ddp_total / 0.8)
+    assert "ZERO_NOT_NEEDED" not in codes(p, f, gpu_memory_gib=ddp_total / 0.95)
+    assert "ZERO_NOT_NEEDED" in codes(p, f, gpu_memory_gib=ddp_total / 0.8)
     assert "ZERO_NOT_NEEDED" not in codes(p)
     assert "ZERO_NOT_NEEDED" not in codes(preset(device="cpu"), gpu="H100")
 

@@ -244,6 +244,9 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
     h200 = dict(gpu_tflops=GPUS["H200"].bf16_tflops, intra_node_gbs=GPUS["H200"].intra_node_gbs,
                 hbm_gbs=GPUS["H200"].hbm_gbs)
     seen = set()
+    # Runs whose path has since changed: before run29 ZeRO-3 trained LoRA adapters in fp32 (the engine casts no
+    # parameter of a model partitioned while it loads; training.builders.cast_unpartitioned now does).
+    superseded = {"ours-lora-7b-zero3": 29}
     for path in sorted(results.glob("train_speed-*-H200-run*.json")):
         m = re.search(r"-run(\d+)\.json$", path.name)
         if not m or int(m.group(1)) < 18:
@@ -251,6 +254,8 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
         for r in json.loads(path.read_text())["results"]:
             # ours-* without a variant tag: the worker's defaults; a tag changes them on purpose
             if not r["config"].startswith("ours-") or "+" in r["config"] or r.get("status") != "ok":
+                continue
+            if int(m.group(1)) < superseded.get(r["config"], 0):
                 continue
             seq = round(r["seq_eff"])
             per_step = r["real_tokens"] / r["timed_steps"]
@@ -261,8 +266,10 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
             assert 0.85 < ratio < 1.15, (path.name, r["config"], est.tokens_per_second, r["tokens_per_s"])
             seen.add(r["config"])
     assert {"ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b", "ours-lora-7b-zero2", "ours-full-1.5b-zero2",
-            "ours-lora-7b-zero3", "ours-full-1.5b-zero3"} <= seen, seen
-    # ZeRO-3 with a frozen base gathers it in every pass for a lighter backward: it is modelled slower
-    lora3 = estimate_step(SEVEN, RunShape(method="lora", zero_stage=3, seq=1024, micro_batch=32), 1, 1, None, **h200)
-    fast = estimate_step(SEVEN, RunShape(method="lora", zero_stage=None, seq=1024, micro_batch=32), 1, 1, None, **h200)
-    assert lora3.compute_s == pytest.approx(fast.compute_s * 0.53 / 0.34)
+            "ours-lora-7b-zero3", "ours-full-1.5b-zero3", "ours-qlora-7b-zero2", "ours-qlora-7b-zero3"} <= seen, seen
+    # Q-LoRA: 0.8x LoRA without DeepSpeed, LoRA's speed under it (both measured above)
+    def compute_s(method, zero):
+        return estimate_step(SEVEN, RunShape(method=method, zero_stage=zero, seq=1024, micro_batch=32), 1, 1, None,
+                             **h200).compute_s
+    assert compute_s("qlora", None) == pytest.approx(compute_s("lora", None) / 0.8)
+    assert compute_s("qlora", 3) == pytest.approx(compute_s("lora", 3))
