@@ -3,6 +3,7 @@ widgets: they post one of these and the handler (on the UI thread) updates."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from textual.message import Message
@@ -49,18 +50,33 @@ class GpuSampleMsg(Message):
         return isinstance(message, GpuSampleMsg) and message.sample.rank == self.sample.rank
 
 
-class RunUpdate(Message):
-    """A snapshot of the run (node states, progress, the selected node's log tail). Coalesces."""
+@dataclass
+class LaunchEvent(Message):
+    """A step of the launch API (run.api: Stage, Connected, Checked, Planned, AlreadyEnded or
+    Failure), from a Run worker; the screen draws it."""
 
-    def __init__(self, snapshot: Any) -> None:
-        super().__init__()
-        self.snapshot = snapshot
+    event: Any
+
+
+@dataclass
+class RunStarted(Message):
+    """The job runs (launched, or found again by attach): the Launcher to follow and stop."""
+
+    launcher: Any
+
+
+@dataclass
+class RunUpdate(Message):
+    """A run.api.Snapshot of the run (node states, progress, the selected node's log tail). Coalesces."""
+
+    snapshot: Any
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunUpdate)
 
 
+@dataclass
 class RunEnded(Message):
-    def __init__(self, outcome: Any) -> None:
-        super().__init__()
-        self.outcome = outcome
+    """The run's outcome (run.launcher.RunOutcome)."""
+
+    outcome: Any
