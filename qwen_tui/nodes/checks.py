@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.nodes.connect import connect_fix
-from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, worst
+from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.transport import Transport

@@ -151,18 +151,6 @@ def connect_bound(preset: Preset) -> float:
     return preset.cluster.connect_timeout * 3 * (1 + _most_hops(preset)) + 5
 
 
-def connect_fix(e: BaseException) -> str:
-    """What to do about a node that could not be connected (the checks' and the launch's advice)."""
-    name = type(e).__name__
-    if name == "UnknownHostKey":
-        return "verify the fingerprint, then rerun with --accept-new-host-keys"
-    if name == "ChangedHostKey":
-        return "find out why the key changed before removing the old known_hosts entry"
-    if name == "AuthFailed":
-        return "set up keys: qwen-tui keys PRESET (asks the password once)"
-    return "check the host name, port and that sshd runs (ssh -v HOST)"
-
-
 def _most_hops(preset: Preset) -> int:
     """The longest ProxyJump chain in front of any node (a node whose ssh_config cannot be used counts 0: its
     own connection attempt reports why)."""

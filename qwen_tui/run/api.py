@@ -17,11 +17,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
 
 from ..facts import ClusterFacts
-from ..nodes.connect import connect_bound, connect_fix, transport_for
-from ..nodes.hostkeys import Consent
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, make_plan
@@ -29,6 +27,9 @@ from ..preset import Preset, load_preset, save_preset
 from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
 from .rundir import RunDir, RunDirError, write_json_atomic
+
+if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
+    from ..nodes.hostkeys import Consent
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
 # connect that may ask one is bounded by this on top of the connection's own bound.
@@ -147,6 +148,8 @@ class Connections:
         """Connect the nodes not connected yet, in parallel and bounded (nodes.results.on_nodes):
         node index -> Transport, or the exception that node raised (a NodeTimeout past the bound).
         A node that answers after the bound is closed, never kept half-known."""
+        from ..nodes.connect import connect_bound, transport_for  # paramiko: not before the wizard's first paint
+
         nodes = preset.cluster.nodes
         labels = {i: n.label for i, n in enumerate(nodes)}
         asked = list(range(len(nodes))) if indices is None else list(indices)
@@ -193,6 +196,8 @@ class Connections:
 
 def connect_failure(res: NodeResults, what: str = "not launched") -> Failure:
     """The Failure for nodes that could not be connected, one line and one fix per node."""
+    from ..nodes.findings import connect_fix
+
     failed = res.failed
     fixes = sorted({connect_fix(e) for e in failed.values()})
     return Failure("connect", f"{what}: every node must be reachable\n" + "\n".join(res.errors_text()),

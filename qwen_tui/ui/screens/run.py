@@ -159,7 +159,7 @@ class RunScreen(StepScreen):
     def _failed_start(self, f: api.Failure) -> None:
         self.state.run_status = "failed"
         self._status(Text(f.message, style="bold red"))
-        title = {"connect": "Not connected", "attach": "Cannot re-attach"}.get(f.stage, "Not launched")
+        title = "Cannot re-attach" if f.cause.startswith("cannot attach") else "Not launched"
         self.app.push_screen(Notice(title, f.message))
         self.wizard.facts_changed()
 
