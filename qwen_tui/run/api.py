@@ -141,6 +141,7 @@ class Connections:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, Transport] = {}
+        self._epoch = 0  # close() starts a new one: what a connect begun before it brings back is not kept
 
     def connect(self, preset: Preset, indices: Optional[list[int]] = None, *, consent: Consent = False,
                 password: Optional[str] = None, on_progress: Optional[Callable[[int, str], None]] = None,
@@ -155,6 +156,7 @@ class Connections:
         asked = list(range(len(nodes))) if indices is None else list(indices)
         with self._lock:
             have = {i: self._open[i] for i in asked if i in self._open}
+            epoch = self._epoch
         late = threading.Event()
 
         def one(i: int) -> Transport:
@@ -171,7 +173,10 @@ class Connections:
         late.set()
         with self._lock:
             for i, t in got.succeeded.items():
-                if i in self._open:  # another worker connected it meanwhile: keep one
+                if self._epoch != epoch:  # closed meanwhile (the nodes changed): these may be to old nodes
+                    t.close()
+                    got[i] = ConnectionAbortedError("the nodes changed while connecting; connect again")
+                elif i in self._open:  # another worker connected it meanwhile: keep one
                     t.close()
                     got[i] = self._open[i]
                 else:
@@ -190,6 +195,7 @@ class Connections:
         """Close every connection (the nodes changed, or the face is done)."""
         with self._lock:
             open_, self._open = self._open, {}
+            self._epoch += 1
         for t in open_.values():
             t.close()
 

@@ -107,6 +107,19 @@ def test_a_node_that_cannot_be_connected_is_a_typed_failure_naming_it(tmp_path):
     assert conns.transports() == {}
 
 
+def test_connections_made_while_they_were_closed_are_not_kept(tmp_path):
+    """The wizard closes its connections when the nodes change; a connect that was under way
+    then must not keep (or hand back as good) transports to the old nodes."""
+    preset = demo(tmp_path)
+    conns = api.Connections()
+    res = conns.connect(preset, on_progress=lambda i, what: conns.close())  # the nodes change mid-connect
+    assert sorted(res.failed) == [0, 1] and "the nodes changed" in str(res.failed[0])
+    assert conns.transports() == {}
+    again = conns.connect(preset)
+    assert again.ok and sorted(conns.transports()) == [0, 1]
+    conns.close()
+
+
 def test_a_check_error_stops_the_launch_before_anything_starts(tmp_path):
     """The master port is taken: the checks say PORT_IN_USE (an error), the launch ends with a
     check Failure carrying it, and no run directory is made. force=True would go on."""
