@@ -6,6 +6,7 @@ ended and broken run directories."""
 import json
 import socket
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -55,18 +56,20 @@ def launch_expecting_no_start(req, conns) -> list:
 @pytest.mark.slow
 def test_a_local_launch_through_the_api_yields_its_steps_in_order_and_ends_ok(tmp_path):
     preset = demo(tmp_path, max_steps=3, logging_steps=1, save_strategy="no")
+    rid = f"api-launch-{uuid.uuid4().hex[:8]}"  # unique: run_processes looks for it in command lines
     conns = api.Connections()
+    la = None
     try:
-        events = list(api.launch(request(tmp_path, preset), conns))
+        events = list(api.launch(request(tmp_path, preset, run_id=rid), conns))
         kinds = [type(e).__name__ for e in events]
         assert kinds == ["Stage", "Connected", "Checked", "Planned", "Stage", "Started"], events
         assert [e.name for e in events if isinstance(e, api.Stage)] == ["connect", "launch"]
         assert events[1].labels == {0: preset.cluster.nodes[0].label, 1: preset.cluster.nodes[1].label}
         assert events[2].result.errors == [] and events[2].result.facts.master_port_free is True
         plan = events[3].plan
-        assert plan.run_id == "r1" and [c.argv[0] for c in plan.nodes] == [sys.executable] * 2
+        assert plan.run_id == rid and [c.argv[0] for c in plan.nodes] == [sys.executable] * 2
         la = events[-1].launcher
-        assert la.run_dir.path == tmp_path / "runs" / "r1" and la.plan is plan
+        assert la.run_dir.path == tmp_path / "runs" / rid and la.plan is plan
 
         follow = list(api.follow(la, interval=0.5, max_seconds=300, log_rank=lambda: 0))
         assert isinstance(follow[-1], api.Ended) and all(isinstance(e, api.Snapshot) for e in follow[:-1])
@@ -78,8 +81,10 @@ def test_a_local_launch_through_the_api_yields_its_steps_in_order_and_ends_ok(tm
         state = json.loads((la.run_dir.path / "state.json").read_text())
         assert state["status"] == "ok"
         assert (la.run_dir.path / "preset.yaml").stat().st_mode & 0o777 == 0o600
-        assert run_processes("r1") == []
+        assert run_processes(rid) == []
     finally:
+        if la is not None and la.poll() is None:  # a failed assertion must not leave the job running
+            la.stop_all()
         conns.close()
 
 
@@ -156,3 +161,45 @@ def test_attach_says_when_a_run_has_ended_or_its_directory_is_broken(tmp_path):
     (rd.path / "plan.json").write_text("{not json")
     (f,) = list(api.attach(rd.path, api.Connections()))
     assert isinstance(f, api.Failure) and f.stage == "attach" and "plan.json: not valid JSON" in f.cause
+
+
+@pytest.mark.slow
+def test_attach_finds_a_running_job_again_and_stop_ends_it_on_every_node(tmp_path):
+    """A second face (new Connections) attaches to a job the first one started, follows it
+    until it has trained a step, and stops it: the outcome is recorded as stopped and no
+    process of the run is left."""
+    preset = demo(tmp_path, max_steps=100000, logging_steps=1, save_strategy="no")
+    rid = f"api-attach-{uuid.uuid4().hex[:8]}"
+    first = api.Connections()
+    started = launch_until_started(request(tmp_path, preset, run_id=rid), first)
+    la = started[-1].launcher
+    second = api.Connections()
+    try:
+        seen = []
+        events = list(api.attach(la.run_dir.path, second, on_preset=seen.append))
+        assert [type(e).__name__ for e in events] == ["Stage", "Connected", "Stage", "Started"], events
+        assert [e.name for e in events if isinstance(e, api.Stage)] == ["connect", "attach"]
+        assert seen and seen[0].cluster.nodes == preset.cluster.nodes
+        again = events[-1].launcher
+        assert again is not la and again.plan.run_id == rid and again.refusals() == {}
+        for snap in api.follow(again, interval=0.5, max_seconds=240):
+            if isinstance(snap, api.Ended):
+                pytest.fail(f"the run ended by itself: {snap.outcome.message}")
+            if snap.progress.steps:
+                break
+        res = api.stop(again)
+        assert not res.already_ended and res.left == [] and res.outcome.status == "stopped"
+        assert json.loads((la.run_dir.path / "state.json").read_text())["status"] == "stopped"
+        assert run_processes(rid) == []
+        assert list(api.attach(la.run_dir.path, second)) == [api.AlreadyEnded(rid, "stopped", res.outcome.message)]
+    finally:
+        if la.poll() is None:
+            la.stop_all()
+        first.close()
+        second.close()
+
+
+def launch_until_started(req, conns) -> list:
+    events = list(api.launch(req, conns))
+    assert isinstance(events[-1], api.Started), events
+    return events
