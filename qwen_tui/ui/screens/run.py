@@ -62,8 +62,9 @@ class RunScreen(StepScreen):
 
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
-        if self.launcher is not None and self.state.run_status == "running":
-            self.notify("already running", severity="warning")
+        if self.state.run_status == "starting" or (self.launcher is not None and self.state.run_status == "running"):
+            # a second launch would cancel the first one's worker and leave its job unfollowed
+            self.notify("already " + self.state.run_status, severity="warning")
             return
         self.launch(force=False)
 
