@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Optional
 
-from pydantic import BaseModel
-
 from .estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
 from .facts import ClusterFacts, NodeFacts
 from .modelspec import ModelSpec, UnknownModel, resolve_model
@@ -59,22 +57,7 @@ def apply_fix(preset: Preset, fix: Fix) -> Preset:
     Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's
     `python` that the preset never gave must stay unset, or the plan runs "python3" there
     instead of qwen-tui's own interpreter."""
-    data = preset.model_dump(mode="python", exclude_unset=True)
-    for path, value in fix.changes.items():
-        parts = [int(p) if p.isdigit() else p for p in path.split(".")]
-        obj: Any = preset  # the path must name a field of the model, set or not
-        for p in parts:
-            if isinstance(p, int):
-                obj = obj[p]
-            elif isinstance(obj, BaseModel) and p in type(obj).model_fields:
-                obj = getattr(obj, p)
-            else:
-                raise KeyError(f"{path}: no such preset field")
-        cur: Any = data
-        for p in parts[:-1]:
-            cur = cur[p] if isinstance(p, int) else cur.setdefault(p, {})
-        cur[parts[-1]] = value
-    return Preset.model_validate(data)
+    return preset.with_changes(fix.changes)  # the one edit by dotted path (Preset.with_changes)
 
 
 # ---------------------------------------------------------------- what the rules look at

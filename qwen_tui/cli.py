@@ -34,7 +34,7 @@ def _load(path: str) -> Preset:
 # ------------------------------------------------------------------ commands
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .run.session import prepare_and_launch
+    from .run.live import prepare_and_launch
 
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
@@ -42,7 +42,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .run.session import prepare_and_launch
+    from .run.live import prepare_and_launch
 
     if not DEMO_PRESET.exists():
         _err(f"the demo preset {DEMO_PRESET} is missing: reinstall qwen-tui (pip install qwen-tui) or run from "
@@ -61,7 +61,7 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from .run.runs import RunNotFound, resolve_run
-    from .run.session import attach
+    from .run.live import attach
 
     try:
         path = resolve_run(args.run, _runs_root(args))

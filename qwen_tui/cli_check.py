@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.checks import COLUMNS, add_rehearsal, run_checks
+    from qwen_tui.nodes.checks import COLUMNS, run_checks
+    from qwen_tui.run.rehearsal import add_rehearsal
     from qwen_tui.nodes.connect import close_all, connect_all
     from qwen_tui.preset import load_preset
 

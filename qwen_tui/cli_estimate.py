@@ -10,13 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Optional
+from typing import Any
 
-from .advice import CKPT_OFF_HEADROOM, advise, make_context
-from .estimate import (
-    FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS, RunShape, effective_efficiency, estimate_memory, max_micro_batch,
-    scaling,
-)
+from .estimate import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS
+from .estimate_report import build_report
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -52,66 +49,6 @@ def _gpu_name(text: str) -> str:
 def _yaml(v: Any) -> str:
     """A fix's value as the preset file spells it (null, true, 'none')."""
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
-
-
-def _r(x: Optional[float], n: int = 3) -> Optional[float]:
-    return None if x is None else round(x, n)
-
-
-def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = None,
-                 gpu_memory_gib: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
-                 efficiency: Optional[float] = None, max_nodes: Optional[int] = None,
-                 base_dir: Optional[str] = None) -> dict[str, Any]:
-    """The estimate as plain data (what --json prints)."""
-    c = make_context(preset, facts, gpu=gpu, gpu_memory_gib=gpu_memory_gib, bandwidth_gbps=bandwidth_gbps,
-                     efficiency=efficiency, base_dir=base_dir)
-    advice = advise(preset, facts, spec=c.spec, gpu=c.gpu, gpu_memory_gib=c.gpu_memory_gib,
-                    bandwidth_gbps=c.bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
-    t, w = preset.training, preset.world_size
-    report: dict[str, Any] = {
-        "model": None, "error": None,
-        "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
-                "source": c.gpu_memory_where or None},
-        "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps, "cpu": c.cpu,
-        "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency)),
-        "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
-        "step": None, "scaling_efficiency": [],
-        "recommended": {"micro_batch": None, "gradient_checkpointing": None},
-        "advice": [a.to_dict() for a in advice],
-    }
-    if c.spec is None:
-        report["error"] = c.spec_error
-        return report
-    spec = c.spec
-    report["model"] = {"name": t.model, "params": spec.total_params,
-                       "trainable_params": spec.total_params if t.method == "full"
-                       else spec.lora_params(t.lora_r, t.lora_target_modules)}
-    mem = estimate_memory(spec, t, w)
-    report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
-    if c.cpu:
-        # The step-time model is one of GPU FLOPs and links: for CPU processes its figures would be fiction.
-        return report
-    g = max(n.gpus for n in preset.cluster.nodes)
-    kw = c.step_kwargs()
-    n_max = max_nodes or max(4, len(preset.cluster.nodes))
-    points = scaling(spec, t, n_max, g, c.bandwidth_gbps, **kw)
-    from .estimate import estimate_step
-
-    step = estimate_step(spec, t, len(preset.cluster.nodes), g, c.bandwidth_gbps, **kw)
-    report["step"] = {k: (_r(v, 4) if isinstance(v, float) else v) for k, v in step.to_dict().items()}
-    report["step_time_s"] = _r(step.step_time_s)
-    report["tokens_per_second"] = round(step.tokens_per_second, 1)
-    report["tokens_per_step"] = step.tokens_per_step
-    report["scaling_efficiency"] = [{k: (_r(v) if isinstance(v, float) else v) for k, v in p.to_dict().items()}
-                                    for p in points]
-    if c.gpu_memory_gib and not c.cpu:
-        off = estimate_memory(spec, t, w, gradient_checkpointing=False)
-        ckpt = not off.total <= CKPT_OFF_HEADROOM * c.gpu_memory_gib
-        report["recommended"] = {
-            "micro_batch": max_micro_batch(spec, t, w, c.gpu_memory_gib, gradient_checkpointing=ckpt) or None,
-            "gradient_checkpointing": ckpt,
-        }
-    return report
 
 
 def _print_human(report: dict[str, Any], preset_path: str) -> None:

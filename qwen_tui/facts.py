@@ -99,6 +99,18 @@ class ClusterFacts:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def merged(self, new: "ClusterFacts") -> "ClusterFacts":
+        """A copy of these facts updated with what `new` learned; what `new` did not look at (None,
+        a node or link it has no entry for) keeps what these knew, e.g. the probe across a port check."""
+        out = ClusterFacts.from_dict(self.to_dict())
+        out.nodes.update(new.nodes)
+        out.links.update(new.links)
+        for k in ("master_port_free", "shared_storage", "rehearsal_ok", "rehearsal_bandwidth_gbps"):
+            v = getattr(new, k)
+            if v is not None:
+                setattr(out, k, v)
+        return out
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ClusterFacts":
         def node(x: dict[str, Any]) -> NodeFacts:

@@ -185,13 +185,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
                         ddp_timeout=preset.network.nccl_timeout)
     t = preset.training
     ebs = preset.effective_batch_size
-    gpus = [n.gpus for n in nodes]
-    per_node = str(gpus[0]) if len(set(gpus)) == 1 else "(" + "+".join(map(str, gpus)) + ")/nodes"
-    formula = (f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
-               f" x {per_node} GPUs per node x {len(nodes)} nodes = {ebs}")
-    if len(set(gpus)) != 1:
-        formula = (f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
-                   f" x {preset.world_size} GPUs in all = {ebs}")
+    formula = preset.batch_formula
 
     cmds = []
     # Several local "nodes" on one GPU host each get their own GPUs, in node order.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -200,11 +201,78 @@ class Preset(_Strict):
         return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world_size
 
     @property
+    def batch_formula(self) -> str:
+        """How the effective batch size comes about, as the review, the plan and the exports print it."""
+        t, nodes = self.training, self.cluster.nodes
+        gpus = [n.gpus for n in nodes]
+        head = f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
+        if len(set(gpus)) != 1:
+            return f"{head} x {self.world_size} GPUs in all = {self.effective_batch_size}"
+        return f"{head} x {gpus[0]} GPUs per node x {len(nodes)} nodes = {self.effective_batch_size}"
+
+    @property
     def master_addr(self) -> str:
         if self.network.master_addr:
             return self.network.master_addr
         host = self.cluster.nodes[0].host
         return "127.0.0.1" if host == "localhost" else host
+
+    # Edits by dotted path: the wizard's fields and the advice fixes both change a preset this way.
+    def get_path(self, path: str) -> Any:
+        """The value at a dotted path (`training.zero_stage`, `cluster.nodes.1.gpus`).
+        Raises KeyError for a path that names no field, IndexError for a node that is not there."""
+        cur: Any = self
+        for p in path.split("."):
+            if isinstance(cur, list):
+                if not p.isdigit():
+                    raise KeyError(f"{path}: {p!r} is not a list index")
+                cur = cur[int(p)]
+            elif isinstance(cur, BaseModel) and p in type(cur).model_fields:
+                cur = getattr(cur, p)
+            else:
+                raise KeyError(f"{path}: no such preset field")
+        return cur
+
+    def with_changes(self, changes: dict[str, Any]) -> "Preset":
+        """A new, validated Preset with `changes` ({"training.zero_stage": 3, "cluster.nodes": [...]})
+        applied; this one is left as it was.
+
+        Raises KeyError when a path names no field, and PresetError whose `field_errors` name the
+        dotted path of each problem (so a form shows it next to its input) when a value is refused.
+        Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's `python`
+        that the preset never gave must stay unset, or the plan runs "python3" there instead of
+        qwen-tui's own interpreter (issue 18, bug 2)."""
+        import copy
+
+        data = self.model_dump(mode="python", exclude_unset=True)
+        for path, value in changes.items():
+            self.get_path(path)  # the path must name a field of the model, set or not
+            parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+            cur: Any = data
+            for p in parts[:-1]:
+                cur = cur[p] if isinstance(p, int) else cur.setdefault(p, {})
+            cur[parts[-1]] = copy.deepcopy(value)
+        try:
+            return Preset.model_validate(data)
+        except ValidationError as e:
+            errs = []
+            for err in e.errors():
+                loc = ".".join(str(x) for x in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                if not loc and ": " in msg:  # model-level validators carry the path in the message
+                    loc, _, msg = msg.partition(": ")
+                errs.append(FieldError(loc, msg))
+            pe = PresetError([f"{fe.path}: {fe.message}" for fe in errs])
+            pe.field_errors = errs  # type: ignore[attr-defined]
+            raise pe from None
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One refused value of an edit: its dotted path and why."""
+
+    path: str  # dotted, e.g. "training.learning_rate"
+    message: str
 
 
 # ---------------------------------------------------------------- loading

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, worst
+from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.transport import Transport
@@ -207,7 +207,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
     checked: dict[int, set] = {i: set() for i in range(len(nodes))}
     for i, e in (connect_errors or {}).items():
         facts.nodes[i] = NodeFacts(error=str(e))
-        rep.findings.append(Finding(ERROR, "UNREACHABLE", str(e), _connect_fix(e), i, "ssh"))
+        rep.findings.append(Finding(ERROR, "UNREACHABLE", str(e), connect_fix(e), i, "ssh"))
         for c in COLUMNS[1:]:
             rep.not_checked[(i, c)] = "the node is unreachable"
     for i in transports:
@@ -270,6 +270,12 @@ NETWORK_CHECKS: dict[str, tuple[str, ...]] = {
 }
 
 
+def replace_findings(old: list[Finding], new: list[Finding], which: str) -> list[Finding]:
+    """The findings after network check `which` ran again: its columns' old findings go, its new ones come."""
+    cols = set(NETWORK_CHECKS.get(which, ())) | {f.check for f in new if f.check}
+    return [f for f in old if f.check not in cols] + list(new)
+
+
 def run_network_check(preset: Preset, transports: dict[int, Transport], which: str, facts: ClusterFacts, *,
                       bandwidth_seconds: float = 2.0, warn_below_gbps: float = 10.0
                       ) -> tuple[ClusterFacts, list[Finding]]:
@@ -323,41 +329,6 @@ def run_network_check(preset: Preset, transports: dict[int, Transport], which: s
     else:
         findings += check_firewalls(preset, transports, out)
     return out, findings
-
-
-def _connect_fix(e: BaseException) -> str:
-    name = type(e).__name__
-    if name == "UnknownHostKey":
-        return "verify the fingerprint, then rerun with --accept-new-host-keys"
-    if name == "ChangedHostKey":
-        return "find out why the key changed before removing the old known_hosts entry"
-    if name == "AuthFailed":
-        return "set up keys: qwen-tui keys PRESET (asks the password once)"
-    return "check the host name, port and that sshd runs (ssh -v HOST)"
-
-
-def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckReport,
-                  *, local_python: Optional[str] = None) -> None:
-    """Run the rehearsal (rendezvous + all-reduce with the plan's own settings) and
-    put its verdict into the report. Only worth it once every node answered and the
-    other checks passed."""
-    import os
-
-    from ..plan import make_plan
-    from .rehearsal import rehearse
-
-    plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
-                     local_python=local_python)
-    r = rehearse(plan, transports, pythons={c.rank: c.argv[0] for c in plan.nodes}, facts=rep.facts,
-                 deadline_s=preset.network.rdzv_timeout + 30)
-    for i in range(len(preset.cluster.nodes)):
-        rep._checked.setdefault(i, set()).add("rehearsal")
-    if r.ok:
-        rep.findings.append(Finding(INFO, "REHEARSAL", r.message, "", 0, "rehearsal"))
-    else:
-        tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
-        rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
-                                    r.diagnosis.fix if r.diagnosis else "", r.failed_node, "rehearsal"))
 
 
 def gather_facts(preset: Preset, transports: dict[int, Transport]) -> ClusterFacts:

@@ -140,11 +140,15 @@ def connect_all(preset: Preset, *, accept_new_host_keys: Consent = False,
                 password: Optional[str] = None, timeout: Optional[float] = None) -> NodeResults:
     """Connect to every node in parallel: node index -> Transport | exception."""
     nodes = preset.cluster.nodes
-    # TCP + banner + auth, once for the node and once for each ProxyJump hop in front of it
-    bound = timeout or preset.cluster.connect_timeout * 3 * (1 + _most_hops(preset)) + 5
     return on_nodes(lambda i: transport_for(nodes[i], preset, accept_new_host_keys=accept_new_host_keys,
                                             password=password),
-                    range(len(nodes)), timeout=bound, labels={i: n.label for i, n in enumerate(nodes)})
+                    range(len(nodes)), timeout=timeout or connect_bound(preset), labels={i: n.label for i, n in enumerate(nodes)})
+
+
+def connect_bound(preset: Preset) -> float:
+    """How long connecting every node (in parallel) may take: TCP + banner + auth, once for the
+    node and once for each ProxyJump hop in front of it."""
+    return preset.cluster.connect_timeout * 3 * (1 + _most_hops(preset)) + 5
 
 
 def _most_hops(preset: Preset) -> int:

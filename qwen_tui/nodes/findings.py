@@ -27,3 +27,15 @@ class Finding:
 def worst(levels) -> Optional[str]:
     levels = list(levels)
     return max(levels, key=lambda x: _RANK[x]) if levels else None
+
+
+def connect_fix(e: BaseException) -> str:
+    """What to do about a node that could not be connected (the checks' and the launch's advice)."""
+    name = type(e).__name__
+    if name == "UnknownHostKey":
+        return "verify the fingerprint, then rerun with --accept-new-host-keys"
+    if name == "ChangedHostKey":
+        return "find out why the key changed before removing the old known_hosts entry"
+    if name == "AuthFailed":
+        return "set up keys: qwen-tui keys PRESET (asks the password once)"
+    return "check the host name, port and that sshd runs (ssh -v HOST)"

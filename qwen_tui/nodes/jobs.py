@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Protocol, Sequence
 
-JOB_MARK = "QWEN_TUI_JOB_PGID"
-RUN_MARK = "QWEN_TUI_RUN_ID"
+from ..shell import JOB_MARK, RUN_MARK  # the marks live with the job wrapper that sets them
+
 MARKS = (JOB_MARK, RUN_MARK)
 
 

@@ -27,7 +27,8 @@ import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
 from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, Proc, env_script, parse_marks, parse_stat
-from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet, job_argv, quote_argv
+from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
+from qwen_tui.shell import job_argv, quote_argv
 
 # Runs argv in a directory without a shell seeing the directory's name.
 _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'

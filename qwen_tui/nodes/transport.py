@@ -19,37 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
-from ..shell import quote_argv  # noqa: F401  (re-exported: the transports' users import it from here)
-from .jobs import JOB_MARK, RUN_MARK, Proc, local_kill, local_proc, local_procs
-
-# A detached job: run argv in `cwd`, output appended to `log`, exit code written to
-# `rcfile` when it ends. The job is its own session/process group. torchrun starts
-# every rank in a session of its own (start_new_session), so a signal to the group
-# misses the ranks once the agent is dead: every process of the job also carries
-# JOB_MARK=<pgid> and RUN_MARK=<run id> in its environment, and the stop finds them
-# by both (qwen_tui.nodes.jobs says which processes may be signalled).
-# The job's environment (which may hold secrets) never travels in argv: locally it
-# is the child's environment; over SSH it is a 0600 file ($4) that the job sources
-# and removes before it starts the command. The exit code goes through a temp file
-# created with noclobber (O_EXCL), so a planted link is never written through.
-# The log and exit-code files are made 0600 (umask 077); the command itself runs
-# with the umask it was given.
-JOB_SCRIPT = (
-    f'export {JOB_MARK}=$$; u=$(umask); umask 077; '
-    'cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; }; '
-    'log=$2; rcf=$3; envf=$4; shift 4; : >>"$log"; '
-    'if [ -n "$envf" ]; then . "$envf" || { echo "cannot read the job environment $envf" >>"$log"; '
-    'rm -f -- "$envf"; echo 96 >"$rcf"; exit 96; }; rm -f -- "$envf"; fi; '
-    'umask "$u"; "$@" >>"$log" 2>&1 </dev/null; rc=$?; umask 077; rm -f -- "$rcf.tmp"; '
-    '(set -C; echo "$rc" >"$rcf.tmp") && mv -f -- "$rcf.tmp" "$rcf"'
-)
-
-
-def job_argv(argv: Sequence[str], cwd: str, log: str, rcfile: str, *, envfile: str = "",
-             run_id: str = "") -> list[str]:
-    """argv that runs `argv` as a job (JOB_SCRIPT); the leader carries RUN_MARK from its exec."""
-    return ["env", f"{RUN_MARK}={run_id}", "sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, envfile, *argv]
-
+from ..shell import JOB_MARK, RUN_MARK, job_argv, quote_argv  # noqa: F401  (quote_argv: re-exported)
+from .jobs import Proc, local_kill, local_proc, local_procs
 
 def check_stream_quiet(label: str, argv: Sequence[str], now: float, started: float, last: float, got_line: bool,
                        timeout_first_line: float, idle_timeout: Optional[float]) -> None:

@@ -231,23 +231,33 @@ class Launcher:
                                  nodes={str(r): {"status": s.status, "rc": s.rc, "error": s.error}
                                         for r, s in out.nodes.items()})
 
+    def step(self, *, deadline: Optional[float] = None, max_seconds: Optional[float] = None) -> Optional[RunOutcome]:
+        """One look at the run: its outcome once it has ended, else None. A requested stop ends it
+        (every node stopped, recorded), and so does time.monotonic() passing `deadline` (the run's
+        `max_seconds`, named in the message). What wait() and run.api.follow() repeat."""
+        if self._stop_requested.is_set():
+            return self.stop_and_record()[0]
+        out = self.poll()
+        if out is None and deadline is not None and time.monotonic() > deadline:
+            self.stop_all()
+            out = RunOutcome("failed", f"run did not finish within {max_seconds:g}s", None, self.nodes)
+            self._record(out)
+        return out
+
+    def pause(self, seconds: float) -> None:
+        """Sleep between looks; a stop request wakes it at once."""
+        self._stop_requested.wait(seconds)
+
     def wait(self, *, interval: float = 0.5, on_update: Optional[Callable[["Launcher"], None]] = None,
              max_seconds: Optional[float] = None) -> RunOutcome:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while True:
-            if self._stop_requested.is_set():
-                return self.stop_and_record()[0]
-            out = self.poll()
+            out = self.step(deadline=deadline, max_seconds=max_seconds)
             if on_update:
                 on_update(self)
             if out is not None:
                 return out
-            if deadline is not None and time.monotonic() > deadline:
-                self.stop_all()
-                out = RunOutcome("failed", f"run did not finish within {max_seconds:g}s", None, self.nodes)
-                self._record(out)
-                return out
-            self._stop_requested.wait(interval)
+            self.pause(interval)
 
     def request_stop(self) -> None:
         """Thread-safe: make wait() stop every node and return."""

@@ -1,18 +1,28 @@
-"""The headless face of a run: a rich live view of node states and the master's
-loss, used by `qwen-tui replay` and `qwen-tui attach`."""
+"""The headless face of a run, drawn with rich: `qwen-tui replay`, `demo` and `attach`.
+It calls the launch API (run/api.py) and prints what it yields: the stages, the checks'
+table, the plan, a live view of node states and the master's loss, the outcome."""
 
 from __future__ import annotations
 
+import os
 import signal
-from typing import Optional
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..plan import LaunchPlan
+from ..preset import load_preset
+from ..redact import printable, shown_env
+from . import api
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
+from .rundir import default_runs_root, new_run_id
 
 _STYLE = {"running": "cyan", "ok": "green", "failed": "bold red", "lost": "bold red", "stopped": "yellow"}
 _BARS = "▁▂▃▄▅▆▇█"
@@ -62,7 +72,7 @@ def render(la: Launcher) -> Group:
 
 def follow(la: Launcher, console: Optional[Console] = None, *, interval: float = 0.5,
            max_seconds: Optional[float] = None) -> RunOutcome:
-    """Watch until the run ends. Ctrl-C or SIGTERM stops every node of the run."""
+    """Watch until the run ends (api.follow). Ctrl-C or SIGTERM stops every node of the run."""
     console = console or Console()
 
     def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -70,14 +80,18 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
 
     old_int = signal.signal(signal.SIGINT, _on_signal)
     old_term = signal.signal(signal.SIGTERM, _on_signal)
+    out: Optional[RunOutcome] = None
     try:
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
-            out = la.wait(interval=interval, on_update=lambda l: live.update(render(l)), max_seconds=max_seconds)
-            live.update(render(la))
+            for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
+                live.update(render(la))
+                if isinstance(ev, api.Ended):
+                    out = ev.outcome
         console.print()
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+    assert out is not None  # follow() ends with Ended unless cancelled, and nothing cancels it here
     style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
     console.print(Text(out.message, style=style))
     if out.failed_rank is not None:
@@ -92,3 +106,109 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
         console.print(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
     return out
+
+
+# ---------------------------------------------------------------- replay / demo / attach
+
+def print_plan(plan: LaunchPlan, console: Console) -> None:
+    console.print(f"[bold]plan {plan.run_id}[/]: {plan.nnodes} nodes, world size {plan.world_size}, "
+                  f"backend {plan.backend}, master {plan.master_addr}:{plan.master_port}")
+    console.print(f"effective batch size: {plan.batch_formula}")
+    for c in plan.nodes:
+        console.rule(escape(f"node {c.rank}: {c.label}" + (" (local)" if c.local else "")))
+        for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
+            console.print(f"  {k}={v}", markup=False, highlight=False)
+        console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
+
+
+def print_advice(advice: Iterable, console: Console) -> None:
+    advice = list(advice)
+    if not advice:
+        console.print("[green]checks: nothing to warn about[/]")
+        return
+    t = Table(title="checks and advice")
+    for col in ("level", "code", "message", "fix"):
+        t.add_column(col)
+    colours = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+    for a in advice:
+        fix = getattr(a.fix, "label", a.fix) if a.fix else ""
+        # Text, not markup: messages carry user values (paths, hosts); control characters escaped
+        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, Text(printable(a.message)),
+                  Text(printable(str(fix or ""))))
+    console.print(t)
+
+
+def print_failure(f: api.Failure, console: Console) -> None:
+    for line in f.cause.splitlines():  # one line at a time: each line's control characters escaped
+        console.print(Text(printable(line), style="bold red"))
+    if f.fix:
+        console.print(Text("fix: " + printable(f.fix), style="yellow"))
+
+
+def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
+                       force: bool, skip_checks: bool, max_seconds: Optional[float]) -> int:
+    """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view."""
+    console = Console(stderr=False)
+    preset = load_preset(preset_path)
+    root = Path(runs_root).absolute() if runs_root else default_runs_root()
+    req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
+                            local_python=sys.executable, force=force, skip_checks=skip_checks,
+                            consent=accept_new_host_keys)
+    if dry_run:
+        print_plan(api.plan(preset, run_id=req.run_id, root=root, base_dir=req.base_dir,
+                            local_python=req.local_python), console)
+        return 0
+    conns = api.Connections()
+    try:
+        la = None
+        for ev in api.launch(req, conns):
+            if isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal"):
+                console.print(ev.text)
+            elif isinstance(ev, api.Checked):
+                print_advice(ev.result.items, console)
+            elif isinstance(ev, api.Planned):
+                print_plan(ev.plan, console)
+            elif isinstance(ev, api.Failure):
+                print_failure(ev, console)
+                return 1
+            elif isinstance(ev, api.Started):
+                la = ev.launcher
+        assert la is not None  # launch() ends with Started or a Failure
+        console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
+        return follow(la, console, max_seconds=max_seconds).exit_code
+    finally:
+        conns.close()
+
+
+def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
+    """`qwen-tui attach`: follow (or stop) a run from its run directory. Never signals a process
+    that does not prove it is this run's job, and never signals a run that has ended."""
+    console = Console()
+    conns = api.Connections()
+    try:
+        for ev in api.attach(Path(run_dir), conns, consent=accept_new_host_keys):
+            if isinstance(ev, api.AlreadyEnded):
+                what = "nothing to stop" if stop else "nothing to follow"
+                console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
+                              markup=False, highlight=False)
+                return 0 if stop else api.FINAL[ev.status]
+            if isinstance(ev, api.Failure):
+                print_failure(ev, console)
+                return 2 if ev.stage == "attach" and not ev.nodes else 1
+            if isinstance(ev, api.Started):
+                la = ev.launcher
+                if not stop:
+                    return follow(la, console).exit_code
+                res = api.stop(la)
+                if res.already_ended:
+                    console.print(f"run {la.plan.run_id} already ended ({res.outcome.status}): "
+                                  f"{res.outcome.message}; nothing to stop", markup=False, highlight=False)
+                    return 0
+                if res.left:
+                    console.print(f"[bold red]processes left on node(s) {res.left}[/]")
+                    return 1
+                console.print(res.outcome.message)
+                return 0
+        raise AssertionError("attach() ended without a result")  # it always ends with one of the above
+    finally:
+        conns.close()

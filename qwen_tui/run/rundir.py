@@ -145,3 +145,17 @@ class RunDir:
         if not isinstance(data, dict):
             raise RunDirError(f"{self.path / 'state.json'}: a JSON object is needed, got {type(data).__name__}")
         return data
+
+
+def find_running(root: Path) -> Optional[RunDir]:
+    """The newest run directory under `root` whose state says running (what the wizard re-attaches to)."""
+    if not root.is_dir():
+        return None
+    for d in sorted(root.iterdir(), reverse=True):
+        rd = RunDir(d)
+        try:
+            if (d / "plan.json").exists() and rd.read_state().get("status") == "running":
+                return rd
+        except RunDirError:
+            continue  # a corrupt run directory is not one to re-attach to
+    return None

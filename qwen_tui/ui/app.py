@@ -1,6 +1,7 @@
-"""The wizard's App: wiring only. It owns the one in-memory Preset (+ ClusterFacts),
-applies the changes screens ask for through pydantic, and switches between steps.
-Each step lives in its own file under screens/."""
+"""The wizard's App: wiring only. It owns the wizard's state (qwen_tui.wizard_state: the
+one in-memory Preset, its facts and connections), applies the changes screens ask for
+through Preset.with_changes, and switches between steps. Each step lives in its own
+file under screens/."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from textual.worker import Worker
 
 from ..facts import ClusterFacts
 from ..preset import Preset, PresetError, load_preset, save_preset
-from . import core
+from ..run.api import CONSENT_WAIT_S
+from ..wizard_state import STEPS, TITLES, WizardState, new_preset
 from .messages import ChangePreset, StateChanged
 from .modals import Confirm, Form, Notice, host_key_question
-from .state import STEPS, TITLES, WizardState, new_preset
 
 
 def _screens() -> dict[str, Any]:
@@ -65,7 +66,6 @@ class WizardApp(App[int]):
         self.base_dir = base_dir or os.getcwd()  # relative local workdirs resolve against it
         # Local nodes without a python of their own run this one: Review shows it, launch uses it.
         self.local_python = local_python or sys.executable
-        self.transports: dict[int, Any] = {}
         self.password: Optional[str] = None  # asked once in the SSH step; memory only
 
     # ---------------------------------------------------------------- start
@@ -79,8 +79,7 @@ class WizardApp(App[int]):
             self.call_after_refresh(self._reattach_if_running)
 
     def _reattach_if_running(self) -> None:
-        from ..run.rundir import default_runs_root
-        from .screens.run import find_running
+        from ..run.rundir import default_runs_root, find_running
 
         rd = find_running(self.runs_root or default_runs_root())
         if rd is not None:
@@ -91,8 +90,8 @@ class WizardApp(App[int]):
     # ---------------------------------------------------------------- state
     def on_change_preset(self, msg: ChangePreset) -> None:
         try:
-            new = core.with_changes(self.state.preset, msg.changes)
-        except PresetError as e:
+            new = self.state.preset.with_changes(msg.changes)
+        except (PresetError, KeyError, IndexError) as e:
             screen = self.screen
             if hasattr(screen, "show_field_errors"):
                 screen.show_field_errors(getattr(e, "field_errors", []), msg.changes)
@@ -120,43 +119,11 @@ class WizardApp(App[int]):
 
     def forget_connections(self) -> None:
         """Nodes changed: connections and per-node checks no longer describe them."""
-        for t in self.transports.values():
-            t.close()
-        self.transports.clear()
+        self.state.conns.close()
         self.state.nodes.clear()
         self.state.facts = ClusterFacts(links={}, master_port_free=self.state.facts.master_port_free)
 
     # ---------------------------------------------------------------- connections (worker threads)
-    def connect(self, indices: Optional[list[int]] = None, on_progress=None) -> dict[int, Any]:
-        """Connect the nodes not yet connected; node -> Transport | exception. Called from a worker.
-        A new host key is accepted only if the person says yes in a modal."""
-        from ..nodes.transport import LocalTransport
-
-        p = self.state.preset
-        asked = list(indices if indices is not None else range(len(p.cluster.nodes)))
-        want = [i for i in asked if i not in self.transports]
-        out: dict[int, Any] = {i: self.transports[i] for i in asked if i in self.transports}
-
-        def one(i: int) -> Any:
-            node = p.cluster.nodes[i]
-            if on_progress:
-                on_progress(i, "connecting")
-            if node.is_local:
-                return LocalTransport(node.label)
-            from ..nodes.connect import transport_for
-
-            return transport_for(node, p, accept_new_host_keys=self.ask_host_key, password=self.password)
-
-        with cf.ThreadPoolExecutor(max_workers=max(1, len(want))) as ex:
-            futs = {i: ex.submit(one, i) for i in want}
-            for i, f in futs.items():
-                try:
-                    out[i] = f.result()
-                    self.transports[i] = out[i]
-                except Exception as e:  # per node: every node gets its own row
-                    out[i] = e
-        return out
-
     def ask_host_key(self, label: str, host: str, key: Any) -> bool:
         """Consent callback for a new host key, called on a connecting thread: shows a
         modal on the UI thread and waits (bounded) for the answer."""
@@ -166,7 +133,7 @@ class WizardApp(App[int]):
         q = host_key_question(label, host, key.get_name(), fingerprint(key))
         self.call_from_thread(self.push_screen, q, answer.set_result)
         try:
-            return bool(answer.result(timeout=300))
+            return bool(answer.result(timeout=CONSENT_WAIT_S))
         except cf.TimeoutError:
             return False
 
@@ -238,8 +205,7 @@ class WizardApp(App[int]):
         mon = getattr(self.get_screen("run"), "monitor", None) if "run" in self._installed_screens else None
         if mon is not None:
             mon.stop()
-        for t in self.transports.values():
-            t.close()
+        self.state.conns.close()
 
 
 def run_app(preset_path: Optional[str] = None) -> int:

@@ -1,20 +1,21 @@
-"""Messages between the screens, their workers and the App. Workers never touch
-widgets: they post one of these and the handler (on the UI thread) updates."""
+"""Messages between the screens, their workers and the App, as dataclasses (typed fields,
+the way Textual lets them be). Workers never touch widgets: they post one of these and the
+handler (on the UI thread) updates."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from textual.message import Message
 
 
+@dataclass(eq=False)  # a message is itself, not its fields (as textual.Message is)
 class ChangePreset(Message):
     """A screen asks the App to change the preset: {"training.zero_stage": 3, ...}."""
 
-    def __init__(self, changes: dict[str, Any], *, note: Optional[str] = None) -> None:
-        super().__init__()
-        self.changes = changes
-        self.note = note
+    changes: dict[str, Any]
+    note: Optional[str] = field(default=None, kw_only=True)
 
 
 class StateChanged(Message):
@@ -24,43 +25,63 @@ class StateChanged(Message):
         return isinstance(message, StateChanged)
 
 
+@dataclass(eq=False)
 class NodeProgress(Message):
     """One node's step in a parallel action (probe, connect, key install, net check)."""
 
-    def __init__(self, action: str, index: int, status: str, *, facts: Any = None, error: Optional[str] = None) -> None:
-        super().__init__()
-        self.action, self.index, self.status, self.facts, self.error = action, index, status, facts, error
+    action: str
+    index: int
+    status: str
+    facts: Any = field(default=None, kw_only=True)
+    error: Optional[str] = field(default=None, kw_only=True)
 
 
+@dataclass(eq=False)
 class ActionDone(Message):
-    def __init__(self, action: str, result: Any = None, error: Optional[str] = None) -> None:
-        super().__init__()
-        self.action, self.result, self.error = action, result, error
+    """A worker's action ended: its result, or the error to show."""
+
+    action: str
+    result: Any = None
+    error: Optional[str] = None
 
 
+@dataclass(eq=False)
 class GpuSampleMsg(Message):
     """A node's GPU/CPU sample. A newer sample of the same node replaces an unhandled one."""
 
-    def __init__(self, sample: Any) -> None:
-        super().__init__()
-        self.sample = sample
+    sample: Any
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GpuSampleMsg) and message.sample.rank == self.sample.rank
 
 
-class RunUpdate(Message):
-    """A snapshot of the run (node states, progress, the selected node's log tail). Coalesces."""
+@dataclass(eq=False)
+class LaunchEvent(Message):
+    """A step of the launch API (run.api: Stage, Connected, Checked, Planned, AlreadyEnded or
+    Failure), from a Run worker; the screen draws it."""
 
-    def __init__(self, snapshot: Any) -> None:
-        super().__init__()
-        self.snapshot = snapshot
+    event: Any
+
+
+@dataclass(eq=False)
+class RunStarted(Message):
+    """The job runs (launched, or found again by attach): the Launcher to follow and stop."""
+
+    launcher: Any
+
+
+@dataclass(eq=False)
+class RunUpdate(Message):
+    """A run.api.Snapshot of the run (node states, progress, the selected node's log tail). Coalesces."""
+
+    snapshot: Any
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunUpdate)
 
 
+@dataclass(eq=False)
 class RunEnded(Message):
-    def __init__(self, outcome: Any) -> None:
-        super().__init__()
-        self.outcome = outcome
+    """The run's outcome (run.launcher.RunOutcome)."""
+
+    outcome: Any

@@ -4,31 +4,28 @@ it without importing app.py (which opens the screens), so there is no import cir
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from textual.worker import Worker
 
 from ..preset import Preset
-from .state import WizardState
+from ..wizard_state import WizardState
 
 
 class Wizard(Protocol):
-    """WizardApp's side the screens call: its state, connections and notifications, and
-    the few App methods they reach through it."""
+    """WizardApp's side the screens call: its state (the connections are in it:
+    state.conns), host-key consent and notifications, and the few App methods they
+    reach through it."""
 
     state: WizardState
     runs_root: Optional[Path]
     base_dir: str
     local_python: str
-    transports: dict[int, Any]
     password: Optional[str]
 
     def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None: ...
 
     def facts_changed(self) -> None: ...
-
-    def connect(self, indices: Optional[list[int]] = None,
-                on_progress: Optional[Callable[..., Any]] = None) -> dict[int, Any]: ...
 
     def ask_host_key(self, label: str, host: str, key: Any) -> bool: ...
 

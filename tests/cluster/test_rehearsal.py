@@ -8,7 +8,7 @@ import pytest
 
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.rehearsal import rehearse
+from qwen_tui.run.rehearsal import rehearse
 from qwen_tui.plan import make_plan
 
 

@@ -54,7 +54,7 @@ def synthetic_progress(steps: int = 40, total: int = 60) -> TrainingProgress:
 
 async def show_synthetic_run(app: WizardApp) -> None:
     """Fill the Run screen as a running job would (no processes, no clock)."""
-    from qwen_tui.ui.screens.run import Snapshot
+    from qwen_tui.run.api import Snapshot
 
     run = app.get_screen("run")
     app.state.run_status = "running"

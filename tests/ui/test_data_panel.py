@@ -87,9 +87,8 @@ def test_an_edit_leaves_a_local_nodes_python_to_qwen_tui():
     qwen-tui's interpreter (the preview and the launch), not "python3" from the default."""
     from qwen_tui.plan import make_plan
     from qwen_tui.preset import load_preset
-    from qwen_tui.ui.core import with_changes
 
-    p = with_changes(load_preset(DEMO), {"training.model_max_length": 64, "network.nccl_timeout": 100})
+    p = load_preset(DEMO).with_changes({"training.model_max_length": 64, "network.nccl_timeout": 100})
     assert p.training.model_max_length == 64 and p.network.nccl_timeout == 100
     plan = make_plan(p, run_id="r", local_run_dir="/tmp/r", local_python="/venv/bin/python")
     assert plan.nodes[0].argv[0] == "/venv/bin/python"

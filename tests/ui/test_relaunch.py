@@ -73,7 +73,7 @@ async def test_a_failing_run_worker_opens_an_error_modal_with_the_cause(tmp_path
     monkeypatch.chdir(tmp_path)
     app = WizardApp(str(preset), runs_root=str(tmp_path / "runs"), reattach=False)
 
-    def broken_connect():
+    def broken_connect(*args, **kwargs):
         try:
             raise OSError("the socket said no")
         except OSError as e:
@@ -82,7 +82,7 @@ async def test_a_failing_run_worker_opens_an_error_modal_with_the_cause(tmp_path
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f6")
         await pilot.pause()
-        app.connect = broken_connect  # the one way to make the real worker raise without a network fault
+        app.state.conns.connect = broken_connect  # the one way to make the real worker raise without a network fault
         await pilot.press("l")
         await wait_until(pilot, lambda: isinstance(app.screen, Notice), 20, "the error modal")
         body = str(app.screen.query_one(".dialog-body", Static).render())

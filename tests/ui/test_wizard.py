@@ -160,7 +160,7 @@ async def test_a_failing_worker_becomes_an_error_modal_not_a_crash(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         def boom(*a, **k):
             raise RuntimeError("node exploded")
-        app.connect = boom  # the network worker's first call
+        app.state.conns.connect = boom  # the network worker's first call
         await pilot.press("f3")
         await pilot.press("r")
         await pilot.pause(0.5)
@@ -185,31 +185,37 @@ async def test_bad_preset_opens_with_the_errors_shown(tmp_path):
 
 
 def test_connect_returns_nodes_connected_earlier_too(tmp_path):
-    """A second connect() (a check run again) gets every node, not only new ones."""
+    """A second connect (a check run again) gets every node, not only new ones: the wizard's
+    connections live in its state (run.api.Connections), not in the App."""
     app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
-    first = app.connect()
-    n = len(app.state.preset.cluster.nodes)
-    assert sorted(first) == list(range(n))
-    again = app.connect()
+    conns, preset = app.state.conns, app.state.preset
+    first = conns.connect(preset)
+    n = len(preset.cluster.nodes)
+    assert sorted(first) == list(range(n)) and first.ok
+    again = conns.connect(preset)
     assert again == first and all(again[i] is first[i] for i in range(n))
-    assert sorted(app.connect([n - 1])) == [n - 1]
+    assert sorted(conns.connect(preset, [n - 1])) == [n - 1]
+    app.forget_connections()
+    assert conns.transports() == {}
 
 
 def test_one_network_check_replaces_only_its_own_findings():
-    from qwen_tui.ui import core
+    from qwen_tui.facts import ClusterFacts
+    from qwen_tui.nodes.checks import NETWORK_CHECKS, replace_findings, run_network_check
+    from qwen_tui.nodes.findings import Finding
 
-    assert set(core.network_checks()) == {"port", "firewall", "bandwidth"}
-    old = [core.Finding("warning", "LOW_BANDWIDTH", "slow", check="bandwidth"),
-           core.Finding("error", "MASTER_PORT_UNREACHABLE", "blocked", check="port"),
-           core.Finding("error", "HIGH_PORTS_BLOCKED", "blocked", check="nccl-ports"),
-           core.Finding("warning", "FIREWALL_RULES", "rules", check="firewall")]
-    new = [core.Finding("info", "BANDWIDTH", "fast", check="bandwidth")]
-    assert [f.code for f in core.replace_findings(old, new, "bandwidth")] == \
+    assert set(NETWORK_CHECKS) == {"port", "firewall", "bandwidth"}
+    old = [Finding("warning", "LOW_BANDWIDTH", "slow", check="bandwidth"),
+           Finding("error", "MASTER_PORT_UNREACHABLE", "blocked", check="port"),
+           Finding("error", "HIGH_PORTS_BLOCKED", "blocked", check="nccl-ports"),
+           Finding("warning", "FIREWALL_RULES", "rules", check="firewall")]
+    new = [Finding("info", "BANDWIDTH", "fast", check="bandwidth")]
+    assert [f.code for f in replace_findings(old, new, "bandwidth")] == \
         ["MASTER_PORT_UNREACHABLE", "HIGH_PORTS_BLOCKED", "FIREWALL_RULES", "BANDWIDTH"]
     # a port check that finds nothing clears both port columns
-    assert [f.code for f in core.replace_findings(old, [], "port")] == ["LOW_BANDWIDTH", "FIREWALL_RULES"]
+    assert [f.code for f in replace_findings(old, [], "port")] == ["LOW_BANDWIDTH", "FIREWALL_RULES"]
     with pytest.raises(ValueError):
-        core.network_check(load_preset(DEMO), {}, "rehearsal", core.ClusterFacts())
+        run_network_check(load_preset(DEMO), {}, "rehearsal", ClusterFacts())
 
 
 async def test_review_shows_the_python_launch_gives_local_nodes(tmp_path):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 CORE = ["qwen_tui.preset", "qwen_tui.plan", "qwen_tui.facts", "qwen_tui.cli", "qwen_tui.run.launcher",
-        "qwen_tui.run.session", "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
+        "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
 HEAVY = ["textual", "torch", "transformers", "deepspeed", "peft"]
 
 

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
+from ...nodes.results import NodeResults
+from ...wizard_state import STEPS, WizardState
 from ..messages import StateChanged
-from ..state import STEPS, WizardState
 from ..widgets.stepper import Stepper
 from ..wizard import Wizard
 
@@ -59,11 +62,10 @@ class StepScreen(Screen):
     def change(self, path: str, value) -> None:
         """Ask the App to set one preset field, unless it already holds that value
         (inputs fire Changed when they are filled from the preset)."""
-        from .. import core
         from ..messages import ChangePreset
 
         try:
-            same = core.get_path(self.state.preset, path) == value
+            same = self.state.preset.get_path(path) == value
         except (AttributeError, IndexError, KeyError):
             same = False
         if not same:
@@ -71,3 +73,11 @@ class StepScreen(Screen):
 
     def refresh_state(self) -> None:
         """Redraw this screen from `self.state`."""
+
+    def connect_nodes(self, indices: Optional[list[int]] = None,
+                      on_progress: Optional[Callable[[int, str], None]] = None) -> NodeResults:
+        """Connect the preset's nodes through the wizard's Connections (run.api), asking the
+        person about a new host key; node -> Transport | exception. Call it from a worker."""
+        w = self.wizard
+        return w.state.conns.connect(w.state.preset, indices, consent=w.ask_host_key, password=w.password,
+                                     on_progress=on_progress)

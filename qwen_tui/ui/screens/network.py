@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Static
 
-from .. import core
+from ...nodes.checks import replace_findings, run_checks, run_network_check
 from ..messages import ActionDone
 from ..widgets.bandwidth import BandwidthBars
 from .base import StepScreen
@@ -103,13 +103,12 @@ class NetworkScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="net")
     def check(self) -> None:
-        conns = self.wizard.connect()
-        bad = {i: e for i, e in conns.items() if isinstance(e, BaseException)}
-        if bad:
-            self.post_message(ActionDone("net", error="; ".join(f"node {i}: {e}" for i, e in bad.items())))
+        conns = self.connect_nodes()
+        if not conns.ok:
+            self.post_message(ActionDone("net", error="; ".join(conns.errors_text())))
             return
-        facts, findings = core.node_checks(self.state.preset, conns)
-        self.post_message(ActionDone("net", result=(facts, findings)))
+        rep = run_checks(self.state.preset, conns.succeeded, local_python=self.wizard.local_python)
+        self.post_message(ActionDone("net", result=(rep.facts, rep.findings)))
 
     def action_check_one(self, which: str) -> None:
         self.notify(f"running the {which} check…")
@@ -117,12 +116,11 @@ class NetworkScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="net")
     def check_one(self, which: str) -> None:
-        conns = self.wizard.connect()
-        bad = {i: e for i, e in conns.items() if isinstance(e, BaseException)}
-        if bad:
-            self.post_message(ActionDone("net-one", error="; ".join(f"node {i}: {e}" for i, e in bad.items())))
+        conns = self.connect_nodes()
+        if not conns.ok:
+            self.post_message(ActionDone("net-one", error="; ".join(conns.errors_text())))
             return
-        facts, findings = core.network_check(self.state.preset, conns, which, self.state.facts)
+        facts, findings = run_network_check(self.state.preset, conns.succeeded, which, self.state.facts)
         self.post_message(ActionDone("net-one", result=(which, facts, findings)))
 
     def on_action_done(self, msg: ActionDone) -> None:
@@ -136,7 +134,7 @@ class NetworkScreen(StepScreen):
             return
         facts, findings = msg.result
         st = self.state
-        st.facts = core.merge_facts(st.facts, facts)
+        st.facts = st.facts.merged(facts)
         st.net_findings, st.net_checked = findings, True
         for i, nf in facts.nodes.items():
             st.node(i).probe = f"error: {nf.error}" if nf.error else "ok"
@@ -151,8 +149,8 @@ class NetworkScreen(StepScreen):
             return
         which, facts, findings = msg.result
         st = self.state
-        st.facts = core.merge_facts(st.facts, facts)
-        st.net_findings = core.replace_findings(st.net_findings, findings, which)
+        st.facts = st.facts.merged(facts)
+        st.net_findings = replace_findings(st.net_findings, findings, which)
         self.wizard.facts_changed()
         errs = [a for a in findings if a.level == "error"]
         self.notify(f"{which}: {len(errs)} problem(s) found" if errs else f"{which} check passed",

@@ -12,7 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Label, Static
 
-from .. import core
+from ...nodes import hostlists
+from ...nodes.probe import probe_node
+from ...preset import PresetError
 from ..messages import ActionDone, ChangePreset, NodeProgress
 from ..modals import Form, ImportNodes, Notice
 from .base import StepScreen
@@ -97,8 +99,8 @@ class NodesScreen(StepScreen):
             else:
                 nodes[index] = node
             try:
-                core.with_changes(self.state.preset, {"cluster.nodes": nodes})
-            except core.PresetError as e:  # show the form again, with the problem next to it
+                self.state.preset.with_changes({"cluster.nodes": nodes})
+            except PresetError as e:  # show the form again, with the problem next to it
                 self._form(title, ans, index, error=str(e))
                 return
             self.post_message(ChangePreset({"cluster.nodes": nodes}))
@@ -139,7 +141,7 @@ class NodesScreen(StepScreen):
                 return
             kind, body = ans
             try:
-                new = core.import_nodes(kind, body)
+                new = hostlists.parse(kind, body)
             except ValueError as e:
                 self.app.push_screen(Notice("Nothing imported", str(e)))
                 return
@@ -159,7 +161,7 @@ class NodesScreen(StepScreen):
         import concurrent.futures as cf
 
         preset = self.state.preset
-        conns = self.wizard.connect(on_progress=lambda i, s: self.post_message(NodeProgress("probe", i, s)))
+        conns = self.connect_nodes(on_progress=lambda i, s: self.post_message(NodeProgress("probe", i, s)))
 
         def one(i: int) -> None:
             t = conns.get(i)
@@ -168,7 +170,7 @@ class NodesScreen(StepScreen):
                 return
             self.post_message(NodeProgress("probe", i, "probing"))
             try:
-                nf = core.probe_node(preset, i, t)
+                nf, _raw = probe_node(t, preset, i, local_python=self.wizard.local_python)
             except Exception as e:  # one node's failure is that node's row, not the app's
                 self.post_message(NodeProgress("probe", i, "error", error=f"{type(e).__name__}: {e}"))
                 return

@@ -5,9 +5,7 @@ Stop-all asks first. Quitting leaves the run going; reopening re-attaches."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from rich.text import Text
 from textual import work
@@ -15,38 +13,15 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Log, Static
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerState, get_current_worker
 
-from ...run.rundir import RunDir, RunDirError, default_runs_root
-from ..messages import GpuSampleMsg, RunEnded, RunUpdate
+from ...run import api
+from ...run.rundir import RunDir, default_runs_root, new_run_id
+from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunStarted, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.loss_chart import LossChart
 from .base import StepScreen
-
-
-def find_running(root: Path) -> Optional[RunDir]:
-    """The newest run directory whose state says running (for re-attaching)."""
-    if not root.is_dir():
-        return None
-    for d in sorted(root.iterdir(), reverse=True):
-        rd = RunDir(d)
-        try:
-            if (d / "plan.json").exists() and rd.read_state().get("status") == "running":
-                return rd
-        except RunDirError:
-            continue  # a corrupt run directory is not one to re-attach to
-    return None
-
-
-@dataclass
-class Snapshot:
-    """What the run worker hands the screen: copies, never live objects."""
-
-    nodes: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)  # rank -> (status, error)
-    progress: Any = None
-    log: list[str] = field(default_factory=list)
-    log_rank: int = 0
 
 
 class RunScreen(StepScreen):
@@ -64,7 +39,7 @@ class RunScreen(StepScreen):
         self.monitor = None
         self.log_rank = 0
         self.outcome = None
-        self.last_snapshot: Optional[Snapshot] = None
+        self.last_snapshot: Optional[api.Snapshot] = None
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -87,8 +62,9 @@ class RunScreen(StepScreen):
 
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
-        if self.launcher is not None and self.state.run_status == "running":
-            self.notify("already running", severity="warning")
+        if self.state.run_status == "starting" or (self.launcher is not None and self.state.run_status == "running"):
+            # a second launch would cancel the first one's worker and leave its job unfollowed
+            self.notify("already " + self.state.run_status, severity="warning")
             return
         self.launch(force=False)
 
@@ -116,38 +92,15 @@ class RunScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
     def _launch_worker(self, force: bool) -> None:
-        from ...plan import make_plan
-        from ...run.launcher import LaunchError
-        from ...run.rundir import new_run_id
-        from ...run.session import start_run
-        from .. import core
-
+        """The launch API's sequence on this worker's thread; every event goes to the screen as a
+        Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting."""
         app = self.wizard
-        preset = app.state.preset
-        conns = app.connect()
-        bad = {i: e for i, e in conns.items() if isinstance(e, BaseException)}
-        if bad:
-            self.app.call_from_thread(self._failed_start, "not launched: every node must be reachable\n" +
-                                      "\n".join(f"node {i}: {e}" for i, e in bad.items()))
-            return
-        facts, items = core.run_checks(preset, conns)
-        facts = core.merge_facts(app.state.facts, facts)
-        errors = [a for a in items if a.level == "error"]
-        if errors and not force:
-            self.app.call_from_thread(self._failed_start, "not launched:\n" +
-                                      "\n".join(f"{a.code}: {a.message}" for a in errors))
-            return
+        st = app.state
         root = app.runs_root or default_runs_root()
-        run_id = new_run_id(preset.name or (app.state.path.stem if app.state.path else None))
-        plan = make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=app.base_dir,
-                         facts=facts, local_python=app.local_python)
-        try:
-            la = start_run(preset, plan, conns, facts, root)
-        except LaunchError as e:
-            self.app.call_from_thread(self._failed_start, str(e))
-            return
-        self.app.call_from_thread(self._started, la)
-        self._follow(la)
+        req = api.LaunchRequest(st.preset, root, new_run_id(st.preset.name or (st.path.stem if st.path else None)),
+                                base_dir=app.base_dir, local_python=app.local_python, force=force,
+                                facts=st.facts, consent=app.ask_host_key, password=app.password)
+        self._run_events(api.launch(req, st.conns))
 
     def attach(self, rd: RunDir) -> None:
         if self._when_mounted(lambda: self.attach(rd)):
@@ -156,57 +109,27 @@ class RunScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
     def _attach_worker(self, rd: RunDir) -> None:
-        from ...preset import load_preset
-        from ...run.launcher import Launcher
-
         app = self.wizard
-        preset = load_preset(rd.path / "preset.yaml")
-        if preset.cluster.nodes != app.state.preset.cluster.nodes:
-            self.app.call_from_thread(app.set_preset, preset, dirty=False)
-        conns = app.connect()
-        bad = {i: e for i, e in conns.items() if isinstance(e, BaseException)}
-        if bad:
-            self.app.call_from_thread(self._failed_start, "cannot re-attach:\n" +
-                                      "\n".join(f"node {i}: {e}" for i, e in bad.items()))
-            return
-        try:
-            la = Launcher.attach(rd, conns)
-            refused = la.refusals()  # never follow (or later stop) pids that are not this run's job
-        except RunDirError as e:
-            self.app.call_from_thread(self._failed_start, f"cannot re-attach: {e}")
-            return
-        if refused:
-            self.app.call_from_thread(self._failed_start, "cannot re-attach:\n" + "\n".join(
-                f"node {r}: refusing to signal pid {la.nodes[r].pid}: {why}" for r, why in sorted(refused.items())))
-            return
-        self.app.call_from_thread(self._started, la)
-        self._follow(la)
 
-    def _follow(self, la) -> None:
-        """The run loop (this worker's thread): poll the launcher, post snapshots.
-        Leaving the app detaches (the run goes on); only stop-all ends it."""
-        from textual.worker import get_current_worker
+        def show(preset) -> None:  # before connecting: the connections must be to the run's nodes
+            if preset.cluster.nodes != app.state.preset.cluster.nodes:
+                self.app.call_from_thread(app.set_preset, preset, dirty=False)
 
+        self._run_events(api.attach(rd.path, app.state.conns, consent=app.ask_host_key, password=app.password,
+                                    on_preset=show))
+
+    def _run_events(self, events) -> None:
+        """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
+        snapshots. Leaving the app detaches (the run goes on); only stop-all ends it."""
         worker = get_current_worker()
-
-        def update(launcher) -> None:
-            if worker.is_cancelled or not self.app.is_running:
-                raise _Detached()
-            rank = self.log_rank
-            try:
-                log = launcher.log_tail(rank, lines=60)
-            except Exception as e:  # a node gone for a moment: say so in the log pane
-                log = [f"(cannot read node {rank}'s log: {e})"]
-            snap = Snapshot(nodes={r: (s.status, s.error) for r, s in launcher.nodes.items()},
-                            progress=_copy_progress(launcher.metrics.progress), log=log, log_rank=rank)
-            self.post_message(RunUpdate(snap))
-
-        try:
-            out = la.wait(interval=1.0, on_update=update)
-            update(la)
-        except _Detached:
-            return
-        self.post_message(RunEnded(out))
+        for ev in events:
+            if isinstance(ev, api.Started):
+                self.post_message(RunStarted(ev.launcher))
+                for got in api.follow(ev.launcher, interval=1.0, log_rank=lambda: self.log_rank,
+                                      cancelled=lambda: worker.is_cancelled or not self.app.is_running):
+                    self.post_message(RunUpdate(got) if isinstance(got, api.Snapshot) else RunEnded(got.outcome))
+                return
+            self.post_message(LaunchEvent(ev))
 
     def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
         """A launch, attach or follow worker that died: StepScreen's handler (textual
@@ -223,15 +146,28 @@ class RunScreen(StepScreen):
                               "reopening qwen-tui re-attaches", style="bold red"))
         self.wizard.facts_changed()
 
-    def _failed_start(self, why: str) -> None:
+    def on_launch_event(self, msg: LaunchEvent) -> None:
+        ev = msg.event
+        if isinstance(ev, api.Stage):
+            self._status(Text(ev.text, style="yellow"))
+        elif isinstance(ev, api.Failure):
+            self._failed_start(ev)
+        elif isinstance(ev, api.AlreadyEnded):
+            self.state.run_status = ev.status
+            self._status(Text(f"run {ev.run_id} already ended ({ev.status}): {ev.message}", style="dim"))
+            self.wizard.facts_changed()
+
+    def _failed_start(self, f: api.Failure) -> None:
         self.state.run_status = "failed"
-        self._status(Text(why, style="bold red"))
-        self.app.push_screen(Notice("Not launched", why))
+        self._status(Text(f.message, style="bold red"))
+        title = "Cannot re-attach" if f.cause.startswith("cannot attach") else "Not launched"
+        self.app.push_screen(Notice(title, f.message))
         self.wizard.facts_changed()
 
-    async def _started(self, la) -> None:
+    async def on_run_started(self, msg: RunStarted) -> None:
         from ...run.gpumon import GpuMonitor
 
+        la = msg.launcher
         self.launcher = la
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
@@ -266,7 +202,7 @@ class RunScreen(StepScreen):
                 p.set_sample(msg.sample)
 
     def on_run_update(self, msg: RunUpdate) -> None:
-        snap: Snapshot = msg.snapshot
+        snap: api.Snapshot = msg.snapshot
         self.last_snapshot = snap
         for p in self.query(GpuPanel):
             if p.rank in snap.nodes:
@@ -331,13 +267,3 @@ class RunScreen(StepScreen):
         self.app.push_screen(Confirm("Stop the run on every node?",
                                      "Every node's processes get SIGTERM, then SIGKILL after a grace period. "
                                      "Checkpoints already written stay.", yes="Stop all", danger=True), answer)
-
-
-class _Detached(Exception):
-    """The app is closing: stop watching, leave the run alone."""
-
-
-def _copy_progress(p):
-    from ...run.metrics import TrainingProgress
-
-    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))

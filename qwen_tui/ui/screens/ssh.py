@@ -88,7 +88,7 @@ class SSHScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
     def connect_all(self) -> None:
-        res = self.wizard.connect(on_progress=lambda i, s: self.post_message(NodeProgress("ssh", i, s)))
+        res = self.connect_nodes(on_progress=lambda i, s: self.post_message(NodeProgress("ssh", i, s)))
         for i, r in res.items():
             if isinstance(r, BaseException):
                 self.post_message(NodeProgress("ssh", i, "error", error=str(r)))

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, Select, Static
 
-from .. import core
+from ...advice import Advice, apply_fix
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
@@ -63,7 +63,7 @@ class TrainingScreen(StepScreen):
         with Horizontal(id="training-split"):
             with VerticalScroll(id="training-form"):
                 for path, label, kind in FIELDS:
-                    v = core.get_path(t, path)
+                    v = t.get_path(path)
                     with Horizontal(classes="form-row"):
                         yield Label(label, classes="field-label")
                         # initial values at construction: a Select set later would first
@@ -91,7 +91,7 @@ class TrainingScreen(StepScreen):
         """Another step (or a fix, or opening a preset) may have changed the values."""
         t = self.state.preset
         for path, _, kind in FIELDS:
-            v = core.get_path(t, path)
+            v = t.get_path(path)
             if isinstance(kind, list):
                 w = self.query_one(f"#{_wid(path)}", Select)
                 want = "none" if v is None else v
@@ -110,7 +110,7 @@ class TrainingScreen(StepScreen):
             return
         text = ev.value.strip()
         value: Optional[str] = None if (kind == "opt" and not text) else text
-        cur = core.get_path(self.state.preset, path)
+        cur = self.state.preset.get_path(path)
         if _shown(cur) == (value or "") and not self.query_one(f"#err-{_wid(path)}", Static).render().plain:
             return  # filled from the preset, or unchanged
         self.post_message(ChangePreset({path: value}))
@@ -175,7 +175,7 @@ class TrainingScreen(StepScreen):
 
         preset = self.state.preset.model_copy(deep=True)
         master = preset.cluster.nodes[0]
-        transport = LocalTransport(master.label) if master.is_local else self.wizard.transports.get(0)
+        transport = LocalTransport(master.label) if master.is_local else self.state.conns.get(0)
         panel = self.query_one(DataPanel)
         if transport is None:
             panel.show_error(f"node 0 ({master.label}) is not connected: connect in the SSH step (F2) first")
@@ -206,13 +206,16 @@ class TrainingScreen(StepScreen):
         panel.show_report(report, stale=self._previewed != self.state.preset.model_dump_json())
 
     # ---------------------------------------------------------------- fixes
-    def _apply(self, item: core.AdviceItem) -> None:
+    def _apply(self, item: Advice) -> None:
+        if item.fix is None:
+            self.notify(f"{item.code}: this finding has no automatic fix", severity="error", title="Fix not applied")
+            return
         try:
-            new = core.apply_fix(self.state.preset, item)
-        except (ValueError, core.PresetError) as e:
+            new = apply_fix(self.state.preset, item.fix)
+        except (ValueError, KeyError) as e:  # PresetError is a ValueError: a fix the preset refuses
             self.notify(str(e), severity="error", title="Fix not applied")
             return
-        self.wizard.set_preset(new, note=f"applied: {item.fix_label}")
+        self.wizard.set_preset(new, note=f"applied: {item.fix.label}")
         self._fill_from_preset()
 
     def action_fix_first(self) -> None:

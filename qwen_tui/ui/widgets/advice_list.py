@@ -7,23 +7,23 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from ..core import AdviceItem
+from ...advice import Advice
 
 _STYLE = {"error": ("✘", "bold red"), "warning": ("!", "yellow"), "info": ("i", "cyan")}
 
 
-def advice_text(a: AdviceItem) -> Text:
+def advice_text(a: Advice) -> Text:
     mark, style = _STYLE.get(a.level, ("·", ""))
     t = Text()
     t.append(f"{mark} {a.code} ", style=style)
     t.append(a.message)
-    if a.fix_label:
-        t.append(f"\n   fix: {a.fix_label}", style="dim italic")
+    if a.fix is not None:
+        t.append(f"\n   fix: {a.fix.label}", style="dim italic")
     return t
 
 
 class AdviceList(OptionList):
-    def show(self, items: list[AdviceItem]) -> None:
+    def show(self, items: list[Advice]) -> None:
         self.items = list(items)
         self.clear_options()
         if not items:

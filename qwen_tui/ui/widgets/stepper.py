@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ..state import BAD, OK, STEPS, TITLES, WARN
+from ...wizard_state import BAD, OK, STEPS, TITLES, WARN
 
 _MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), BAD: ("✘", "bold red")}
 

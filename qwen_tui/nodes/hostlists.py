@@ -1,7 +1,6 @@
 """Node lists people already have, turned into preset nodes: an MPI/DeepSpeed
 hostfile (`host slots=N`), a SLURM node list (`gpu[01-04,07],login1`) and the
-Host entries of an ssh_config. Pure functions, no Textual (they belong with the
-core; they live here until a core module wants them)."""
+Host entries of an ssh_config. Pure functions: the wizard's import dialog calls them."""
 
 from __future__ import annotations
 

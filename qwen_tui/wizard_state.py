@@ -1,5 +1,6 @@
-"""What the wizard knows, in one place, owned by the App: the preset being edited,
-what the checks learned, and what each step still lacks. No Textual here."""
+"""What the wizard knows, in one place, owned by its App: the preset being edited, what
+the checks learned, the open connections, and what each step still lacks. Plain data
+and rules, no Textual (tested without a terminal); the screens under ui/ draw it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..facts import ClusterFacts, NodeFacts
-from ..preset import Cluster, Network, Node, Preset, Training
-from . import core
+from .advice import Advice, advise
+from .estimate_report import Summary, summary
+from .facts import ClusterFacts, NodeFacts
+from .nodes.checks import consistency
+from .nodes.findings import Finding
+from .preset import Cluster, Network, Node, Preset, Training
+from .run.api import Connections
 
 STEPS = ("nodes", "ssh", "network", "training", "review", "run")
 TITLES = {"nodes": "Nodes", "ssh": "SSH", "network": "Network", "training": "Training", "review": "Review", "run": "Run"}
@@ -38,14 +43,15 @@ class WizardState:
     facts: ClusterFacts = field(default_factory=ClusterFacts)
     dirty: bool = False
     nodes: dict[int, NodeStatus] = field(default_factory=dict)
-    advice: list[core.AdviceItem] = field(default_factory=list)
-    estimate: Optional[core.Estimate] = None
-    findings: list = field(default_factory=list)  # core.Finding: cross-node consistency
-    net_findings: list = field(default_factory=list)  # core.Finding from the network checks
+    advice: list[Advice] = field(default_factory=list)  # errors first (advise sorts them)
+    estimate: Optional[Summary] = None
+    findings: list[Finding] = field(default_factory=list)  # cross-node consistency
+    net_findings: list[Finding] = field(default_factory=list)  # from the network checks
     key_report: Any = None
     net_checked: bool = False
     run_status: Optional[str] = None  # None, "running", "ok", "failed", "stopped"
     run_dir: Optional[Path] = None
+    conns: Connections = field(default_factory=Connections)  # to the preset's nodes; workers connect through it
 
     def node(self, i: int) -> NodeStatus:
         return self.nodes.setdefault(i, NodeStatus())
@@ -55,9 +61,9 @@ class WizardState:
 
     def recompute(self) -> None:
         """Advice, estimate and findings follow every change of preset or facts."""
-        self.advice = core.advice(self.preset, self.facts)
-        self.estimate = core.estimate(self.preset, self.facts)
-        self.findings = core.consistency(self.preset, self.facts)
+        self.advice = list(advise(self.preset, self.facts))
+        self.estimate = summary(self.preset, self.facts)
+        self.findings = consistency(self.preset, self.facts) if self.facts.nodes else []
 
     # ---------------------------------------------------------------- step colours
     def step_status(self, step: str) -> str:

@@ -2,7 +2,9 @@
 interface and port settings (taken from the LaunchPlan), doing the rendezvous
 and an all-reduce. It catches what iperf3 cannot: a wrong NCCL/gloo interface,
 a port range blocked for the collective. Bounded: the job's own timeouts plus a
-deadline here, after which every node's group is stopped.
+deadline here, after which every node's group is stopped. `add_rehearsal` puts its
+verdict into a node-check report (the rehearsal column of `qwen-tui check`).
+It starts a job of the plan, so it lives with the launch (run/), above the checks.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from typing import Optional
 
 from qwen_tui.facts import ClusterFacts
 from qwen_tui.failures import CONSEQUENTIAL, Diagnosis, diagnose
+from qwen_tui.nodes.checks import CheckReport
+from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
 from qwen_tui.plan import LaunchPlan
+from qwen_tui.preset import Preset
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
 SNIPPET = r'''
@@ -164,3 +169,26 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         facts.rehearsal_ok = res.ok
         facts.rehearsal_bandwidth_gbps = res.busbw_gbps
     return res
+
+
+def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckReport,
+                  *, local_python: Optional[str] = None) -> None:
+    """Run the rehearsal (rendezvous + all-reduce with the plan's own settings) and
+    put its verdict into the report. Only worth it once every node answered and the
+    other checks passed."""
+    import os
+
+    from qwen_tui.plan import make_plan
+
+    plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
+                     local_python=local_python)
+    r = rehearse(plan, transports, pythons={c.rank: c.argv[0] for c in plan.nodes}, facts=rep.facts,
+                 deadline_s=preset.network.rdzv_timeout + 30)
+    for i in range(len(preset.cluster.nodes)):
+        rep._checked.setdefault(i, set()).add("rehearsal")
+    if r.ok:
+        rep.findings.append(Finding(INFO, "REHEARSAL", r.message, "", 0, "rehearsal"))
+    else:
+        tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
+        rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
+                                    r.diagnosis.fix if r.diagnosis else "", r.failed_node, "rehearsal"))

@@ -1,0 +1,450 @@
+"""The launch API: connect -> check -> plan -> launch -> follow -> stop, and attach, once for
+every face. `qwen-tui replay`, `demo` and `attach` (run/live.py draws them with rich) and the
+wizard's Run screen (its workers post what they get as Messages) call these and only render
+what comes back; neither writes its own sequence.
+
+Each step is a function with a typed result: `Connections.connect`, `check`, `plan`, `start`,
+`follow`, `stop`. `launch()` and `attach()` run the steps in order as generators of typed events
+(the dataclasses below): Stage as each step begins, then what it found (Connected, Checked,
+Planned), and last Started with the running Launcher, or a Failure that names the step, the
+cause (per node where it is about nodes) and the fix. Nothing is raised for what a node or a
+check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run and
+ends with Ended. A face that restarts a run calls launch() again with the same Connections
+and a new run id (dataclasses.replace(req, run_id=...)), then follow() again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
+
+from ..facts import ClusterFacts
+from ..nodes.results import NodeResults, on_nodes
+from ..nodes.transport import Transport
+from ..plan import LaunchPlan, make_plan
+from ..preset import Preset, load_preset, save_preset
+from .launcher import LaunchError, Launcher, RunOutcome
+from .metrics import TrainingProgress
+from .rundir import RunDir, RunDirError, write_json_atomic
+
+if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
+    from ..nodes.hostkeys import Consent
+
+# How long a person may take to answer a new host key question (the wizard's modal): a
+# connect that may ask one is bounded by this on top of the connection's own bound.
+CONSENT_WAIT_S = 300.0
+
+# A run directory's final states, and the exit code a face returns for each.
+FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
+
+
+# ---------------------------------------------------------------- events
+
+@dataclass(frozen=True)
+class Stage:
+    """A step begins: connect, check, rehearsal, launch or attach."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Connected:
+    """Every node answered; node index -> its label."""
+
+    labels: dict[int, str]
+
+
+@dataclass
+class CheckResult:
+    """What the launch checks found: the facts (for the plan and the run directory), the advice and
+    the node checks' findings together (each (code, node) said once; each item has level, code,
+    message and fix), and the node x check report (check.json; None on one machine)."""
+
+    facts: ClusterFacts
+    items: list = field(default_factory=list)
+    report: Optional[dict] = None
+
+    @property
+    def errors(self) -> list:
+        return [a for a in self.items if a.level == "error"]
+
+
+@dataclass(frozen=True)
+class Checked:
+    result: CheckResult
+
+
+@dataclass(frozen=True)
+class Planned:
+    plan: LaunchPlan
+
+
+@dataclass(frozen=True)
+class Started:
+    """The job runs on every node (launched, or found again by attach): follow it, stop it."""
+
+    launcher: Launcher
+
+
+@dataclass(frozen=True)
+class AlreadyEnded:
+    """attach found a run that had ended: nothing to follow or stop."""
+
+    run_id: str
+    status: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A step could not go on. `nodes`: node index -> what went wrong there, where it is per node;
+    `items`: the check errors that blocked a launch."""
+
+    stage: str
+    cause: str
+    fix: str = ""
+    nodes: dict[int, str] = field(default_factory=dict)
+    items: tuple = ()
+
+    @property
+    def message(self) -> str:
+        return self.cause + (f"\nfix: {self.fix}" if self.fix else "")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of a running job's state for a face to draw (never the live objects)."""
+
+    nodes: dict[int, tuple[str, Optional[str]]]  # rank -> (status, error)
+    progress: TrainingProgress
+    log: list[str] = field(default_factory=list)
+    log_rank: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Ended:
+    outcome: RunOutcome
+
+
+Event = Union[Stage, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
+
+
+# ---------------------------------------------------------------- connect
+
+class Connections:
+    """The open transports to a preset's nodes by node index: what a face keeps between the steps
+    (the wizard for as long as the nodes stay the same, a command for one run). Thread-safe: the
+    wizard's workers connect and read it from their own threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, Transport] = {}
+        self._epoch = 0  # close() starts a new one: what a connect begun before it brings back is not kept
+
+    def connect(self, preset: Preset, indices: Optional[list[int]] = None, *, consent: Consent = False,
+                password: Optional[str] = None, on_progress: Optional[Callable[[int, str], None]] = None,
+                timeout: Optional[float] = None) -> NodeResults:
+        """Connect the nodes not connected yet, in parallel and bounded (nodes.results.on_nodes):
+        node index -> Transport, or the exception that node raised (a NodeTimeout past the bound).
+        A node that answers after the bound is closed, never kept half-known."""
+        from ..nodes.connect import connect_bound, transport_for  # paramiko: not before the wizard's first paint
+
+        nodes = preset.cluster.nodes
+        labels = {i: n.label for i, n in enumerate(nodes)}
+        asked = list(range(len(nodes))) if indices is None else list(indices)
+        with self._lock:
+            have = {i: self._open[i] for i in asked if i in self._open}
+            epoch = self._epoch
+        late = threading.Event()
+
+        def one(i: int) -> Transport:
+            if on_progress is not None:
+                on_progress(i, "connecting")
+            t = transport_for(nodes[i], preset, accept_new_host_keys=consent, password=password)
+            if late.is_set():  # the caller has moved on: nobody would close it
+                t.close()
+                raise TimeoutError("connected after the bound")
+            return t
+
+        bound = timeout or connect_bound(preset) + (CONSENT_WAIT_S if callable(consent) else 0.0)
+        got = on_nodes(one, [i for i in asked if i not in have], timeout=bound, labels=labels)
+        late.set()
+        with self._lock:
+            for i, t in got.succeeded.items():
+                if self._epoch != epoch:  # closed meanwhile (the nodes changed): these may be to old nodes
+                    t.close()
+                    got[i] = ConnectionAbortedError("the nodes changed while connecting; connect again")
+                elif i in self._open:  # another worker connected it meanwhile: keep one
+                    t.close()
+                    got[i] = self._open[i]
+                else:
+                    self._open[i] = t
+        return NodeResults({i: have[i] if i in have else got[i] for i in asked}, labels=labels)
+
+    def transports(self) -> dict[int, Transport]:
+        with self._lock:
+            return dict(self._open)
+
+    def get(self, i: int) -> Optional[Transport]:
+        with self._lock:
+            return self._open.get(i)
+
+    def close(self) -> None:
+        """Close every connection (the nodes changed, or the face is done)."""
+        with self._lock:
+            open_, self._open = self._open, {}
+            self._epoch += 1
+        for t in open_.values():
+            t.close()
+
+
+def connect_failure(res: NodeResults, what: str = "not launched") -> Failure:
+    """The Failure for nodes that could not be connected, one line and one fix per node."""
+    from ..nodes.findings import connect_fix
+
+    failed = res.failed
+    fixes = sorted({connect_fix(e) for e in failed.values()})
+    return Failure("connect", f"{what}: every node must be reachable\n" + "\n".join(res.errors_text()),
+                   "; ".join(fixes), nodes={i: f"{type(e).__name__}: {e}" for i, e in failed.items()})
+
+
+# ---------------------------------------------------------------- check
+
+def local_port_free(port: int, host: str = "") -> Optional[str]:
+    """None when a listener could bind `port` on this machine, else why not."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as torch's TCPStore does: connections of an earlier run in TIME_WAIT must not count as busy
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        return f"port {port} is in use on this machine ({e.strerror})"
+    finally:
+        s.close()
+    return None
+
+
+def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> Iterator[Event]:
+    """The launch checks step by step: Stage events, then one Checked.
+
+    One machine: only a busy port can go wrong before launch. Several: the probe, port, firewall
+    and bandwidth checks, then the rehearsal when those passed. The advice rules and the checks
+    overlap (a missing data file is both); each (code, node) is said once."""
+    from ..advice import advise
+
+    if all(n.is_local for n in preset.cluster.nodes):
+        facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
+        yield Checked(CheckResult(facts, list(advise(preset, facts))))
+        return
+    from ..nodes.checks import run_checks
+    from .rehearsal import add_rehearsal
+
+    yield Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…")
+    rep = run_checks(preset, transports, local_python=local_python)
+    if rep.ok:
+        yield Stage("rehearsal", "rehearsal: rendezvous and all-reduce on every node…")
+        add_rehearsal(preset, transports, rep, local_python=local_python)
+    advice = list(advise(preset, rep.facts))
+    said = {(a.code, a.node) for a in advice}
+    findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
+    yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict()))
+
+
+def check(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> CheckResult:
+    """The launch checks in one call (what `checking` yields last)."""
+    result = None
+    for ev in checking(preset, transports, local_python=local_python):
+        if isinstance(ev, Checked):
+            result = ev.result
+    assert result is not None  # checking() always ends with Checked
+    return result
+
+
+# ---------------------------------------------------------------- plan, start
+
+def plan(preset: Preset, *, run_id: str, root: Path, base_dir: str, local_python: str,
+         facts: Optional[ClusterFacts] = None) -> LaunchPlan:
+    """The LaunchPlan of a run `run_id` whose run directory is root/run_id."""
+    return make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=base_dir, facts=facts,
+                     local_python=local_python)
+
+
+def start(preset: Preset, plan_: LaunchPlan, transports: dict[int, Transport], facts: ClusterFacts,
+          root: Path, check_report: Optional[dict] = None) -> Launcher:
+    """Record the run (plan, preset, facts, the check matrix) in a new run directory and start
+    every node. Raises LaunchError (naming each node that did not start; the others are stopped)."""
+    rd = RunDir.create(root, plan_.run_id)
+    save_preset(preset, rd.path / "preset.yaml", mode=0o600)  # it may hold secrets (network.env)
+    write_json_atomic(rd.path / "facts.json", facts.to_dict())
+    if check_report is not None:
+        write_json_atomic(rd.path / "check.json", check_report)
+    la = Launcher(plan_, transports, rd)
+    la.start()
+    return la
+
+
+@dataclass
+class LaunchRequest:
+    """What launch() needs besides the connections. `facts`: what the face knew before (the
+    wizard's own checks); the launch checks' facts go over them. `consent`: whether (or whom to
+    ask if) a new host key may be accepted."""
+
+    preset: Preset
+    root: Path
+    run_id: str
+    base_dir: str
+    local_python: str
+    force: bool = False
+    skip_checks: bool = False
+    facts: Optional[ClusterFacts] = None
+    consent: Consent = False
+    password: Optional[str] = None
+
+
+def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
+    """connect -> check -> plan -> start, as events; the last is Started or a Failure."""
+    p = req.preset
+    yield Stage("connect", f"connecting {len(p.cluster.nodes)} node(s)…")
+    res = conns.connect(p, consent=req.consent, password=req.password)
+    if not res.ok:
+        yield connect_failure(res)
+        return
+    yield Connected(dict(res.labels))
+    transports = dict(res.succeeded)
+    facts, report = req.facts or ClusterFacts(), None
+    if not req.skip_checks:
+        result: Optional[CheckResult] = None
+        for ev in checking(p, transports, local_python=req.local_python):
+            if isinstance(ev, Checked):
+                result = ev.result
+            yield ev
+        assert result is not None
+        facts, report = facts.merged(result.facts), result.report
+        if result.errors and not req.force:
+            yield Failure("check", f"not launched: {len(result.errors)} error(s) in the checks\n" + "\n".join(
+                f"{a.code}: {a.message}" for a in result.errors),
+                "fix each one (its fix is listed with it), or launch anyway (replay --force)",
+                nodes={a.node: a.message for a in result.errors if a.node is not None}, items=tuple(result.errors))
+            return
+    pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
+              facts=facts)
+    yield Planned(pl)
+    yield Stage("launch", f"starting {pl.nnodes} node(s)…")
+    try:
+        la = start(p, pl, transports, facts, req.root, report)
+    except LaunchError as e:
+        yield Failure("launch", str(e), "the node's log says why (qwen-tui runs shows the run directory)",
+                      nodes=dict(e.errors))
+        return
+    yield Started(la)
+
+
+# ---------------------------------------------------------------- attach
+
+def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, password: Optional[str] = None,
+           on_preset: Optional[Callable[[Preset], None]] = None) -> Iterator[Event]:
+    """Find a run again from its run directory: AlreadyEnded, or Started with a Launcher that
+    follows (and may stop) it, or a Failure. Never returns a launcher whose recorded pids do not
+    prove to be this run's job. `on_preset(preset)` is called with the run's preset before
+    connecting (the wizard shows it; conns must be for its nodes)."""
+    rd = RunDir(Path(run_dir))
+    try:
+        pl = rd.read_plan()
+        state = rd.read_state()
+        rd.read_jobs(len(pl.nodes))
+    except RunDirError as e:
+        yield Failure("attach", f"cannot attach: {e}", "pass a run directory that qwen-tui created (qwen-tui runs)")
+        return
+    status = state.get("status")
+    if status in FINAL:
+        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")))
+        return
+    try:
+        preset = load_preset(rd.path / "preset.yaml")
+    except (OSError, ValueError) as e:
+        yield Failure("attach", f"cannot attach: {e}", "the run directory's preset.yaml is damaged")
+        return
+    if on_preset is not None:
+        on_preset(preset)
+    yield Stage("connect", f"connecting {len(preset.cluster.nodes)} node(s)…")
+    res = conns.connect(preset, consent=consent, password=password)
+    if not res.ok:
+        yield connect_failure(res, "cannot attach")
+        return
+    yield Connected(dict(res.labels))
+    yield Stage("attach", f"finding run {pl.run_id} on every node…")
+    try:
+        la = Launcher.attach(rd, dict(res.succeeded))
+        refused = la.refusals()
+    except RunDirError as e:
+        yield Failure("attach", f"cannot attach: {e}", "pass a run directory that qwen-tui created (qwen-tui runs)")
+        return
+    if refused:
+        lines = [f"node {r} ({la.nodes[r].label}): refusing to signal pid {la.nodes[r].pid}: {why}"
+                 for r, why in sorted(refused.items())]
+        yield Failure("attach", "cannot attach: the run directory does not describe processes of this run\n"
+                      + "\n".join(lines), "nothing was signalled; look at the node's processes yourself",
+                      nodes=dict(refused))
+        return
+    yield Started(la)
+
+
+# ---------------------------------------------------------------- follow, stop
+
+def _copy_progress(p: TrainingProgress) -> TrainingProgress:
+    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))
+
+
+def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) -> Snapshot:
+    log: list[str] = []
+    if log_rank is not None:
+        try:
+            log = la.log_tail(log_rank, lines=log_lines)
+        except Exception as e:  # noqa: BLE001 - a node gone for a moment: said in the log pane, the run goes on
+            log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
+    return Snapshot(nodes={r: (s.status, s.error) for r, s in la.nodes.items()},
+                    progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank)
+
+
+def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] = None,
+           log_rank: Optional[Callable[[], int]] = None, log_lines: int = 60,
+           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Union[Snapshot, Ended]]:
+    """Watch a running job: a Snapshot per look (every `interval` s), then Ended with the outcome.
+    `la.request_stop()` (from any thread) stops every node and ends it as stopped; `max_seconds`
+    stops it as failed. When `cancelled()` turns true (the face is closing) it returns without
+    Ended: the job runs on, to be found again by attach. `log_rank()`: whose log tail to copy."""
+    import time
+
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    while True:
+        if cancelled():
+            return
+        out = la.step(deadline=deadline, max_seconds=max_seconds)
+        yield snapshot(la, log_rank() if log_rank else None, log_lines)
+        if out is not None:
+            yield Ended(out)
+            return
+        la.pause(interval)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """stop()'s result: the outcome recorded, and the ranks where processes survived."""
+
+    outcome: RunOutcome
+    left: list[int]
+    already_ended: bool = False
+
+
+def stop(la: Launcher) -> Stopped:
+    """Stop every node of a running job now and record it (a job that ended meanwhile is left alone)."""
+    ended = la.poll()  # every node may have written its exit code since
+    if ended is not None:
+        return Stopped(ended, [], already_ended=True)
+    out, left = la.stop_and_record()
+    return Stopped(out, left)
