@@ -239,6 +239,17 @@ def replace_findings(old: list[Finding], new: list[Finding], which: str) -> list
     return [f for f in old if f.check not in cols] + list(new)
 
 
+def ssh_config_import_text(path: str) -> str:
+    """An ssh_config's text for the host import, its Includes expanded (ValueError when unreadable)."""
+    from qwen_tui.nodes.sshconfig import import_text
+    from qwen_tui.nodes.transport import TransportError
+
+    try:
+        return import_text(path)
+    except TransportError as e:
+        raise ValueError(str(e)) from None
+
+
 def import_nodes(kind: str, text: str) -> list[dict[str, Any]]:
     from . import hostlists
 

@@ -131,8 +131,10 @@ class NodesScreen(StepScreen):
         cfg = os.path.expanduser(self.state.preset.cluster.ssh_config or "~/.ssh/config")
         text = ""
         if os.path.exists(cfg):
-            with open(cfg, encoding="utf-8", errors="replace") as f:
-                text = f.read()
+            try:  # with its Includes expanded: hosts defined in included files are offered too
+                text = core.ssh_config_import_text(cfg)
+            except ValueError as e:
+                self.notify(str(e), severity="warning")
 
         def done(ans: Optional[tuple[str, str]]) -> None:
             if not ans:
