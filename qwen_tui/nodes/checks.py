@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, worst
+from qwen_tui.nodes.ibcheck import ib_findings, nccl_network_findings
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.transport import Transport
@@ -149,6 +150,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
                                f"{preset.training.output_dir}", "free space or point training.output_dir elsewhere",
                                i, "disk"))
         out += limit_findings(i, lab, f)
+        out += ib_findings(i, lab, f)
         if "iperf3" in f.missing_tools:
             out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
                                i, "bandwidth"))
@@ -354,6 +356,7 @@ def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckRe
         rep._checked.setdefault(i, set()).add("rehearsal")
     if r.ok:
         rep.findings.append(Finding(INFO, "REHEARSAL", r.message, "", 0, "rehearsal"))
+        rep.findings += nccl_network_findings(rep.labels, rep.facts, r.transports)
     else:
         tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
         rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),
