@@ -141,7 +141,12 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
                 _copy_file(master, sp, t, dp, progress=cb)
             after = manifest(t, py, dest)
             if after.get("sha256") != s["sha256"]:
-                acts.append(SyncAction(i, kind, dest, "failed", "checksum differs after the copy"))
+                # files the master lacks are never deleted (they are not the master's to judge): name them
+                extra = sorted({rel for rel, _, _ in after.get("files", [])} - set(want))
+                why = (f"{len(extra)} file(s) on the node are not on the master: {', '.join(extra[:5])}"
+                       f"{' ...' if len(extra) > 5 else ''}; remove them or the directory, then sync again"
+                       if extra else "checksum differs after the copy")
+                acts.append(SyncAction(i, kind, dest, "failed", why))
             else:
                 acts.append(SyncAction(i, kind, dest, "copied", f"{s['size']} bytes, sha256 verified"))
         return acts
