@@ -216,6 +216,30 @@ def node_checks(preset: Preset, transports: dict) -> tuple[ClusterFacts, list[Fi
     return rep.facts, [_finding(f) for f in rep.findings]
 
 
+def sync_from_master(preset: Preset, transports: dict, facts: ClusterFacts, *,
+                     overwrite: bool = False) -> tuple[list[str], int]:
+    """The checksum-verified copy `qwen-tui check --sync` runs: data, model and training code from the
+    master to the nodes that lack them (or, with `overwrite`, whose copy differs). Nodes not probed yet
+    are probed first. Returns one line per node and kind, and how many copies differ and were left."""
+    from qwen_tui.nodes.sync import sync
+
+    facts = ClusterFacts(nodes=dict(facts.nodes))
+    for i in sorted(transports):
+        if i not in facts.nodes or facts.nodes[i].error:
+            facts.nodes[i] = probe_node(preset, i, transports[i])
+    res = sync(preset, transports, facts, overwrite=overwrite)
+    lines, differ = [], 0
+    for i, acts in sorted(res.items()):
+        lab = preset.cluster.nodes[i].label
+        if isinstance(acts, BaseException):
+            lines.append(f"{lab}: {acts}")
+            continue
+        for a in acts:
+            lines.append(f"{lab} {a.kind}: {a.action}" + (f" ({a.detail})" if a.detail else ""))
+            differ += a.action.startswith("differs")
+    return lines, differ
+
+
 def network_checks() -> dict[str, tuple[str, ...]]:
     """The network checks that can be run on their own: name -> the finding columns it owns."""
     mod = _optional("nodes.checks")
