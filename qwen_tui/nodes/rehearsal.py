@@ -79,8 +79,11 @@ NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
 def rehearsal_env(env: dict[str, str], backend: str) -> dict[str, str]:
-    """The node's plan env for the rehearsal: with NCCL, its INFO lines on (over the preset's own choice)."""
-    return {**env, "QT_BACKEND": backend, **(NCCL_DEBUG_ENV if backend == "nccl" else {})}
+    """The node's plan env for the rehearsal: with NCCL, its INFO lines on (over the preset's own choice) and
+    in the job's log, where they are read (not in an NCCL_DEBUG_FILE)."""
+    if backend != "nccl":
+        return {**env, "QT_BACKEND": backend}
+    return {**{k: v for k, v in env.items() if k != "NCCL_DEBUG_FILE"}, "QT_BACKEND": backend, **NCCL_DEBUG_ENV}
 
 
 def _tail(text: str, n: int = 15) -> list[str]:

@@ -180,8 +180,9 @@ def test_a_socket_fall_back_on_a_node_with_hcas_is_a_warning_naming_it(sysfs):
 
 
 def test_the_rehearsal_asks_nccl_for_its_info_lines_and_keeps_them_out_of_the_tail():
-    env = rehearsal_env({"NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "=mlx5_0:1"}, "nccl")
+    env = rehearsal_env({"NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "=mlx5_0:1", "NCCL_DEBUG_FILE": "/tmp/n.%h"}, "nccl")
     assert env["NCCL_DEBUG"] == "INFO" and "NET" in env["NCCL_DEBUG_SUBSYS"] and env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert "NCCL_DEBUG_FILE" not in env  # the lines must reach the job's log, where they are read
     assert "NCCL_DEBUG" not in rehearsal_env({}, "gloo")
     log = (FIX / "socket_fallback.log").read_text() + "RuntimeError: NCCL error: remote process exited\n"
     assert _tail(log)[-1].startswith("RuntimeError") and not any(" NCCL INFO " in x for x in _tail(log))
