@@ -171,3 +171,14 @@ def test_the_host_import_reads_every_spelling_and_included_files(tmp_path):
     assert [n["host"] for n in parse_ssh_config('host=a\nHOST = b "c"\nHost *.x !d e?\n  Host f g a\n')] == \
         ["a", "b", "c", "f", "g"]
     assert os.path.exists(ssh_dir / "config")  # read, not consumed
+
+
+@needs_ssh
+def test_a_host_that_looks_like_an_option_or_a_command_is_refused_and_runs_nothing(tmp_path):
+    main = tmp_path / "config"
+    main.write_text("Host *\n    ConnectTimeout 5\n")
+    cfg = sshconfig.load(str(main))
+    for host in (f"-oProxyCommand=touch {tmp_path}/pwned", f"a;touch {tmp_path}/pwned", "$(touch pwned)"):
+        with pytest.raises(TransportError, match="cannot resolve .*invalid characters"):
+            cfg.lookup(host)
+    assert not list(tmp_path.glob("pwned*"))
