@@ -118,9 +118,11 @@ def choose_gid(gids: list[dict]) -> Optional[dict]:
 def ports_from_probe(raw: list[dict]) -> list[IBPort]:
     ports = []
     for p in raw:
+        if not str(p.get("port", "")).isdigit():
+            continue  # not a port number: not something NCCL can be pointed at
         roce = (p.get("link_layer") or "").lower() == "ethernet"
         g = choose_gid(p.get("gids") or []) if roce else None
-        ports.append(IBPort(hca=str(p.get("hca")), port=int(p.get("port") or 1), state=_state(p.get("state")),
+        ports.append(IBPort(hca=str(p.get("hca")), port=int(p["port"]), state=_state(p.get("state")),
                             link_layer=p.get("link_layer") or "unknown", rate=p.get("rate"),
                             gid_index=g["index"] if g else None, gid_type=g.get("type") if g else None,
                             netdev=(g.get("ndev") if g else None) or next(iter(p.get("netdevs") or []), None)))

@@ -160,7 +160,7 @@ def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Opt
     return not nf.ib_devices
 
 
-def _ib_env(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> dict[str, str]:
+def _ib_env(facts: Optional[ClusterFacts], rank: int) -> dict[str, str]:
     """NCCL_IB_HCA / NCCL_IB_GID_INDEX from the node's probed ports; network.env, applied after, wins."""
     nf = facts.nodes.get(rank) if facts else None
     return nccl_ib_env(nf.ib_ports) if nf is not None else {}
@@ -228,7 +228,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         if ib is not None and backend == "nccl":
             env["NCCL_IB_DISABLE"] = "1" if ib else "0"
             if not ib:
-                env.update(_ib_env(preset, facts, rank))
+                env.update(_ib_env(facts, rank))
         if split_gpus and node.is_local:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(next_gpu + i) for i in range(node.gpus))
             next_gpu += node.gpus
