@@ -50,9 +50,17 @@ def ssh_client() -> Optional[str]:
     return shutil.which("ssh")
 
 
+def _home() -> str:
+    """The passwd entry's home, as OpenSSH takes it ($HOME when the uid has no entry, as in some containers)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return os.path.expanduser("~")
+
+
 def user_ssh_dir() -> str:
-    """Where OpenSSH looks for relative Include paths of a user's config: ~/.ssh of the passwd entry."""
-    return os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh")
+    """Where OpenSSH looks for relative Include paths of a user's config: ~/.ssh."""
+    return os.path.join(_home(), ".ssh")
 
 
 def load(path: Optional[str], *, ssh: Optional[str] = None, use_ssh: bool = True,
@@ -156,7 +164,7 @@ def expand_tokens(value: str, got: dict[str, list[str]], host: str) -> str:
         return (got.get(k) or [""])[0]
 
     fqdn = socket.gethostname()
-    table = {"%": "%", "d": pwd.getpwuid(os.getuid()).pw_dir, "u": getpass.getuser(), "i": str(os.getuid()),
+    table = {"%": "%", "d": _home(), "u": getpass.getuser(), "i": str(os.getuid()),
              "h": one("hostname"), "p": one("port"), "r": one("user"), "n": host,
              "l": fqdn, "L": fqdn.split(".")[0]}
 
