@@ -30,6 +30,20 @@ class FileFact:
 
 
 @dataclass
+class IBPort:
+    """One InfiniBand/RoCE HCA port as the probe found it (qwen_tui/ib.py)."""
+
+    hca: str  # mlx5_0
+    port: int
+    state: str  # ACTIVE, DOWN, INIT, ...
+    link_layer: str  # InfiniBand | Ethernet (RoCE)
+    rate: Optional[str] = None  # "400 Gb/sec (4X NDR)"
+    gid_index: Optional[int] = None  # RoCE: the GID NCCL should use (NCCL_IB_GID_INDEX)
+    gid_type: Optional[str] = None  # "RoCE v2"
+    netdev: Optional[str] = None  # the Ethernet/IPoIB interface on top of it
+
+
+@dataclass
 class NodeFacts:
     """What one node's probe found. None means "not probed / unknown", not "absent"."""
 
@@ -40,6 +54,7 @@ class NodeFacts:
     driver_version: Optional[str] = None
     cuda_version: Optional[str] = None
     ib_devices: list[str] = field(default_factory=list)
+    ib_ports: list[IBPort] = field(default_factory=list)  # [] also when not probed for them (older facts)
     cpu_count: Optional[int] = None
     memory_total_mib: Optional[int] = None
     python_version: Optional[str] = None
@@ -117,6 +132,7 @@ class ClusterFacts:
             x = dict(x)
             if x.get("gpus") is not None:
                 x["gpus"] = [GPU(**g) for g in x["gpus"]]
+            x["ib_ports"] = [IBPort(**p) for p in x.get("ib_ports") or []]
             for k in ("data", "model"):
                 if x.get(k) is not None:
                     x[k] = FileFact(**x[k])

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .facts import ClusterFacts
+from .ib import active_ports, nccl_ib_env
 from .preset import Node, Preset, Training
 from .shell import quote_argv
 
@@ -154,7 +155,15 @@ def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Opt
     nf = facts.nodes.get(rank) if facts else None
     if nf is None or nf.gpus is None:
         return None
+    if nf.ib_ports:  # ports known: an HCA whose every port is down is no use to NCCL
+        return not active_ports(nf.ib_ports)
     return not nf.ib_devices
+
+
+def _ib_env(facts: Optional[ClusterFacts], rank: int) -> dict[str, str]:
+    """NCCL_IB_HCA / NCCL_IB_GID_INDEX from the node's probed ports; network.env, applied after, wins."""
+    nf = facts.nodes.get(rank) if facts else None
+    return nccl_ib_env(nf.ib_ports) if nf is not None else {}
 
 
 def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
@@ -212,6 +221,8 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         ib = _ib_disable(preset, facts, rank)
         if ib is not None and backend == "nccl":
             env["NCCL_IB_DISABLE"] = "1" if ib else "0"
+            if not ib:
+                env.update(_ib_env(facts, rank))
         if split_gpus and node.is_local:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(next_gpu + i) for i in range(node.gpus))
             next_gpu += node.gpus

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
+from qwen_tui.nodes.ibcheck import ib_findings
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.transport import Transport
@@ -115,7 +116,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
             continue
         if f.error and "workdir" in f.error:
             out.append(Finding(ERROR, "WORKDIR_MISSING", f"{lab}: {f.error}",
-                               f"create it, or sync the code (qwen-tui check --sync)", i, "code"))
+                               "create it, or sync the code (qwen-tui check --sync)", i, "code"))
             continue
         if f.error and f.gpus is not None:
             out.append(Finding(ERROR, "PROBE_FAILED", f"{lab}: {f.error}", "", i, "python"))
@@ -149,6 +150,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
                                f"{preset.training.output_dir}", "free space or point training.output_dir elsewhere",
                                i, "disk"))
         out += limit_findings(i, lab, f)
+        out += ib_findings(i, lab, f)
         if "iperf3" in f.missing_tools:
             out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
                                i, "bandwidth"))

@@ -1,7 +1,8 @@
 """From a preset node to a connected Transport.
 
-`resolve_target` applies ssh_config the way OpenSSH does: what the preset says
-explicitly wins, then the first matching ssh_config value (HostName, User, Port,
+`resolve_target` applies ssh_config the way OpenSSH does (nodes/sshconfig.py:
+`ssh -G` where the client exists, else paramiko with Include expanded): what the
+preset says explicitly wins, then the ssh_config value (HostName, User, Port,
 IdentityFile, ConnectTimeout, UserKnownHostsFile, ProxyJump), then the defaults.
 localhost nodes get a LocalTransport (plain processes, no SSH).
 
@@ -19,34 +20,26 @@ import getpass
 import os
 from typing import Optional
 
-import paramiko
-
+from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.hostkeys import Consent
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
+from qwen_tui.nodes.sshconfig import SSHConfigLookup
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
 from qwen_tui.preset import Node, Preset
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 
 
-def _ssh_config(preset: Preset) -> Optional[paramiko.SSHConfig]:
-    path = preset.cluster.ssh_config or "~/.ssh/config"
-    path = os.path.expanduser(path)
-    if not os.path.exists(path):
-        if preset.cluster.ssh_config:
-            raise TransportError(f"cluster.ssh_config: {path} does not exist")
-        return None
-    try:
-        return paramiko.SSHConfig.from_path(path)
-    except (OSError, paramiko.SSHException, ValueError) as e:
-        raise TransportError(f"cluster.ssh_config: cannot read {path}: {e}") from None
+def _ssh_config(preset: Preset) -> Optional[SSHConfigLookup]:
+    """The preset's ssh_config (default: the user's own), read as OpenSSH reads it."""
+    return sshconfig.load(preset.cluster.ssh_config)
 
 
 MAX_JUMPS = 8
 
 
-def resolve_target(node: Node, preset: Preset, config: Optional[paramiko.SSHConfig] = None) -> SSHTarget:
+def resolve_target(node: Node, preset: Preset, config: Optional[SSHConfigLookup] = None) -> SSHTarget:
     cfg = dict(config.lookup(node.host)) if config is not None else {}
     user = node.user or cfg.get("user") or getpass.getuser()
     if "port" in node.model_fields_set:
@@ -68,11 +61,11 @@ def _port(value, label: str, host: str) -> int:
     return port
 
 
-def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: Optional[paramiko.SSHConfig],
+def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: Optional[SSHConfigLookup],
            seen: frozenset = frozenset(), depth: int = 0) -> Optional[SSHTarget]:
     """The ProxyJump chain in front of `host` as nested SSHTargets (the hop next to it outermost), or None.
     As with `ssh -J a,b`: b is reached through a, and only the first hop's own ProxyJump is followed."""
-    if cfg.get("proxycommand", "none").lower() != "none":
+    if (cfg.get("proxycommand") or "none").lower() != "none":
         raise TransportError(f"{label}: ssh_config gives {host} a ProxyCommand, which qwen-tui does not run; "
                              "use ProxyJump (the same as ssh -J) for a jump host")
     spec = cfg.get("proxyjump", "none").strip()

@@ -5,6 +5,7 @@ Host entries of an ssh_config. Pure functions: the wizard's import dialog calls 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 KINDS = ("hostfile", "slurm", "ssh_config")
@@ -57,17 +58,25 @@ def parse_slurm(text: str) -> list[dict[str, Any]]:
 
 
 def parse_ssh_config(text: str) -> list[dict[str, Any]]:
-    """Concrete `Host` aliases (no wildcards); the alias is kept as the host so
-    ssh_config's HostName/User/Port still apply when connecting."""
+    """Concrete `Host` aliases (no wildcards or negations), in any of OpenSSH's spellings (`Host a b`,
+    `Host=a`, `host = "a"`); the alias is kept as the host so ssh_config's HostName/User/Port still
+    apply when connecting. Give it the text with Includes expanded (nodes.sshconfig.import_text)."""
+    from qwen_tui.nodes.sshconfig import split_line
+
     out, seen = [], set()
     for ln in text.splitlines():
-        words = ln.strip().split()
-        if len(words) >= 2 and words[0].lower() == "host":
-            for alias in words[1:]:
-                if any(c in alias for c in "*?!") or alias in seen:
-                    continue
-                seen.add(alias)
-                out.append({"host": alias})
+        key, args = split_line(ln)
+        if key != "host":
+            continue
+        try:
+            aliases = shlex.split(args)
+        except ValueError:
+            aliases = args.split()
+        for alias in aliases:
+            if any(c in alias for c in "*?!") or alias in seen:
+                continue
+            seen.add(alias)
+            out.append({"host": alias})
     return out
 
 

@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts
+from qwen_tui.ib import active_ports, nccl_ib_env
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import CommandResult, Transport
@@ -442,8 +443,8 @@ def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: Clu
 # ------------------------------------------------------------ interface variables
 
 def interface_env(preset: Preset, facts: ClusterFacts) -> dict[int, dict[str, str]]:
-    """Per node: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE from the probe,
-    unless the preset fixes them."""
+    """Per node: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE, NCCL_IB_HCA and
+    NCCL_IB_GID_INDEX from the probe, unless the preset fixes them."""
     out: dict[int, dict[str, str]] = {}
     net = preset.network
     for i in range(len(preset.cluster.nodes)):
@@ -455,8 +456,11 @@ def interface_env(preset: Preset, facts: ClusterFacts) -> dict[int, dict[str, st
         if net.nccl_ib_disable is not None:
             env["NCCL_IB_DISABLE"] = "1" if net.nccl_ib_disable else "0"
         elif nf is not None and nf.error is None:
-            env["NCCL_IB_DISABLE"] = "0" if nf.ib_devices else "1"
-        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+            usable = active_ports(nf.ib_ports) if nf.ib_ports else nf.ib_devices
+            env["NCCL_IB_DISABLE"] = "0" if usable else "1"
+        if env.get("NCCL_IB_DISABLE") != "1" and nf is not None:
+            env.update(nccl_ib_env(nf.ib_ports))
+        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"):
             if k in net.env:
                 env[k] = net.env[k]
         out[i] = env

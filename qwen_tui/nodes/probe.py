@@ -15,6 +15,7 @@ import sys
 from typing import Optional
 
 from qwen_tui.facts import GPU, FileFact, NodeFacts
+from qwen_tui.ib import SYSFS_READER, parse_ibv_devinfo, ports_from_probe
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
@@ -24,7 +25,7 @@ VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokeni
              "nvidia-cudnn-frontend")
 TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 
-SNIPPET = r'''
+SNIPPET = SYSFS_READER + r'''
 import hashlib, json, os, platform, shutil, socket, subprocess, sys
 a = json.loads(sys.argv[1])
 out = {"hostname": socket.gethostname(), "python_version": platform.python_version(),
@@ -64,6 +65,9 @@ if tools.get("nvidia-smi"):
     out["nvidia_smi"] = run(a["gpu_query"]); out["nvidia_smi_version"] = run(["nvidia-smi", "--version"])
 ib = "/sys/class/infiniband"
 out["ib_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
+out["ib_ports"] = read_sysfs(ib)
+if shutil.which("ibv_devinfo"):  # the verbs library's view, where the tool is installed
+    out["ibv_devinfo"] = run(["ibv_devinfo", "-v"])
 try:
     out["ephemeral_ports"] = [int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split()]
 except (OSError, ValueError):
@@ -206,6 +210,12 @@ def facts_from_json(d: dict) -> NodeFacts:
     for k in ("data", "model"):
         if d.get(k):
             setattr(f, k, FileFact(**d[k]))
+    ports = d.get("ib_ports") or []
+    verbs = d.get("ibv_devinfo") or {}
+    if not ports and verbs.get("rc") == 0:  # no HCA in sysfs (a container's /sys?), but the verbs library sees some
+        ports = parse_ibv_devinfo(verbs.get("out", ""))
+        f.ib_devices = f.ib_devices or sorted({p["hca"] for p in ports})
+    f.ib_ports = ports_from_probe(ports)
     f.missing_tools = sorted(t for t, p in (d.get("tools") or {}).items() if not p)
     return f
 

@@ -141,10 +141,41 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
                 _copy_file(master, sp, t, dp, progress=cb)
             after = manifest(t, py, dest)
             if after.get("sha256") != s["sha256"]:
-                acts.append(SyncAction(i, kind, dest, "failed", "checksum differs after the copy"))
+                # files the master lacks are never deleted (they are not the master's to judge): name them
+                extra = sorted({rel for rel, _, _ in after.get("files", [])} - set(want))
+                why = (f"{len(extra)} file(s) on the node are not on the master: {', '.join(extra[:5])}"
+                       f"{' ...' if len(extra) > 5 else ''}; remove them or the directory, then sync again"
+                       if extra else "checksum differs after the copy")
+                acts.append(SyncAction(i, kind, dest, "failed", why))
             else:
                 acts.append(SyncAction(i, kind, dest, "copied", f"{s['size']} bytes, sha256 verified"))
         return acts
 
     labels = {i: n.label for i, n in enumerate(nodes)}
     return on_nodes(one, [i for i in sorted(transports) if i != 0], timeout=timeout, labels=labels)
+
+
+def sync_from_master(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
+                     overwrite: bool = False) -> tuple[list[str], int]:
+    """The checksum-verified copy `qwen-tui check --sync` runs, for the wizard's Network step: data, model and
+    training code from the master to the nodes that lack them (or, with `overwrite`, whose copy differs). Nodes
+    not probed yet are probed first. Returns one line per node and kind, and how many copies differ and were
+    left."""
+    from qwen_tui.nodes.probe import probe_node
+
+    facts = ClusterFacts(nodes=dict(facts.nodes))
+    for i in sorted(transports):
+        if i not in facts.nodes or facts.nodes[i].error:
+            out = probe_node(transports[i], preset, i)
+            facts.nodes[i] = out[0] if isinstance(out, tuple) else out  # (facts, raw JSON)
+    res = sync(preset, transports, facts, overwrite=overwrite)
+    lines, differ = [], 0
+    for i, acts in sorted(res.items()):
+        lab = preset.cluster.nodes[i].label
+        if isinstance(acts, BaseException):
+            lines.append(f"{lab}: {acts}")
+            continue
+        for a in acts:
+            lines.append(f"{lab} {a.kind}: {a.action}" + (f" ({a.detail})" if a.detail else ""))
+            differ += a.action.startswith("differs")
+    return lines, differ

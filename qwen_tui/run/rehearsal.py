@@ -5,6 +5,9 @@ a port range blocked for the collective. Bounded: the job's own timeouts plus a
 deadline here, after which every node's group is stopped. `add_rehearsal` puts its
 verdict into a node-check report (the rehearsal column of `qwen-tui check`).
 It starts a job of the plan, so it lives with the launch (run/), above the checks.
+
+With NCCL, the rehearsal runs with NCCL_DEBUG=INFO and reports, per node, the
+network NCCL chose between nodes (NET/IB or NET/Socket), read from those lines.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import Optional
 
 from qwen_tui.facts import ClusterFacts
 from qwen_tui.failures import CONSEQUENTIAL, Diagnosis, diagnose
+from qwen_tui.ib import nccl_transport
 from qwen_tui.nodes.checks import CheckReport
+from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
@@ -72,6 +77,24 @@ class RehearsalResult:
     rcs: dict[int, Optional[int]] = field(default_factory=dict)
     log_tails: dict[int, list[str]] = field(default_factory=dict)
     left_running: list[int] = field(default_factory=list)  # nodes where a process survived the stop (never expected)
+    transports: dict[int, Optional[str]] = field(default_factory=dict)  # node -> "IB" | "Socket" | ... (NCCL's word)
+
+
+# What the rehearsal needs NCCL to say: its INIT and NET lines name the network it chose.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def rehearsal_env(env: dict[str, str], backend: str) -> dict[str, str]:
+    """The node's plan env for the rehearsal: with NCCL, its INFO lines on (over the preset's own choice) and
+    in the job's log, where they are read (not in an NCCL_DEBUG_FILE)."""
+    if backend != "nccl":
+        return {**env, "QT_BACKEND": backend}
+    return {**{k: v for k, v in env.items() if k != "NCCL_DEBUG_FILE"}, "QT_BACKEND": backend, **NCCL_DEBUG_ENV}
+
+
+def _tail(text: str, n: int = 15) -> list[str]:
+    """The last lines worth showing: NCCL's INFO chatter would bury the error."""
+    return [x for x in text.splitlines() if x.strip() and " NCCL INFO " not in x][-n:]
 
 
 def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int) -> list[str]:
@@ -102,7 +125,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
 
     def start(r: int) -> int:
         c = cmds[r]
-        env = {**c.env, "QT_BACKEND": plan.backend}
+        env = rehearsal_env(c.env, plan.backend)
         return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout), env=env,
                                        cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
@@ -139,7 +162,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
                 recs[(r, rec["rank"])] = rec
     wall = time.monotonic() - t0
     res = RehearsalResult(ok=False, message="", wall_s=wall, rcs=rcs, left_running=left,
-                          log_tails={r: [x for x in t.splitlines() if x.strip()][-15:] for r, t in texts.items()})
+                          log_tails={r: _tail(t) for r, t in texts.items()},
+                          transports={r: nccl_transport(t) for r, t in texts.items()} if plan.backend == "nccl" else {})
     labels = {r: c.label for r, c in cmds.items()}
     if failed_start:
         r = min(failed_start)
@@ -152,6 +176,9 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         res.message = (f"rendezvous in {res.meet_s:.1f}s, all-reduce bus bandwidth "
                        f"{res.busbw_gbps if res.busbw_gbps is None else round(res.busbw_gbps, 2)} Gbit/s "
                        f"({plan.backend}, world {plan.world_size})")
+        if res.transports:
+            res.message += "; NCCL network: " + ", ".join(
+                f"{labels[r]} {'NET/' + v if v else 'not reported'}" for r, v in sorted(res.transports.items()))
     else:
         bad = [r for r, v in rcs.items() if v not in (None, 0)] or [r for r, v in rcs.items() if v is None]
         diags = {r: diagnose(texts.get(r, "")) for r in bad}
@@ -188,6 +215,7 @@ def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckRe
         rep._checked.setdefault(i, set()).add("rehearsal")
     if r.ok:
         rep.findings.append(Finding(INFO, "REHEARSAL", r.message, "", 0, "rehearsal"))
+        rep.findings += nccl_network_findings(rep.labels, rep.facts, r.transports)
     else:
         tail = "\n".join(r.log_tails.get(r.failed_node, [])[-8:]) if r.failed_node is not None else ""
         rep.findings.append(Finding(ERROR, "REHEARSAL_FAILED", r.message + ("\n" + tail if tail else ""),

@@ -55,7 +55,7 @@ async def test_rerun_one_network_check_at_a_time(cluster, preset, tmp_path):
         assert isinstance(screen, NetworkScreen)
         # each check has its own key, shown in the footer
         keys = {b.key: b.description for b in screen.BINDINGS}
-        assert keys == {"r": "All checks", "p": "Ports", "f": "Firewall", "b": "Bandwidth"}
+        assert keys == {"r": "All checks", "p": "Ports", "f": "Firewall", "b": "Bandwidth", "s": "Sync from master"}
         footer = app.export_screenshot().replace("&#160;", " ")
         assert all(d in footer for d in keys.values())
         assert _port_cells(screen) == ["not checked"] * 3

@@ -87,7 +87,8 @@ def test_the_connect_bound_grows_with_the_longest_jump_chain(tmp_path):
     from qwen_tui.nodes.connect import _most_hops
 
     cfg = tmp_path / "config"
-    cfg.write_text(CONFIG)
+    # OpenSSH (`ssh -G`) refuses the whole file over the empty hop: leave that entry out here
+    cfg.write_text(CONFIG.replace("Host empty\n    ProxyJump gw,,bastion\n", ""))
 
     def preset_of(*hosts):
         return Preset.model_validate({

@@ -2,7 +2,9 @@
 worker, firewall findings and iperf3 bandwidth per worker against the 10 Gbit/s
 line. `r` re-runs all the checks (the same ones `replay` runs before launching);
 `p`, `f` and `b` re-run one of them (ports, firewall, bandwidth) and leave what
-the others found as it was."""
+the others found as it was. `s` copies the data, model and training code from the
+master to the nodes that lack them (checksum-verified, as `check --sync`); a copy
+that differs is replaced only after a yes."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Static
 
 from ...nodes.checks import replace_findings, run_checks, run_network_check
+from ...nodes.sync import sync_from_master
 from ..messages import ActionDone
+from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
 from .base import StepScreen
 
@@ -31,7 +35,8 @@ class NetworkScreen(StepScreen):
     BINDINGS = [Binding("r", "check", "All checks"),
                 Binding("p", "check_one('port')", "Ports"),
                 Binding("f", "check_one('firewall')", "Firewall"),
-                Binding("b", "check_one('bandwidth')", "Bandwidth")]
+                Binding("b", "check_one('bandwidth')", "Bandwidth"),
+                Binding("s", "sync", "Sync from master")]
 
     def body(self) -> ComposeResult:
         yield Label("Network: workers reach the master on one port; collectives need bandwidth.", classes="intro")
@@ -123,7 +128,44 @@ class NetworkScreen(StepScreen):
         facts, findings = run_network_check(self.state.preset, conns.succeeded, which, self.state.facts)
         self.post_message(ActionDone("net-one", result=(which, facts, findings)))
 
+    def action_sync(self) -> None:
+        self.notify("copying what the nodes lack from the master…")
+        self.sync_files(False)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="net")
+    def sync_files(self, overwrite: bool) -> None:
+        conns = self.connect_nodes()
+        if not conns.ok or 0 not in conns.succeeded:
+            self.post_message(ActionDone("net-sync", error="; ".join(conns.errors_text())
+                                         or "the master is not connected"))
+            return
+        lines, differ = sync_from_master(self.state.preset, conns.succeeded, self.state.facts, overwrite=overwrite)
+        self.post_message(ActionDone("net-sync", result=(lines, differ)))
+
+    def _sync_done(self, msg: ActionDone) -> None:
+        if msg.error:
+            self.notify(msg.error, severity="error", title="Sync")
+            return
+        lines, differ = msg.result
+
+        def replace(yes: bool | None) -> None:
+            if yes:
+                self.notify("replacing the differing copies with the master's…")
+                self.sync_files(True)
+            else:
+                self.check()  # what the nodes hold now
+
+        body = "\n".join(lines) or "nothing to copy: no node lacks the data, model or code"
+        if differ:
+            self.app.push_screen(Confirm("Sync from the master", body + f"\n\nReplace the {differ} copy(ies) "
+                                         "that differ from the master's?", yes="Replace", danger=True), replace)
+        else:
+            self.app.push_screen(Notice("Sync from the master", body), lambda _: self.check())
+
     def on_action_done(self, msg: ActionDone) -> None:
+        if msg.action == "net-sync":
+            self._sync_done(msg)
+            return
         if msg.action == "net-one":
             self._one_done(msg)
             return

@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Label, Static
 
 from ...nodes import hostlists
 from ...nodes.probe import probe_node
+from ...nodes.sshconfig import ssh_config_import_text
 from ...preset import PresetError
 from ..messages import ActionDone, ChangePreset, NodeProgress
 from ..modals import Form, ImportNodes, Notice
@@ -133,8 +134,10 @@ class NodesScreen(StepScreen):
         cfg = os.path.expanduser(self.state.preset.cluster.ssh_config or "~/.ssh/config")
         text = ""
         if os.path.exists(cfg):
-            with open(cfg, encoding="utf-8", errors="replace") as f:
-                text = f.read()
+            try:  # with its Includes expanded: hosts defined in included files are offered too
+                text = ssh_config_import_text(cfg)
+            except ValueError as e:
+                self.notify(str(e), severity="warning")
 
         def done(ans: Optional[tuple[str, str]]) -> None:
             if not ans:
