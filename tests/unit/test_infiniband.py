@@ -13,7 +13,7 @@ from qwen_tui.ib import (SYSFS_READER, nccl_ib_env, nccl_transport, parse_ibv_de
                          read_sysfs)
 from qwen_tui.nodes.ibcheck import ib_findings, nccl_network_findings
 from qwen_tui.nodes.probe import facts_from_json
-from qwen_tui.nodes.rehearsal import _tail, rehearsal_env
+from qwen_tui.run.rehearsal import _tail, rehearsal_env
 from qwen_tui.plan import make_plan
 from qwen_tui.preset import Preset
 
