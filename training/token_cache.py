@@ -17,8 +17,8 @@ added tokens), the chat template actually used, the max length, the encoder's ow
 transformers/tokenizers versions. Packing does not change a record's tokens (it only places records
 in rows), so it is not part of the key. --lazy_preprocess tokenizes on the fly and uses no cache.
 
-Each rank that gets the data set logs one line: "tokenized cache built", "reused" (a candidate found it)
-or "loaded" (a waiter): a test counts them.
+Each rank that gets the data set logs one line: "tokenized cache built", "reused" (a candidate found an
+earlier run's file) or "loaded" (this run's build, read by a rank that waited for it): a test counts them.
 """
 
 from __future__ import annotations
@@ -287,7 +287,10 @@ def cached_dataset(convs, encoder, build, what: str):
     deadline = time.monotonic() + s.timeout_s
     candidate = local_rank == 0
     bad_load, bad_stamp = None, None
+    first = True
     while True:
+        if not first:
+            time.sleep(POLL_S)
         stamp = _stamp(path)
         if stamp is not None and stamp != bad_stamp:
             try:
@@ -298,12 +301,14 @@ def cached_dataset(convs, encoder, build, what: str):
                     log.warning("tokenized cache: %s unreadable (%s): building it again", path, bad_load)
                     return _build(path, lock, failed, build, what)
             else:
-                log.info("tokenized cache %s: %s (%s: %d records)", "reused" if candidate else "loaded", path,
-                         what, len(ds))
+                # "reused": a builder candidate found an earlier run's file; "loaded": this run's build, or a waiter
+                log.info("tokenized cache %s: %s (%s: %d records)", "reused" if candidate and first else "loaded",
+                         path, what, len(ds))
                 return ds
         elif candidate and _take_lock(lock):  # no file (or the unreadable one's builder is gone)
             if _stamp(path) != stamp:  # another builder finished meanwhile
                 lock.unlink(missing_ok=True)
+                first = False
                 continue
             return _build(path, lock, failed, build, what)
         err = _failure(failed, what, since)
@@ -314,4 +319,4 @@ def cached_dataset(convs, encoder, build, what: str):
                 f"waited {s.timeout_s:g} s for the tokenized cache of {what} ({path}, build lock held by "
                 f"{_holder(lock)}{'; last read: ' + bad_load if bad_load else ''}); raise --tokenize_timeout, "
                 f"or --tokenized_cache_dir none to tokenize on every rank")
-        time.sleep(POLL_S)
+        first = False
