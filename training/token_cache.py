@@ -81,10 +81,15 @@ def settings() -> Settings:
 # ------------------------------------------------------------------ the key
 
 def _encoder_source() -> str:
+    """The encoder's code: a change to it invalidates every cache. Without sources (a bytecode-only install),
+    the module's compiled code stands in."""
     from training import data
 
-    return inspect.getsource(data.ChatEncoder) + inspect.getsource(data.EagerDataset) + \
-        inspect.getsource(data._has_labels)
+    try:
+        return inspect.getsource(data.ChatEncoder) + inspect.getsource(data.EagerDataset) + \
+            inspect.getsource(data._has_labels)
+    except (OSError, TypeError):
+        return repr([data.ChatEncoder.encode.__code__.co_code, data.ChatEncoder.assistant_spans.__code__.co_code])
 
 
 def cache_key(convs, encoder) -> str:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
 import pytest
+from worker_helpers import ROOT, demo_records, free_port, write_jsonl
 
 from training.errors import InputError
 from training.resume_agreement import NodeHolds, choose
@@ -47,3 +55,37 @@ def test_an_explicit_checkpoint_must_be_on_every_node():
 
 def test_two_ranks_of_one_node_that_see_different_lists_count_what_both_see():
     assert choose([_h(0, 2, 4), _h(0, 2), _h(1, 2, 4)]) == 2
+
+
+def _fake_checkpoint(out, step):
+    d = out / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    (d / "finetune_state.json").write_text(json.dumps({"step": step}))
+
+
+def test_two_torchrun_nodes_without_a_common_checkpoint_both_refuse_naming_each_other(tmp_path, tiny_model):
+    """Two torchrun agents on this machine as nodes 0 and 1, each with its own output dir: the agreement runs
+    through torchrun's real store, before any process group, model or file."""
+    data = write_jsonl(tmp_path / "chat.jsonl", demo_records(16))
+    port = free_port()
+    outs = [tmp_path / "out0", tmp_path / "out1"]
+    _fake_checkpoint(outs[0], 6)
+    for s in (2, 4):
+        _fake_checkpoint(outs[1], s)
+    procs = []
+    for rank, out in enumerate(outs):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+               "-m", "training.finetune", "--model_name_or_path", str(tiny_model), "--data_path", str(data),
+               "--output_dir", str(out), "--use_cpu", "--use_lora", "--max_steps", "2", "--save_on_each_node",
+               "--resume_from_checkpoint", "auto", "--tokenized_cache_dir", "none"]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                           "OMP_NUM_THREADS": "1"},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=180)[0] for p in procs]
+    host = socket.gethostname()
+    for p, log in zip(procs, logs):
+        assert p.returncode != 0 and re.search(r"exitcode\s*:\s*2\b", log), log[-3000:]
+        assert (f"no complete checkpoint in common (node 0 ({host}): checkpoint-6; "
+                f"node 1 ({host}): checkpoint-2, checkpoint-4)") in log, log[-3000:]
+    assert sorted(p.name for p in outs[0].iterdir()) == ["checkpoint-6"]  # nothing written
