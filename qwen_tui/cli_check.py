@@ -57,9 +57,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         rep = run_checks(preset, transports, connect_errors=conns.failed,
                          bandwidth_seconds=args.bandwidth_seconds)
+        download_failed = None
         if args.sync and 0 in transports:
+            from qwen_tui.nodes.hubmodel import download_on_master, hub_id
             from qwen_tui.nodes.sync import sync
 
+            if hub_id(preset.training.model):  # the master downloads once; the sync below copies it
+                action, path, detail = download_on_master(
+                    preset, transports[0], python=preset.cluster.nodes[0].python_for(sys.executable))
+                console.print(f"download {preset.cluster.nodes[0].label} model: {action} {path} {detail}",
+                              markup=False, highlight=False)
+                if action == "failed":
+                    download_failed = detail
+                elif action == "downloaded":  # the master's copy is a fact only now
+                    rep = run_checks(preset, transports, connect_errors=conns.failed,
+                                     bandwidth_seconds=args.bandwidth_seconds)
             res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
                        progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
                                                                  f"{d * 100 // max(t, 1)}%", end="\r"))
@@ -70,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
                     console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
             rep = run_checks(preset, transports, connect_errors=conns.failed,
                              bandwidth_seconds=args.bandwidth_seconds)
+        if download_failed:
+            from qwen_tui.nodes.findings import ERROR, Finding
+
+            rep.findings.append(Finding(ERROR, "MODEL_DOWNLOAD_FAILED", download_failed,
+                                        "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "
+                                        "the model in the master's hub cache", 0, "model"))
         if not args.no_rehearsal and len(transports) == len(preset.cluster.nodes) and rep.ok:
             add_rehearsal(preset, transports, rep, local_python=sys.executable)
     finally:

@@ -127,6 +127,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a += ["--resume_from_checkpoint", t.resume_from_checkpoint]
     if t.lazy_preprocess:
         a.append("--lazy_preprocess")
+    if t.tokenized_cache_dir:
+        a += ["--tokenized_cache_dir", t.tokenized_cache_dir]
     if t.device == "cpu":
         a.append("--use_cpu")
     if save_on_each_node:

@@ -130,6 +130,9 @@ class Training(_Strict):
     seed: int = 42
     resume_from_checkpoint: Optional[str] = None
     lazy_preprocess: bool = False
+    tokenized_cache_dir: Optional[str] = Field(
+        default=None, description="where each node caches the tokenized data (the worker's default: "
+        "~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
     merge_lora: bool = False
     extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
 

@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maximum tokens per record; longer records are truncated and counted (default 8192)")
     add_bool(d, "lazy_preprocess",
                    help="tokenize records on the fly instead of all up front (records are still validated up front)")
+    d.add_argument("--tokenized_cache_dir", default=None, metavar="DIR|none",
+                   help="where the tokenized data is cached, keyed by the data's checksum, the tokenizer, the chat "
+                   "template and --model_max_length: local rank 0 of each node (one rank in all when every node "
+                   "sees DIR) tokenizes, the other ranks load it, a later run reuses it; 'none' tokenizes on every "
+                   "rank (default $QWEN_TUI_TOKENIZED_CACHE, else ~/.cache/qwen-tui/tokenized)")
+    d.add_argument("--tokenize_timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="how long a rank waits for another rank's tokenized cache before it gives up (default 3600)")
     d.add_argument("--dataloader_num_workers", type=int, default=0,
                    help="data loader worker processes (default 0: tokenize in the training process)")
 
@@ -253,5 +260,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--profile_trace writes the trace of --profile_step N; give --profile_step too")
     if args.random_init and args.resume_from_checkpoint:
         raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
+    if args.tokenize_timeout <= 0:
+        raise InputError(f"--tokenize_timeout must be positive, got {args.tokenize_timeout:g}")
     if args.model_max_length < 8:
         raise InputError(f"--model_max_length {args.model_max_length} is too short for a chat turn")

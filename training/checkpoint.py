@@ -51,18 +51,43 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]
 
 
 def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
-    """`auto` -> the latest complete checkpoint in output_dir (None when there is none yet)."""
+    """`auto` -> the latest complete checkpoint in output_dir (None when there is none yet).
+
+    Under torchrun the ranks agree first (training.resume_agreement): with a copy of the checkpoints on each
+    node, `auto` is the newest step every node holds complete, and an explicit checkpoint must be complete on
+    every node; otherwise every rank refuses, naming the nodes."""
     if not arg:
         return None
     if arg == "auto":
         found = complete_checkpoints(output_dir)
-        return found[-1][1] if found else None
+        step = _agreed(found, None)
+        if step is _ALONE:
+            return found[-1][1] if found else None
+        return dict(found)[step] if step is not None else None
     p = Path(arg)
+    m = CKPT_RE.match(p.name)
+    if m:  # every node must hold this step complete: ask the others before refusing alone
+        step = int(m.group(1))
+        _agreed([(s, c) for s, c in complete_checkpoints(p.parent) if s == step], step)
     if not p.is_dir():
         raise InputError(f"--resume_from_checkpoint {arg}: no such directory")
     if state_file(p) is None:
         raise InputError(f"--resume_from_checkpoint {arg}: not a complete checkpoint (no {STATE_FILE})")
     return p
+
+
+_ALONE = object()
+
+
+def _agreed(found: list[tuple[int, Path]], want: int | None):
+    """The step the ranks agreed on (None: start afresh), or _ALONE where there are no other ranks to ask."""
+    from training import resume_agreement
+
+    timeout = float(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800)
+    holds = resume_agreement.gather_holds([s for s, _ in found], timeout)
+    if holds is None:
+        return _ALONE
+    return resume_agreement.choose(holds, want)
 
 
 def read_state(ckpt: Path) -> dict:

@@ -170,6 +170,13 @@ class EagerDataset(torch.utils.data.Dataset):
             self.stats.label_tokens += sum(1 for x in e.labels if x != IGNORE_INDEX)
             self.items.append(e)
 
+    @classmethod
+    def from_items(cls, items: list[Encoded], stats: DataStats) -> "EagerDataset":
+        """A data set tokenized earlier (training.token_cache)."""
+        ds = cls.__new__(cls)
+        ds.items, ds.stats = items, stats
+        return ds
+
     def __len__(self):
         return len(self.items)
 
@@ -197,7 +204,13 @@ class LazyDataset(torch.utils.data.Dataset):
 
 
 def build_dataset(convs: list[Conversation], encoder: ChatEncoder, lazy: bool):
-    return LazyDataset(convs, encoder) if lazy else EagerDataset(convs, encoder)
+    """Lazy, or tokenized up front once per node through the tokenized cache (when the worker configured one)."""
+    if lazy:
+        return LazyDataset(convs, encoder)
+    from training import token_cache
+
+    return token_cache.cached_dataset(convs, encoder, lambda: EagerDataset(convs, encoder),
+                                      f"{len(convs)} records")
 
 
 class Collator:

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
     from training.recipe import FinetuneRecipe  # imports torch: only after the flags are known to be fine
+    from training import token_cache
+
+    token_cache.configure(args.tokenized_cache_dir, args.tokenize_timeout)
 
     from transformers.utils import logging as hf_logging
 

@@ -41,7 +41,13 @@ def resolve_model_source(name_or_path: str, local_rank: int) -> str:
         if not (p / "config.json").is_file():
             raise InputError(f"{name_or_path}: no config.json in the model directory")
         return str(p)
-    return name_or_path  # a hub id such as Qwen/Qwen2.5-7B-Instruct
+    # A hub id such as Qwen/Qwen2.5-7B-Instruct: the copy `qwen-tui check --sync` put in the workdir (the master
+    # downloaded it once), else the hub itself (or its cache).
+    synced = Path(".qwen-tui", "models", name_or_path.replace("/", "--"))
+    if (synced / "config.json").is_file():
+        log.info("%s: using the synced copy in %s", name_or_path, synced.resolve())
+        return str(synced.resolve())
+    return name_or_path
 
 
 def read_config_dict(source: str) -> dict:

@@ -13,6 +13,7 @@ JSON lines), and what is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,14 @@ class Conversation:
     messages: tuple  # ({"role": ..., "content": ...}, ...)
 
 
+class Records(list):
+    """The checked conversations of one file, with the SHA-256 of the file's bytes (the tokenized cache's key)."""
+
+    def __init__(self, items, sha256: str):
+        super().__init__(items)
+        self.sha256 = sha256
+
+
 def resolve_data_path(path: str) -> Path:
     if path.startswith("builtin:"):
         if path not in BUILTIN_DATA:
@@ -40,7 +49,7 @@ def resolve_data_path(path: str) -> Path:
     return Path(path)
 
 
-def load_conversations(path: str) -> list[Conversation]:
+def load_conversations(path: str) -> Records:
     """Reads and checks every record of a data file."""
     file = resolve_data_path(path)
     if not file.is_file():
@@ -59,7 +68,8 @@ def load_conversations(path: str) -> list[Conversation]:
     raw = list(_parse(path, text))
     if not raw:
         raise InputError(f"{path}: no records")
-    return [_check_record(path, i, line, obj) for i, (line, obj) in enumerate(raw)]
+    return Records((_check_record(path, i, line, obj) for i, (line, obj) in enumerate(raw)),
+                   hashlib.sha256(data).hexdigest())
 
 
 class _DuplicateKey(ValueError):

@@ -196,6 +196,34 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
     return out
 
 
+def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Finding]:
+    """Per node: where the checkpoints and the final model will live, and whether the node has room for them."""
+    from .. import outputs
+    from ..modelspec import UnknownModel, resolve_model
+
+    try:
+        spec = resolve_model(preset.training.model)
+    except (UnknownModel, ValueError):
+        spec = None  # a hub id qwen-tui does not know: the places are still shown, the room is not judged
+    out = []
+    for i, label, where in outputs.places(preset):
+        f = facts.nodes.get(i)
+        if i not in probed or f is None:
+            continue
+        problem = outputs.room_problem(preset, spec, i, f.disk_free_bytes)
+        if problem:
+            out.append(Finding(ERROR, "OUTPUT_NO_ROOM", problem, "free space, lower training.save_total_limit, or "
+                               "point training.output_dir at a larger disk", i, "disk"))
+        else:
+            room = ""
+            if spec is not None and f.disk_free_bytes is not None:
+                need = outputs.output_need(preset, spec, i)
+                room = f"; ~{outputs.gib(need.total_bytes)} needed, {outputs.gib(f.disk_free_bytes)} free"
+            out.append(Finding(INFO, "OUTPUT_PLACE", f"{label}: checkpoints and final model in {where}{room}",
+                               "", i, "disk"))
+    return out
+
+
 def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: Optional[dict] = None,
                network: bool = True, bandwidth_seconds: float = 2.0,
                warn_below_gbps: float = 10.0, local_python: Optional[str] = None) -> CheckReport:
@@ -242,6 +270,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
         if raw.get("model") is not None:
             checked[i].add("model")
     rep.findings += consistency(preset, facts, probed=probed, local_python=local_python)
+    rep.findings += output_findings(preset, facts, probed)
     if len(transports) > 1:
         from .storage import detect_shared_storage
 

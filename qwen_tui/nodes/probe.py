@@ -16,6 +16,8 @@ from typing import Optional
 
 from qwen_tui.facts import GPU, FileFact, NodeFacts
 from qwen_tui.ib import SYSFS_READER, parse_ibv_devinfo, ports_from_probe
+from qwen_tui.nodes.digests import DIGESTS
+from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
@@ -25,7 +27,7 @@ VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokeni
              "nvidia-cudnn-frontend")
 TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 
-SNIPPET = SYSFS_READER + r'''
+SNIPPET = SYSFS_READER + DIGESTS + r'''
 import hashlib, json, os, platform, shutil, socket, subprocess, sys
 a = json.loads(sys.argv[1])
 out = {"hostname": socket.gethostname(), "python_version": platform.python_version(),
@@ -111,12 +113,6 @@ def soft(lim):  # -1: unlimited
     x = resource.getrlimit(lim)[0]
     return -1 if x == resource.RLIM_INFINITY else x
 out["memlock_bytes"] = soft(resource.RLIMIT_MEMLOCK); out["open_files"] = soft(resource.RLIMIT_NOFILE)
-def sha_file(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 def fact(p):
     if p is None:
         return None
@@ -134,8 +130,27 @@ def fact(p):
         return {"path": q, "exists": True, "size_bytes": sum(i[1] for i in items), "sha256": h}
     return {"path": q, "exists": False}
 out["data"] = fact(a["data"]); out["model"] = fact(a["model"])
+if a.get("hub_model") and out["model"] is None:
+    # a hub id: the copy qwen-tui synced into the workdir, else the node's hub cache (the snapshot refs/main names)
+    synced, repo = a["hub_model"]
+    if os.path.isfile(os.path.join(synced, "config.json")):
+        out["model"] = fact(synced)
+    else:
+        env = dict(os.environ, **a.get("hf_env", {}))  # the run's own settings (network.env) first
+        hub = env.get("HF_HUB_CACHE") or os.path.join(env.get("HF_HOME") or os.path.join(
+            os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+        d = os.path.join(hub, "models--" + repo.replace("/", "--"))
+        try:
+            rev = open(os.path.join(d, "refs", "main")).read().strip()
+        except OSError:
+            rev = None
+        snap = os.path.join(d, "snapshots", rev) if rev else None
+        if snap and os.path.isfile(os.path.join(snap, "config.json")):
+            out["model"] = fact(snap)
+out["digest_cache"] = save_digests()
 print(json.dumps(out))
 '''
+
 
 
 def local_path(spec: str) -> Optional[str]:
@@ -229,7 +244,9 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
     tr = preset.training
     args = {"master": preset.master_addr, "tools": list(TOOLS), "gpu_query": GPU_QUERY,
             "versioned": list(VERSIONED), "output_dir": tr.output_dir,
-            "data": local_path(tr.data), "model": local_path(tr.model)}
+            "data": local_path(tr.data), "model": local_path(tr.model),
+            "hub_model": [synced_rel(tr.model), tr.model] if hub_id(tr.model) else None,
+            "hf_env": {k: v for k, v in preset.network.env.items() if k in ("HF_HOME", "HF_HUB_CACHE")}}
     r = t.run([python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
     if r.rc == 96:
         host = t.run(["hostname"], timeout=10)

@@ -14,22 +14,19 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from qwen_tui.facts import ClusterFacts
+from qwen_tui.nodes.digests import DIGESTS
+from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
 from qwen_tui.preset import Preset
 
 # path -> {"exists", "dir", "sha256", "size", "files": [[rel, size, sha256]]}; the
 # same digest as the probe's (a file's sha256, or sha256 of the JSON file list).
-MANIFEST = r'''
+MANIFEST = DIGESTS + r'''
 import hashlib, json, os, sys
 q = os.path.abspath(os.path.expanduser(sys.argv[1]))
 skip = set(json.loads(sys.argv[2]))
-def sha(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
+sha = sha_file  # digests cached by size, mtime and inode (qwen_tui.nodes.digests)
 if os.path.isfile(q):
     print(json.dumps({"path": q, "exists": True, "dir": False, "size": os.path.getsize(q), "sha256": sha(q)}))
 elif os.path.isdir(q):
@@ -45,6 +42,7 @@ elif os.path.isdir(q):
                       "sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(), "files": items}))
 else:
     print(json.dumps({"path": q, "exists": False}))
+save_digests()
 '''
 SKIP_DIRS = ["__pycache__", ".git"]
 
@@ -116,6 +114,12 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
                 nf = facts.nodes.get(i)
                 ff = getattr(nf, kind) if nf else None
                 path = ff.path if ff is not None else s["path"]
+                if kind == "model" and hub_id(preset.training.model):
+                    if ff is not None and ff.exists and ff.sha256 == s["sha256"]:
+                        acts.append(SyncAction(i, kind, ff.path, "same"))
+                        continue
+                    # into the workdir's synced copy, where the worker looks for a hub id first
+                    path = posixpath.join(nodes[i].workdir, synced_rel(preset.training.model))
             if not s["exists"]:
                 acts.append(SyncAction(i, kind, path, "missing on master", s["path"]))
                 continue

@@ -119,6 +119,11 @@ def print_plan(plan: LaunchPlan, console: Console) -> None:
         for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
+    from ..outputs import plan_places
+
+    console.rule("checkpoints and final model")
+    for rank, label, where in plan_places(plan):
+        console.print(f"  node {rank} ({label}): {where}", markup=False, highlight=False)
 
 
 def print_advice(advice: Iterable, console: Console) -> None:

@@ -1,0 +1,100 @@
+"""Hub models downloaded once: the master fetches a hub id, the sync copies it to the other nodes.
+
+Without this every node resolved `Qwen/Qwen2.5-72B-Instruct` on its own: N downloads of 145 GB, and nodes
+that cannot reach the hub failed at load. Now (`qwen-tui check --sync`):
+- the master runs huggingface_hub's snapshot_download (its hub cache; HF_HUB_OFFLINE, HF_ENDPOINT, HF_HOME
+  and HF_HUB_CACHE honoured, from the master's environment and the preset's network.env) and lays the
+  snapshot out in its workdir as `.qwen-tui/models/ORG--NAME` (hard links into the hub cache where the
+  filesystem allows, so no second copy; staged in `.partial` and renamed when complete);
+- the checksum-verified sync copies that directory to the nodes that lack it, at the same place in
+  their workdir;
+- the worker, given a hub id, loads `.qwen-tui/models/ORG--NAME` from its workdir when it is there
+  (training.model.resolve_model_source).
+A token (HF_TOKEN) reaches the master's download through stdin, never argv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+from typing import Optional
+
+SYNCED_DIR = ".qwen-tui/models"
+HF_PASSED = ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_ENABLE_HF_TRANSFER")
+_HUB_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def hub_id(spec: str) -> bool:
+    """ORG/NAME as the hub spells it (a path starts with /, . or ~; builtin: is ours)."""
+    return not spec.startswith(("builtin:", "/", ".", "~")) and _HUB_ID.fullmatch(spec) is not None
+
+
+def synced_rel(repo_id: str) -> str:
+    """Where the synced copy lives, relative to a node's workdir (training.model reads the same place)."""
+    return posixpath.join(SYNCED_DIR, repo_id.replace("/", "--"))
+
+
+DOWNLOAD = r'''
+import json, os, shutil, sys
+repo, dest = sys.argv[1], os.path.abspath(sys.argv[2])
+if os.path.isfile(os.path.join(dest, "config.json")):
+    print(json.dumps({"path": dest, "already": True})); sys.exit(0)
+try:
+    from huggingface_hub import snapshot_download
+except ImportError:
+    print("huggingface_hub is not installed for " + sys.executable, file=sys.stderr); sys.exit(3)
+token = sys.stdin.read().strip() or None
+try:
+    src = snapshot_download(repo, token=token)
+except Exception as e:
+    print("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr); sys.exit(4)
+part = dest + ".partial"
+shutil.rmtree(part, ignore_errors=True)
+linked = copied = 0
+for root, dirs, files in os.walk(src):
+    dirs.sort()
+    for n in sorted(files):
+        f = os.path.join(root, n)
+        t = os.path.join(part, os.path.relpath(f, src))
+        os.makedirs(os.path.dirname(t), exist_ok=True)
+        try:
+            os.link(os.path.realpath(f), t); linked += 1
+        except OSError:
+            shutil.copy2(os.path.realpath(f), t); copied += 1
+os.makedirs(os.path.dirname(dest), exist_ok=True)
+os.rename(part, dest)
+print(json.dumps({"path": dest, "source": src, "linked": linked, "copied": copied}))
+'''
+
+
+def hf_env(network_env: dict, own_env: Optional[dict] = None) -> tuple[dict, Optional[str]]:
+    """(environment for the master's download, token): qwen-tui's own HF_* settings, the preset's winning."""
+    own = os.environ if own_env is None else own_env
+    env = {k: own[k] for k in HF_PASSED if own.get(k)}
+    env.update({k: v for k, v in network_env.items() if k in HF_PASSED})
+    token = network_env.get("HF_TOKEN") or own.get("HF_TOKEN") or own.get("HUGGING_FACE_HUB_TOKEN")
+    return env, token
+
+
+def download_on_master(preset, transport, *, python: str, timeout: float = 7200.0) -> tuple[str, str, str]:
+    """Fetches the preset's hub model on node 0. Returns (action, path, detail): action is 'downloaded',
+    'already there' or 'failed'."""
+    repo = preset.training.model
+    master = preset.cluster.nodes[0]
+    dest = synced_rel(repo)
+    env, token = hf_env(preset.network.env)
+    r = transport.run([python, "-c", DOWNLOAD, repo, dest], timeout=timeout, env=env, cwd=master.workdir,
+                      input=(token or "").encode())
+    if r.rc != 0:
+        why = (r.stderr.strip() or r.stdout.strip())[-400:] or f"exit {r.rc}"
+        return "failed", dest, f"{repo} on node 0: {why}"
+    try:
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return "failed", dest, f"{repo} on node 0: no result printed: {r.stdout[-200:]!r}"
+    if res.get("already"):
+        return "already there", res["path"], ""
+    return "downloaded", res["path"], (f"{repo} from {res['source']} ({res['linked']} files linked, "
+                                       f"{res['copied']} copied)")
