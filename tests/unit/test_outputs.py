@@ -12,7 +12,7 @@ from qwen_tui.modelspec import resolve_model
 from qwen_tui.nodes.checks import output_findings
 from qwen_tui.plan import make_plan
 from qwen_tui.preset import parse_preset
-from qwen_tui.run.session import print_plan
+from qwen_tui.run.live import print_plan
 
 GiB = 2 ** 30
 
