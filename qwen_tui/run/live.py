@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
 
@@ -70,12 +71,18 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
 
     old_int = signal.signal(signal.SIGINT, _on_signal)
     old_term = signal.signal(signal.SIGTERM, _on_signal)
+    # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
+    watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
+    if watch is not None:
+        watch.start()
     try:
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             out = la.wait(interval=interval, on_update=lambda l: live.update(render(l)), max_seconds=max_seconds)
             live.update(render(la))
         console.print()
     finally:
+        if watch is not None:
+            watch.stop(flush_last=False)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
