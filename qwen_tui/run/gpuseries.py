@@ -133,8 +133,11 @@ class GpuSeriesWriter:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        # The first window is short: the worker's first logging steps then already have every node's load.
+        wait = min(1.0, self.interval)
+        while not self._stop.wait(wait):
             self.flush()
+            wait = self.interval
 
     def stop(self, timeout: float = 20.0, flush_last: bool = True) -> None:
         """Ends the flush thread (bounded) and writes what is left (not when the worker has ended anyway)."""
