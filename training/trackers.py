@@ -55,7 +55,19 @@ def which_trackers(values: list[str], check: bool = True) -> list[str]:
         if importlib.util.find_spec(mod) is None:
             raise InputError(f"--report_to {n} needs the '{pip}' package, which {sys.executable} cannot import: "
                              f"pip install {pip}")
+    if check and "mlflow" in chosen:
+        _check_mlflow_store()
     return chosen
+
+
+def _check_mlflow_store() -> None:
+    """MLflow's default store (sqlite:///mlflow.db since MLflow 3) needs sqlalchemy, which mlflow-skinny lacks:
+    without a tracking URI that would fail only once the model has loaded."""
+    if os.environ.get("MLFLOW_TRACKING_URI") or importlib.util.find_spec("sqlalchemy") is not None:
+        return
+    raise InputError("--report_to mlflow: MLFLOW_TRACKING_URI is not set and MLflow's default sqlite store needs "
+                     "sqlalchemy (pip install mlflow, not mlflow-skinny); or set MLFLOW_TRACKING_URI to your MLflow "
+                     "server (http://HOST:5000)")
 
 
 def default_logging_dir(output_dir: str) -> str:

@@ -27,6 +27,7 @@ def test_report_to_takes_hfs_spellings(monkeypatch):
     assert parse_args(BASE + ["--report_to", "none"]).report_to == []
     assert parse_args(BASE + ["--report_to", "tensorboard,wandb"]).report_to == ["tensorboard", "wandb"]
     assert parse_args(BASE + ["--report_to", "wandb", "TensorBoard", "wandb"]).report_to == ["wandb", "tensorboard"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert parse_args(BASE + ["--report_to", "all"]).report_to == ["tensorboard", "wandb", "mlflow"]  # installed here
     args = parse_args(BASE + ["--report_to", "tensorboard", "--run_name", "exp1"])
     assert args.flag_warnings == [] and args.run_name == "exp1"
@@ -36,6 +37,12 @@ def test_report_to_takes_hfs_spellings(monkeypatch):
         parse_args(BASE + ["--report_to", "tensorbord"])
     with pytest.raises(InputError, match="none cannot be combined"):
         parse_args(BASE + ["--report_to", "none,wandb"])
+    import importlib.util
+
+    if importlib.util.find_spec("sqlalchemy") is None:  # mlflow-skinny: no default store, said before training
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        with pytest.raises(InputError, match="--report_to mlflow: MLFLOW_TRACKING_URI is not set"):
+            parse_args(BASE + ["--report_to", "mlflow"])
 
 
 BLOCK_WANDB = """
