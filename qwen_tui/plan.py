@@ -135,6 +135,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a.append("--save_on_each_node")
     if ddp_timeout is not None:
         a += ["--ddp_timeout", str(ddp_timeout)]
+    if t.report_to:
+        a += ["--report_to", ",".join(t.report_to)]
     return a + list(t.extra_args)
 
 

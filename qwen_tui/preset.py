@@ -134,7 +134,19 @@ class Training(_Strict):
         default=None, description="where each node caches the tokenized data (the worker's default: "
         "~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
     merge_lora: bool = False
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
+        default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
     extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        # HF's spellings: "tensorboard", "tensorboard,wandb", "none", or a list of names
+        if isinstance(v, str):
+            v = [n.strip() for n in v.split(",") if n.strip()]
+        if isinstance(v, list) and [str(n).lower() for n in v] == ["none"]:
+            return []
+        return [n.lower() if isinstance(n, str) else n for n in v] if isinstance(v, list) else v
 
     @field_validator("zero_stage")
     @classmethod

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe.setup()
         recipe.train()
         recipe.save_final()
-        if recipe.eval_ds is not None:
+        if recipe.eval_ds is not None and getattr(recipe, "evaluated_step", None) != recipe.step:
             recipe.evaluate()
         recipe.finish()
         return EXIT_OK

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from training.errors import InputError
+from training.trackers import default_logging_dir, which_trackers
 
 TRUE_WORDS = {"true", "t", "yes", "y", "1", "on"}
 FALSE_WORDS = {"false", "f", "no", "n", "0", "off"}
@@ -23,9 +25,7 @@ EVAL_STRATEGIES = ["no", "steps", "epoch"]
 
 # HF flags with no counterpart here: (argparse kwargs, why it has no effect). Each prints one warning if given.
 NO_EFFECT = {
-    "logging_dir": ({}, "metrics go to --metrics_file (OUTPUT_DIR/metrics.jsonl)"),
     "logging_strategy": ({}, "a metrics record is written every --logging_steps steps"),
-    "run_name": ({}, "runs are named by their output directory"),
     "cache_dir": ({}, "models load from the Hugging Face cache (HF_HOME)"),
     "overwrite_output_dir": ({"bool": True}, "checkpoints of the same step are replaced; resume with "
                              "--resume_from_checkpoint auto"),
@@ -68,8 +68,8 @@ def add_hf_flags(p: argparse.ArgumentParser) -> None:
     h.add_argument("--eval_strategy", "--evaluation_strategy", dest="eval_strategy", default=None,
                    choices=EVAL_STRATEGIES,
                    help="no: evaluate --eval_data_path once, at the end; steps: also every --eval_steps (default "
-                   "--logging_steps); epoch: at the end only here, with a warning. Default: steps when "
-                   "--eval_steps > 0, else no")
+                   "--logging_steps); epoch: at the end of every epoch. Default: steps when --eval_steps > 0, "
+                   "else no")
     h.add_argument("--warmup_steps", type=int, default=0,
                    help="linear warm-up over N optimizer steps; overrides --warmup_ratio when > 0 (needs --max_steps "
                    "for now, else a warning)")
@@ -77,8 +77,18 @@ def add_hf_flags(p: argparse.ArgumentParser) -> None:
                    help="optimizer name: adamw_torch, adamw_hf or adamw mean AdamW (fused as --fused_adamw decides); "
                    "adamw_torch_fused turns --fused_adamw on; any other name warns that AdamW is used")
     h.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
-                   help="none (default): metrics go to OUTPUT_DIR/metrics.jsonl only; other trackers are not "
-                   "wired yet and warn")
+                   help="where rank 0 also logs the metrics: tensorboard, wandb, mlflow (several, space- or "
+                   "comma-separated), all (every one installed) or none (default: OUTPUT_DIR/metrics.jsonl only). "
+                   "wandb reads WANDB_PROJECT (default qwen-tui), WANDB_MODE, WANDB_DIR; mlflow reads "
+                   "MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME (default qwen-tui)")
+    h.add_argument("--logging_dir", default=None,
+                   help="TensorBoard's event files (default OUTPUT_DIR/runs/DATE_HOST, as HF)")
+    h.add_argument("--run_name", default=None,
+                   help="the run's name in W&B and MLflow (default: the output directory's name)")
+    h.add_argument("--node_gpu_file", default=None, metavar="PATH",
+                   help="JSON lines of every node's GPU load, appended by qwen-tui's monitor while it follows the "
+                   "run; with --report_to, rank 0 logs them beside the loss (default: gpus.jsonl beside "
+                   "--metrics_file)")
     h.add_argument("--no_cuda", dest="use_cpu", type=str2bool, nargs="?", const=True, metavar="BOOL",
                    help="HF's older name of --use_cpu")
     for name, (kw, why) in NO_EFFECT.items():
@@ -97,9 +107,14 @@ def resolve(args: argparse.Namespace) -> list[str]:
     for name, (_, why) in NO_EFFECT.items():
         if getattr(args, name) is not None:
             warnings.append(f"--{name} has no effect here: {why}")
-    trackers = [t for t in args.report_to if t.lower() != "none"]
-    if trackers:
-        warnings.append(f"--report_to {' '.join(trackers)} has no effect yet: metrics go to {args.metrics_file}")
+    # Only rank 0 logs, so only it needs the trackers' packages (checked here, before anything loads).
+    args.report_to = which_trackers(args.report_to, check=int(os.environ.get("RANK", "0")) == 0)
+    if args.logging_dir is None:
+        args.logging_dir = default_logging_dir(args.output_dir)
+    if args.run_name is None:
+        args.run_name = os.path.basename(os.path.normpath(os.path.abspath(args.output_dir)))
+    if args.node_gpu_file is None:
+        args.node_gpu_file = os.path.join(os.path.dirname(os.path.abspath(args.metrics_file)), "gpus.jsonl")
     if args.optim not in ADAMW:
         warnings.append(f"--optim {args.optim} has no effect here: the worker trains with AdamW "
                         "(or the optimizer of a --deepspeed config)")
@@ -112,8 +127,7 @@ def resolve(args: argparse.Namespace) -> list[str]:
     elif args.eval_strategy == "steps" and args.eval_steps <= 0:
         args.eval_steps = args.logging_steps  # HF's default for eval_steps
     elif args.eval_strategy == "epoch":
-        args.eval_steps = 0
-        warnings.append("--eval_strategy epoch: the worker evaluates at the end only (use --eval_steps N)")
+        args.eval_steps = 0  # the step loop evaluates at each epoch's last step
     if args.warmup_steps < 0:
         raise InputError(f"--warmup_steps must be >= 0, got {args.warmup_steps}")
     if args.warmup_steps > 0:

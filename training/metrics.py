@@ -1,7 +1,9 @@
 """OUTPUT_DIR/metrics.jsonl: one JSON object per line, appended and flushed, rank 0 only.
 
 The monitor tails this file while training runs, so a record is written in
-one call and flushed at once; the file is never rewritten.
+one call and flushed at once; the file is never rewritten. Sinks (rank 0's
+trackers, training.trackers) get every record as written, so they log the
+same figures.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ class MetricsWriter:
         self.path = path
         self.enabled = enabled
         self._f = None
+        self.sinks: list = []  # objects with log_record(record) and close()
+
+    def add_sink(self, sink) -> None:
+        self.sinks.append(sink)
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -28,8 +34,13 @@ class MetricsWriter:
         rec.setdefault("time", time.time())
         self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         self._f.flush()
+        for sink in self.sinks:
+            sink.log_record(rec)
 
     def close(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
         if self._f is not None:
             self._f.close()
             self._f = None

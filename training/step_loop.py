@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from training import dist, fastpath, profiling
+from training import dist, fastpath, profiling, trackers
 from training.data import IGNORE_INDEX
 from training.fast import allocator
 
@@ -30,6 +30,10 @@ log = logging.getLogger("training")
 class StepLoop:
     def train(self) -> None:
         gas = self.args.gradient_accumulation_steps
+        # --report_to: rank 0's trackers get every metrics record from here on (training.trackers).
+        sink = trackers.open_trackers(self.args, self.env.is_main)
+        if sink is not None:
+            self.metrics.add_sink(sink)
         self.wrapped.train()
         # The tokenized records, the model and the tokenizer are millions of long-lived Python objects; a full
         # garbage collection walks all of them, tens of milliseconds at an arbitrary step while the GPU waits.
@@ -115,7 +119,7 @@ class StepLoop:
                 self.step += 1
                 loss_sum = dist.all_reduce_sum(loss_sum)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
-                due_eval = a.eval_steps > 0 and self.eval_ds is not None and self.step % a.eval_steps == 0
+                due_eval = self.eval_ds is not None and self._eval_due()
                 if (self.fast.overlap_steps and prof is None and self.step < self.total_steps and not due_eval
                         and not self._should_save()):
                     queued = done
@@ -128,6 +132,7 @@ class StepLoop:
                     log.info("profile of step %d (%s):\n%s", self.step, out, text)
                 if due_eval:
                     self.evaluate()
+                    self.evaluated_step = self.step  # the run's end need not evaluate the same weights again
                 if self._should_save():
                     self.save_checkpoint()
         except BaseException:
@@ -265,6 +270,13 @@ class StepLoop:
         self.metrics.write(rec)
         log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.total_steps,
                  rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
+
+    def _eval_due(self) -> bool:
+        """--eval_strategy steps: every --eval_steps; epoch: at the last step of every epoch (as HF Trainer)."""
+        a = self.args
+        if a.eval_strategy == "epoch":
+            return self.step % self.steps_per_epoch == 0
+        return a.eval_steps > 0 and self.step % a.eval_steps == 0
 
     def _should_save(self) -> bool:
         a = self.args

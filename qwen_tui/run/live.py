@@ -20,6 +20,7 @@ from ..plan import LaunchPlan
 from ..preset import load_preset
 from ..redact import printable, shown_env
 from . import api
+from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
 from .rundir import default_runs_root, new_run_id
@@ -81,6 +82,10 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     old_int = signal.signal(signal.SIGINT, _on_signal)
     old_term = signal.signal(signal.SIGTERM, _on_signal)
     out: Optional[RunOutcome] = None
+    # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
+    watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
+    if watch is not None:
+        watch.start()
     try:
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
@@ -89,6 +94,8 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
                     out = ev.outcome
         console.print()
     finally:
+        if watch is not None:
+            watch.stop(flush_last=False)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     assert out is not None  # follow() ends with Ended unless cancelled, and nothing cancels it here

@@ -198,3 +198,25 @@ def test_remote_logs_live_under_the_workdir_and_the_worker_writes_metrics_there(
     worker = plan.nodes[0].argv[plan.nodes[0].argv.index("--metrics_file") + 1]
     # the worker runs in the workdir: its path, taken from there, is the same file
     assert worker == (plan.metrics_file if workdir.startswith("/") else ".qwen-tui/runs/r9/metrics.jsonl")
+
+
+def test_report_to_reaches_the_worker_which_reads_the_monitors_series_beside_its_metrics(monkeypatch):
+    """training.report_to (HF's spellings) -> --report_to; the worker's --node_gpu_file default is where qwen-tui
+    appends the monitor's series (beside metrics.jsonl on the master), for a remote master too."""
+    from qwen_tui.preset import PresetError
+    from qwen_tui.run.gpuseries import series_path
+    from training.args import parse_args
+
+    text = FOUR.replace("method: full", "method: full\n  report_to: tensorboard, wandb")
+    plan = make_plan(parse_preset(text), run_id="r1", local_run_dir="/runs/r1")
+    argv = plan.nodes[0].argv
+    assert arg(argv, "--report_to") == "tensorboard,wandb"
+    assert all("--report_to" in c.argv for c in plan.nodes)  # every rank parses the same flags; rank 0 logs
+    monkeypatch.setenv("RANK", "0")
+    args = parse_args(argv[argv.index("training.finetune") + 1:])
+    assert args.report_to == ["tensorboard", "wandb"]
+    assert args.node_gpu_file == series_path(plan.metrics_file) == "/w/.qwen-tui/runs/r1/gpus.jsonl"
+    assert "--report_to" not in make_plan(parse_preset(FOUR.replace("method: full", "method: full\n  report_to: none")),
+                                          run_id="r1", local_run_dir="/runs/r1").nodes[0].argv
+    with pytest.raises(PresetError, match="report_to"):
+        parse_preset(FOUR.replace("method: full", "method: full\n  report_to: [tensorbord]"))

@@ -165,7 +165,7 @@ class RunScreen(StepScreen):
         self.wizard.facts_changed()
 
     async def on_run_started(self, msg: RunStarted) -> None:
-        from ...run.gpumon import GpuMonitor
+        from ...run.gpuseries import NodeWatch
 
         la = msg.launcher
         self.launcher = la
@@ -181,8 +181,8 @@ class RunScreen(StepScreen):
             nf = self.state.facts.nodes.get(r)
             if nf is not None and nf.gpus is not None:
                 gpu_nodes[r] = bool(nf.gpus)
-        self.monitor = GpuMonitor(la.transports, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes,
-                                  pythons={c.rank: c.argv[0] for c in la.plan.nodes if c.argv})
+        # The panels' samples; with --report_to they also go to the worker's trackers (run.gpuseries).
+        self.monitor = NodeWatch(la, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes)
         self.monitor.start()
         self.wizard.facts_changed()
 
@@ -220,7 +220,7 @@ class RunScreen(StepScreen):
         self.outcome = out
         self.state.run_status = out.status
         if self.monitor is not None:
-            self.monitor.stop()
+            self.monitor.stop(flush_last=False)  # the worker has ended: nobody reads a last window
             self.monitor = None
         style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
         status = Text(f"{out.status}: {out.message}", style=style)
