@@ -42,6 +42,7 @@ class RunOutcome:
     message: str
     failed_rank: Optional[int] = None
     nodes: dict[int, NodeState] = field(default_factory=dict)
+    cause: Optional[str] = None  # the diagnosis code of the failed node's log (failures.py), if one matched
 
     @property
     def exit_code(self) -> int:
@@ -67,19 +68,30 @@ def _parallel(fn: Callable[[NodeCommand], object], cmds: list[NodeCommand]) -> d
     return out
 
 
+def _attempt_of(state: dict) -> int:
+    """The attempt a run directory's state.json describes (1 before any restart, or when unreadable)."""
+    a = state.get("attempt", 1)
+    return a if type(a) is int else 1
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
-                 *, stop_grace: float = 10.0):
+                 *, stop_grace: float = 10.0, attempt: int = 1, metrics_keep_at: int = 0):
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir
         self.stop_grace = stop_grace
+        # which launch of this run directory this is (run/restarts.py relaunches after a failure);
+        # a launcher whose attempt is over no longer writes the run's state
+        self.attempt = attempt
+        self.attempt_note: Optional[str] = None  # one line about earlier attempts, for the views
         self.nodes = {c.rank: NodeState(c.rank, c.label) for c in plan.nodes}
         # a remote master's metrics are copied into the run directory as they are read (a
         # local master writes them there itself): the run keeps them after the node is gone
         kept = run_dir.path / "metrics.jsonl"
         local = os.path.realpath(plan.metrics_file) == os.path.realpath(kept)
-        self.metrics = MetricsFollower(transports[0], plan.metrics_file, keep=None if local else str(kept))
+        self.metrics = MetricsFollower(transports[0], plan.metrics_file, keep=None if local else str(kept),
+                                       keep_at=metrics_keep_at)
         self._stop_requested = threading.Event()
         self._lock = threading.Lock()
 
@@ -108,14 +120,21 @@ class Launcher:
             names = ", ".join(f"node {r} ({self.nodes[r].label}): {e}" for r, e in errors.items())
             self.run_dir.write_state(status="failed", message=f"could not start {names}")
             raise LaunchError(f"could not start {names}", errors)
-        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id)
+        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id,
+                                 attempt=self.attempt)
 
     @classmethod
     def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
         """A launcher for a run started earlier. Raises RunDirError on a corrupt run directory.
         Nothing is signalled here; `refusals()` says which recorded pids are not provably ours."""
+        from .attempts import attempt_note
+
         plan = run_dir.read_plan()
-        la = cls(plan, transports, run_dir)
+        state = run_dir.read_state()
+        keep_at = state.get("metrics_keep_at", 0)
+        la = cls(plan, transports, run_dir, attempt=_attempt_of(state),
+                 metrics_keep_at=keep_at if type(keep_at) is int and keep_at >= 0 else 0)
+        la.attempt_note = attempt_note(state)
         for r, (pid, start) in run_dir.read_jobs(len(plan.nodes)).items():
             la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, RUNNING
         return la
@@ -192,7 +211,7 @@ class Launcher:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
-            out = RunOutcome("failed", msg, first.rank, self.nodes)
+            out = RunOutcome("failed", msg, first.rank, self.nodes, cause=diag.code if diag else None)
             self._record(out)
             return out
         if all(s.status == OK for s in self.nodes.values()):
@@ -200,7 +219,7 @@ class Launcher:
             end = self.metrics.progress.end
             if end and end.get("status") != "ok":
                 out = RunOutcome("failed", f"training ended with status {end.get('status')}: {end.get('error', '')}",
-                                 0, self.nodes)
+                                 0, self.nodes, cause="TRAINING_ERROR")
             else:
                 out = RunOutcome("ok", "training finished on every node", None, self.nodes)
             self._record(out)
@@ -226,6 +245,8 @@ class Launcher:
         return st, d, tail
 
     def _record(self, out: RunOutcome) -> None:
+        if _attempt_of(self.run_dir.read_state()) != self.attempt:
+            return  # an attached view of an attempt that replay has since relaunched: the state is the new one's
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,
                                  ended=time.time(),
                                  nodes={str(r): {"status": s.status, "rc": s.rc, "error": s.error}
