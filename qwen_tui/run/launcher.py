@@ -238,7 +238,9 @@ class Launcher:
             except Exception:  # an unreachable node has no readable log; it is still named
                 tail = []
             d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
-            secondary = st.status != LOST and (d is None or d.code in CONSEQUENTIAL)
+            # an agent that died by a signal (exit code above 128) was killed, not told of a peer's failure
+            killed = st.rc is not None and st.rc > 128
+            secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
         _, _, st, d, tail = found[0]
@@ -286,6 +288,8 @@ class Launcher:
 
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
         """Stop every node, record the run as stopped; also the ranks where something survived."""
+        # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
+        self.run_dir.write_state(stop_requested=time.time())
         left = [r for r, gone in self.stop_all().items() if not gone]
         msg = ("stopped by the user; every node's processes were ended" if not left
                else f"stopped by the user, but processes survive on node(s) {left}")

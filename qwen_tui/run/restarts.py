@@ -114,6 +114,8 @@ class Restarts:
             left = None if deadline is None else max(1.0, deadline - time.monotonic())
             out = follow_one(la, left)
             why = why_not_restart(out.status, out.failed_rank, out.cause, self.made, self.allowed)
+            if why is None and la.run_dir.read_state().get("stop_requested"):
+                why = "the run was stopped (qwen-tui attach --stop)"  # its nodes failed because they were stopped
             if why is None and deadline is not None and time.monotonic() >= deadline:
                 why = f"--max-seconds {max_seconds:g} is spent"
             if why is not None:
@@ -127,6 +129,9 @@ class Restarts:
             except (RestartRefused, LaunchError, TransportError, OSError) as e:
                 self._refused(la, str(e))
                 return out
+            except BaseException:
+                la.run_dir.write_state(status="failed")  # never left "restarting" for attach to wait on
+                raise
 
     def _refused(self, la: Launcher, why: str) -> None:
         self.say(f"not restarted: {why}")

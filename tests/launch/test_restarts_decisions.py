@@ -1,0 +1,91 @@
+"""The restart driver's decisions without training: a stopped run is not relaunched, a relaunch that cannot
+keep the global batch is refused and recorded, and the node blamed for a failure is the one whose agent was
+killed. Real local transports and run directories; the attempts' outcomes are given."""
+
+from __future__ import annotations
+
+import json
+
+from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.plan import make_plan
+from qwen_tui.preset import Preset
+from qwen_tui.run.attempts import attempt_note
+from qwen_tui.run.launcher import FAILED, Launcher, RunOutcome
+from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
+from qwen_tui.run.rundir import RunDir
+
+
+def _launcher(tmp_path, gpus=(1, 1, 1), **training):
+    preset = Preset.model_validate({
+        "cluster": {"nodes": [{"host": "localhost", "gpus": g} for g in gpus]},
+        "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "zero_stage": None, "device": "cpu",
+                     "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 2,
+                     "gradient_accumulation_steps": 1, **training}})
+    rd = RunDir.create(tmp_path / "runs", "r1")
+    plan = make_plan(preset, run_id="r1", local_run_dir=str(rd.path), base_dir=str(tmp_path))
+    transports = {i: LocalTransport(f"n{i}") for i in range(len(gpus))}
+    la = Launcher(plan, transports, rd, stop_grace=1)
+    rd.write_plan(plan)
+    rd.write_state(status="running", started=1.0, attempt=1)
+    return preset, la, rd
+
+
+def _failed(la, rank, rc=137):
+    st = la.nodes[rank]
+    st.status, st.rc = FAILED, rc
+    return RunOutcome("failed", f"node {rank} (localhost) failed: exited with code {rc}", rank, la.nodes)
+
+
+def test_a_run_stopped_by_attach_is_not_relaunched(tmp_path):
+    preset, la, rd = _launcher(tmp_path, restarts=3)
+    said = []
+    rs = Restarts(preset, la.transports, None, exclude_failed=False, base_dir=str(tmp_path), local_python=None,
+                  say=said.append)
+
+    def follow_one(a, left):
+        rd.write_state(stop_requested=2.0)  # what attach --stop writes before it signals anything
+        return _failed(a, 1)
+
+    out = rs.follow(la, follow_one)
+    assert out.status == "failed" and rs.made == 0
+    state = json.loads((rd.path / "state.json").read_text())
+    assert state["attempts"][0]["next"] == "none: the run was stopped (qwen-tui attach --stop)"
+    assert said == ["not restarted: the run was stopped (qwen-tui attach --stop)"]
+    assert wait_for_next_attempt(rd, 1, bound=2) is None
+
+
+def test_a_global_batch_that_cannot_be_kept_refuses_the_relaunch_and_says_why(tmp_path):
+    # 2 per device x 1 x 5 GPUs = 10; without node 1 there are 2 + 2 = 4 GPUs (10 is not a multiple of 4)
+    preset, la, rd = _launcher(tmp_path, gpus=(2, 1, 2), restarts=1)
+    said = []
+    rs = Restarts(preset, la.transports, None, exclude_failed=True, base_dir=str(tmp_path), local_python=None,
+                  say=said.append)
+    calls = []
+
+    def follow_one(a, left):
+        calls.append(a)
+        return _failed(a, 1)
+
+    out = rs.follow(la, follow_one)
+    assert len(calls) == 1 and out.failed_rank == 1
+    why = "the global batch of 10 cannot be kept exactly on 4 GPUs"
+    assert any(why in s for s in said), said
+    state = json.loads((rd.path / "state.json").read_text())
+    assert state["status"] == "failed" and state["attempt"] == 1
+    assert why in state["attempts"][0]["restart_refused"] and state["attempts"][0]["next"].startswith("none: ")
+    assert why in attempt_note(state)  # what `qwen-tui runs` shows
+    assert not (rd.path / "preset.first.yaml").exists()  # nothing of a next attempt was written
+
+
+def test_the_node_whose_agent_was_killed_is_blamed_not_the_peers_that_saw_it_go(tmp_path):
+    _, la, rd = _launcher(tmp_path)
+    logs = {0: "RuntimeError: Connection reset by peer\n", 1: "RuntimeError: Connection reset by peer\n",
+            2: "Killed\n"}
+    for c in la.plan.nodes:
+        with open(c.log_path, "w") as f:
+            f.write(logs[c.rank])
+    for r in (0, 1):
+        la.nodes[r].status, la.nodes[r].rc = FAILED, 1
+    la.nodes[2].status, la.nodes[2].rc = FAILED, 137  # its torchrun agent died of SIGKILL
+    st, diag, _ = la._root_cause([la.nodes[0], la.nodes[1], la.nodes[2]])
+    assert st.rank == 2 and diag.code == "KILLED"
