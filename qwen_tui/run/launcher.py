@@ -10,6 +10,7 @@ stops the whole run. Stopping sends SIGTERM to every node's group, then SIGKILL.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,8 @@ from .metrics import MetricsFollower
 from .rundir import RunDir
 
 RUNNING, OK, FAILED, STOPPED, LOST = "running", "ok", "failed", "stopped", "lost"
+# torchrun's failure summary for a rank that died of SIGKILL (the OOM killer, or by hand)
+_RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
 
 
 @dataclass
@@ -203,9 +206,10 @@ class Launcher:
             self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
-            first, diag, tail = self._root_cause(bad)
+            first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
             self.stop_all()
-            why = first.error or f"exited with code {first.rc}"
+            why = first.error or (f"exited with code {first.rc}" if first.rc is not None
+                                  else "failed (seen first by another view of this run)")
             msg = f"node {first.rank} ({first.label}) failed: {why}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
@@ -226,6 +230,24 @@ class Launcher:
             return out
         return None
 
+    def _agree_on_cause(self, first: NodeState, diag, tail):
+        """Replay and an attach may follow one run: the first to see a failure names the node in
+        state.json before it stops the others, whose jobs then look killed from the second view.
+        Both then blame the same node (what a relaunch without it leaves out)."""
+        from .rundir import RunDirError
+
+        try:
+            seen = self.run_dir.read_state().get("failing")
+        except RunDirError:
+            seen = None
+        if isinstance(seen, dict) and seen.get("attempt") == self.attempt:
+            rank = seen.get("rank")
+            if type(rank) is int and rank in self.nodes and rank != first.rank:
+                return self._root_cause([self.nodes[rank]])
+            return first, diag, tail
+        self.run_dir.write_state(failing={"attempt": self.attempt, "rank": first.rank})
+        return first, diag, tail
+
     def _root_cause(self, bad: list[NodeState]):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
         beats nodes that only saw a peer go away (connection reset, timeouts)."""
@@ -238,8 +260,9 @@ class Launcher:
             except Exception:  # an unreachable node has no readable log; it is still named
                 tail = []
             d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
-            # an agent that died by a signal (exit code above 128) was killed, not told of a peer's failure
-            killed = st.rc is not None and st.rc > 128
+            # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
+            # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
+            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in tail)
             secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))

@@ -31,7 +31,7 @@ from ..facts import ClusterFacts
 from ..nodes.transport import Transport, TransportError
 from ..plan import LaunchPlan, NodeCommand, make_plan
 from ..preset import Preset, save_preset
-from .attempts import RestartRefused, attempt_note, common_checkpoint, refit_batch, why_not_restart, without_nodes
+from .attempts import RestartRefused, attempt_note, common_checkpoint, why_not_restart, without_nodes
 from .launcher import LOST, LaunchError, Launcher, RunOutcome
 from .rundir import RunDir
 
@@ -99,6 +99,7 @@ class Restarts:
         if attempts and attempts[-1].get("attempt") == la.attempt:
             failed = out.failed_rank
             attempts[-1].update(ended=time.time(), status=out.status, message=_first_line(out.message),
+                                failed_rank=failed,
                                 failed_node=None if failed is None else la.plan.nodes[failed].label,
                                 cause=out.cause, next=next_step)
             rd.write_state(attempts=attempts)
@@ -147,7 +148,10 @@ class Restarts:
         Raises RestartRefused or LaunchError (the failed attempt stays the run's last word)."""
         rd, preset, plan = la.run_dir, self.preset, la.plan
         failed = out.failed_rank
-        dead = {failed} | {r for r, s in out.nodes.items() if s.status == LOST}
+        # a node lost because it cannot be reached is dead too; one whose job another view of the run
+        # stopped (attach, after it saw the failure first) only looks lost from here
+        dead = {failed} | {r for r, s in out.nodes.items()
+                           if s.status == LOST and (s.error or "").startswith("cannot reach node")}
         keep = [c.rank for c in plan.nodes if not (self.exclude_failed and c.rank in dead)]
         rd.write_state(status="restarting")
         self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
@@ -163,11 +167,9 @@ class Restarts:
         resume = (posixpath.join(preset.training.output_dir, f"checkpoint-{step}") if step is not None
                   else preset.training.resume_from_checkpoint)
         if self.exclude_failed:
-            new, fit = without_nodes(preset, dead, resuming=resume is not None)
+            new, _ = without_nodes(preset, dead, resuming=resume is not None)
         else:
             new = preset.model_copy(deep=True)
-            fit = refit_batch(preset.effective_batch_size, preset.training.per_device_train_batch_size,
-                              preset.world_size)
         new.training.resume_from_checkpoint = resume
         transports = {i: self.transports[r] for i, r in enumerate(keep)}
         facts = None
@@ -180,7 +182,7 @@ class Restarts:
                               facts=facts, local_python=self.local_python)
         for c in next_plan.nodes:  # this attempt's logs and exit codes apart from the last one's
             c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
-        keep_at = self._metrics_keep_at(rd, plan, next_plan, keep)
+        keep_at = self._metrics_keep_at(rd, la, next_plan, keep)
 
         if not (rd.path / "preset.first.yaml").exists():
             shutil.copy2(rd.path / "preset.yaml", rd.path / "preset.first.yaml")
@@ -198,18 +200,19 @@ class Restarts:
             nxt.metrics.progress.steps[:0] = la.metrics.progress.steps
             nxt.metrics.progress.events[:0] = la.metrics.progress.events
         where = f"from {resume}" if resume else "from step 0 (no checkpoint every node holds)"
-        self.say(f"attempt {attempt}: {len(keep)} node(s), {fit.describe()}, {where}")
-        self._record_start(nxt, fit.describe(), resume, time.time())
+        self.say(f"attempt {attempt}: {len(keep)} node(s), {next_plan.batch_formula}, {where}")
+        self._record_start(nxt, next_plan.batch_formula, resume, time.time())
         return nxt
 
     @staticmethod
-    def _metrics_keep_at(rd: RunDir, old: LaunchPlan, new: LaunchPlan, keep: list[int]) -> int:
-        """Where the next master's metrics go in the run directory's copy: at their own offsets when the
-        master is the same node (the worker appends to the same file), else after what is kept already."""
+    def _metrics_keep_at(rd: RunDir, old: Launcher, new: LaunchPlan, keep: list[int]) -> int:
+        """Where the next master's metrics go in the run directory's copy: where the last attempt's went when
+        the master is the same node (the worker appends to the same file), else after what is kept already."""
         kept = rd.path / "metrics.jsonl"
-        same_file = keep[0] == 0 and new.metrics_file == old.metrics_file
-        if same_file or os.path.realpath(new.metrics_file) == os.path.realpath(kept):
-            return 0
+        if os.path.realpath(new.metrics_file) == os.path.realpath(kept):
+            return 0  # a local master writes the run directory's copy itself
+        if keep[0] == 0 and new.metrics_file == old.plan.metrics_file:
+            return old.metrics.keep_at
         return kept.stat().st_size if kept.exists() else 0
 
 

@@ -99,7 +99,7 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
         assert a2["status"] == "ok" and a2["excluded"] == [node2] and a2["world_size"] == 2, a2
         assert node2 not in a2["nodes"]
         # 6 = 2 x 1 x 3 GPUs before; 3 per process now: 1 x 3
-        assert a2["batch"] == "1 per device x 3 accumulation x 2 GPUs = 6", a2
+        assert a2["batch"] == "1 per device x 3 accumulation x 1 GPUs per node x 2 nodes = 6", a2
         resumed = int(a2["resume_from"].rsplit("-", 1)[1])
         assert resumed >= first_ckpt and resumed % SAVE_STEPS == 0, (a2, first_ckpt)
         assert f"attempt 2 of 2; without {node2}; resumed from" in text  # the live view said so

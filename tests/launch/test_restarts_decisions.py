@@ -10,7 +10,7 @@ from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan import make_plan
 from qwen_tui.preset import Preset
 from qwen_tui.run.attempts import attempt_note
-from qwen_tui.run.launcher import FAILED, Launcher, RunOutcome
+from qwen_tui.run.launcher import FAILED, LOST, Launcher, RunOutcome
 from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
 from qwen_tui.run.rundir import RunDir
 
@@ -89,3 +89,55 @@ def test_the_node_whose_agent_was_killed_is_blamed_not_the_peers_that_saw_it_go(
     la.nodes[2].status, la.nodes[2].rc = FAILED, 137  # its torchrun agent died of SIGKILL
     st, diag, _ = la._root_cause([la.nodes[0], la.nodes[1], la.nodes[2]])
     assert st.rank == 2 and diag.code == "KILLED"
+
+
+def test_two_views_of_a_run_blame_the_node_the_first_one_saw_fail(tmp_path):
+    # replay and an attach follow the same run; the attach saw node 2 fail first and stops the others, so
+    # from replay's view node 0's job shell is gone without an exit code (lost). Both must blame node 2.
+    _, first_view, rd = _launcher(tmp_path)
+    for c in first_view.plan.nodes:
+        with open(c.log_path, "w") as f:
+            f.write("Killed\n" if c.rank == 2 else "")
+    first_view.nodes[2].status, first_view.nodes[2].rc = FAILED, 137
+    st, _, _ = first_view._agree_on_cause(*first_view._root_cause([first_view.nodes[2]]))
+    assert st.rank == 2 and json.loads((rd.path / "state.json").read_text())["failing"] == {"attempt": 1, "rank": 2}
+
+    second_view = Launcher(first_view.plan, first_view.transports, rd)
+    second_view.nodes[0].status, second_view.nodes[0].error = LOST, "its processes were killed (no exit code)"
+    assert second_view._root_cause([second_view.nodes[0]])[0].rank == 0  # alone, it would blame node 0
+    st, diag, _ = second_view._agree_on_cause(*second_view._root_cause([second_view.nodes[0]]))
+    assert st.rank == 2 and diag.code == "KILLED"
+    # a later attempt's failure is its own
+    rd.write_state(attempt=2)
+    third = Launcher(first_view.plan, first_view.transports, rd, attempt=2)
+    third.nodes[1].status, third.nodes[1].rc = FAILED, 1
+    assert third._agree_on_cause(*third._root_cause([third.nodes[1]]))[0].rank == 1
+
+
+def test_a_node_whose_rank_torchrun_saw_die_of_sigkill_is_blamed(tmp_path):
+    _, la, _ = _launcher(tmp_path)
+    summary = ("Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 0)\n"
+               "  exitcode  : -9 (pid: 8913)  (SIGKILL)\n  traceback : Signal 9 (SIGKILL) received by PID 8913\n")
+    logs = {0: "RuntimeError: Connection reset by peer\n  exitcode  : 1 (pid: 9115)\n", 1: summary, 2: ""}
+    for c in la.plan.nodes:
+        with open(c.log_path, "w") as f:
+            f.write(logs[c.rank])
+    for r in (0, 1):
+        la.nodes[r].status, la.nodes[r].rc = FAILED, 1  # both agents exit 1
+    assert la._root_cause([la.nodes[0], la.nodes[1]])[0].rank == 1
+
+
+def test_the_metrics_of_a_relaunch_on_another_master_go_after_what_is_kept(tmp_path):
+    from types import SimpleNamespace
+
+    rd = RunDir.create(tmp_path / "runs", "m1")
+    (rd.path / "metrics.jsonl").write_bytes(b"x" * 100)  # attempt 1's records, copied from its master
+    old = SimpleNamespace(plan=SimpleNamespace(metrics_file="/w/.qwen-tui/runs/m1/metrics.jsonl"),
+                          metrics=SimpleNamespace(keep_at=0))
+    new = SimpleNamespace(metrics_file="/w/.qwen-tui/runs/m1/metrics.jsonl")  # the same path on another node
+    assert Restarts._metrics_keep_at(rd, old, new, keep=[1, 2]) == 100  # node 0 left out: a new master
+    assert Restarts._metrics_keep_at(rd, old, new, keep=[0, 1]) == 0  # the same master appends to its file
+    old.metrics.keep_at = 100  # attempt 3 on attempt 2's master: where attempt 2's records went
+    assert Restarts._metrics_keep_at(rd, old, new, keep=[0, 1]) == 100
+    local = SimpleNamespace(metrics_file=str(rd.path / "metrics.jsonl"))
+    assert Restarts._metrics_keep_at(rd, old, local, keep=[1]) == 0  # a local master writes the copy itself

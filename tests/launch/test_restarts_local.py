@@ -19,7 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-MAX_STEPS, SAVE_STEPS = 12, 4
+MAX_STEPS, SAVE_STEPS = 40, 4
 
 
 def preset_copy(tmp_path: Path, **training) -> Path:
@@ -104,8 +104,9 @@ def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_pa
         state = json.loads((rd / "state.json").read_text())
         a1, a2 = state["attempts"]
         assert (state["status"], state["attempt"], a1["status"], a1["next"]) == ("ok", 2, "failed", "restart")
+        assert a1["failed_rank"] == 1, a1  # the node whose rank was killed, whichever view saw it first
         assert a1["nodes"] == a2["nodes"] and a2["excluded"] == [] and a2["world_size"] == 2
-        assert a1["batch"].endswith("= 4") and a2["batch"] == "2 per device x 1 accumulation x 2 GPUs = 4"
+        assert a1["batch"] == a2["batch"] == "2 per device x 1 accumulation x 1 GPUs per node x 2 nodes = 4"
         resumed = int(a2["resume_from"].rsplit("-", 1)[1])
         assert resumed >= ckpt
         # the second attempt's logs and exit codes apart from the first's
