@@ -120,6 +120,20 @@ def why_not_restart(status: str, failed_rank: Optional[int], cause: Optional[str
     return None
 
 
+def recovery_notes(preset: Preset, exclude_failed: bool) -> list[str]:
+    """What the user should know before a run whose recovery settings cannot do what they suggest."""
+    t, notes = preset.training, []
+    if exclude_failed and not t.restarts:
+        notes.append("--exclude-failed does nothing with training.restarts: 0 (a failure ends the run)")
+    if t.restarts and t.save_strategy == "no":
+        notes.append(f"training.restarts: {t.restarts}, but training.save_strategy is no: there is no checkpoint "
+                     "to resume from, so a relaunch starts over from step 0")
+    if t.restarts and exclude_failed and t.zero_stage is not None and len(preset.cluster.nodes) > 1:
+        notes.append(f"with ZeRO-{t.zero_stage}, a failed node can be left out only before the first checkpoint "
+                     "(DeepSpeed cannot resume its optimizer state on fewer processes)")
+    return notes
+
+
 def attempt_note(state: Mapping[str, Any]) -> Optional[str]:
     """One line about the attempts recorded in a run's state.json, for the live view and `qwen-tui runs`;
     None for a run that never restarted."""

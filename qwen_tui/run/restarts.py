@@ -31,7 +31,8 @@ from ..facts import ClusterFacts
 from ..nodes.transport import Transport, TransportError
 from ..plan import LaunchPlan, NodeCommand, make_plan
 from ..preset import Preset, save_preset
-from .attempts import RestartRefused, attempt_note, common_checkpoint, why_not_restart, without_nodes
+from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
+                       without_nodes)
 from .launcher import LOST, LaunchError, Launcher, RunOutcome
 from .rundir import RunDir
 
@@ -108,6 +109,8 @@ class Restarts:
     def follow(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float] = None) -> RunOutcome:
         """Follow `la` (the first attempt, just started) and every relaunch until the run ends."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        for note in recovery_notes(self.preset, self.exclude_failed):
+            self.say(f"note: {note}")
         state = la.run_dir.read_state()
         self._record_start(la, la.plan.batch_formula, self.preset.training.resume_from_checkpoint,
                            state.get("started") or time.time())

@@ -8,8 +8,8 @@ import pytest
 from qwen_tui.cli import main
 from qwen_tui.plan import make_plan, worker_args
 from qwen_tui.preset import Preset, PresetError, parse_preset
-from qwen_tui.run.attempts import (BatchFit, RestartRefused, attempt_note, common_checkpoint, refit_batch,
-                                   why_not_restart, without_nodes)
+from qwen_tui.run.attempts import (BatchFit, RestartRefused, attempt_note, common_checkpoint, recovery_notes,
+                                   refit_batch, why_not_restart, without_nodes)
 
 
 def preset(gpus=(1, 1, 1), micro=2, accum=1, **training) -> Preset:
@@ -138,3 +138,14 @@ def test_restarts_and_exclude_failed_in_the_preset(tmp_path, capsys):
     assert "training.restarts" in err and "greater than or equal to 0" in err
     with pytest.raises(PresetError, match="training.exclude_failed"):
         parse_preset(text.replace("exclude_failed: true", "exclude_failed: maybe"))
+
+
+def test_recovery_settings_that_cannot_do_what_they_suggest_are_said_before_launch():
+    assert recovery_notes(preset(restarts=2, save_strategy="steps"), exclude_failed=True) == []
+    assert recovery_notes(preset(), exclude_failed=False) == []
+    (n,) = recovery_notes(preset(), exclude_failed=True)
+    assert "--exclude-failed does nothing with training.restarts: 0" in n
+    (n,) = recovery_notes(preset(restarts=1, save_strategy="no"), exclude_failed=False)
+    assert "save_strategy is no" in n and "starts over from step 0" in n
+    (n,) = recovery_notes(preset(restarts=1, zero_stage=3), exclude_failed=True)
+    assert "ZeRO-3" in n and "before the first checkpoint" in n
