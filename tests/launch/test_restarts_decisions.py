@@ -5,6 +5,7 @@ killed. Real local transports and run directories; the attempts' outcomes are gi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan import make_plan
@@ -141,3 +142,26 @@ def test_the_metrics_of_a_relaunch_on_another_master_go_after_what_is_kept(tmp_p
     assert Restarts._metrics_keep_at(rd, old, new, keep=[0, 1]) == 100
     local = SimpleNamespace(metrics_file=str(rd.path / "metrics.jsonl"))
     assert Restarts._metrics_keep_at(rd, old, local, keep=[1]) == 0  # a local master writes the copy itself
+
+
+def _write_keys(path: str, who: str, n: int) -> None:
+    rd = RunDir(Path(path))
+    for i in range(n):
+        rd.write_state(**{f"{who}{i}": i})
+
+
+def test_two_processes_updating_one_state_lose_no_key(tmp_path):
+    import multiprocessing
+
+    rd = RunDir.create(tmp_path / "runs", "s1")
+    rd.write_state(status="running")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_keys, args=(str(rd.path), who, 150)) for who in ("replay", "attach")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    state = rd.read_state()
+    missing = [f"{w}{i}" for w in ("replay", "attach") for i in range(150) if f"{w}{i}" not in state]
+    assert not missing and state["status"] == "running", missing[:10]
