@@ -165,3 +165,19 @@ def test_two_processes_updating_one_state_lose_no_key(tmp_path):
     state = rd.read_state()
     missing = [f"{w}{i}" for w in ("replay", "attach") for i in range(150) if f"{w}{i}" not in state]
     assert not missing and state["status"] == "running", missing[:10]
+
+
+def test_qwen_tui_runs_shows_the_attempt(tmp_path, capsys, monkeypatch):
+    from qwen_tui.cli import main
+
+    _, la, rd = _launcher(tmp_path, restarts=1)
+    rd.write_state(status="running", attempt=2, restarts=1, attempts=[
+        {"attempt": 1, "next": "restart"},
+        {"attempt": 2, "excluded": ["gpu-7"], "resume_from": "out/checkpoint-40"}])
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "running (attempt 2)" in capsys.readouterr().out
+    assert main(["runs", "--json", "--runs-dir", str(tmp_path / "runs")]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["state"] == "running" and row["attempt"] == 2
+    assert row["attempt_note"] == "attempt 2 of 2; without gpu-7; resumed from out/checkpoint-40"
