@@ -38,7 +38,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
-                              skip_checks=args.skip_checks, max_seconds=args.max_seconds)
+                              skip_checks=args.skip_checks, max_seconds=args.max_seconds,
+                              exclude_failed=args.exclude_failed)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -96,7 +97,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
-        t.add_row(r.run_id, r.preset or "-", r.state, nodes, started, "-" if r.step is None else str(r.step),
+        state = r.state if r.attempt == 1 else f"{r.state} (attempt {r.attempt})"
+        t.add_row(r.run_id, r.preset or "-", state, nodes, started, "-" if r.step is None else str(r.step),
                   "-" if r.last_loss is None else f"{r.last_loss:.4f}")
     Console(width=max(120, shutil.get_terminal_size().columns)).print(t)
     return 0
@@ -203,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
     r.add_argument("--force", action="store_true", help="launch although the checks found errors")
     r.add_argument("--skip-checks", action="store_true", help="launch without running the checks first")
+    r.add_argument("--exclude-failed", action="store_true",
+                   help="with training.restarts, relaunch without the node that failed, keeping the global batch "
+                        "(as training.exclude_failed: true)")
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)")

@@ -10,6 +10,7 @@ stops the whole run. Stopping sends SIGTERM to every node's group, then SIGKILL.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,8 @@ from .metrics import MetricsFollower
 from .rundir import RunDir
 
 RUNNING, OK, FAILED, STOPPED, LOST = "running", "ok", "failed", "stopped", "lost"
+# torchrun's failure summary for a rank that died of SIGKILL (the OOM killer, or by hand)
+_RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
 
 
 @dataclass
@@ -42,6 +45,7 @@ class RunOutcome:
     message: str
     failed_rank: Optional[int] = None
     nodes: dict[int, NodeState] = field(default_factory=dict)
+    cause: Optional[str] = None  # the diagnosis code of the failed node's log (failures.py), if one matched
 
     @property
     def exit_code(self) -> int:
@@ -67,19 +71,30 @@ def _parallel(fn: Callable[[NodeCommand], object], cmds: list[NodeCommand]) -> d
     return out
 
 
+def _attempt_of(state: dict) -> int:
+    """The attempt a run directory's state.json describes (1 before any restart, or when unreadable)."""
+    a = state.get("attempt", 1)
+    return a if type(a) is int else 1
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
-                 *, stop_grace: float = 10.0):
+                 *, stop_grace: float = 10.0, attempt: int = 1, metrics_keep_at: int = 0):
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir
         self.stop_grace = stop_grace
+        # which launch of this run directory this is (run/restarts.py relaunches after a failure);
+        # a launcher whose attempt is over no longer writes the run's state
+        self.attempt = attempt
+        self.attempt_note: Optional[str] = None  # one line about earlier attempts, for the views
         self.nodes = {c.rank: NodeState(c.rank, c.label) for c in plan.nodes}
         # a remote master's metrics are copied into the run directory as they are read (a
         # local master writes them there itself): the run keeps them after the node is gone
         kept = run_dir.path / "metrics.jsonl"
         local = os.path.realpath(plan.metrics_file) == os.path.realpath(kept)
-        self.metrics = MetricsFollower(transports[0], plan.metrics_file, keep=None if local else str(kept))
+        self.metrics = MetricsFollower(transports[0], plan.metrics_file, keep=None if local else str(kept),
+                                       keep_at=metrics_keep_at)
         self._stop_requested = threading.Event()
         self._lock = threading.Lock()
 
@@ -108,14 +123,21 @@ class Launcher:
             names = ", ".join(f"node {r} ({self.nodes[r].label}): {e}" for r, e in errors.items())
             self.run_dir.write_state(status="failed", message=f"could not start {names}")
             raise LaunchError(f"could not start {names}", errors)
-        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id)
+        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id,
+                                 attempt=self.attempt)
 
     @classmethod
     def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
         """A launcher for a run started earlier. Raises RunDirError on a corrupt run directory.
         Nothing is signalled here; `refusals()` says which recorded pids are not provably ours."""
+        from .attempts import attempt_note
+
         plan = run_dir.read_plan()
-        la = cls(plan, transports, run_dir)
+        state = run_dir.read_state()
+        keep_at = state.get("metrics_keep_at", 0)
+        la = cls(plan, transports, run_dir, attempt=_attempt_of(state),
+                 metrics_keep_at=keep_at if type(keep_at) is int and keep_at >= 0 else 0)
+        la.attempt_note = attempt_note(state)
         for r, (pid, start) in run_dir.read_jobs(len(plan.nodes)).items():
             la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, RUNNING
         return la
@@ -184,15 +206,16 @@ class Launcher:
             self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
-            first, diag, tail = self._root_cause(bad)
+            first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
             self.stop_all()
-            why = first.error or f"exited with code {first.rc}"
+            why = first.error or (f"exited with code {first.rc}" if first.rc is not None
+                                  else "failed (seen first by another view of this run)")
             msg = f"node {first.rank} ({first.label}) failed: {why}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
-            out = RunOutcome("failed", msg, first.rank, self.nodes)
+            out = RunOutcome("failed", msg, first.rank, self.nodes, cause=diag.code if diag else None)
             self._record(out)
             return out
         if all(s.status == OK for s in self.nodes.values()):
@@ -200,12 +223,30 @@ class Launcher:
             end = self.metrics.progress.end
             if end and end.get("status") != "ok":
                 out = RunOutcome("failed", f"training ended with status {end.get('status')}: {end.get('error', '')}",
-                                 0, self.nodes)
+                                 0, self.nodes, cause="TRAINING_ERROR")
             else:
                 out = RunOutcome("ok", "training finished on every node", None, self.nodes)
             self._record(out)
             return out
         return None
+
+    def _agree_on_cause(self, first: NodeState, diag, tail):
+        """Replay and an attach may follow one run: the first to see a failure names the node in
+        state.json before it stops the others, whose jobs then look killed from the second view.
+        Both then blame the same node (what a relaunch without it leaves out)."""
+        from .rundir import RunDirError
+
+        try:
+            seen = self.run_dir.read_state().get("failing")
+        except RunDirError:
+            seen = None
+        if isinstance(seen, dict) and seen.get("attempt") == self.attempt:
+            rank = seen.get("rank")
+            if type(rank) is int and rank in self.nodes and rank != first.rank:
+                return self._root_cause([self.nodes[rank]])
+            return first, diag, tail
+        self.run_dir.write_state(failing={"attempt": self.attempt, "rank": first.rank})
+        return first, diag, tail
 
     def _root_cause(self, bad: list[NodeState]):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
@@ -219,13 +260,18 @@ class Launcher:
             except Exception:  # an unreachable node has no readable log; it is still named
                 tail = []
             d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
-            secondary = st.status != LOST and (d is None or d.code in CONSEQUENTIAL)
+            # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
+            # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
+            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in tail)
+            secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
         _, _, st, d, tail = found[0]
         return st, d, tail
 
     def _record(self, out: RunOutcome) -> None:
+        if _attempt_of(self.run_dir.read_state()) != self.attempt:
+            return  # an attached view of an attempt that replay has since relaunched: the state is the new one's
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,
                                  ended=time.time(),
                                  nodes={str(r): {"status": s.status, "rc": s.rc, "error": s.error}
@@ -265,6 +311,8 @@ class Launcher:
 
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
         """Stop every node, record the run as stopped; also the ranks where something survived."""
+        # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
+        self.run_dir.write_state(stop_requested=time.time())
         left = [r for r, gone in self.stop_all().items() if not gone]
         msg = ("stopped by the user; every node's processes were ended" if not left
                else f"stopped by the user, but processes survive on node(s) {left}")

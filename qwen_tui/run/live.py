@@ -64,6 +64,8 @@ def render(la: Launcher) -> Group:
         line.append(f"{last['tokens_per_second']:.0f} tok/s  ")
     line.append(f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
+    if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
+        parts.insert(1, Text(la.attempt_note, style="bold yellow"))
     if prog.losses:
         parts.append(Text("loss " + sparkline(prog.losses), style="magenta"))
     if prog.start is None:
@@ -158,8 +160,10 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
-                       force: bool, skip_checks: bool, max_seconds: Optional[float]) -> int:
-    """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view."""
+                       force: bool, skip_checks: bool, max_seconds: Optional[float],
+                       exclude_failed: bool = False) -> int:
+    """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
+    every relaunch that training.restarts allows (run/restarts.py)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
@@ -187,7 +191,12 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
                 la = ev.launcher
         assert la is not None  # launch() ends with Started or a Failure
         console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
-        return follow(la, console, max_seconds=max_seconds).exit_code
+        from .restarts import Restarts, run_facts
+
+        rs = Restarts(preset, la.transports, run_facts(la.run_dir),
+                      exclude_failed=exclude_failed or preset.training.exclude_failed,
+                      base_dir=req.base_dir, local_python=req.local_python, say=console.print)
+        return rs.follow(la, lambda a, left: follow(a, console, max_seconds=left), max_seconds=max_seconds).exit_code
     finally:
         conns.close()
 
@@ -210,7 +219,16 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
             if isinstance(ev, api.Started):
                 la = ev.launcher
                 if not stop:
-                    return follow(la, console).exit_code
+                    out = follow(la, console)
+                    if out.status == "failed":
+                        from .restarts import wait_for_next_attempt
+
+                        nxt = wait_for_next_attempt(la.run_dir, la.attempt)
+                        if nxt is not None:  # replay relaunched the run: follow the new attempt (its own nodes)
+                            console.print(f"run {la.plan.run_id}: attempt {nxt} started; following it")
+                            conns.close()
+                            return attach(run_dir, accept_new_host_keys=accept_new_host_keys, stop=False)
+                    return out.exit_code
                 res = api.stop(la)
                 if res.already_ended:
                     console.print(f"run {la.plan.run_id} already ended ({res.outcome.status}): "

@@ -63,13 +63,15 @@ class TrainingProgress:
 
 class MetricsFollower:
     """Reads only what was appended since the last call; a partial last line waits.
-    `keep`: a local file that gets every byte read, at the offset it was read from
-    (a follower re-attached from offset 0 rewrites the same bytes: no duplicates)."""
+    `keep`: a local file that gets every byte read, at the offset it was read from plus `keep_at`
+    (a follower re-attached from offset 0 rewrites the same bytes: no duplicates; a relaunch on
+    another master appends its file after what the first master wrote)."""
 
-    def __init__(self, transport, path: str, keep: Optional[str] = None):
+    def __init__(self, transport, path: str, keep: Optional[str] = None, keep_at: int = 0):
         self.transport = transport
         self.path = path
         self.keep = keep
+        self.keep_at = keep_at
         self.offset = 0
         self._partial = b""
         self.progress = TrainingProgress()
@@ -82,7 +84,7 @@ class MetricsFollower:
         if self.keep:
             fd = os.open(self.keep, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                os.pwrite(fd, chunk, self.offset)
+                os.pwrite(fd, chunk, self.keep_at + self.offset)
             finally:
                 os.close(fd)
         self.offset += len(chunk)

@@ -15,16 +15,21 @@ run after qwen-tui itself has exited.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..logsetup import log_to_run_dir
 from ..plan import LaunchPlan
+
+log = logging.getLogger(__name__)
 
 
 def new_run_id(name: Optional[str], now: Optional[float] = None) -> str:
@@ -136,9 +141,31 @@ class RunDir:
         return out
 
     def write_state(self, **state: Any) -> None:
-        cur = self.read_state()
-        cur.update(state)
-        write_json_atomic(self.path / "state.json", cur)
+        # replay and an attach may both update one run's state: one read-modify-write at a time
+        with self._state_lock():
+            cur = self.read_state()
+            cur.update(state)
+            write_json_atomic(self.path / "state.json", cur)
+
+    @contextlib.contextmanager
+    def _state_lock(self, bound: float = 5.0) -> Iterator[None]:
+        """An exclusive flock on .state.lock, waited for at most `bound` seconds (the holder only rewrites a
+        small JSON file); past the bound the update goes ahead unlocked rather than stalling a run."""
+        fd = os.open(self.path / ".state.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            deadline = time.monotonic() + bound
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        log.warning("%s: state.json stayed locked for %gs; updating it anyway", self.path, bound)
+                        break
+                    time.sleep(0.02)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     def read_state(self) -> dict[str, Any]:
         data = self._read_json("state.json", {})

@@ -11,6 +11,7 @@ from typing import Optional
 
 import yaml
 
+from .attempts import attempt_note
 from .rundir import RunDir
 
 TAIL_BYTES = 64 * 1024  # the last step record of metrics.jsonl is near its end
@@ -26,6 +27,8 @@ class RunSummary:
     started: Optional[float]
     step: Optional[int]
     last_loss: Optional[float]
+    attempt: int = 1  # relaunches after a failure make more (run/restarts.py)
+    attempt_note: Optional[str] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,7 +79,8 @@ def summarize(path: Path) -> RunSummary:
         started = (path / "plan.json").stat().st_mtime
     return RunSummary(run_id=path.name, path=str(path), preset=_preset_name(path),
                       state=str(state.get("status") or "unknown"), nodes=nodes, started=started, step=step,
-                      last_loss=loss)
+                      last_loss=loss, attempt=state["attempt"] if type(state.get("attempt")) is int else 1,
+                      attempt_note=attempt_note(state))
 
 
 def list_runs(root: Path) -> list[RunSummary]:

@@ -1,0 +1,157 @@
+"""What a relaunch after a failure changes, as plain data: which nodes go, how the
+global batch is kept on the nodes left, which checkpoint every node can resume from,
+whether a failure is worth another attempt, and how attempts read in state.json.
+Pure: no I/O. The driver that uses them is run/restarts.py.
+
+The global batch must not change across a resume: the worker refuses a checkpoint
+trained with another one, because the data order (global batches cut from one
+seeded permutation, training/data.py) and the step count depend on it. So with
+fewer GPUs the per-device batch and the accumulation are re-split; when the global
+batch is not a multiple of the new world size it cannot be kept, and the relaunch
+is refused with the numbers rather than silently training something else.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from ..preset import Preset
+
+MAX_ACCUMULATION = 4096  # the preset's bound on gradient_accumulation_steps
+CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
+# Causes that fail every attempt the same way: a relaunch would only repeat them.
+# TRAINING_ERROR: every node exited 0 but the worker's end record says it failed (launcher.py).
+NOT_TRANSIENT = {"MODULE_MISSING", "NO_SUCH_INTERFACE", "DISK_FULL", "CUDA_OOM", "ADDR_IN_USE", "TRAINING_ERROR"}
+
+
+class RestartRefused(ValueError):
+    """A relaunch that cannot be made as asked; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """How the global batch is split over `world_size` processes."""
+
+    world_size: int
+    per_device: int
+    accumulation: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.per_device * self.accumulation
+
+    def describe(self) -> str:
+        return (f"{self.per_device} per device x {self.accumulation} accumulation x {self.world_size} GPUs "
+                f"= {self.global_batch}")
+
+
+def refit_batch(global_batch: int, per_device: int, world_size: int) -> BatchFit:
+    """The split of `global_batch` over `world_size` processes that keeps it exactly, with the largest
+    per-device batch not above `per_device` (memory was sized for that) and so the least accumulation.
+    Raises RestartRefused, with the nearest global batches that would fit, when none keeps it."""
+    if world_size < 1 or per_device < 1 or global_batch < 1:
+        raise ValueError(f"sizes must be positive: global {global_batch}, per device {per_device}, "
+                         f"world {world_size}")
+    if global_batch % world_size:
+        lo, hi = (global_batch // world_size) * world_size, -(-global_batch // world_size) * world_size
+        near = " or ".join(str(b) for b in (lo, hi) if b > 0)
+        raise RestartRefused(f"the global batch of {global_batch} cannot be kept exactly on {world_size} GPUs "
+                             f"({global_batch} is not a multiple of {world_size}; the nearest that fit are {near}), "
+                             "and a checkpoint resumes only with the global batch it was trained with")
+    per_process = global_batch // world_size
+    micro = max(d for d in range(1, min(per_device, per_process) + 1) if per_process % d == 0)
+    fit = BatchFit(world_size, micro, per_process // micro)
+    if fit.accumulation > MAX_ACCUMULATION:
+        raise RestartRefused(f"keeping the global batch of {global_batch} on {world_size} GPUs needs "
+                             f"{fit.accumulation} accumulation steps, above the limit of {MAX_ACCUMULATION}")
+    return fit
+
+
+def without_nodes(preset: Preset, gone: Iterable[int], *, resuming: bool) -> tuple[Preset, BatchFit]:
+    """The preset of a relaunch without the nodes `gone` (indexes into preset.cluster.nodes): the same
+    training with the batch re-split so that the global batch stays. Raises RestartRefused."""
+    gone = set(gone)
+    nodes = preset.cluster.nodes
+    left = [n for i, n in enumerate(nodes) if i not in gone]
+    if not left:
+        raise RestartRefused("no node is left to relaunch on")
+    t = preset.training
+    if 0 in gone and preset.network.master_addr:
+        raise RestartRefused(f"the failed node 0 ({nodes[0].label}) is the master and network.master_addr "
+                             f"({preset.network.master_addr}) fixes its address; leave network.master_addr empty "
+                             f"so that the next node ({left[0].label}) can take over as the master")
+    world = sum(n.gpus for n in left)
+    if resuming and t.zero_stage is not None and world != preset.world_size:
+        raise RestartRefused(f"DeepSpeed ZeRO-{t.zero_stage} cannot resume optimizer state saved by "
+                             f"{preset.world_size} processes on {world}; relaunch on the same nodes "
+                             "(without --exclude-failed) or train with zero_stage: null")
+    fit = refit_batch(preset.effective_batch_size, t.per_device_train_batch_size, world)
+    new = preset.model_copy(deep=True)
+    new.cluster.nodes = [n.model_copy(deep=True) for n in left]
+    new.training.per_device_train_batch_size = fit.per_device
+    new.training.gradient_accumulation_steps = fit.accumulation
+    return new, fit
+
+
+def common_checkpoint(listings: Mapping[int, Iterable[str]]) -> Optional[int]:
+    """The newest checkpoint step that every node lists complete (None when there is none): without
+    shared storage each node resumes from its own copy, and they must all start from the same step."""
+    steps: Optional[set[int]] = None
+    for names in listings.values():
+        mine = {int(m.group(1)) for n in names if (m := CKPT_NAME.match(n.strip()))}
+        steps = mine if steps is None else steps & mine
+    return max(steps) if steps else None
+
+
+def why_not_restart(status: str, failed_rank: Optional[int], cause: Optional[str], restarts_made: int,
+                    allowed: int) -> Optional[str]:
+    """None when a failed attempt should be followed by another; else why not, for the user."""
+    if status != "failed":
+        return f"the run ended {status}"
+    if restarts_made >= allowed:
+        return (f"no restart left (training.restarts: {allowed})" if allowed else
+                "training.restarts is 0 (set it to relaunch from the last checkpoint after a failure)")
+    if failed_rank is None:
+        return "no node failed (the run ran out of time or its training reported an error)"
+    if cause in NOT_TRANSIENT:
+        return f"the cause ({cause}) would fail the next attempt the same way"
+    return None
+
+
+def recovery_notes(preset: Preset, exclude_failed: bool) -> list[str]:
+    """What the user should know before a run whose recovery settings cannot do what they suggest."""
+    t, notes = preset.training, []
+    if exclude_failed and not t.restarts:
+        notes.append("--exclude-failed does nothing with training.restarts: 0 (a failure ends the run)")
+    if t.restarts and t.save_strategy == "no":
+        notes.append(f"training.restarts: {t.restarts}, but training.save_strategy is no: there is no checkpoint "
+                     "to resume from, so a relaunch starts over from step 0")
+    if t.restarts and exclude_failed and t.zero_stage is not None and len(preset.cluster.nodes) > 1:
+        notes.append(f"with ZeRO-{t.zero_stage}, a failed node can be left out only before the first checkpoint "
+                     "(DeepSpeed cannot resume its optimizer state on fewer processes)")
+    return notes
+
+
+def attempt_note(state: Mapping[str, Any]) -> Optional[str]:
+    """One line about the attempts recorded in a run's state.json, for the live view and `qwen-tui runs`;
+    None for a run that never restarted."""
+    attempts = state.get("attempts")
+    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[-1], dict):
+        return None
+    restarts = state.get("restarts")
+    allowed = f" of {int(restarts) + 1}" if isinstance(restarts, int) else ""
+    cur = attempts[-1]
+    if len(attempts) == 1 and not cur.get("restart_refused"):
+        return None
+    parts = [f"attempt {len(attempts)}{allowed}"]
+    if cur.get("excluded"):
+        parts.append("without " + ", ".join(map(str, cur["excluded"])))
+    if len(attempts) > 1:
+        parts.append(f"resumed from {cur['resume_from']}" if cur.get("resume_from") else "started over from step 0")
+    if cur.get("batch"):
+        parts.append(f"batch {cur['batch']}")
+    if cur.get("restart_refused"):
+        parts.append(f"not restarted: {cur['restart_refused']}")
+    return "; ".join(parts)

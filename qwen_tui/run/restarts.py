@@ -1,0 +1,239 @@
+"""Recovery: relaunch a failed run from its last complete checkpoint.
+
+`training.restarts: N` allows N relaunches after a node fails; `training.exclude_failed`
+(or `qwen-tui replay --exclude-failed`) leaves the failed node out of them, with the
+batch re-split so that the global batch stays (run/attempts.py says when it cannot).
+Each relaunch is another attempt of the same run directory:
+
+- the failed attempt's processes are stopped on every node that stays (a survivor
+  refuses the relaunch, so no two attempts ever train at once);
+- the checkpoint is the newest step that every node that stays holds complete
+  (without shared storage each node resumes from its own copy);
+- the attempt's node logs and exit codes go to `attempt-K/` under each node's run
+  directory; the master's metrics.jsonl keeps growing (the worker appends), so the
+  loss of every attempt is one record;
+- state.json lists the attempts (nodes, batch, checkpoint, how each ended), and
+  plan.json / pids.json / preset.yaml describe the current one, which is what
+  `qwen-tui attach` follows (preset.first.yaml keeps the preset as first launched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+import shutil
+import time
+from typing import Callable, Optional
+
+from ..facts import ClusterFacts
+from ..nodes.transport import Transport, TransportError
+from ..plan import LaunchPlan, NodeCommand, make_plan
+from ..preset import Preset, save_preset
+from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
+                       without_nodes)
+from .launcher import LOST, LaunchError, Launcher, RunOutcome
+from .rundir import RunDir
+
+# Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
+_LIST_CHECKPOINTS = ('cd -- "$1" 2>/dev/null || exit 0; for d in checkpoint-*; do '
+                     'if [ -f "$d/finetune_state.json" ] || [ -f "$d/trainer_state.json" ]; then '
+                     'printf "%s\\n" "$d"; fi; done')
+NEXT_ATTEMPT_BOUND = 120.0  # how long `attach` waits for replay to start the next attempt
+
+FollowOne = Callable[[Launcher, Optional[float]], RunOutcome]
+
+
+def run_facts(rd: RunDir) -> Optional[ClusterFacts]:
+    """What the launch checks learned (facts.json), for the plans of the relaunches; None without it."""
+    try:
+        return ClusterFacts.from_dict(json.loads((rd.path / "facts.json").read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+
+
+def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str) -> list[str]:
+    """The complete checkpoint directories' names in output_dir on one node (its workdir is the cwd)."""
+    r = t.run(["sh", "-c", _LIST_CHECKPOINTS, "sh", output_dir], timeout=30, cwd=cmd.workdir)
+    if not r.ok:
+        raise RestartRefused(f"node {cmd.rank} ({cmd.label}): cannot list the checkpoints in {output_dir}: "
+                             f"{(r.stderr or r.stdout).strip()[:300]}")
+    return r.stdout.split()
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+class Restarts:
+    """Follows a run through its attempts. `preset`, `transports` and `facts` are those of the launcher
+    passed to `follow`; `say` prints one line for the user."""
+
+    def __init__(self, preset: Preset, transports: dict[int, Transport], facts: Optional[ClusterFacts],
+                 *, exclude_failed: bool, base_dir: str, local_python: Optional[str],
+                 say: Callable[[str], None] = print):
+        self.preset, self.transports, self.facts = preset, transports, facts
+        self.exclude_failed = exclude_failed
+        self.allowed = preset.training.restarts
+        self.base_dir, self.local_python, self.say = base_dir, local_python, say
+        self.made = 0
+        self.excluded: list[str] = []  # labels of the nodes left out so far
+
+    # ------------------------------------------------------------ state.json
+    def _attempts(self, rd: RunDir) -> list[dict]:
+        a = rd.read_state().get("attempts")
+        return a if isinstance(a, list) else []
+
+    def _record_start(self, la: Launcher, batch: str, resume_from: Optional[str], started: float) -> None:
+        rd = la.run_dir
+        attempts = self._attempts(rd)
+        attempts.append({"attempt": la.attempt, "started": started, "nodes": [c.label for c in la.plan.nodes],
+                         "world_size": la.plan.world_size, "batch": batch, "resume_from": resume_from,
+                         "excluded": list(self.excluded)})
+        rd.write_state(attempts=attempts, restarts=self.allowed, exclude_failed=self.exclude_failed)
+        la.attempt_note = attempt_note(rd.read_state())
+
+    def _record_end(self, la: Launcher, out: RunOutcome, next_step: str) -> None:
+        rd = la.run_dir
+        attempts = self._attempts(rd)
+        if attempts and attempts[-1].get("attempt") == la.attempt:
+            failed = out.failed_rank
+            attempts[-1].update(ended=time.time(), status=out.status, message=_first_line(out.message),
+                                failed_rank=failed,
+                                failed_node=None if failed is None else la.plan.nodes[failed].label,
+                                cause=out.cause, next=next_step)
+            rd.write_state(attempts=attempts)
+
+    # ------------------------------------------------------------ the loop
+    def follow(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float] = None) -> RunOutcome:
+        """Follow `la` (the first attempt, just started) and every relaunch until the run ends."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        for note in recovery_notes(self.preset, self.exclude_failed):
+            self.say(f"note: {note}")
+        state = la.run_dir.read_state()
+        self._record_start(la, la.plan.batch_formula, self.preset.training.resume_from_checkpoint,
+                           state.get("started") or time.time())
+        while True:
+            left = None if deadline is None else max(1.0, deadline - time.monotonic())
+            out = follow_one(la, left)
+            why = why_not_restart(out.status, out.failed_rank, out.cause, self.made, self.allowed)
+            if why is None and la.run_dir.read_state().get("stop_requested"):
+                why = "the run was stopped (qwen-tui attach --stop)"  # its nodes failed because they were stopped
+            if why is None and deadline is not None and time.monotonic() >= deadline:
+                why = f"--max-seconds {max_seconds:g} is spent"
+            if why is not None:
+                self._record_end(la, out, f"none: {why}")
+                if self.allowed and out.status == "failed":
+                    self.say(f"not restarted: {why}")
+                return out
+            self._record_end(la, out, "restart")
+            try:
+                la = self._relaunch(la, out)
+            except (RestartRefused, LaunchError, TransportError, OSError) as e:
+                self._refused(la, str(e))
+                return out
+            except BaseException:
+                la.run_dir.write_state(status="failed")  # never left "restarting" for attach to wait on
+                raise
+
+    def _refused(self, la: Launcher, why: str) -> None:
+        self.say(f"not restarted: {why}")
+        attempts = self._attempts(la.run_dir)
+        if attempts:
+            attempts[-1]["next"] = f"none: {why}"
+            attempts[-1]["restart_refused"] = why
+            la.run_dir.write_state(attempts=attempts, status="failed")
+
+    # ------------------------------------------------------------ one relaunch
+    def _relaunch(self, la: Launcher, out: RunOutcome) -> Launcher:
+        """Stop what is left of the failed attempt, pick the checkpoint and the nodes, start the next attempt.
+        Raises RestartRefused or LaunchError (the failed attempt stays the run's last word)."""
+        rd, preset, plan = la.run_dir, self.preset, la.plan
+        failed = out.failed_rank
+        # a node lost because it cannot be reached is dead too; one whose job another view of the run
+        # stopped (attach, after it saw the failure first) only looks lost from here
+        dead = {failed} | {r for r, s in out.nodes.items()
+                           if s.status == LOST and (s.error or "").startswith("cannot reach node")}
+        keep = [c.rank for c in plan.nodes if not (self.exclude_failed and c.rank in dead)]
+        rd.write_state(status="restarting")
+        self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
+                 + (", without it" if self.exclude_failed else ", on the same nodes"))
+        gone = la.stop_all()
+        survivors = [r for r in keep if not gone.get(r)]
+        if survivors:
+            raise RestartRefused("processes of the failed attempt are still running on node(s) "
+                                 + ", ".join(f"{r} ({plan.nodes[r].label})" for r in survivors))
+
+        listings = {r: list_checkpoints(self.transports[r], plan.nodes[r], preset.training.output_dir) for r in keep}
+        step = common_checkpoint(listings)
+        resume = (posixpath.join(preset.training.output_dir, f"checkpoint-{step}") if step is not None
+                  else preset.training.resume_from_checkpoint)
+        if self.exclude_failed:
+            new, _ = without_nodes(preset, dead, resuming=resume is not None)
+        else:
+            new = preset.model_copy(deep=True)
+        new.training.resume_from_checkpoint = resume
+        transports = {i: self.transports[r] for i, r in enumerate(keep)}
+        facts = None
+        if self.facts is not None:
+            facts = dataclasses.replace(self.facts, nodes={i: self.facts.nodes[r] for i, r in enumerate(keep)
+                                                           if r in self.facts.nodes})
+
+        attempt = la.attempt + 1
+        next_plan = make_plan(new, run_id=plan.run_id, local_run_dir=str(rd.path), base_dir=self.base_dir,
+                              facts=facts, local_python=self.local_python)
+        for c in next_plan.nodes:  # this attempt's logs and exit codes apart from the last one's
+            c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
+        keep_at = self._metrics_keep_at(rd, la, next_plan, keep)
+
+        if not (rd.path / "preset.first.yaml").exists():
+            shutil.copy2(rd.path / "preset.yaml", rd.path / "preset.first.yaml")
+        save_preset(new, rd.path / "preset.yaml", mode=0o600)  # what `attach` connects to now
+        if self.exclude_failed:
+            self.excluded += [plan.nodes[r].label for r in sorted(dead)]
+        started = rd.read_state().get("started")
+        nxt = Launcher(next_plan, transports, rd, stop_grace=la.stop_grace, attempt=attempt, metrics_keep_at=keep_at)
+        rd.write_state(metrics_keep_at=keep_at)
+        nxt.start()
+        rd.write_state(started=started, last_started=time.time())  # the run started when its first attempt did
+        self.made += 1
+        self.preset, self.transports, self.facts = new, transports, facts
+        if keep[0] != 0:  # a new master: its metrics file starts empty; the view keeps the loss so far
+            nxt.metrics.progress.steps[:0] = la.metrics.progress.steps
+            nxt.metrics.progress.events[:0] = la.metrics.progress.events
+        where = f"from {resume}" if resume else "from step 0 (no checkpoint every node holds)"
+        self.say(f"attempt {attempt}: {len(keep)} node(s), {next_plan.batch_formula}, {where}")
+        self._record_start(nxt, next_plan.batch_formula, resume, time.time())
+        return nxt
+
+    @staticmethod
+    def _metrics_keep_at(rd: RunDir, old: Launcher, new: LaunchPlan, keep: list[int]) -> int:
+        """Where the next master's metrics go in the run directory's copy: where the last attempt's went when
+        the master is the same node (the worker appends to the same file), else after what is kept already."""
+        kept = rd.path / "metrics.jsonl"
+        if os.path.realpath(new.metrics_file) == os.path.realpath(kept):
+            return 0  # a local master writes the run directory's copy itself
+        if keep[0] == 0 and new.metrics_file == old.plan.metrics_file:
+            return old.metrics.keep_at
+        return kept.stat().st_size if kept.exists() else 0
+
+
+def wait_for_next_attempt(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND,
+                          interval: float = 0.5) -> Optional[int]:
+    """For `attach`: after attempt `attempt` ended, wait (bounded) for replay to say what comes next. The new
+    attempt's number once it runs; None when no attempt follows (or none started within `bound`)."""
+    deadline = time.monotonic() + bound
+    while True:
+        state = rd.read_state()
+        cur = state.get("attempt", 1)
+        if type(cur) is int and cur > attempt:
+            return cur  # Launcher.start wrote it: the next attempt runs
+        attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+        mine = next((a for a in attempts if isinstance(a, dict) and a.get("attempt") == attempt), {})
+        nxt = str(mine.get("next") or "")
+        if nxt.startswith("none") or (not nxt and not state.get("restarts")):
+            return None  # replay decided against a restart, or the run allows none
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)

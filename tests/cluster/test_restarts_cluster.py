@@ -1,0 +1,135 @@
+"""Recovery on the namespace cluster, the way users run it: `qwen-tui replay --exclude-failed` with
+`training.restarts: 1`; node 2's torchrun agent and ranks are killed mid-run, and the two nodes left
+finish the run from the last checkpoint with the same global batch while the loss keeps falling."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cluster_helpers import REPO, preset_dict
+from qwen_tui.preset import Preset, save_preset
+
+MAX_STEPS, SAVE_STEPS = 14, 4
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+def _wait(what, cond, bound, proc, log):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        assert proc.poll() is None, f"replay ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {what} within {bound}s:\n{log.read_text()[-3000:]}")
+
+
+def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkpoint(cluster, sshdir, keyed,
+                                                                                      tmp_path):
+    d = preset_dict(cluster, sshdir, output_dir=str(tmp_path / "out"), max_steps=MAX_STEPS, save_strategy="steps",
+                    save_steps=SAVE_STEPS, save_total_limit=None, learning_rate=5e-3, logging_steps=1,
+                    per_device_train_batch_size=2, gradient_accumulation_steps=1, restarts=1)
+    d["name"] = "restarts"
+    d["network"]["env"] = {"OMP_NUM_THREADS": "1"}  # three CPU "nodes" share two cores
+    d["network"]["interface"] = "eth0"  # --skip-checks: no probe to find it
+    d["cluster"]["shared_storage"] = True
+    preset = tmp_path / "restarts.yaml"
+    save_preset(Preset.model_validate(d), preset)
+    runs, log = tmp_path / "runs", tmp_path / "replay.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", "replay", str(preset), "--skip-checks",
+                                 "--exclude-failed", "--runs-dir", str(runs)], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    rd = None
+    try:
+        rd = _wait("run directory", lambda: next(iter(runs.glob("*/plan.json")), None), 60, proc, log).parent
+        kept = rd / "metrics.jsonl"
+
+        def after_a_checkpoint():
+            recs = _records(kept)
+            ck = [r["step"] for r in recs if r.get("event") == "checkpoint"]
+            steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
+            return ck and steps and max(steps) > ck[0] and ck[0]
+
+        first_ckpt = _wait("a checkpoint and a step after it", after_a_checkpoint, 300, proc, log)
+        # kill node 2's torchrun agent and its ranks (its job shell stays and writes the exit code)
+        procs = {pid: _cmdline(pid) for pid in cluster.job_pids(2)}
+        shell = [p for p, c in procs.items() if c.startswith(b"sh\0")]
+        agent = [p for p, c in procs.items() if p not in shell and b"torch.distributed.run" in c]
+        ranks = [p for p, c in procs.items() if p not in shell + agent and b"training" in c]
+        assert len(agent) == 1 and ranks, procs
+        for pid in agent + ranks:
+            os.kill(pid, signal.SIGKILL)
+        rc = proc.wait(timeout=400)
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+
+        state = json.loads((rd / "state.json").read_text())
+        assert state["status"] == "ok" and state["attempt"] == 2, state
+        a1, a2 = state["attempts"]
+        node2 = d["cluster"]["nodes"][2]["host"]
+        assert a1["status"] == "failed" and a1["failed_node"] == node2 and a1["next"] == "restart", a1
+        assert a1["world_size"] == 3 and len(a1["nodes"]) == 3
+        assert a2["status"] == "ok" and a2["excluded"] == [node2] and a2["world_size"] == 2, a2
+        assert node2 not in a2["nodes"]
+        # 6 = 2 x 1 x 3 GPUs before; 3 per process now: 1 x 3
+        assert a2["batch"] == "1 per device x 3 accumulation x 1 GPUs per node x 2 nodes = 6", a2
+        resumed = int(a2["resume_from"].rsplit("-", 1)[1])
+        assert resumed >= first_ckpt and resumed % SAVE_STEPS == 0, (a2, first_ckpt)
+        assert f"attempt 2 of 2; without {node2}; resumed from" in text  # the live view said so
+
+        # one metrics record for both attempts, kept in the run directory
+        recs = _records(rd / "metrics.jsonl")
+        starts = [r for r in recs if r.get("event") == "start"]
+        assert [s["world_size"] for s in starts] == [3, 2], starts
+        assert starts[1]["start_step"] == resumed and starts[1]["global_batch_size"] == 6
+        assert starts[1]["gradient_accumulation_steps"] == 3 and starts[1]["resumed_from"]
+        end = [r for r in recs if r.get("event") == "end"]
+        assert end and end[-1]["status"] == "ok" and end[-1]["step"] == MAX_STEPS, end
+        i2 = recs.index(starts[1])
+        later = [r for r in recs[i2:] if "loss" in r and "event" not in r]
+        assert [r["step"] for r in later] == list(range(resumed + 1, MAX_STEPS + 1)), later
+        losses = [r["loss"] for r in recs[:i2] if "loss" in r and "event" not in r] + [r["loss"] for r in later]
+        assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.01, losses
+        assert (tmp_path / "out" / f"checkpoint-{MAX_STEPS - MAX_STEPS % SAVE_STEPS}").is_dir()
+
+        # `qwen-tui runs` shows the attempt
+        ls = subprocess.run([sys.executable, "-m", "qwen_tui.cli", "runs", "--json", "--runs-dir", str(runs)],
+                            capture_output=True, text=True, timeout=60, env=env)
+        (row,) = json.loads(ls.stdout)
+        assert row["attempt"] == 2 and f"without {node2}" in row["attempt_note"], row
+        assert row["step"] == MAX_STEPS and row["nodes"] == a2["nodes"]
+        left = {i: cluster.job_pids(i) for i in range(3)}
+        assert not any(left.values()), left
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # replay stops every node on SIGINT
+            proc.wait(timeout=60)
+        if rd is not None:
+            shutil.rmtree(REPO / ".qwen-tui" / "runs" / rd.name, ignore_errors=True)
