@@ -113,7 +113,8 @@ def build_optimization(args, env, model, loss_module, fast, ds_config: dict | No
         {"params": [p for n, p in named if not is_matrix(p)], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
-    warmup = math.ceil(args.warmup_ratio * total_steps)
+    # HF: --warmup_steps (a count of optimizer steps) overrides --warmup_ratio
+    warmup = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * total_steps)
 
     def make_scheduler(optimizer):
         return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup,

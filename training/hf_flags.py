@@ -130,12 +130,8 @@ def resolve(args: argparse.Namespace) -> list[str]:
         args.eval_steps = 0  # the step loop evaluates at each epoch's last step
     if args.warmup_steps < 0:
         raise InputError(f"--warmup_steps must be >= 0, got {args.warmup_steps}")
-    if args.warmup_steps > 0:
-        if args.max_steps > 0:
-            args.warmup_ratio = warmup_ratio_for(args.warmup_steps, args.max_steps)
-        else:
-            warnings.append(f"--warmup_steps {args.warmup_steps} needs --max_steps; with --num_train_epochs the "
-                            f"warm-up follows --warmup_ratio {args.warmup_ratio}")
+    if args.warmup_steps > 0 and args.max_steps > 0:
+        args.warmup_ratio = warmup_ratio_for(args.warmup_steps, args.max_steps)
     if args.bf16 and args.fp16:
         raise InputError("--bf16 and --fp16 are mutually exclusive; give one of them")
     return warnings

@@ -1,21 +1,14 @@
 """--warmup_steps with --num_train_epochs (HF: a count of optimizer steps that overrides --warmup_ratio), in a
-real tiny run. The schedule is built in training/builders.py (build_optimization); until it reads
-args.warmup_steps this test is skipped (the report of branch nf gives the one-line change)."""
+real tiny run."""
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 
 from tests.training.worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
-from training import builders
-
-READS_WARMUP_STEPS = "args.warmup_steps" in inspect.getsource(builders.build_optimization)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not READS_WARMUP_STEPS, reason="training/builders.py does not read --warmup_steps yet")
 def test_warmup_steps_with_epochs_warms_up_over_that_many_steps(tmp_path, tiny_model):
     data = write_jsonl(tmp_path / "train.jsonl", demo_records()[:24])  # 6 steps an epoch at 4 records a step
     run = run_worker(tmp_path / "out", "--model_name_or_path", str(tiny_model), "--data_path", str(data),
