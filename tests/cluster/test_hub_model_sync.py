@@ -7,7 +7,6 @@ node 1, which has no hub cache and no network to the hub, can only have loaded t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,32 +22,14 @@ from qwen_tui.preset import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
 
-COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
-
-
-def _fake_hub_cache(hub, repo, src):
-    base = hub / ("models--" + repo.replace("/", "--"))
-    snap = base / "snapshots" / COMMIT
-    (base / "blobs").mkdir(parents=True)
-    (base / "refs").mkdir()
-    (base / "refs" / "main").write_text(COMMIT)
-    for f in sorted(src.rglob("*")):
-        if f.is_file():
-            data = f.read_bytes()
-            blob = base / "blobs" / hashlib.sha256(data).hexdigest()
-            blob.write_bytes(data)
-            link = snap / f.relative_to(src)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(blob, link.parent))
-    return base
-
+from fakehub import fake_hub_cache
 
 def test_the_master_downloads_once_and_the_sync_serves_the_other_node(cluster, sshdir, keyed, tmp_path):
     from training.tiny import build_tiny
 
     src = build_tiny(tmp_path / "tiny-src")
     hub0 = cluster.nodes[0].home / ".cache" / "huggingface" / "hub"
-    made = _fake_hub_cache(hub0, "acme/tiny", src)
+    made = fake_hub_cache(hub0, "acme/tiny", src).parents[1]
     work = []
     for i in range(2):
         w = tmp_path / f"node{i}-work"

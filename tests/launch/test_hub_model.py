@@ -21,26 +21,7 @@ from qwen_tui.nodes.probe import probe_node
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset import Preset
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def fake_hub_cache(cache: Path, repo: str, src: Path) -> Path:
-    """`src`'s files as huggingface_hub stores a snapshot of `repo`; returns the snapshot directory."""
-    base = cache / ("models--" + repo.replace("/", "--"))
-    snap = base / "snapshots" / COMMIT
-    (base / "blobs").mkdir(parents=True)
-    (base / "refs").mkdir()
-    (base / "refs" / "main").write_text(COMMIT)
-    for f in sorted(src.rglob("*")):
-        if f.is_file():
-            data = f.read_bytes()
-            blob = base / "blobs" / hashlib.sha256(data).hexdigest()
-            blob.write_bytes(data)
-            link = snap / f.relative_to(src)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(blob, link.parent))
-    return snap
-
+from fakehub import fake_hub_cache
 
 @pytest.fixture(scope="module")
 def tiny_src(tmp_path_factory) -> Path:
