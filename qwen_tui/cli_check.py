@@ -52,11 +52,31 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     preset = load_preset(args.preset)
     t0 = time.monotonic()
-    conns = connect_all(preset, accept_new_host_keys=args.accept_new_host_keys)
+    labels = [n.label for n in preset.cluster.nodes]
+    status = console.status(f"connecting to {len(labels)} node(s)…")
+    status.start()  # a spinner on a terminal; silent when stdout/stderr is not one
+
+    def progress(check: str, node, text: str) -> None:
+        """Each check as it starts (the spinner's line) and each node's outcome as it comes (a line)."""
+        if node is None:
+            status.update(f"{check}: {text}…")
+        else:
+            bad = any(w in text for w in ("failed", "cannot", "not measured"))
+            console.print(f"  {check:9} {node} {escape(printable(labels[node])):14} "
+                          f"[{'yellow' if bad else 'green'}]{escape(printable(text))}[/]", highlight=False)
+
+    try:
+        conns = connect_all(preset, accept_new_host_keys=args.accept_new_host_keys)
+    finally:
+        status.stop()
+    for i in range(len(labels)):
+        e = conns.get(i)
+        progress("ssh", i, f"cannot connect: {e}" if isinstance(e, BaseException) else "connected")
+    status.start()
     transports = dict(conns.succeeded)
     try:
         rep = run_checks(preset, transports, connect_errors=conns.failed,
-                         bandwidth_seconds=args.bandwidth_seconds)
+                         bandwidth_seconds=args.bandwidth_seconds, progress=progress)
         download_failed = None
         if args.sync and 0 in transports:
             from qwen_tui.nodes.hubmodel import download_on_master, hub_id
@@ -81,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 if isinstance(acts, BaseException):
                     console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
             rep = run_checks(preset, transports, connect_errors=conns.failed,
-                             bandwidth_seconds=args.bandwidth_seconds)
+                             bandwidth_seconds=args.bandwidth_seconds, progress=progress)
         if download_failed:
             from qwen_tui.nodes.findings import ERROR, Finding
 
@@ -89,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
                                         "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "
                                         "the model in the master's hub cache", 0, "model"))
         if not args.no_rehearsal and len(transports) == len(preset.cluster.nodes) and rep.ok:
+            progress("rehearsal", None, "torchrun rendezvous and an all-reduce on every node")
             add_rehearsal(preset, transports, rep, local_python=sys.executable)
     finally:
+        status.stop()
         close_all(conns)
     rep.seconds = time.monotonic() - t0
     data = rep.to_dict()

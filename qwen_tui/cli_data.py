@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from .cli_estimate import gpu_name
 from .datapreview import DEFAULT_TIMEOUT_S, DataPreviewError, histogram_lines, preview, summary_lines
 from .estimate import GPUS
 from .facts import ClusterFacts
@@ -25,7 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in qwen_tui/datapreview.py)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check, for the speed estimate")
-    p.add_argument("--gpu", choices=sorted(GPUS), help="GPU model for the speed estimate when there are no facts")
+    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
+                   help="GPU model for the speed estimate when there are no facts (any case: h100 is H100)")
     p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s, for the speed estimate")
     p.add_argument("--tokens-per-second", type=float, default=None,
                    help="the run's real speed (all GPUs together), when you know it better than the estimate")

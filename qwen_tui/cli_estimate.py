@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check (ClusterFacts.to_dict())")
-    p.add_argument("--gpu", choices=sorted(GPUS), type=_gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
+    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
                    help="GPU model when there are no probe facts (any case: h100 is H100)")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
     p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 NEEDS_GPU_MEMORY = ("OOM", "MEMORY_TIGHT", "CKPT_UNNEEDED", "ZERO_NOT_NEEDED")
 
 
-def _gpu_name(text: str) -> str:
+def gpu_name(text: str) -> str:
     """The table's spelling of a GPU name typed in any case; anything else is left for argparse to refuse."""
     return {name.lower(): name for name in GPUS}.get(text.strip().lower(), text)
 
@@ -63,7 +63,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
     else:
         con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
                   f"GPU {gpu['name'] or '?'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'}); "
-                  f"link {report['bandwidth_gbps'] or '?'} Gbit/s")
+                  f"link {str(report['bandwidth_gbps']) + ' Gbit/s' if report['link_measured'] else 'not measured'}")
     if report["error"]:
         con.print(f"[yellow]{report['error']}[/]")
     m = report["gpu_memory_gb"]
@@ -82,17 +82,22 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                       f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
     s = report["step"]
     if s is not None:
-        con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, "
-                  f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden), "
+        comm = (f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden)"
+                if report["link_measured"] or report["nodes"] == 1 else "communication between nodes not measured")
+        con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, {comm}, "
                   f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "
                   f"(efficiency {report['efficiency']} assumed)")
         st = Table(title="Scaling (same micro-batch per GPU)")
         for col in ("nodes", "s/step", "tokens/s", "efficiency", "no overlap"):
             st.add_column(col, justify="right")
+        pct = lambda x: "not measured" if x is None else f"{x:.0%}"  # noqa: E731
         for p in report["scaling_efficiency"]:
             st.add_row(str(p["nodes"]), f"{p['step_time_s']:.2f}", f"{p['tokens_per_second']:,.0f}",
-                       f"{p['scaling_efficiency']:.0%}", f"{p['efficiency_no_overlap']:.0%}")
+                       pct(p["scaling_efficiency"]), pct(p["efficiency_no_overlap"]))
         con.print(st)
+        if not report["link_measured"]:
+            con.print("[yellow]link between nodes not measured:[/] efficiency past one node needs it: pass "
+                      "--bandwidth-gbps, or --facts from `qwen-tui check`", highlight=False)
         rec = report["recommended"]
         if rec["micro_batch"] is not None:
             con.print(f"recommended: micro-batch up to {rec['micro_batch']}, gradient checkpointing "

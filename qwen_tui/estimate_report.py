@@ -33,6 +33,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
                 "source": c.gpu_memory_where or None},
         "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps, "cpu": c.cpu,
+        "link_measured": c.bandwidth_gbps is not None,
         "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [],
@@ -62,6 +63,12 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
     report["tokens_per_step"] = step.tokens_per_step
     report["scaling_efficiency"] = [{k: (_r(v) if isinstance(v, float) else v) for k, v in p.to_dict().items()}
                                     for p in points]
+    if c.bandwidth_gbps is None:
+        # Unmeasured, the model takes the link as fast as inside a node: "100 % of linear" would be a guess
+        # dressed as a result. One node needs no link, so its point stays.
+        for p in report["scaling_efficiency"]:
+            if p["nodes"] > 1:
+                p["scaling_efficiency"] = p["efficiency_no_overlap"] = None
     if c.gpu_memory_gib and not c.cpu:
         off = estimate_memory(spec, t, w, gradient_checkpointing=False)
         ckpt = not off.total <= CKPT_OFF_HEADROOM * c.gpu_memory_gib
@@ -84,14 +91,19 @@ class Summary:
     step_seconds: Optional[float] = None
     tokens_per_s: Optional[float] = None
     scaling: Optional[float] = None
+    cpu: bool = False  # CPU processes (device cpu, or a probe found no GPUs): no GPU figures apply
+    link_measured: bool = True
     notes: list[str] = field(default_factory=list)
 
 
-def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None) -> Summary:
-    """build_report's figures for this cluster size (the same numbers `qwen-tui estimate --json` prints)."""
+def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
+            gpu: Optional[str] = None) -> Summary:
+    """build_report's figures for this cluster size (the same numbers `qwen-tui estimate --json` prints).
+    gpu: the GPU type to assume where no probe says (the CLI's --gpu)."""
     est = Summary(effective_batch=preset.effective_batch_size, batch_formula=preset.batch_formula)
-    r = build_report(preset, facts, base_dir=base_dir or os.getcwd())
+    r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd())
     est.smallest_gpu_gib = (r.get("gpu") or {}).get("memory_gib")
+    est.cpu, est.link_measured = bool(r.get("cpu")), bool(r.get("link_measured", True))
     if r.get("error"):
         est.notes.append(str(r["error"]))
         return est

@@ -29,11 +29,51 @@ def new_preset() -> Preset:
                   training=Training(model="builtin:tiny", data="builtin:demo-chat"))
 
 
+def step_of(path: str) -> str:
+    """The step whose form edits this dotted preset path."""
+    if path.startswith("network."):
+        return "network"
+    if path.startswith("cluster.nodes"):
+        return "nodes"
+    if path.startswith("cluster."):
+        return "ssh"
+    return "training"
+
+
+def connection_fix(err: BaseException) -> str:
+    """What to do about a node the wizard could not log into, in the wizard's own keys."""
+    name = type(err).__name__
+    if name == "UnknownHostKey":
+        return "SSH step (F2): c connects and shows the fingerprint to accept"
+    if name == "ChangedHostKey":
+        return "find out why the node's host key changed before removing its old known_hosts entry"
+    if name == "AuthFailed":
+        return "SSH step (F2): k installs the key (asks the password once)"
+    return "check the host name and port (F1, e) and that sshd runs on the node (ssh -v HOST)"
+
+
+MARKS = {"error": ("✘", "red"), "warning": ("!", "yellow"), "info": ("i", "green")}  # check's colours
+
+
+def finding_line(f: Any, labels: list[str]) -> str:
+    """`node 1 (gpu-b) CODE: message`: the node's number and host once (messages often start with the
+    host already), or just `CODE: message` for the cluster as a whole."""
+    mark = MARKS.get(f.level, ("·", ""))[0]
+    msg = str(f.message)
+    node = getattr(f, "node", None)
+    if node is None or not 0 <= node < len(labels):
+        return f"{mark} {f.code}: {msg}"
+    label = labels[node]
+    msg = msg.removeprefix(f"{label}: ")
+    return f"{mark} node {node} ({label}) {f.code}: {msg}"
+
+
 @dataclass
 class NodeStatus:
     probe: str = "not probed"  # "probing", "ok", "error: ..."
     ssh: str = "not connected"  # "connecting", "connected", "local", "error: ..."
     host_key: str = ""  # fingerprint or "changed (refused)"
+    fix: str = ""  # what to do about the last error (a connection's: connection_fix)
 
 
 @dataclass
@@ -52,29 +92,42 @@ class WizardState:
     run_status: Optional[str] = None  # None, "running", "ok", "failed", "stopped"
     run_dir: Optional[Path] = None
     conns: Connections = field(default_factory=Connections)  # to the preset's nodes; workers connect through it
+    # values typed but not accepted (dotted path -> (text, why)): the preset keeps the old value meanwhile,
+    # and the stepper and save say so, so a bad value never silently turns back into the old one
+    field_errors: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    gpu: Optional[str] = None  # the GPU type to assume where no probe says (the CLI's --gpu); not in the preset
 
     def node(self, i: int) -> NodeStatus:
         return self.nodes.setdefault(i, NodeStatus())
+
+    @property
+    def gpu_unknown(self) -> bool:
+        """A GPU run whose GPU memory nobody knows: neither a probe nor the GPU type select said."""
+        est = self.estimate
+        return est is not None and not est.cpu and est.memory_gib is not None and est.smallest_gpu_gib is None
 
     def node_facts(self, i: int) -> Optional[NodeFacts]:
         return self.facts.nodes.get(i)
 
     def recompute(self) -> None:
         """Advice, estimate and findings follow every change of preset or facts."""
-        self.advice = list(advise(self.preset, self.facts))
-        self.estimate = summary(self.preset, self.facts)
+        self.advice = list(advise(self.preset, self.facts, gpu=self.gpu))
+        self.estimate = summary(self.preset, self.facts, gpu=self.gpu)
         self.findings = consistency(self.preset, self.facts) if self.facts.nodes else []
 
     # ---------------------------------------------------------------- step colours
     def step_status(self, step: str) -> str:
+        if any(step_of(path) == step for path in self.field_errors):
+            return BAD
         p, n = self.preset, len(self.preset.cluster.nodes)
         if step == "nodes":
             st = [self.node(i).probe for i in range(n)]
             if any(s.startswith("error") for s in st):
                 return BAD
+            # the levels `qwen-tui check` gives the same findings: error red, warning yellow, info green
             if any(f.level == "error" for f in self.findings):
                 return BAD
-            if self.findings:
+            if any(f.level == "warning" for f in self.findings):
                 return WARN
             return OK if all(s == "ok" for s in st) else TODO
         if step == "ssh":
@@ -88,20 +141,27 @@ class WizardState:
             return OK if all(s in ("connected", "local") for s in st) else TODO
         if step == "network":
             links = self.facts.links.values()
-            if self.facts.master_port_free is False or any(lk.port_reachable is False or lk.firewall for lk in links):
+            if self.facts.master_port_free is False or any(lk.port_reachable is False for lk in links):
                 return BAD
             if any(f.level == "error" for f in self.net_findings):
                 return BAD
+            # firewall rules that drop or reject are a warning in `check` too (FIREWALL_RULES): they may not
+            # touch the ports the run uses, which the port check decides
+            if any(f.level == "warning" for f in self.net_findings) or any(lk.firewall for lk in links):
+                return WARN
             if any(lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10 for lk in links):
                 return WARN
             return OK if self.net_checked or n == 1 else TODO
         if step == "training":
             levels = {a.level for a in self.advice}
-            return BAD if "error" in levels else WARN if "warning" in levels else OK
-        if step == "review":
-            if any(self.step_status(s) == BAD for s in STEPS[:4]):
+            return BAD if "error" in levels else WARN if "warning" in levels or self.gpu_unknown else OK
+        if step == "review":  # the checks' real state: no ✔ before they ran
+            before = [self.step_status(s) for s in STEPS[:4]]
+            if BAD in before:
                 return BAD
-            return WARN if self.dirty else OK
+            if TODO in before:
+                return TODO
+            return WARN if self.dirty or WARN in before else OK
         if step == "run":
             return {None: TODO, "starting": WARN, "running": WARN, "ok": OK, "stopped": WARN}.get(self.run_status, BAD)
         raise ValueError(step)

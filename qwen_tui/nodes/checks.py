@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
@@ -224,12 +224,18 @@ def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Fi
     return out
 
 
+Progress = Callable[[str, Optional[int], str], None]  # (check, node or None for all, what happened)
+
+
 def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: Optional[dict] = None,
                network: bool = True, bandwidth_seconds: float = 2.0,
-               warn_below_gbps: float = 10.0, local_python: Optional[str] = None) -> CheckReport:
+               warn_below_gbps: float = 10.0, local_python: Optional[str] = None,
+               progress: Optional[Progress] = None) -> CheckReport:
     """`local_python`: what local nodes without a python of their own run (as make_plan);
-    qwen-tui's own interpreter by default, as `replay` and the wizard launch them."""
+    qwen-tui's own interpreter by default, as `replay` and the wizard launch them.
+    `progress` hears each check start (node None) and each node's outcome, as they come."""
     local_python = local_python or sys.executable
+    say: Progress = progress or (lambda check, node, text: None)
     t0 = time.monotonic()
     nodes = preset.cluster.nodes
     facts = ClusterFacts()
@@ -242,7 +248,10 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
             rep.not_checked[(i, c)] = "the node is unreachable"
     for i in transports:
         checked[i].add("ssh")
+    say("probe", None, f"probing {len(transports)} node(s): Python stack, GPUs, data, disk")
     probes = probe_all(preset, transports, local_python=local_python)
+    for i, v in sorted(probes.items()):
+        say("probe", i, f"probe failed: {v}" if isinstance(v, BaseException) else "probed")
     probed: set[int] = set()
     ephemeral = {}
     for i, v in probes.items():
@@ -274,14 +283,28 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
     if len(transports) > 1:
         from .storage import detect_shared_storage
 
+        say("storage", None, "looking for storage the nodes share")
         facts.shared_storage = detect_shared_storage(preset, transports)
     alive = {i: t for i, t in transports.items()
              if i in facts.nodes and "python" not in facts.nodes[i].missing_tools}
     if network and len(nodes) > 1 and 0 in alive:
+        say("port", None, f"master port {preset.network.master_port}: can every node reach node 0?")
         rep.findings += check_ports(preset, alive, facts, ephemeral=ephemeral)
+        if facts.master_port_free is not None:
+            say("port", 0, "the master port is free" if facts.master_port_free else "the master port is in use")
+        for i, lk in sorted(facts.links.items()):
+            if i:
+                say("port", i, "reaches the master port" if lk.port_reachable else
+                    f"cannot reach the master port: {lk.port_error or 'blocked'}")
+        say("firewall", None, "reading every node's firewall rules")
         rep.findings += check_firewalls(preset, transports, facts)
+        say("bandwidth", None, f"iperf3 from each node to node 0 ({bandwidth_seconds:g} s each)")
         rep.findings += check_bandwidth(preset, alive, facts, seconds=bandwidth_seconds,
                                         warn_below_gbps=warn_below_gbps)
+        for i, lk in sorted(facts.links.items()):
+            if i:
+                say("bandwidth", i, f"{lk.bandwidth_gbps:.1f} Gbit/s" if lk.bandwidth_gbps is not None
+                    else f"not measured: {lk.bandwidth_error or 'no result'}")
         for i in alive:
             checked[i] |= {"port", "nccl-ports", "firewall"} | ({"bandwidth"} if i else set())
         for i, lk in facts.links.items():

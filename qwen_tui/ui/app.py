@@ -8,17 +8,21 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import sys
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.screen import Screen
 from textual.worker import Worker
 
+from ..advice import Advice, apply_fix
 from ..facts import ClusterFacts
 from ..preset import Preset, PresetError, load_preset, save_preset
 from ..run.api import CONSENT_WAIT_S
 from ..wizard_state import STEPS, TITLES, WizardState, new_preset
+from .launch_guard import LaunchGuard
 from .messages import ChangePreset, StateChanged
 from .modals import Confirm, Form, Notice, host_key_question
 
@@ -35,14 +39,15 @@ def _screens() -> dict[str, Any]:
             "review": ReviewScreen, "run": RunScreen}
 
 
-class WizardApp(App[int]):
+class WizardApp(LaunchGuard, App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere still find it
     TITLE = "qwen-tui"
-    ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        *[Binding(f"f{i + 1}", f"goto('{s}')", TITLES[s]) for i, s in enumerate(STEPS)],
+        # the stepper on top shows F1..F6 with each step's state: the footer keeps its room for the rest
+        *[Binding(f"f{i + 1}", f"goto('{s}')", TITLES[s], show=False) for i, s in enumerate(STEPS)],
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "open", "Open"),
+        Binding("f10,question_mark", "help", "Help", key_display="F10/?"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -92,12 +97,19 @@ class WizardApp(App[int]):
         try:
             new = self.state.preset.with_changes(msg.changes)
         except (PresetError, KeyError, IndexError) as e:
+            errors = getattr(e, "field_errors", [])
+            for path, value in msg.changes.items():
+                why = "; ".join(f.message for f in errors if f.path == path or f.path.startswith(path + "."))
+                self.state.field_errors[path] = (value, why or str(e))
             screen = self.screen
             if hasattr(screen, "show_field_errors"):
-                screen.show_field_errors(getattr(e, "field_errors", []), msg.changes)
+                screen.show_field_errors(errors, msg.changes)
             else:
                 self.notify(str(e), severity="error", title="Not applied")
+            self.screen.post_message(StateChanged())  # the stepper marks the step
             return
+        for path in msg.changes:
+            self.state.field_errors.pop(path, None)
         if hasattr(self.screen, "show_field_errors"):
             self.screen.show_field_errors([], msg.changes)
         self.set_preset(new, note=msg.note)
@@ -137,6 +149,57 @@ class WizardApp(App[int]):
         except cf.TimeoutError:
             return False
 
+    # ---------------------------------------------------------------- fixes, help, palette
+    def apply_fix(self, item: Advice) -> bool:
+        """Apply an advice item's fix. A fix that changes nothing in the preset (an instruction: install,
+        open a port) is shown as what to do, never announced as applied. True when the preset changed."""
+        fix = item.fix
+        changes = dict(getattr(fix, "changes", {}) or {}) if fix is not None else {}
+        if not changes:
+            hint = getattr(fix, "hint", None) if fix is not None else None
+            label = fix.label if fix is not None else ""
+            what = f"{label}: {hint}" if hint else label or "This finding has no automatic fix."
+            self.push_screen(Notice(f"{item.code}: to do by hand", f"{item.message}\n\n{what}\n\n"
+                                    "qwen-tui cannot do this from the preset; the finding goes once it is done "
+                                    "(probe or check again)."))
+            return False
+        try:
+            new = apply_fix(self.state.preset, fix)
+        except (ValueError, KeyError, PresetError) as e:
+            self.notify(str(e), severity="error", title="Fix not applied")
+            return False
+        self.set_preset(new, note=f"applied: {fix.label}")
+        return True
+
+    def action_help(self) -> None:
+        from .help import STEP_HELP, HelpPanel
+
+        screen = self.screen
+        if screen.is_modal:
+            return
+        step = getattr(screen, "STEP", "")
+        body = getattr(screen, "HELP", "") or STEP_HELP.get(step, "")
+        keys = [b for b in type(screen).BINDINGS if isinstance(b, Binding)]
+        self.push_screen(HelpPanel(TITLES.get(step, "qwen-tui"), body, keys))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): Textual's own (theme, keys, quit) and the wizard's."""
+        yield from super().get_system_commands(screen)
+        for i, step in enumerate(STEPS):
+            yield SystemCommand(f"Go to step {i + 1}: {TITLES[step]}", f"F{i + 1}", partial(self.action_goto, step))
+        yield SystemCommand("Help for this step", "F10 or ?", self.action_help)
+        yield SystemCommand("Open preset", "ctrl+o: load a preset YAML file", self.action_open)
+        yield SystemCommand("Save preset", "ctrl+s: write the preset to its file", self.action_save)
+        yield SystemCommand("Save preset as", "write the preset to a new file", self.action_save_as)
+        for a in self.state.advice:
+            if a.fix is not None:
+                yield SystemCommand(f"Apply fix: {a.fix.label}", f"{a.code}: {a.message}",
+                                    partial(self._fix_from_palette, a))
+
+    def _fix_from_palette(self, item: Advice) -> None:
+        if self.apply_fix(item) and hasattr(self.screen, "fill_from_preset"):
+            self.screen.fill_from_preset()
+
     # ---------------------------------------------------------------- actions
     def action_goto(self, step: str) -> None:
         if self.screen.is_modal:
@@ -145,12 +208,24 @@ class WizardApp(App[int]):
 
     def action_save(self) -> None:
         if self.state.path is None:
-            self.push_screen(Form("Save preset as", [("path", "file", "presets/my-run.yaml")]), self._save_to)
+            self.action_save_as()
             return
         self._save_to({"path": str(self.state.path)})
 
-    def _save_to(self, answer: Optional[dict[str, Any]]) -> None:
+    def action_save_as(self) -> None:
+        default = str(self.state.path or f"presets/{self.state.preset.name or 'my-run'}.yaml")
+        self.push_screen(Form("Save preset as", [("path", "file", default)]), self._save_to)
+
+    def _save_to(self, answer: Optional[dict[str, Any]], *, old_values_ok: bool = False) -> None:
         if not answer or not answer.get("path"):
+            return
+        if self.state.field_errors and not old_values_ok:
+            bad = "\n".join(f"  {p}: {v!r} ({why})" for p, (v, why) in self.state.field_errors.items())
+            self.push_screen(Confirm("Save with the old values?",
+                                     f"These fields hold values that were not accepted:\n{bad}\n\nThe preset still "
+                                     "has their previous values; saving now writes those. No goes back to fix them.",
+                                     yes="Save old values", no="Go back"),
+                             lambda yes: self._save_to(answer, old_values_ok=True) if yes else None)
             return
         path = Path(os.path.expanduser(answer["path"]))
         try:
@@ -163,7 +238,17 @@ class WizardApp(App[int]):
         self.screen.post_message(StateChanged())
 
     def action_open(self) -> None:
-        self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))]), self._open)
+        def ask_path(yes: Optional[bool] = True) -> None:
+            if yes:
+                self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))]),
+                                 self._open)
+
+        if self.state.dirty:  # opening replaces the preset in memory: its edits would be gone
+            self.push_screen(Confirm("Open another preset?", "This preset has unsaved changes; opening another "
+                                     "drops them (no: go back, ctrl+s saves them).", yes="Drop and open",
+                                     danger=True), ask_path)
+            return
+        ask_path()
 
     def _open(self, answer: Optional[dict[str, Any]]) -> None:
         if not answer:
@@ -175,6 +260,7 @@ class WizardApp(App[int]):
             self.push_screen(Notice("The preset could not be opened", str(e)))
             return
         self.state.path = path
+        self.state.field_errors.clear()  # what was typed was for the preset now closed
         self.set_preset(preset, dirty=False)
         self.state.dirty = False
         self.notify(f"opened {path}", title="Preset")
@@ -195,8 +281,17 @@ class WizardApp(App[int]):
         """Workers run with exit_on_error=False: their errors land here (via the
         screen that owns them), never crash the app."""
         from ..failures import describe_exception
+        from ..nodes.keys import KeyLocked
+        from ..nodes.transport import TransportError
 
-        self.push_screen(Notice(f"Internal error: {worker.name} failed", describe_exception(worker.error) + (
+        err = worker.error
+        if isinstance(err, (TransportError, PresetError, KeyLocked, OSError)):
+            # about the preset, this machine or a node (a missing ssh_config, a locked key): say what, not "bug"
+            self.push_screen(Notice(f"{worker.name}: could not finish", f"{type(err).__name__}: {err}\n\n"
+                                    "This is about the preset, this machine or the nodes, not a bug in qwen-tui: "
+                                    "fix what it names and try again. Nothing was lost."))
+            return
+        self.push_screen(Notice(f"Internal error: {worker.name} failed", describe_exception(err) + (
             "\n\nThis is a bug in qwen-tui, not a problem with the preset or the nodes; please report it with "
             "this text. Nothing was lost: a job that had started keeps running, and reopening qwen-tui "
             "re-attaches to it.")))

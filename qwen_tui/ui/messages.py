@@ -34,6 +34,8 @@ class NodeProgress(Message):
     status: str
     facts: Any = field(default=None, kw_only=True)
     error: Optional[str] = field(default=None, kw_only=True)
+    fix: str = field(default="", kw_only=True)  # what to do about the error
+    connection_failed: bool = field(default=False, kw_only=True)  # the node could not be logged into
 
 
 @dataclass(eq=False)

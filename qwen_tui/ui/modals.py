@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
@@ -16,6 +16,7 @@ class Confirm(ModalScreen[bool]):
     """Yes/no. `y` / `n` (or Escape) answer from the keyboard."""
 
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    AUTO_FOCUS = "#yes"  # not the body's scroll: Enter answers, as before the body could scroll
 
     def __init__(self, title: str, body: str, yes: str = "Yes", no: str = "No", danger: bool = False) -> None:
         super().__init__(classes="modal")
@@ -24,7 +25,8 @@ class Confirm(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body", markup=False)
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button(f"{self.yes} (y)", id="yes", variant="error" if self.danger else "primary")
                 yield Button(f"{self.no} (n)", id="no")
@@ -74,29 +76,39 @@ class PasswordPrompt(ModalScreen[Optional[str]]):
 
 
 class Form(ModalScreen[Optional[dict[str, Any]]]):
-    """A few labelled inputs. Answers {name: text}; the caller validates through the core."""
+    """A few labelled inputs. Answers {name: text}; the caller validates through the core.
+    A field named in `choices` is a select of (label, value) instead (its answer: the value)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "OK")]
 
-    def __init__(self, title: str, fields: list[tuple[str, str, str]], error: str = "") -> None:
+    def __init__(self, title: str, fields: list[tuple[str, str, str]], error: str = "",
+                 choices: Optional[dict[str, list[tuple[str, str]]]] = None) -> None:
         # fields: (name, label, initial text)
         super().__init__(classes="modal")
         self.title_text, self.fields, self.error = title, fields, error
+        self.choices = choices or {}
+        self.AUTO_FOCUS = f"#f-{fields[0][0]}" if fields else None  # typing goes to the first field
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            with Grid(classes="form-grid"):
-                for name, label, value in self.fields:
-                    yield Label(label)
-                    yield Input(value=value, id=f"f-{name}")
+            # only the fields scroll: the error and OK/Cancel stay in sight in a 30-row terminal
+            with VerticalScroll(classes="dialog-scroll"):
+                with Grid(classes="form-grid"):
+                    for name, label, value in self.fields:
+                        yield Label(label)
+                        if name in self.choices:
+                            yield Select(self.choices[name], value=value, allow_blank=False, id=f"f-{name}")
+                        else:
+                            yield Input(value=value, id=f"f-{name}")
             yield Static(self.error, classes="field-error", id="form-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("OK (ctrl+s)", id="ok", variant="primary")
                 yield Button("Cancel (esc)", id="cancel")
 
     def values(self) -> dict[str, Any]:
-        return {name: self.query_one(f"#f-{name}", Input).value for name, _, _ in self.fields}
+        return {name: self.query_one(f"#f-{name}", Select if name in self.choices else Input).value
+                for name, _, _ in self.fields}
 
     def on_input_submitted(self, ev: Input.Submitted) -> None:
         self.action_ok()
@@ -114,8 +126,19 @@ class Form(ModalScreen[Optional[dict[str, Any]]]):
         self.dismiss(None)
 
 
+IMPORT_FORMATS = {
+    "hostfile": "One node per line: the host, then slots=N for its GPUs (DeepSpeed/OpenMPI hostfile); "
+                "# starts a comment.\nExample:\n  gpu-node-1 slots=8\n  gpu-node-2 slots=8",
+    "slurm": "A SLURM node list as $SLURM_JOB_NODELIST or `scontrol show hostnames` prints it; ranges in "
+             "brackets expand, zero padding kept.\nExample:\n  gpu[01-04,07],login1",
+    "ssh_config": "The Host entries of an ssh_config (wildcards skipped); HostName, User and Port there still "
+                  "apply when qwen-tui connects.\nExample:\n  Host gpu1\n    HostName 10.0.0.11\n    User alice",
+}
+
+
 class ImportNodes(ModalScreen[Optional[tuple[str, str]]]):
-    """Paste a hostfile / SLURM node list, or read ~/.ssh/config. Answers (kind, text)."""
+    """Paste a hostfile / SLURM node list, or read ~/.ssh/config. Answers (kind, text).
+    The accepted format of the chosen kind is shown with an example above the text."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "Import")]
 
@@ -129,12 +152,14 @@ class ImportNodes(ModalScreen[Optional[tuple[str, str]]]):
             yield Select([("hostfile (host slots=N)", "hostfile"), ("SLURM node list", "slurm"),
                           ("~/.ssh/config hosts", "ssh_config")], value="hostfile", allow_blank=False,
                          id="kind")
+            yield Static(IMPORT_FORMATS["hostfile"], id="import-format", classes="dialog-body", markup=False)
             yield TextArea("", id="text")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Import (ctrl+s)", id="ok", variant="primary")
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_select_changed(self, ev: Select.Changed) -> None:
+        self.query_one("#import-format", Static).update(IMPORT_FORMATS.get(str(ev.value), ""))
         if ev.value == "ssh_config" and self.ssh_config_text:
             self.query_one("#text", TextArea).text = self.ssh_config_text
 
@@ -155,6 +180,7 @@ class Notice(ModalScreen[None]):
     """An error that needs reading (several lines), not a toast."""
 
     BINDINGS = [Binding("escape,enter", "close", "Close")]
+    AUTO_FOCUS = "#close"
 
     def __init__(self, title: str, body: str) -> None:
         super().__init__(classes="modal")
@@ -163,7 +189,8 @@ class Notice(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body", markup=False)
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Close (enter)", id="close", variant="primary")
 

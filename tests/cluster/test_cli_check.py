@@ -52,6 +52,12 @@ def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, ssh
         assert r.returncode == 1
         line = next(ln for ln in r.stdout.splitlines() if "MASTER_PORT_UNREACHABLE" in ln)
         assert "node2" in line and port in line
+        # per-node progress as each check finishes, before the matrix (27 s of silence before)
+        head = r.stdout.split("qwen-tui check", 1)[0]
+        for i in range(3):
+            assert f"ssh       {i} node{i}" in head and f"probe     {i} node{i}" in head, head
+        assert "port      2 node2          cannot reach the master port" in head, head
+        assert "port      1 node1          reaches the master port" in head, head
         r = _cli("replay", str(p), "--runs-dir", str(tmp_path / "runs"), "--max-seconds", "60")
         assert r.returncode != 0
         assert "not launched" in r.stdout and "node 2" in r.stdout and port in r.stdout, r.stdout[-3000:]

@@ -55,7 +55,7 @@ async def test_rerun_one_network_check_at_a_time(cluster, preset, tmp_path):
         assert isinstance(screen, NetworkScreen)
         # each check has its own key, shown in the footer
         keys = {b.key: b.description for b in screen.BINDINGS}
-        assert keys == {"r": "All checks", "p": "Ports", "f": "Firewall", "b": "Bandwidth", "s": "Sync from master"}
+        assert keys == {"r": "All checks", "p": "Ports", "f": "Firewall", "b": "Bandwidth", "s": "Sync"}
         footer = app.export_screenshot().replace("&#160;", " ")
         assert all(d in footer for d in keys.values())
         assert _port_cells(screen) == ["not checked"] * 3
@@ -88,3 +88,27 @@ async def test_rerun_one_network_check_at_a_time(cluster, preset, tmp_path):
         assert not st.net_checked  # only `r` marks the whole step as checked
         bars2 = _text(screen.query_one(BandwidthBars))
         assert bars2 == bars
+
+
+async def test_all_checks_show_each_node_as_it_is_checked(cluster, preset, tmp_path):
+    """`r` takes seconds on three nodes: the step says which check runs and each node's outcome as it
+    comes, and the progress lines go once the results are in the table."""
+    app = WizardApp(preset=preset, reattach=False, base_dir=str(tmp_path), runs_root=str(tmp_path / "runs"))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.press("f3")
+        await pilot.pause()
+        screen = app.screen
+        seen: list = []
+        show = screen._show_progress
+        screen._show_progress = lambda line: (seen.append(line), show(line))[1]
+        await pilot.press("r")
+        assert await _wait(pilot, lambda: len([s for s in seen if s]) >= 2, 30), seen
+        assert str(screen.query_one("#net-progress").render()).strip()  # on screen while it runs
+        assert await _wait(pilot, lambda: app.state.net_checked, 180), seen
+        await pilot.pause()
+        lines = [s for s in seen if s]
+        for i in range(3):
+            assert any(f"probe: node {i} (node{i}): probed" in s for s in lines), lines
+        assert any("port: node 2 (node2): reaches the master port" in s for s in lines), lines
+        assert any(s.startswith("… bandwidth") for s in lines) and any("Gbit/s" in s for s in lines), lines
+        assert seen[-1] is None and not str(screen.query_one("#net-progress").render()).strip()

@@ -21,11 +21,18 @@ ENDED = ("ok", "failed", "stopped")
 
 async def _launch_and_finish(app, pilot, run, previous_id):
     await pilot.press("l")
-    await pilot.pause()
-    if app.screen.is_modal:  # errors found: the confirmation says which; launch anyway
-        await pilot.press("y")
-    await wait_until(pilot, lambda: (run.launcher is not None and run.launcher.plan.run_id != previous_id)
-                     or app.state.run_status == "failed", 60, "the launch")
+    started = lambda: ((run.launcher is not None and run.launcher.plan.run_id != previous_id)  # noqa: E731
+                       or app.state.run_status == "failed")
+    asked = []
+    while not started():
+        # the questions before a launch: errors found, an output dir that holds the last run; launch anyway
+        await wait_until(pilot, lambda: started() or app.screen.is_modal, 60, "the launch")
+        if app.screen.is_modal:
+            asked.append(str(app.screen.query_one(".dialog-title").render()))
+            await pilot.press("y")
+            await pilot.pause()
+    if previous_id is not None:
+        assert "The output directory already holds a run" in asked
     assert app.state.run_status in ("running", *ENDED), str(run.query_one("#run-status").render())
     assert not app.screen.is_modal, "no error modal expected"
     await wait_until(pilot, lambda: app.state.run_status in ENDED, 300, "the run's end")

@@ -1,4 +1,5 @@
-"""Snapshots of every screen (pytest-textual-snapshot). Regenerate after an
+"""Snapshots of every screen (pytest-textual-snapshot), each at 160x48 and at 100x30
+(the small terminal must keep every step, key and button). Regenerate after an
 intended change: pytest tests/ui/test_snapshots.py --snapshot-update"""
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ import pytest
 
 from .snapshot_app import make_app, show_synthetic_run
 
-SIZE = (140, 44)
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=[(160, 48), (100, 30)], ids=["160x48", "100x30"])
+def SIZE(request):
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -25,26 +30,31 @@ def goto(key: str, extra=None):
         if extra:
             await extra(pilot)
         await pilot.pause()
+        from textual.widgets import Input
+
+        for inp in pilot.app.screen.query(Input):  # a focused input's cursor blinks: on or off by the clock
+            inp.cursor_blink = False
+        await pilot.pause()
     return run_before
 
 
-def test_nodes(snap_compare):
+def test_nodes(snap_compare, SIZE):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f1"))
 
 
-def test_ssh(snap_compare):
+def test_ssh(snap_compare, SIZE):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f2"))
 
 
-def test_network(snap_compare):
+def test_network(snap_compare, SIZE):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f3"))
 
 
-def test_training(snap_compare):
+def test_training(snap_compare, SIZE):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4"))
 
 
-def test_training_zero3_warning(snap_compare):
+def test_training_zero3_warning(snap_compare, SIZE):
     async def zero3(pilot) -> None:
         from textual.widgets import Select
 
@@ -56,18 +66,18 @@ def test_training_zero3_warning(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4", zero3))
 
 
-def test_review(snap_compare):
+def test_review(snap_compare, SIZE):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f5"))
 
 
-def test_run(snap_compare):
+def test_run(snap_compare, SIZE):
     async def fill(pilot) -> None:
         await show_synthetic_run(pilot.app)
         await pilot.pause(0.3)
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f6", fill))
 
 
-def test_host_key_modal(snap_compare):
+def test_host_key_modal(snap_compare, SIZE):
     async def ask(pilot) -> None:
         from qwen_tui.ui.modals import host_key_question
 
@@ -76,7 +86,7 @@ def test_host_key_modal(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f2", ask))
 
 
-def test_stop_all_modal(snap_compare):
+def test_stop_all_modal(snap_compare, SIZE):
     async def ask(pilot) -> None:
         from qwen_tui.ui.modals import Confirm
 
@@ -84,3 +94,32 @@ def test_stop_all_modal(snap_compare):
                                       "Every node's processes get SIGTERM, then SIGKILL after a grace period. "
                                       "Checkpoints already written stay.", yes="Stop all", danger=True))
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f6", ask))
+
+
+def test_help_panel(snap_compare, SIZE):
+    async def ask(pilot) -> None:
+        await pilot.press("f10")
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4", ask))
+
+
+def test_node_form_with_an_error(snap_compare, SIZE):
+    async def bad_port(pilot) -> None:
+        from textual.widgets import Input
+
+        await pilot.press("a")
+        await pilot.pause()
+        pilot.app.screen.query_one("#f-host", Input).value = "gpu-node-9"
+        pilot.app.screen.query_one("#f-port", Input).value = "99999"
+        await pilot.press("ctrl+s")
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f1", bad_port))
+
+
+def test_training_without_a_gpu_type(snap_compare, SIZE):
+    """No probe facts and no GPU type: memory in amber, 'GPU unknown: fit not checked'."""
+    async def gpu_run(pilot) -> None:
+        from textual.widgets import Select
+
+        pilot.app.state.facts = type(pilot.app.state.facts)()
+        pilot.app.facts_changed()
+        pilot.app.screen.query_one("#training-device", Select).value = "auto"
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4", gpu_run))

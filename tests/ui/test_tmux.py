@@ -47,7 +47,11 @@ def test_first_two_steps_in_a_real_terminal(tmp_path):
         tmux("send-keys", "-t", session, "a")
         wait_for(session, "Add node")
         tmux("send-keys", "-t", session, "-l", "gpu-node-9")
+        wait_for(session, "gpu-node-9")  # typed into the form's first field, which has focus
         tmux("send-keys", "-t", session, "C-s")
+        deadline = time.monotonic() + 20
+        while "Add node" in tmux("capture-pane", "-p", "-t", session) and time.monotonic() < deadline:
+            time.sleep(0.2)
         s = wait_for(session, "gpu-node-9")
         assert "Add node" not in s  # the form closed; the table has the new row
         tmux("send-keys", "-t", session, "C-q")

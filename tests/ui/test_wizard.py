@@ -122,7 +122,14 @@ async def test_nodes_add_edit_remove_import_and_save(tmp_path, demo_copy):
         await pilot.press("escape")
         await pilot.pause()
         assert app.state.preset.cluster.nodes[2].port == 22
+        await pilot.press("x")  # removing asks first: n keeps the node, y removes it
+        await pilot.pause()
+        await pilot.press("n")
+        await pilot.pause()
+        assert len(app.state.preset.cluster.nodes) == 3
         await pilot.press("x")
+        await pilot.pause()
+        await pilot.press("y")
         await pilot.pause()
         assert len(app.state.preset.cluster.nodes) == 2
         # import a hostfile

@@ -150,3 +150,23 @@ def test_without_a_gpu_type_it_says_which_advice_was_not_checked(capsys):
     assert "OOM" in {a["code"] for a in run_json(capsys, PRESET_14B, "--gpu-memory-gib", "8")["advice"]}
     assert main(["estimate", str(PRESET_14B), "--gpu", "H100"]) == 0
     assert "not checked" not in capsys.readouterr().out
+
+
+def test_an_unmeasured_link_is_not_measured_never_linear(capsys):
+    """No --bandwidth-gbps and no facts: past one node the efficiency is unknown, not 100 %."""
+    out = run_json(capsys, PRESET_14B, "--gpu", "H100")
+    assert out["link_measured"] is False
+    assert out["scaling_efficiency"][0]["scaling_efficiency"] == pytest.approx(1.0)
+    assert all(p["scaling_efficiency"] is None and p["efficiency_no_overlap"] is None
+               for p in out["scaling_efficiency"][1:])
+    assert main(["estimate", str(PRESET_14B), "--gpu", "H100"]) == 0
+    text = capsys.readouterr().out
+    assert "not measured" in text and "100%" not in text.split("│     2 │", 1)[1]
+    measured = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "25")
+    assert measured["link_measured"] is True and measured["scaling_efficiency"][1]["scaling_efficiency"] < 1
+
+
+def test_data_gpu_in_any_case():
+    from qwen_tui.cli import build_parser
+
+    assert build_parser().parse_args(["data", "p.yaml", "--gpu", "h200"]).gpu == "H200"

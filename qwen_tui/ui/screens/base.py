@@ -34,7 +34,7 @@ class StepScreen(Screen):
         yield Stepper(id="stepper")
         with Vertical(id="body"):
             yield from self.body()
-        yield Footer()
+        yield Footer(compact=True)
 
     def body(self) -> ComposeResult:
         raise NotImplementedError

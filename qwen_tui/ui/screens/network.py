@@ -8,18 +8,21 @@ that differs is replaced only after a yes."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Input, Label, Static
+from textual.widgets import DataTable, Input, Label, Select, Static
 
 from ...nodes.checks import replace_findings, run_checks, run_network_check
 from ...nodes.sync import sync_from_master
-from ..messages import ActionDone
+from ..messages import ActionDone, NodeProgress
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
+from ...wizard_state import BAD, MARKS, WARN, finding_line
 from .base import StepScreen
 
 
@@ -29,6 +32,28 @@ def _yn(v, err=None) -> Text:
     return Text("✔ reachable", style="green") if v else Text(f"✘ {err or 'blocked'}"[:60], style="red")
 
 
+NET_CHECKS = ("port", "nccl-ports", "firewall", "bandwidth", "rehearsal")
+
+
+def shown_findings(findings: list) -> list:
+    """The findings this step lists (probe findings belong to the Nodes step): the toast counts these too."""
+    return [a for a in findings if not a.check or a.check in NET_CHECKS]
+
+
+def verdict(state, findings: list, what: str, *, whole: bool = True) -> tuple[str, str]:
+    """The toast after a check, from what the list and the stepper show: (text, severity).
+    whole: all the checks ran, so the step's colour is this check's verdict too."""
+    shown = shown_findings(findings)
+    errs = [a.code for a in shown if a.level == "error"]
+    warns = [a.code for a in shown if a.level == "warning"]
+    status = state.step_status("network") if whole else None
+    if errs or status == BAD:
+        return f"{what}: {len(errs) or 'some'} problem(s): {', '.join(errs) or 'see the table'}", "error"
+    if warns or status == WARN:
+        return f"{what}: passed with {len(warns)} warning(s): {', '.join(warns)}", "warning"
+    return f"{what}: passed", "information"
+
+
 class NetworkScreen(StepScreen):
     STEP = "network"
     AUTO_FOCUS = "DataTable"  # letter keys act; Tab reaches the inputs
@@ -36,7 +61,7 @@ class NetworkScreen(StepScreen):
                 Binding("p", "check_one('port')", "Ports"),
                 Binding("f", "check_one('firewall')", "Firewall"),
                 Binding("b", "check_one('bandwidth')", "Bandwidth"),
-                Binding("s", "sync", "Sync from master")]
+                Binding("s", "sync", "Sync")]
 
     def body(self) -> ComposeResult:
         yield Label("Network: workers reach the master on one port; collectives need bandwidth.", classes="intro")
@@ -45,7 +70,14 @@ class NetworkScreen(StepScreen):
             yield Input(id="master_port", type="integer", classes="short")
             yield Label("interface", classes="field-label")
             yield Input(id="interface", placeholder="auto (from the probe)", classes="short")
+        with Horizontal(classes="row"):
+            yield Label("backend", classes="field-label")
+            yield Select([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")], id="backend",
+                         allow_blank=False, value=self.state.preset.network.backend, classes="short")
+            yield Label("rendezvous timeout (s)", classes="field-label")
+            yield Input(id="rdzv_timeout", type="integer", classes="short")
         yield Static(id="field-errors", classes="field-error")
+        yield Static(id="net-progress")
         yield DataTable(id="net-table", cursor_type="row")
         yield Label("iperf3 bandwidth, worker → master", classes="section")
         yield BandwidthBars(id="bars")
@@ -56,14 +88,33 @@ class NetworkScreen(StepScreen):
         net = self.state.preset.network
         self.query_one("#master_port", Input).value = str(net.master_port)
         self.query_one("#interface", Input).value = net.interface or ""
+        self.query_one("#rdzv_timeout", Input).value = str(net.rdzv_timeout)
         super().on_mount()
 
+    def on_screen_resume(self) -> None:
+        """Opening a preset or a fix may have changed these; a refused value stays until it is fixed."""
+        net = self.state.preset.network
+        for wid, value in (("master_port", str(net.master_port)), ("interface", net.interface or ""),
+                           ("rdzv_timeout", str(net.rdzv_timeout))):
+            w = self.query_one(f"#{wid}", Input)
+            if f"network.{wid}" not in self.state.field_errors and w.value != value:
+                w.value = value
+        if self.query_one("#backend", Select).value != net.backend:
+            self.query_one("#backend", Select).value = net.backend
+        super().on_screen_resume()
+
+    def on_select_changed(self, ev: Select.Changed) -> None:
+        if ev.select.id == "backend":
+            self.change("network.backend", ev.value)
+
     def on_input_changed(self, ev: Input.Changed) -> None:
-        path = {"master_port": "network.master_port", "interface": "network.interface"}.get(ev.input.id or "")
+        path = {"master_port": "network.master_port", "interface": "network.interface",
+                "rdzv_timeout": "network.rdzv_timeout"}.get(ev.input.id or "")
         if path is None:
             return
         v = ev.value.strip()
-        value = (int(v) if v.lstrip("-").isdigit() else v) if ev.input.id == "master_port" else (v or None)
+        number = ev.input.id in ("master_port", "rdzv_timeout")
+        value = (int(v) if v.lstrip("-").isdigit() else v) if number else (v or None)
         self.change(path, value)
 
     def show_field_errors(self, errors, changes) -> None:
@@ -85,16 +136,13 @@ class NetworkScreen(StepScreen):
                 lk = st.facts.links.get(i)
                 port = _yn(lk.port_reachable if lk else None, lk.port_error if lk else None)
             lk = st.facts.links.get(i)
-            fw = Text("; ".join(lk.firewall)[:60], style="red") if lk and lk.firewall else Text("-", style="dim")
+            fw = Text("; ".join(lk.firewall)[:60], style="yellow") if lk and lk.firewall else Text("-", style="dim")
             t.add_row(str(i), n.label, iface, addrs[:40], port, fw)
         self.query_one(BandwidthBars).show([n.label for n in st.preset.cluster.nodes], st.facts)
         txt = Text()
-        for a in st.net_findings:
-            if a.check and a.check not in ("port", "nccl-ports", "firewall", "bandwidth", "rehearsal"):
-                continue  # probe findings belong to the Nodes step
-            colour = {"error": "red", "warning": "yellow"}.get(a.level, "cyan")
-            txt.append(f"{'✘' if a.level == 'error' else '!' if a.level == 'warning' else 'i'} {a.code}: {a.message}\n",
-                       style=colour)
+        labels = [n.label for n in st.preset.cluster.nodes]
+        for a in shown_findings(st.net_findings):
+            txt.append(finding_line(a, labels) + "\n", style=MARKS.get(a.level, ("", ""))[1])
             if a.fix:
                 txt.append(f"    fix: {a.fix}\n", style="dim")
         if not st.net_findings and not st.net_checked:
@@ -102,8 +150,21 @@ class NetworkScreen(StepScreen):
                        "p, f or b runs one of them.", style="dim")
         self.query_one("#net-findings", Static).update(txt)
 
+    _progress: list[str] = []
+
+    def _show_progress(self, line: Optional[str]) -> None:
+        """What the running check is doing, node by node (None: nothing runs)."""
+        w = self.query_one("#net-progress", Static)
+        if line is None:
+            self._progress = []
+            w.update("")
+            return
+        self._progress = [*self._progress, line][-8:]
+        w.update(Text("\n".join(self._progress), style="yellow"))
+
     def action_check(self) -> None:
-        self.notify("running the network checks…")
+        self._progress = []
+        self._show_progress("… connecting to every node")
         self.check()
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="net")
@@ -112,11 +173,24 @@ class NetworkScreen(StepScreen):
         if not conns.ok:
             self.post_message(ActionDone("net", error="; ".join(conns.errors_text())))
             return
-        rep = run_checks(self.state.preset, conns.succeeded, local_python=self.wizard.local_python)
+
+        def progress(check: str, node: Optional[int], text: str) -> None:
+            self.post_message(NodeProgress("net", -1 if node is None else node, check, error=text))
+
+        rep = run_checks(self.state.preset, conns.succeeded, local_python=self.wizard.local_python,
+                         progress=progress)
         self.post_message(ActionDone("net", result=(rep.facts, rep.findings)))
 
+    def on_node_progress(self, msg: NodeProgress) -> None:
+        if msg.action != "net":
+            return
+        nodes = self.state.preset.cluster.nodes
+        who = f"node {msg.index} ({nodes[msg.index].label})" if 0 <= msg.index < len(nodes) else ""
+        self._show_progress(f"… {msg.status}: {msg.error}" if not who else f"  {msg.status}: {who}: {msg.error}")
+
     def action_check_one(self, which: str) -> None:
-        self.notify(f"running the {which} check…")
+        self._progress = []
+        self._show_progress(f"… the {which} check: connecting, then checking every node")
         self.check_one(which)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="net")
@@ -171,6 +245,7 @@ class NetworkScreen(StepScreen):
             return
         if msg.action != "net":
             return
+        self._show_progress(None)
         if msg.error:
             self.notify(msg.error, severity="error", title="Network checks")
             return
@@ -181,11 +256,11 @@ class NetworkScreen(StepScreen):
         for i, nf in facts.nodes.items():
             st.node(i).probe = f"error: {nf.error}" if nf.error else "ok"
         self.wizard.facts_changed()
-        errs = [a for a in findings if a.level == "error"]
-        self.notify(f"{len(errs)} problem(s) found" if errs else "network checks passed",
-                    severity="error" if errs else "information", title="Network checks")
+        text, severity = verdict(st, st.net_findings, "network checks")
+        self.notify(text, severity=severity, title="Network checks")
 
     def _one_done(self, msg: ActionDone) -> None:
+        self._show_progress(None)
         if msg.error:
             self.notify(msg.error, severity="error", title="Network check")
             return
@@ -194,6 +269,5 @@ class NetworkScreen(StepScreen):
         st.facts = st.facts.merged(facts)
         st.net_findings = replace_findings(st.net_findings, findings, which)
         self.wizard.facts_changed()
-        errs = [a for a in findings if a.level == "error"]
-        self.notify(f"{which}: {len(errs)} problem(s) found" if errs else f"{which} check passed",
-                    severity="error" if errs else "information", title="Network check")
+        text, severity = verdict(st, findings, f"{which} check", whole=False)
+        self.notify(text, severity=severity, title="Network check")

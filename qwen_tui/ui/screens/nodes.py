@@ -17,7 +17,8 @@ from ...nodes.probe import probe_node
 from ...nodes.sshconfig import ssh_config_import_text
 from ...preset import PresetError
 from ..messages import ActionDone, ChangePreset, NodeProgress
-from ..modals import Form, ImportNodes, Notice
+from ..modals import Confirm, Form, ImportNodes, Notice
+from ...wizard_state import MARKS, connection_fix, finding_line
 from .base import StepScreen
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
@@ -41,7 +42,7 @@ class NodesScreen(StepScreen):
         Binding("e,enter", "edit", "Edit"),
         Binding("delete,x", "remove", "Remove"),
         Binding("i", "import_nodes", "Import"),
-        Binding("p", "probe", "Probe all"),
+        Binding("p", "probe", "Probe"),
     ]
 
     def body(self) -> ComposeResult:
@@ -69,15 +70,18 @@ class NodesScreen(StepScreen):
         if row is not None and t.row_count:
             t.move_cursor(row=min(row, t.row_count - 1))
         lines = Text()
+        labels = [n.label for n in st.preset.cluster.nodes]
         for f in st.findings:
-            lines.append(f"{'✘' if f.level == 'error' else '!'} {f.code}: {f.message}\n",
-                         style="red" if f.level == "error" else "yellow")
+            lines.append(finding_line(f, labels) + "\n", style=MARKS.get(f.level, ("", ""))[1])
             if f.fix:
                 lines.append(f"    fix: {f.fix}\n", style="dim")
-        for i in range(len(st.preset.cluster.nodes)):
-            nf = st.node_facts(i)
-            if nf and nf.error:
-                lines.append(f"✘ node {i}: {nf.error}\n", style="red")
+        for i, n in enumerate(st.preset.cluster.nodes):
+            ns, nf = st.node(i), st.node_facts(i)
+            err = ns.probe.removeprefix("error: ") if ns.probe.startswith("error") else (nf.error if nf else None)
+            if err:  # in full (the table's column is cut), with the node's number and host once
+                lines.append(f"✘ node {i} ({n.label}): {err}\n", style="red")
+                if ns.fix:
+                    lines.append(f"    fix: {ns.fix}\n", style="dim")
         if not lines:
             lines = Text("No findings across nodes yet: probe (p) checks GPUs, versions, data and disk on every node.",
                          style="dim")
@@ -127,8 +131,19 @@ class NodesScreen(StepScreen):
         if len(nodes) <= 1:
             self.notify("a run needs at least one node", severity="warning")
             return
-        del nodes[i]
-        self.post_message(ChangePreset({"cluster.nodes": nodes}, note=f"removed node {i}"))
+        if i is None or i >= len(nodes):
+            return
+        node = self.state.preset.cluster.nodes[i]
+        where = f"{node.user + '@' if node.user else ''}{node.host}:{node.port}"
+
+        def done(yes: Optional[bool]) -> None:
+            if yes:
+                del nodes[i]
+                self.post_message(ChangePreset({"cluster.nodes": nodes}, note=f"removed node {i} ({node.label})"))
+
+        self.app.push_screen(Confirm(f"Remove node {i}?", f"{node.label} ({where}, {node.gpus} GPU(s)) leaves the "
+                                     "run; its probe results go with it. ctrl+o reopens the saved preset to get it "
+                                     "back.", yes="Remove", danger=True), done)
 
     def action_import_nodes(self) -> None:
         cfg = os.path.expanduser(self.state.preset.cluster.ssh_config or "~/.ssh/config")
@@ -169,7 +184,10 @@ class NodesScreen(StepScreen):
         def one(i: int) -> None:
             t = conns.get(i)
             if isinstance(t, BaseException) or t is None:
-                self.post_message(NodeProgress("probe", i, "error", error=str(t)))
+                # the whole message and its fix: this is where a new user first meets an SSH failure
+                self.post_message(NodeProgress("probe", i, "error", error=f"cannot log in: {t}",
+                                               fix=connection_fix(t) if t is not None else "",
+                                               connection_failed=True))
                 return
             self.post_message(NodeProgress("probe", i, "probing"))
             try:
@@ -188,7 +206,11 @@ class NodesScreen(StepScreen):
         if msg.action != "probe":
             return
         st = self.state
-        st.node(msg.index).probe = f"error: {msg.error}" if msg.status == "error" else msg.status
+        ns = st.node(msg.index)
+        ns.probe = f"error: {msg.error}" if msg.status == "error" else msg.status
+        ns.fix = msg.fix
+        if msg.connection_failed:  # the SSH step shows the same state
+            ns.ssh = f"error: {(msg.error or '').removeprefix('cannot log in: ')}"
         if msg.facts is not None:
             st.facts.nodes[msg.index] = msg.facts
         self.refresh_all()

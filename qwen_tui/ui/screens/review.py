@@ -13,13 +13,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Label, Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane
 
 from ...atomic import write_text_atomic
 from ...plan import LaunchPlan, make_plan
 from ...preset import dump_preset
 from ...redact import shown_env
-from ..modals import Confirm, Form, Notice
+from ..modals import Form, Notice
+from ...wizard_state import BAD, OK, STEPS, TITLES, TODO, WARN, step_of
 from .base import StepScreen
 
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
@@ -45,6 +46,53 @@ def plan_text(plan: LaunchPlan) -> Text:
     return t
 
 
+_TODO = {"nodes": "not probed yet (p there)", "ssh": "not connected yet (c there)",
+         "network": "not checked yet (r there)", "training": "not checked yet"}
+
+
+def checks_text(st) -> Text:
+    """One line per step before Review, from the same state the stepper shows: no "no errors"
+    while a check failed, no ✔ before a check ran."""
+    t = Text()
+    errs = [a for a in st.advice if a.level == "error"]
+    warns = [a for a in st.advice if a.level == "warning"]
+    seen: set[str] = set()
+    for n, step in enumerate(STEPS[:4], start=1):
+        status = st.step_status(step)
+        title = f"{TITLES[step]} (F{n})"
+        seen.add(status)
+        if status == OK:
+            continue
+        if status == TODO:
+            t.append(f"· {title}: {_TODO[step]}\n", style="dim")
+            continue
+        mark, style = ("✘", "bold red") if status == BAD else ("!", "yellow")
+        why = ""
+        if step == "training":
+            bad = errs if status == BAD else warns
+            why = "; ".join(a.code for a in bad) or ("GPU unknown: fit not checked" if st.gpu_unknown else "")
+        elif step in ("nodes", "ssh"):
+            key = "probe" if step == "nodes" else "ssh"
+            failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
+                      if getattr(st.node(i), key).startswith(("error", "refused"))]
+            codes = sorted({f.code for f in st.findings if (f.level == "error") == (status == BAD)})
+            why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
+        elif step == "network":
+            codes = sorted({f.code for f in st.net_findings if (f.level == "error") == (status == BAD)})
+            slow = [f"node {i} at {lk.bandwidth_gbps:.1f} Gbit/s" for i, lk in sorted(st.facts.links.items())
+                    if lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10]
+            why = "; ".join(codes + (["under 10 Gbit/s: " + ", ".join(slow)] if slow and status == WARN else []))
+        if any(step_of(p) == step for p in st.field_errors):
+            why = (why + "; " if why else "") + "a value was not accepted"
+        t.append(f"{mark} {title}: {why or 'see the step'}\n", style=style)
+    if errs and st.step_status("training") != BAD:
+        t.append(f"✘ {len(errs)} error(s): " + "; ".join(a.code for a in errs) + "\n", style="bold red")
+    if not seen & {BAD, TODO}:
+        t.append("✔ every check ran and passed" + (" (warnings above)" if WARN in seen else "") + "\n",
+                 style="green")
+    return t
+
+
 class ReviewScreen(StepScreen):
     STEP = "review"
     BINDINGS = [Binding("l", "launch", "Launch"), Binding("x", "export", "Export")]
@@ -67,25 +115,22 @@ class ReviewScreen(StepScreen):
         shown_preset.network.env = shown_env(st.preset.network.env)
         self.query_one("#yaml", Static).update(Syntax(dump_preset(shown_preset), "yaml", theme="ansi_dark",
                                                       background_color="default"))
-        errs = [a for a in st.advice if a.level == "error"]
-        warns = [a for a in st.advice if a.level == "warning"]
         s = Text()
         where = str(st.path) if st.path else "not saved yet"
         s.append(f"preset: {where}{' (unsaved changes)' if st.dirty else ''}\n", style="yellow" if st.dirty else "")
-        if errs:
-            s.append(f"✘ {len(errs)} error(s): " + "; ".join(a.code for a in errs) + "\n", style="bold red")
-        if warns:
-            s.append(f"! {len(warns)} warning(s): " + "; ".join(a.code for a in warns) + "\n", style="yellow")
-        if not errs and not warns:
-            s.append("✔ no errors or warnings\n", style="green")
+        s.append_text(checks_text(st))
         s.append("l launches  ·  x exports scripts  ·  ctrl+s saves the preset", style="dim")
         self.query_one("#review-summary", Static).update(s)
 
     # ---------------------------------------------------------------- export
     def action_export(self) -> None:
         stem = st.path.stem if (st := self.state).path else (st.preset.name or "run")
-        self.app.push_screen(Form("Export scripts", [("format", "format (slurm, pbs, sh)", "slurm"),
-                                                     ("output", "directory", f"export/{stem}")]), self._export)
+        from ...run.export import FORMATS
+
+        names = {"slurm": "SLURM (sbatch)", "pbs": "PBS (qsub)", "sh": "shell scripts (one per node)"}
+        self.app.push_screen(Form("Export scripts", [("format", "format", "slurm"),
+                                                     ("output", "directory", f"export/{stem}")],
+                                  choices={"format": [(names.get(f, f), f) for f in FORMATS]}), self._export)
 
     def _export(self, ans: Optional[dict[str, Any]]) -> None:
         if not ans:
@@ -93,7 +138,7 @@ class ReviewScreen(StepScreen):
         from ...run.export import FORMATS, render
         from ...run.rundir import new_run_id
 
-        fmt = ans["format"].strip()
+        fmt = str(ans["format"]).strip()
         if fmt not in FORMATS:
             self.app.push_screen(Notice("Not exported", f"format must be one of {', '.join(FORMATS)}, got {fmt!r}"))
             return
@@ -113,19 +158,5 @@ class ReviewScreen(StepScreen):
 
     # ---------------------------------------------------------------- launch
     def action_launch(self) -> None:
-        errs = [a for a in self.state.advice if a.level == "error"]
-        if self.state.run_status == "running":
-            self.notify("a run is already going: see the Run step (F6)", severity="warning")
-            return
-
-        def go(yes: Optional[bool]) -> None:
-            if yes:
-                self.wizard.switch_screen("run")
-                self.wizard.get_screen("run").launch(force=bool(errs))
-
-        if errs:
-            self.app.push_screen(Confirm("Launch despite errors?",
-                                         "\n".join(f"{a.code}: {a.message}" for a in errs), yes="Launch",
-                                         danger=True), go)
-        else:
-            go(True)
+        """Asks first about errors and an output directory that holds a run (ui/launch_guard.py)."""
+        self.wizard.launch_asking()

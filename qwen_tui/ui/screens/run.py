@@ -66,7 +66,7 @@ class RunScreen(StepScreen):
             # a second launch would cancel the first one's worker and leave its job unfollowed
             self.notify("already " + self.state.run_status, severity="warning")
             return
-        self.launch(force=False)
+        self.wizard.launch_asking(ask_errors=False)  # asks about an output dir that holds a run
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()

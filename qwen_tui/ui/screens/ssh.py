@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from ..messages import ActionDone, NodeProgress
 from ..modals import PasswordPrompt
+from ...wizard_state import connection_fix
 from .base import StepScreen
 
 
@@ -28,6 +29,18 @@ def _cell(s: str) -> Text:
     if s.endswith("ing"):
         return Text(f"… {s}", style="yellow")
     return Text(s, style="dim")
+
+
+def key_summary(rep, preset) -> str:
+    """What k did, said plainly: a key made on this machine is news even when no node took it."""
+    remote = [i for i, n in enumerate(preset.cluster.nodes) if not n.is_local]
+    done = [i for i in remote if not isinstance(rep.installed.get(i), BaseException) and i in rep.installed]
+    key = f"made a new key {rep.key.private_path}" if rep.key.created else f"used the key {rep.key.private_path}"
+    if not done:
+        return f"{key}; installed on no node: none could be reached (see the table)"
+    if len(done) < len(remote):
+        return f"{key}; installed on {len(done)} of {len(remote)} remote node(s): see the table"
+    return f"{key}; installed on every remote node" + ("" if rep.ok else "; node-to-node checks found problems")
 
 
 class SSHScreen(StepScreen):
@@ -46,6 +59,7 @@ class SSHScreen(StepScreen):
             yield Label("private key", classes="field-label")
             yield Input(placeholder="~/.ssh/id_ed25519 (made if missing)", id="identity")
         yield DataTable(id="ssh-table", cursor_type="row")
+        yield Static(id="ssh-failures")
         yield Static(id="pairs")
 
     def on_mount(self) -> None:
@@ -66,6 +80,14 @@ class SSHScreen(StepScreen):
             conn = "local" if n.is_local else ns.ssh
             addr = "this machine" if n.is_local else f"{n.user + '@' if n.user else ''}{n.host}:{n.port}"
             t.add_row(str(i), n.label, addr, _cell(conn), Text(ns.host_key or "-", style="dim"))
+        failed = Text()
+        for i, n in enumerate(st.preset.cluster.nodes):  # in full, with the fix: the table cuts them
+            ns = st.node(i)
+            if ns.ssh.startswith(("error", "refused")):
+                failed.append(f"✘ node {i} ({n.label}): {ns.ssh.split(': ', 1)[-1]}\n", style="red")
+                if ns.fix:
+                    failed.append(f"    fix: {ns.fix}\n", style="dim")
+        self.query_one("#ssh-failures", Static).update(failed)
         rep = st.key_report
         if rep is None:
             msg = Text("All-pairs check not run yet (v). Nodes log into each other for torchrun/DeepSpeed; "
@@ -74,7 +96,7 @@ class SSHScreen(StepScreen):
                 msg = Text("Every node is this machine: no SSH needed.", style="green")
         else:
             labels = [n.label for n in st.preset.cluster.nodes]
-            msg = Text()
+            msg = Text(key_summary(rep, st.preset) + "\n", style="green" if rep.ok else "yellow")
             for line in rep.matrix_lines(labels) if hasattr(rep, "matrix_lines") else []:
                 msg.append(line + "\n", style="green" if line.endswith(": ok") else "red")
             for i, e in sorted(getattr(rep, "installed", {}).items()):
@@ -91,7 +113,7 @@ class SSHScreen(StepScreen):
         res = self.connect_nodes(on_progress=lambda i, s: self.post_message(NodeProgress("ssh", i, s)))
         for i, r in res.items():
             if isinstance(r, BaseException):
-                self.post_message(NodeProgress("ssh", i, "error", error=str(r)))
+                self.post_message(NodeProgress("ssh", i, "error", error=str(r), fix=connection_fix(r)))
             else:
                 fp = ""
                 key = getattr(r, "server_key", None)
@@ -107,6 +129,7 @@ class SSHScreen(StepScreen):
         if msg.action != "ssh":
             return
         ns = self.state.node(msg.index)
+        ns.fix = msg.fix
         if msg.status == "error":
             changed = "HOST KEY CHANGED" in (msg.error or "")
             ns.ssh = f"{'refused' if changed else 'error'}: {msg.error}"
@@ -154,8 +177,8 @@ class SSHScreen(StepScreen):
         self.state.key_report = rep
         for i, v in rep.installed.items():
             self.state.node(i).ssh = f"error: {v}" if isinstance(v, BaseException) else "key installed"
-        self.notify("key installed on every node" if rep.ok else "key setup found problems: see below",
-                    severity="information" if rep.ok else "error", title="SSH keys")
+        self.notify(key_summary(rep, self.state.preset), severity="information" if rep.ok else "error",
+                    title="SSH keys")
         self.wizard.facts_changed()
 
     def action_verify_pairs(self) -> None:

@@ -17,33 +17,48 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, Select, Static
 
-from ...advice import Advice, apply_fix
+from ...advice import Advice
+from ...estimate import GPUS
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from .base import StepScreen
 
 # (dotted path, label, kind); kind: "text", "opt" (empty = None), or a list of Select choices
+ON_OFF = [("on", True), ("off", False)]
 FIELDS: list[tuple[str, str, Any]] = [
+    ("name", "preset name", "opt"),
     ("training.model", "model (hub id or path)", "text"),
     ("training.data", "data (JSON/JSONL)", "text"),
     ("training.eval_data", "eval data (optional)", "opt"),
     ("training.eval_steps", "eval every N steps", "text"),
     ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),
+    ("training.lora_r", "LoRA rank r", "text"),
+    ("training.lora_alpha", "LoRA alpha", "text"),
+    ("training.lora_dropout", "LoRA dropout", "text"),
     ("training.zero_stage", "ZeRO stage", [("none (DDP)", "none"), ("ZeRO-2", 2), ("ZeRO-3", 3)]),
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
     ("training.device", "device", [("auto", "auto"), ("GPU (cuda)", "cuda"), ("CPU", "cpu")]),
     ("training.model_max_length", "sequence length", "text"),
     ("training.per_device_train_batch_size", "batch per GPU", "text"),
     ("training.gradient_accumulation_steps", "accumulation", "text"),
+    ("training.gradient_checkpointing", "gradient checkpointing", ON_OFF),
     ("training.learning_rate", "learning rate", "text"),
     ("training.num_train_epochs", "epochs", "text"),
     ("training.max_steps", "max steps (-1: epochs)", "text"),
     ("training.output_dir", "output dir", "text"),
+    ("cluster.shared_storage", "output dir shared by all nodes",
+     [("no: each node its own disk", False), ("yes: shared storage", True)]),
     ("training.save_steps", "save every N steps", "text"),
     ("training.save_total_limit", "keep checkpoints", "opt"),
     ("training.resume_from_checkpoint", "resume from", "opt"),
 ]
+PATHS = {p for p, _, _ in FIELDS}
+
+
+# The GPU type to assume where no probe says (as the CLI's --gpu): kept by the wizard, not in the preset.
+NO_GPU_TYPE = "probe"
+GPU_CHOICES = [("none: use probe", NO_GPU_TYPE)] + [(name, name) for name in sorted(GPUS)]
 
 
 def _wid(path: str) -> str:
@@ -56,6 +71,7 @@ def _shown(v: Any) -> str:
 
 class TrainingScreen(StepScreen):
     STEP = "training"
+    AUTO_FOCUS = "#training-model"  # the first field: typing goes where a new user expects
     BINDINGS = [Binding("f8", "fix_first", "Apply fix"), Binding("f9", "preview_data", "Preview data")]
 
     def body(self) -> ComposeResult:
@@ -74,6 +90,11 @@ class TrainingScreen(StepScreen):
                         else:
                             yield Input(value=_shown(v), id=_wid(path), compact=True)
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
+                    if path == "training.device":
+                        with Horizontal(classes="form-row"):
+                            yield Label("GPU type", classes="field-label")
+                            yield Select(GPU_CHOICES, id="gpu-type", allow_blank=False,
+                                         value=self.state.gpu or NO_GPU_TYPE, compact=True)
             with Vertical(id="live"):
                 yield Label("Live estimate", classes="section")
                 yield Static(id="estimate")
@@ -99,7 +120,12 @@ class TrainingScreen(StepScreen):
                     w.value = want
             else:
                 w = self.query_one(f"#{_wid(path)}", Input)
-                if not self.query_one(f"#err-{_wid(path)}", Static).render().plain and w.value != _shown(v):
+                if path in self.state.field_errors:
+                    continue  # the refused text stays, with its error, until it is fixed
+                err = self.query_one(f"#err-{_wid(path)}", Static)
+                err.update("")
+                err.set_class(False, "-shown")
+                if w.value != _shown(v):
                     w.value = _shown(v)
 
     # ---------------------------------------------------------------- edits
@@ -111,30 +137,43 @@ class TrainingScreen(StepScreen):
         text = ev.value.strip()
         value: Optional[str] = None if (kind == "opt" and not text) else text
         cur = self.state.preset.get_path(path)
-        if _shown(cur) == (value or "") and not self.query_one(f"#err-{_wid(path)}", Static).render().plain:
+        if _shown(cur) == (value or "") and path not in self.state.field_errors:
             return  # filled from the preset, or unchanged
         self.post_message(ChangePreset({path: value}))
 
     def on_select_changed(self, ev: Select.Changed) -> None:
+        if ev.select.id == "gpu-type":
+            gpu = None if ev.value == NO_GPU_TYPE else str(ev.value)
+            if gpu != self.state.gpu:
+                self.state.gpu = gpu
+                self.wizard.facts_changed()
+            return
         path = (ev.select.id or "").replace("-", ".")
-        if not path.startswith("training."):
+        if path not in PATHS:
             return
         value = None if ev.value == "none" else ev.value
         self.change(path, value)
 
     def show_field_errors(self, errors: list, changes: dict[str, Any]) -> None:
         for path in changes:
-            if path.startswith("training."):
+            if path in PATHS:
                 msg = "; ".join(e.message for e in errors if e.path == path or e.path.startswith(path + "."))
                 if errors and not msg:
                     msg = "; ".join(f"{e.path}: {e.message}" for e in errors)
                 w = self.query_one(f"#err-{_wid(path)}", Static)
                 w.update(Text(msg, style="red"))
                 w.set_class(bool(msg), "-shown")
+                if msg:  # a small terminal may have scrolled it out of sight
+                    self.call_after_refresh(w.scroll_visible, animate=False)
 
     # ---------------------------------------------------------------- panel
     def refresh_state(self) -> None:
         st = self.state
+        # probed GPUs decide the fit (as --facts does for the CLI): the select is for when nobody probed
+        probed = any(nf.gpus for nf in st.facts.nodes.values())
+        gpu_select = self.query_one("#gpu-type", Select)
+        gpu_select.disabled = probed
+        gpu_select.tooltip = "the probe found the nodes' GPUs (Nodes step)" if probed else None
         est = st.estimate
         t = Table.grid(padding=(0, 1))
         t.add_column(style="bold", min_width=16)
@@ -142,27 +181,34 @@ class TrainingScreen(StepScreen):
         if est is not None:
             t.add_row("effective batch", Text(str(est.effective_batch), style="bold cyan"))
             t.add_row("", Text(est.batch_formula, style="dim"))
-            if est.memory_gib is not None:
+            if est.memory_gib is not None and st.gpu_unknown:  # green here would read as "it fits"
+                t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB", style="yellow"))
+                t.add_row("", Text("GPU unknown: fit not checked (pick a GPU type, or probe the nodes)",
+                                   style="yellow"))
+            elif est.memory_gib is not None:
                 fits = est.smallest_gpu_gib is None or est.memory_gib <= est.smallest_gpu_gib
                 smallest = f" of {est.smallest_gpu_gib:.0f} GiB (smallest GPU)" if est.smallest_gpu_gib else ""
                 t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB{smallest}",
                                                  style="green" if fits else "bold red"))
             else:
                 t.add_row("memory per GPU", Text("-", style="dim"))
-            gpu_run = st.preset.training.device != "cpu"  # the estimator models GPUs only
+            gpu_run = not est.cpu  # the estimator models GPUs only
             step = est.step_seconds
             t.add_row("step time", Text(("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
                                         if step is not None and gpu_run else "-"))
             t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}" if est.tokens_per_s and gpu_run else "-"))
-            t.add_row("scaling", Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run
-                                      else "-"))
+            if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
+                scaling = Text("not measured (link speed unknown)", style="yellow")
+            else:
+                scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
+            t.add_row("scaling", scaling)
             bw = st.facts.min_bandwidth_gbps()
             t.add_row("slowest link", Text(f"{bw:.1f} Gbit/s" if bw is not None else "not measured",
                                            style="dim" if bw is None else ""))
             for n in est.notes:
                 t.add_row("", Text(n, style="dim italic"))
         self.query_one("#estimate", Static).update(t)
-        self.query_one(AdviceList).show(st.advice)
+        self.query_one(AdviceList).show(st.advice, gpu_unknown=st.gpu_unknown)
         panel = self.query_one(DataPanel)
         if panel.report is not None:
             panel.show_report(panel.report, stale=self._previewed != st.preset.model_dump_json())
@@ -207,26 +253,25 @@ class TrainingScreen(StepScreen):
 
     # ---------------------------------------------------------------- fixes
     def _apply(self, item: Advice) -> None:
-        if item.fix is None:
-            self.notify(f"{item.code}: this finding has no automatic fix", severity="error", title="Fix not applied")
-            return
-        try:
-            new = apply_fix(self.state.preset, item.fix)
-        except (ValueError, KeyError) as e:  # PresetError is a ValueError: a fix the preset refuses
-            self.notify(str(e), severity="error", title="Fix not applied")
-            return
-        self.wizard.set_preset(new, note=f"applied: {item.fix.label}")
+        if self.wizard.apply_fix(item):
+            self._fill_from_preset()
+
+    def fill_from_preset(self) -> None:  # the command palette's fixes land here
         self._fill_from_preset()
 
     def action_fix_first(self) -> None:
-        item = next((a for a in self.state.advice if a.fix is not None), None)
+        """F8: the highlighted finding's fix (or what to do, when it has no automatic one);
+        with nothing highlighted, the first finding that has a fix."""
+        lst = self.query_one(AdviceList)
+        item = lst.selected if lst.has_focus else None
+        item = item or next((a for a in self.state.advice if a.fix is not None), None)
         if item is None:
-            self.notify("no finding with a fix")
+            self.notify("no advice with a fix" if self.state.advice else "no advice", title="F8")
             return
         self._apply(item)
 
     def on_option_list_option_selected(self, ev: OptionList.OptionSelected) -> None:
         items = getattr(self.query_one(AdviceList), "items", [])
         idx = int(ev.option.id[1:]) if ev.option.id and ev.option.id.startswith("a") else None
-        if idx is not None and idx < len(items) and items[idx].fix is not None:
+        if idx is not None and idx < len(items):
             self._apply(items[idx])

@@ -23,10 +23,27 @@ def advice_text(a: Advice) -> Text:
 
 
 class AdviceList(OptionList):
-    def show(self, items: list[Advice]) -> None:
+    items: list[Advice] = []
+
+    @property
+    def selected(self):
+        """The highlighted item, or None."""
+        i = self.highlighted
+        return self.items[i] if i is not None and i < len(self.items) else None
+
+    def show(self, items: list[Advice], *, gpu_unknown: bool = False) -> None:
+        """Redraw; the highlighted finding stays highlighted (by code) when it is still there."""
+        was = self.selected
         self.items = list(items)
         self.clear_options()
         if not items:
-            self.add_option(Option(Text("✔ no warnings", style="green"), id="none", disabled=True))
+            text = (Text("! no warnings, but GPU unknown: memory fit not checked", style="yellow") if gpu_unknown
+                    else Text("✔ no warnings", style="green"))
+            self.add_option(Option(text, id="none", disabled=True))
             return
         self.add_options([Option(advice_text(a), id=f"a{i}") for i, a in enumerate(items)])
+        if was is not None:
+            same = next((i for i, a in enumerate(items) if (a.code, a.message) == (was.code, was.message)), None)
+            same = same if same is not None else next((i for i, a in enumerate(items) if a.code == was.code), None)
+            if same is not None:
+                self.highlighted = same

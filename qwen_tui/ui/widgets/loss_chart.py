@@ -6,6 +6,7 @@ from typing import Optional
 
 from rich.console import Group
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import Static
 
 from ...run.metrics import TrainingProgress, fmt_duration
@@ -47,8 +48,18 @@ def plot(values: list[float], width: int, height: int) -> list[Text]:
     return rows
 
 
+LABEL_COLUMNS = 10  # the value / "lr" / "eval" labels left of the plot, and a spare column
+
+
 class LossChart(Static):
+    _shown: Optional[tuple] = None
+
     def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6) -> None:
+        """Draw `prog`; the plot never runs wider than the widget (a terminal made smaller, a 100-column
+        one) and is drawn again at the new width on every resize."""
+        self._shown = (prog, width, height)
+        if self.size.width:
+            width = max(10, min(width, self.size.width - LABEL_COLUMNS))
         if prog is None or not prog.steps:
             self.summary = ""
             self.update(Text("waiting for the first logged step…", style="dim"))
@@ -79,3 +90,8 @@ class LossChart(Static):
         if len(evs) > 1:
             parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style="yellow"))
         self.update(Group(*parts))
+
+    def on_resize(self, _: Resize) -> None:
+        if self._shown is not None:
+            prog, _width, height = self._shown
+            self.show(prog, self.size.width - LABEL_COLUMNS, height)

@@ -1,0 +1,81 @@
+"""The help panel (F10 or `?`): what the step is for, what to do in it, and every key
+it answers to, read from the live bindings so the list cannot drift from the keys."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static
+
+# One text per step; a step screen's own HELP wins (StepScreen.help_text).
+STEP_HELP = {
+    "nodes": "The machines of this run, one row each. Node 0 is the master: it runs torchrun's rendezvous "
+             "and writes the checkpoints. Add nodes one by one (a), or import a hostfile, a SLURM node list "
+             "or the hosts of ~/.ssh/config (i). Probe (p) logs into every node at once and reads its GPUs, "
+             "Python and libraries, disk and limits; differences between nodes show below the table with "
+             "their fix. Removing a node asks first.",
+    "ssh": "qwen-tui logs into every remote node with one key. k makes the key if it is missing and installs "
+           "it on every node (the password is asked once and kept in memory only). c connects to every node; "
+           "a host key never seen before is shown with its fingerprint and accepted only if you say so, a "
+           "changed one is refused. v checks that every node reaches every other one.",
+    "network": "Workers reach the master on one port (master port); collectives between nodes need "
+               "bandwidth. r runs all the checks from every node: the master port, the firewall, iperf3 "
+               "between each worker and the master. p, f and b run one of them again; s copies what a node lacks "
+               "(data, model, code) from the master. A link under "
+               "10 Gbit/s turns the step yellow: ZeRO-3 and full fine-tuning suffer most on it.",
+    "training": "The recipe: model, data, method (full, LoRA, Q-LoRA), ZeRO stage, precision and batch. "
+                "Every change is checked at once: a bad value shows its error under its field and the "
+                "preset keeps the old value until it is fixed. The panel on the right recomputes the "
+                "effective batch, memory per GPU, step time and scaling, and the advice list. Without a "
+                "probe, pick the GPU type so memory is checked against it. F8 applies the highlighted "
+                "advice's fix (Enter on the list too); advice without an automatic fix shows what to do. "
+                "F9 previews the data as the worker will tokenize it.",
+    "review": "Exactly what launch runs on every node (the same plan `qwen-tui replay` and the exports use), "
+              "and the preset as YAML. l launches (it asks first when a check failed or the output directory "
+              "already holds a run), x writes SLURM, PBS or shell scripts, ctrl+s saves the preset.",
+    "run": "The cluster while it trains: one panel per node (GPU utilisation and memory, or CPU load), the "
+           "master's loss curve, the log of one node (n shows the next node's). s stops every process on "
+           "every node (it asks first). Quitting leaves the run going; reopening qwen-tui re-attaches. "
+           "c chats with the trained model once the run has finished.",
+}
+
+GLOBAL_KEYS = ("F1-F6 go to a step (the bar on top shows each step's state: ✔ done, ! warning, ✘ problem); "
+               "ctrl+p opens the command palette (go to a step, apply a fix, open or save a preset, theme); "
+               "ctrl+s saves, ctrl+o opens a preset, ctrl+q quits; Tab moves between fields.")
+
+
+def keys_text(bindings: list[Binding]) -> Text:
+    t = Text()
+    for b in bindings:
+        if b.description:
+            t.append(f"  {b.key_display or b.key:<12}", style="bold")
+            t.append(f"{b.description}\n")
+    return t
+
+
+class HelpPanel(ModalScreen[None]):
+    BINDINGS = [Binding("escape,enter,f10,question_mark", "close", "Close")]
+
+    def __init__(self, title: str, body: str, keys: list[Binding]) -> None:
+        super().__init__(classes="modal")
+        self.title_text, self.body, self.keys = title, body, keys
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="help"):
+            yield Label(f"Help: {self.title_text}", classes="dialog-title")
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False, id="help-body")
+                yield Label("Keys of this step", classes="section")
+                yield Static(keys_text(self.keys), id="help-keys")
+                yield Static(GLOBAL_KEYS, classes="dialog-body", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Close (esc)", id="close", variant="primary")
+
+    def on_button_pressed(self, _: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
