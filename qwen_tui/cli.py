@@ -39,7 +39,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,
-                              exclude_failed=args.exclude_failed)
+                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -51,7 +51,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
-                              max_seconds=args.max_seconds)
+                              max_seconds=args.max_seconds, verbose=args.verbose > 0)
 
 
 def _runs_root(args: argparse.Namespace) -> Path:

@@ -119,15 +119,25 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
 
 # ---------------------------------------------------------------- replay / demo / attach
 
-def print_plan(plan: LaunchPlan, console: Console) -> None:
+def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
+    """The launch plan. full: every node's environment and command line (--dry-run, or replay -v); else one line
+    a node, so the live view is not preceded by forty lines of environment."""
     console.print(f"[bold]plan {plan.run_id}[/]: {plan.nnodes} nodes, world size {plan.world_size}, "
                   f"backend {plan.backend}, master {plan.master_addr}:{plan.master_port}")
     console.print(f"effective batch size: {plan.batch_formula}")
     for c in plan.nodes:
+        if not full:
+            iface = c.env.get("NCCL_SOCKET_IFNAME") or c.env.get("GLOO_SOCKET_IFNAME")
+            console.print(printable(f"  node {c.rank}: {c.label}" + (" (local)" if c.local else "")
+                                    + f", {c.nproc} process(es), workdir {c.workdir}"
+                                    + (f", interface {iface}" if iface else "")), markup=False, highlight=False)
+            continue
         console.rule(escape(f"node {c.rank}: {c.label}" + (" (local)" if c.local else "")))
         for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
+    if not full:
+        console.print("  (each node's environment and command: add -v, or replay --dry-run)", style="dim")
     from ..outputs import plan_places
 
     console.rule("checkpoints and final model")
@@ -161,7 +171,7 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False) -> int:
+                       exclude_failed: bool = False, verbose: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
     every relaunch that training.restarts allows (run/restarts.py)."""
     console = Console(stderr=False)
@@ -183,7 +193,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
             elif isinstance(ev, api.Checked):
                 print_advice(ev.result.items, console)
             elif isinstance(ev, api.Planned):
-                print_plan(ev.plan, console)
+                print_plan(ev.plan, console, full=verbose)
             elif isinstance(ev, api.Failure):
                 print_failure(ev, console)
                 return 1

@@ -97,3 +97,19 @@ def test_the_plan_summary_shows_each_nodes_output_dir():
                Console(file=buf, width=200))
     assert "node 0 (10.0.0.1): /s/out  (one copy, written by rank 0" in buf.getvalue()
     assert "node 1 (10.0.0.2)" not in buf.getvalue().split("checkpoints and final model")[-1]
+
+
+def test_replay_shows_a_line_a_node_and_the_whole_plan_with_verbose_or_dry_run():
+    """The live replay prints one line a node before its live view (forty lines of environment buried the
+    advice); -v and --dry-run print every node's environment and command line."""
+    plan = make_plan(_preset(output_dir="out"), run_id="r", local_run_dir="/runs/r")
+    texts = {}
+    for full in (False, True):
+        buf = io.StringIO()
+        print_plan(plan, Console(file=buf, width=200), full=full)
+        texts[full] = buf.getvalue()
+    short, whole = texts[False], texts[True]
+    assert "node 0: 10.0.0.1, 8 process(es), workdir /w0" in short and "node 1: 10.0.0.2" in short
+    assert "MASTER_ADDR=" not in short and "torch.distributed.run" not in short and "add -v" in short
+    assert "MASTER_ADDR=" in whole and whole.count("torch.distributed.run") == 2
+    assert "checkpoints and final model" in short and "checkpoints and final model" in whole
