@@ -137,6 +137,15 @@ def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
             console.print(f"  {k}={v}", markup=False, highlight=False)
         console.print("  " + c.shell_line(), markup=False, highlight=False, soft_wrap=True)
     if not full:
+        argv = plan.nodes[0].argv if plan.nodes else []
+
+        def flag(name: str) -> Optional[str]:
+            i = argv.index(name) if name in argv else -1
+            return argv[i + 1] if 0 <= i < len(argv) - 1 else None
+
+        # the user's own values: escaped, never markup
+        console.print(printable(f"  model {flag('--model_name_or_path')}, data {flag('--data_path')}"),
+                      markup=False, highlight=False)
         console.print("  (each node's environment and command: add -v, or replay --dry-run)", style="dim")
     from ..outputs import plan_places
 

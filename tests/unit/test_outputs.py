@@ -111,5 +111,6 @@ def test_replay_shows_a_line_a_node_and_the_whole_plan_with_verbose_or_dry_run()
     short, whole = texts[False], texts[True]
     assert "node 0: 10.0.0.1, 8 process(es), workdir /w0" in short and "node 1: 10.0.0.2" in short
     assert "MASTER_ADDR=" not in short and "torch.distributed.run" not in short and "add -v" in short
+    assert f"model {plan.nodes[0].argv[plan.nodes[0].argv.index('--model_name_or_path') + 1]}, data " in short
     assert "MASTER_ADDR=" in whole and whole.count("torch.distributed.run") == 2
     assert "checkpoints and final model" in short and "checkpoints and final model" in whole
