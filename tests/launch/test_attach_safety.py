@@ -125,7 +125,11 @@ def test_attach_stop_ends_the_runs_own_job_and_only_it(tmp_path, bystander):
             # the job's secret is in its environment, not in any process's argv
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             assert b"hf_secret_value_123" not in cmdline
-            assert (rd.path / f"node-{r}.log").stat().st_mode & 0o777 == 0o600
+            log = rd.path / f"node-{r}.log"
+            deadline = time.monotonic() + 30  # the job's shell creates its log as it starts (a race under load)
+            while not log.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert log.stat().st_mode & 0o777 == 0o600
         res = _attach(rd, "--stop")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "stopped by the user" in res.stdout
