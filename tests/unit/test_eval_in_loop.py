@@ -47,8 +47,10 @@ def test_progress_keeps_the_evals_and_the_live_view_shows_the_last():
 
     from qwen_tui.run import live
 
-    # what render reads of a Launcher: the plan's nodes, their states, the metrics (a run of no nodes here)
-    la = SimpleNamespace(plan=SimpleNamespace(run_id="r", nodes=[]), nodes={}, metrics=SimpleNamespace(progress=prog))
+    # what render reads of a Launcher: the plan's nodes, their states, the metrics (a run of no nodes here), the
+    # note about earlier attempts (none: a first attempt)
+    la = SimpleNamespace(plan=SimpleNamespace(run_id="r", nodes=[]), nodes={}, metrics=SimpleNamespace(progress=prog),
+                         attempt_note=None)
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(live.render(la))
     text = out.getvalue()
