@@ -12,7 +12,10 @@ what training will use.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger("training")
 
 
 @dataclass
@@ -83,10 +86,8 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
         extra = lazy_state_bytes(optimizer, optimizer_params) if optimizer is not None else 0
     else:
         extra = optimizer_state_bytes(model)
-    import logging
-
     # The raw peaks behind the plan: what to read first when a run's rows look short for its memory.
-    logging.getLogger("training").info("auto micro-batch probes: %s", ", ".join(
+    log.info("auto micro-batch probes: %s", ", ".join(
         f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in zip(sizes, peaks)) + f"; optimizer states still to "
         f"come {extra / 2**30:.2f} GiB")
     return plan_from_probes(sizes[0], peaks[0], sizes[1], peaks[1], total, extra, seq_len, fraction, max_tokens)
