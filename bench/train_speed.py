@@ -18,11 +18,12 @@ ours   the worker itself, `python -m training.finetune` in one process, with its
        keeps records apart), Liger fused linear cross-entropy (no full logits), per-decoder-layer
        torch.compile, fused AdamW, the packed-row budget from a two-probe memory measurement
        (--auto_memory_fraction 0.9, --auto_max_tokens 49152), gradient checkpointing only if nothing
-       fits without it; --random_init builds the model on the GPU from the shape's config.json. The
-       data is the same synthetic set written as a JSONL file of chat records (one user and one
-       assistant turn of single-token words, each record exactly as long as its synthetic twin; the
-       tokenizer is the tiny built-in one, whose ids the random model takes as well as any); 64
-       records per optimizer step; real tokens and step times come from the worker's metrics.jsonl.
+       fits without it or rows would be short without it (under 8,192 tokens, where it at least doubles
+       them); --random_init builds the model on the GPU from the shape's config.json. The data is the
+       same synthetic set written as a JSONL file of chat records (one user and one assistant turn
+       of single-token words, each record exactly as long as its synthetic twin; the tokenizer is the
+       tiny built-in one, whose ids the random model takes as well as any); 64 records per optimizer
+       step; real tokens and step times come from the worker's metrics.jsonl.
 direct the earlier harness that calls training.fast without the worker (kept for Q-LoRA, which the
        worker's --random_init cannot build: Q-LoRA there quantizes weights loaded from disk).
 
@@ -115,6 +116,7 @@ TAGS = {
     # 8 x 2048 tokens), as issue 16 measured it.
     "mb8": ({}, ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "8"]),
     "nozerocompile": ({}, ["--no_compile"]),
+    "gc": ({}, ["--gradient_checkpointing"]),  # checkpointing on from the start: the probe then sizes far longer rows
 }
 PAIRS = [("ours-lora-7b", "stock-lora-7b"), ("ours-full-1.5b", "stock-full-1.5b"), ("direct-qlora-7b", "direct-lora-7b"),
          ("ours-qlora-7b", "ours-lora-7b"), ("ours-lora-7b", "direct-lora-7b"), ("ours-full-1.5b", "direct-full-1.5b"),

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping norm; 0 disables (default 1.0)")
     add_bool(t, "bf16", help="train in bfloat16 mixed precision")
     add_bool(t, "fp16", help="train in float16 mixed precision (CUDA only; not with --bf16)")
-    add_bool(t, "gradient_checkpointing", help="recompute activations in backward to save memory")
+    add_bool(t, "gradient_checkpointing", default=None,
+             help="recompute activations in backward to save memory. Default: off, except that the fast path's "
+                  "memory probe turns it on where it is needed or pays (see --auto_micro_batch); "
+                  "--no_gradient_checkpointing keeps it off unless not even one record fits without it")
     t.add_argument("--seed", type=int, default=42, help="seed for initialisation, dropout and data order (default 42)")
     t.add_argument("--deepspeed", default=None, metavar="CONFIG",
                    help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
@@ -151,9 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
             off="torch's default AdamW")
     _switch(f, "auto_micro_batch",
             on="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "
-               "--auto_memory_fraction of the GPU, turning gradient checkpointing on only if not even one "
-               "--model_max_length record fits without it. Default: on for CUDA with packing, unless "
-               "--packing_tokens is given; it never turns checkpointing off when --gradient_checkpointing is given",
+               "--auto_memory_fraction of the GPU, turning gradient checkpointing on if not even one "
+               "--model_max_length record fits without it, or if rows would be shorter than 8,192 tokens without it "
+               "and checkpointing at least doubles them (7B full fine-tuning under ZeRO-3 on one H200: 2,432-token "
+               "rows at 30%% MFU, 46,720 at 45%%). Default: on for CUDA with packing, unless --packing_tokens is "
+               "given; it never turns checkpointing off when --gradient_checkpointing is given",
             off="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
     _switch(f, "lora_input_cast",
             on="let peft cast each adapter's input to the adapter dtype (fp32) before its dropout, as peft "

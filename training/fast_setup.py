@@ -5,7 +5,7 @@ prepare()    before the optimizer (and the DeepSpeed engine, whose hooks must se
              gathered LM head, compiled layers
 size_rows()  after the model can run a step (without DeepSpeed at once, under it once the engine has built its
              optimizer states): the packed-row budget from the memory probe, gradient checkpointing if nothing fits
-             without it, then cuDNN's plans for rows of that size
+             without it or rows would be short without it, then cuDNN's plans for rows of that size
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import torch
 
 from training import dist, fastpath
+from training.fast.autobatch import worth_checkpointing
 from training.errors import InputError
 
 log = logging.getLogger("training")
@@ -70,11 +71,16 @@ def prepare(model, args, fast, model_config: dict, device, stage: int):
     return loss_module
 
 
+def any_rank(device, flag: bool) -> bool:
+    """flag or-ed over every rank (the flag itself without torch.distributed)."""
+    return bool(dist.all_reduce_max(torch.tensor([float(flag)], dtype=torch.float64, device=device)).item())
+
+
 def size_rows(model, loss_module, fast, args, model_config: dict, device, autocast, train_module, engine=None,
               items=None) -> None:
     """Sets fast.packing_tokens from the memory probe where fast.auto_micro_batch (the smallest budget any rank
-    measured), turning gradient checkpointing on if not even one record fits without it; then builds cuDNN's
-    plans. train_module: what runs the forward (put in training mode for the probes); items: the tokenized
+    measured), turning gradient checkpointing on if not even one record fits without it or where it at least
+    doubles rows that would be short without it (autobatch.worth_checkpointing); then builds cuDNN's plans. train_module: what runs the forward (put in training mode for the probes); items: the tokenized
     training records (None for a lazy data set)."""
     if fast.auto_micro_batch:
         train_module.train()  # dropout and checkpointing as in training
@@ -85,12 +91,22 @@ def size_rows(model, loss_module, fast, args, model_config: dict, device, autoca
                                          args.auto_memory_fraction, args.auto_max_tokens, engine=engine)
 
         plan = probe()
-        if not plan.fits and not fast.gradient_checkpointing:
-            log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
-                     "turning it on", args.model_max_length)
+        # --no_gradient_checkpointing (False, not None) keeps it off unless nothing fits without it. Every rank
+        # decides alike (a probe is a collective step under ZeRO-3): any rank's need is every rank's.
+        may_choose = args.gradient_checkpointing is None or not plan.fits
+        if not fast.gradient_checkpointing and any_rank(device, may_choose and worth_checkpointing(plan)):
+            if not plan.fits:
+                log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
+                         "turning it on", args.model_max_length)
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            fast.gradient_checkpointing = True
-            plan = probe()
+            with_ckpt = probe()
+            if any_rank(device, worth_checkpointing(plan, with_ckpt)):
+                if plan.fits:
+                    log.info("auto micro-batch: rows of %d tokens without gradient checkpointing, %d with it; "
+                             "turning it on", plan.tokens, with_ckpt.tokens)
+                fast.gradient_checkpointing, plan = True, with_ckpt
+            else:
+                model.gradient_checkpointing_disable()
         if not plan.fits:
             raise InputError(f"not even one record of --model_max_length {args.model_max_length} tokens fits in "
                              f"{args.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "

@@ -183,7 +183,7 @@ def apply_method(args, model, method: str):
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=args.gradient_checkpointing,
+            model, use_gradient_checkpointing=bool(args.gradient_checkpointing),
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     elif args.gradient_checkpointing:

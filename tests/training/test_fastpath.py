@@ -426,6 +426,62 @@ def test_token_budget_from_two_probes():
     assert not tight.fits and tight.tokens == 0  # not one 2048-token record: checkpointing is needed
 
 
+def _h200_plan(gib_2048: float, gib_4096: float, states_gib: float) -> "autobatch.Plan":
+    gib = 2**30
+    return autobatch.plan_from_probes(2048, gib_2048 * gib, 4096, gib_4096 * gib, 139.8 * gib, states_gib * gib,
+                                      seq_len=2048, fraction=0.9, max_tokens=49152)  # bench/train_speed.py's
+
+
+def test_checkpointing_is_chosen_where_rows_would_be_short_and_it_at_least_doubles_them():
+    """The probes of 7B full fine-tuning under ZeRO-3 on an H200 (run32/run33 logs): without checkpointing
+    66.99/75.56 GiB at 2,048/4,096 tokens and 56.74 GiB of Adam states to come leave rows of ~2,400 tokens (30% MFU);
+    with it, rows of ~46,000 (45% MFU). 7B LoRA's rows of ~18,000 tokens keep checkpointing off."""
+    full_off = _h200_plan(66.99, 75.56, 56.74)
+    full_on = _h200_plan(115.2 - 56.74 + 2048 * 0.23 / 1024, 115.2 - 56.74 + 4096 * 0.23 / 1024, 56.74)
+    assert full_off.fits and full_off.tokens < autobatch.SHORT_ROW_TOKENS < full_on.tokens
+    assert autobatch.worth_checkpointing(full_off)  # worth a second probe
+    assert autobatch.worth_checkpointing(full_off, full_on)
+    lora = _h200_plan(27.96, 40.24, 1.20)
+    assert lora.tokens > autobatch.SHORT_ROW_TOKENS and not autobatch.worth_checkpointing(lora)
+    # short rows that checkpointing cannot double: the recompute would cost more than it saves
+    barely = autobatch.Plan(tokens=int(full_off.tokens * 1.5), bytes_per_token=1.0, fixed_bytes=0.0, fits=True)
+    assert not autobatch.worth_checkpointing(full_off, barely)
+    nothing = autobatch.Plan(tokens=0, bytes_per_token=1.0, fixed_bytes=0.0, fits=False)
+    assert autobatch.worth_checkpointing(nothing) and autobatch.worth_checkpointing(nothing, barely)
+
+
+@pytest.mark.parametrize("argv,short,expect", [
+    ([], True, True),  # short rows, checkpointing doubles them: on
+    ([], False, False),  # long rows: stays off
+    (["--no_gradient_checkpointing"], True, False),  # the user said off and one record fits: stays off
+])
+def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, short, expect):
+    """size_rows probes again with checkpointing on the real tiny model, keeps it where worth_checkpointing says
+    so and turns it back off where not. The probe itself measures CUDA memory (none here): it is replaced by the
+    plans the H200 measured, chosen by whether the model is checkpointing at the time of the probe."""
+    from training import fast_setup, fastpath
+    from training.args import parse_args
+
+    model = _tiny()
+    off = _h200_plan(66.99, 75.56, 56.74) if short else _h200_plan(27.96, 40.24, 1.20)
+    on = autobatch.Plan(tokens=46720, bytes_per_token=0.23 * 2**20, fixed_bytes=115.2 * 2**30, fits=True)
+    assert off.fits
+    probed = []
+
+    def probe(*a, **k):
+        probed.append(model.is_gradient_checkpointing)
+        return on if model.is_gradient_checkpointing else off
+
+    monkeypatch.setattr(fastpath, "probe_tokens", probe)
+    args = parse_args(["--model_name_or_path", "x", "--data_path", "y", "--output_dir", "z", *argv])
+    fast = SimpleNamespace(auto_micro_batch=True, gradient_checkpointing=bool(args.gradient_checkpointing),
+                           packing=False, attention="flash", packing_tokens=None)
+    fast_setup.size_rows(model, None, fast, args, {"vocab_size": 512}, torch.device("cpu"), None, model)
+    assert fast.gradient_checkpointing is expect and model.is_gradient_checkpointing is expect
+    assert fast.packing_tokens == (on.tokens if expect else off.tokens)
+    assert probed == ([False, True] if short and not argv else [False])
+
+
 LAZY_STATES = r"""
 import json, os, torch, deepspeed
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")

@@ -6,7 +6,7 @@ micro-batch (attention is flash/varlen, linear too), so the two peaks give bytes
 the fixed part. Adding the optimizer states that are not there yet (AdamW: two per trainable
 parameter) gives the token budget that fills `fraction` of the device. If not even one record
 of the longest allowed length fits, gradient checkpointing is needed: the caller turns it on
-and probes again. With compiled layers the worker compiles them before probing, so the probes measure
+and probes again; it does the same when rows would be short without it (worth_checkpointing). With compiled layers the worker compiles them before probing, so the probes measure
 what training will use.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 log = logging.getLogger("training")
 
@@ -39,6 +40,25 @@ def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: 
     tokens = min(tokens, max_tokens) // multiple * multiple
     fits = tokens >= seq_len
     return Plan(tokens=max(tokens, seq_len) if fits else 0, bytes_per_token=per_token, fixed_bytes=fixed, fits=fits)
+
+
+# Rows shorter than this leave each micro-batch's fixed cost (ZeRO-3 gathers every weight and reduces every
+# gradient per micro-batch, whatever its length) larger than checkpointing's recompute: 7B full fine-tuning under
+# ZeRO-3 on one H200 ran 2,432-token rows at 6,704 tokens/s without checkpointing and 46,720-token rows at 10,131
+# with it (bench/results run32, run33).
+SHORT_ROW_TOKENS = 8192
+
+
+def worth_checkpointing(without: Plan, with_: Optional[Plan] = None) -> bool:
+    """Whether to train with gradient checkpointing, from the probe without it (and, once measured, with it):
+    when not even one record fits without it; or when rows would be short without it and checkpointing at
+    least doubles them (its recompute costs about a third more compute). Called with `without` alone: whether
+    a probe with checkpointing is worth making."""
+    if not without.fits:
+        return True
+    if without.tokens >= SHORT_ROW_TOKENS:
+        return False
+    return with_ is None or (with_.fits and with_.tokens >= 2 * without.tokens)
 
 
 def optimizer_state_bytes(model) -> int:
