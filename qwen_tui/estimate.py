@@ -70,7 +70,8 @@ Step time (`estimate_step`, `scaling`)
   included; the attention term counts the causal half of 2 matmuls of s x q per
   token). Backward is 2x forward for full fine-tuning; with a frozen base it
   skips weight gradients, so 1x forward (Hu et al. 2021, LoRA); gradient
-  checkpointing adds one more forward.
+  checkpointing adds the decoder layers' forward again (the LM head sits outside
+  the checkpoints).
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
   efficiency (model FLOPs utilisation) depends on the worker's path unless given,
   each figure measured through the worker on one H200 (bench/results/, the test
@@ -79,8 +80,9 @@ Step time (`estimate_step`, `scaling`)
   on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full
   (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
   0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
-  layer's weights in forward and backward, 0.49 for full fine-tuning (1.5B,
-  run26) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
+  layer's weights in forward and backward, 0.54 for full fine-tuning (between
+  1.5B's 0.49 in run26 and 7B's 0.60 with checkpointing in run34: the larger
+  model's matmuls run faster; each within 15%) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
   run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
   tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
@@ -124,7 +126,7 @@ QUANT_BYTES = {4: 0.52, 8: 1.02}
 FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the module doc)
 # The worker under DeepSpeed, by ZeRO stage and by whether the base trains (measured, see the module doc).
 ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
-                   (3, True): 0.49, (3, False): 0.49}
+                   (3, True): 0.54, (3, False): 0.49}
 QLORA_EFFICIENCY_FACTOR = 0.8  # without DeepSpeed; under it Q-LoRA measured LoRA's speed (module doc)
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
 PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
@@ -448,15 +450,16 @@ class ScalePoint:
 
 
 def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
-    """Training FLOPs per token: forward x (3 full, 2 LoRA) + 1 forward more with checkpointing."""
+    """Training FLOPs per token: forward x (3 full, 2 LoRA) + the decoder layers' forward again with
+    checkpointing."""
     fwd = 2 * spec.matmul_params + 4 * spec.layers * run.seq * spec.q_dim
     lora = run.method in ("lora", "qlora")
     if lora:
         fwd += 2 * spec.lora_params(run.lora_r, list(run.lora_targets))
     mult = 2.0 if lora else 3.0
-    if run.gradient_checkpointing:
-        mult += 1.0
-    return fwd * mult
+    # Checkpointing recomputes the decoder layers' forward, not the LM head's (it sits outside the checkpoints).
+    recompute = fwd - 2 * spec.vocab * spec.hidden if run.gradient_checkpointing else 0.0
+    return fwd * mult + recompute
 
 
 def path_efficiency(run: RunShape) -> float:

@@ -228,7 +228,10 @@ def test_checkpointing_costs_compute():
     run = RunShape(method="full", zero_stage=None, seq=1024, micro_batch=1)
     on = estimate_step(SEVEN, run, 1, 1, None, gradient_checkpointing=True, **H100)
     off = estimate_step(SEVEN, run, 1, 1, None, gradient_checkpointing=False, **H100)
-    assert on.compute_s == pytest.approx(off.compute_s * 4 / 3)
+    # one forward more, less the LM head's, which sits outside the per-layer checkpoints
+    fwd = 2 * SEVEN.matmul_params + 4 * SEVEN.layers * 1024 * SEVEN.q_dim
+    assert on.compute_s == pytest.approx(off.compute_s * (4 * fwd - 2 * SEVEN.vocab * SEVEN.hidden) / (3 * fwd))
+    assert off.compute_s * 1.3 < on.compute_s < off.compute_s * 4 / 3
 
 
 def test_step_estimate_matches_the_worker_measured_on_an_h200():
@@ -246,7 +249,9 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
     seen = set()
     # Runs whose path has since changed: before run29 ZeRO-3 trained LoRA adapters in fp32 (the engine casts no
     # parameter of a model partitioned while it loads; training.builders.cast_unpartitioned now does).
-    superseded = {"ours-lora-7b-zero3": 29}
+    # 7B full under ZeRO-3 ran rows of 2,432 tokens without checkpointing before run34 (30% MFU; the worker now
+    # turns checkpointing on for rows that short, 45%): the per-micro-batch cost of such rows is not modelled.
+    superseded = {"ours-lora-7b-zero3": 29, "ours-full-7b-zero3": 34}
     for path in sorted(results.glob("train_speed-*-H200-run*.json")):
         m = re.search(r"-run(\d+)\.json$", path.name)
         if not m or int(m.group(1)) < 18:
@@ -260,13 +265,14 @@ def test_step_estimate_matches_the_worker_measured_on_an_h200():
             seq = round(r["seq_eff"])
             per_step = r["real_tokens"] / r["timed_steps"]
             run = RunShape(method=r["method"], zero_stage=r.get("zero"), seq=seq, micro_batch=round(per_step / seq),
-                           grad_accum=1, gradient_checkpointing=False, lora_r=64)
+                           grad_accum=1, gradient_checkpointing=bool(r["gradient_checkpointing"]), lora_r=64)
             est = estimate_step(specs[r["shape"]], run, 1, 1, None, **h200)
             ratio = est.tokens_per_second / r["tokens_per_s"]
             assert 0.85 < ratio < 1.15, (path.name, r["config"], est.tokens_per_second, r["tokens_per_s"])
             seen.add(r["config"])
     assert {"ours-lora-7b", "ours-full-1.5b", "ours-qlora-7b", "ours-lora-7b-zero2", "ours-full-1.5b-zero2",
-            "ours-lora-7b-zero3", "ours-full-1.5b-zero3", "ours-qlora-7b-zero2", "ours-qlora-7b-zero3"} <= seen, seen
+            "ours-lora-7b-zero3", "ours-full-1.5b-zero3", "ours-qlora-7b-zero2", "ours-qlora-7b-zero3",
+            "ours-full-7b-zero3"} <= seen, seen
     # Q-LoRA: 0.8x LoRA without DeepSpeed, LoRA's speed under it (both measured above)
     def compute_s(method, zero):
         return estimate_step(SEVEN, RunShape(method=method, zero_stage=zero, seq=1024, micro_batch=32), 1, 1, None,
