@@ -15,10 +15,11 @@ and a new run id (dataclasses.replace(req, run_id=...)), then follow() again.
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
 from ..facts import ClusterFacts
 from ..nodes.results import NodeResults, on_nodes
@@ -30,6 +31,7 @@ from .metrics import TrainingProgress
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
+    from ..nodes.checks import CheckReport, Progress
     from ..nodes.hostkeys import Consent
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
@@ -57,15 +59,27 @@ class Connected:
     labels: dict[int, str]
 
 
+@dataclass(frozen=True)
+class CheckProgress:
+    """A node check begins (`node` None: `text` says what it does) or one node's outcome of it,
+    as it comes: what a face shows while the checks run."""
+
+    check: str
+    node: Optional[int]
+    text: str
+
+
 @dataclass
 class CheckResult:
     """What the launch checks found: the facts (for the plan and the run directory), the advice and
     the node checks' findings together (each (code, node) said once; each item has level, code,
-    message and fix), and the node x check report (check.json; None on one machine)."""
+    message and fix), and the node x check report (check.json; None on one machine). `checks`:
+    the node checks' own report (its matrix and findings, as `qwen-tui check` prints them)."""
 
     facts: ClusterFacts
     items: list = field(default_factory=list)
     report: Optional[dict] = None
+    checks: Optional[CheckReport] = None
 
     @property
     def errors(self) -> list:
@@ -129,7 +143,7 @@ class Ended:
     outcome: RunOutcome
 
 
-Event = Union[Stage, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
+Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
 
 
 # ---------------------------------------------------------------- connect
@@ -229,15 +243,47 @@ def local_port_free(port: int, host: str = "") -> Optional[str]:
     return None
 
 
-def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> Iterator[Event]:
-    """The launch checks step by step: Stage events, then one Checked.
+T = TypeVar("T")
 
-    One machine: only a busy port can go wrong before launch. Several: the probe, port, firewall
-    and bandwidth checks, then the rehearsal when those passed. The advice rules and the checks
-    overlap (a missing data file is both); each (code, node) is said once."""
+
+def _with_progress(call: Callable[[Progress], T]) -> Generator[CheckProgress, None, T]:
+    """Run `call(progress)` in a thread and yield what it reports as it comes; return its result
+    (`x = yield from ...`). The node checks report from their own threads; this turns that into
+    events a face reads in order. No bound here: every check inside carries its own."""
+    q: queue.Queue = queue.Queue()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = call(lambda check, node, text: q.put(CheckProgress(check, node, text)))
+        except BaseException as e:  # noqa: BLE001 - raised again below, in the caller's thread
+            out["error"] = e
+        finally:
+            q.put(None)
+
+    threading.Thread(target=run, name="node-checks", daemon=True).start()
+    while (ev := q.get()) is not None:
+        yield ev
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str,
+             connect_errors: Optional[dict[int, BaseException]] = None, bandwidth_seconds: float = 2.0,
+             rehearsal: bool = True, on_one_machine: bool = False) -> Iterator[Event]:
+    """The launch checks step by step: Stage and CheckProgress events, then one Checked.
+
+    One machine: only a busy port can go wrong before launch (unless `on_one_machine`, as `qwen-tui
+    check` asks: then its nodes get every check too). Several: the probe, port, firewall and
+    bandwidth checks, then the rehearsal when those passed, every node answered and `rehearsal`.
+    `connect_errors`: the nodes that could not be connected (reported as unreachable, not checked).
+    The advice rules and the checks overlap (a missing data file is both); each (code, node) is
+    said once."""
     from ..advice import advise
 
-    if all(n.is_local for n in preset.cluster.nodes):
+    nodes = preset.cluster.nodes
+    if all(n.is_local for n in nodes) and not on_one_machine:
         facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
         yield Checked(CheckResult(facts, list(advise(preset, facts))))
         return
@@ -245,14 +291,21 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
     from .rehearsal import add_rehearsal
 
     yield Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…")
-    rep = run_checks(preset, transports, local_python=local_python)
-    if rep.ok:
-        yield Stage("rehearsal", "rehearsal: rendezvous and all-reduce on every node…")
+    rep = yield from _with_progress(lambda say: run_checks(
+        preset, transports, connect_errors=connect_errors, bandwidth_seconds=bandwidth_seconds,
+        local_python=local_python, progress=say))
+    if rehearsal and rep.ok and len(transports) == len(nodes):
+        text = "rehearsal: rendezvous and all-reduce on every node…"
+        yield Stage("rehearsal", text)
+        yield CheckProgress("rehearsal", None, "rendezvous and all-reduce on every node")
         add_rehearsal(preset, transports, rep, local_python=local_python)
+        for i in range(len(nodes)):
+            v = rep.verdict(i, "rehearsal")
+            yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
     said = {(a.code, a.node) for a in advice}
     findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
-    yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict()))
+    yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 
 def check(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> CheckResult:
