@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
-from ..facts import ClusterFacts
+from ..facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, make_plan
@@ -33,6 +33,7 @@ from .rundir import RunDir, RunDirError, write_json_atomic
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
     from ..nodes.checks import CheckReport, Progress
     from ..nodes.hostkeys import Consent
+    from ..nodes.keys import KeySetupReport
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
 # connect that may ask one is bounded by this on top of the connection's own bound.
@@ -316,6 +317,64 @@ def check(preset: Preset, transports: dict[int, Transport], *, local_python: str
             result = ev.result
     assert result is not None  # checking() always ends with Checked
     return result
+
+
+# ---------------------------------------------------------------- one step at a time (the wizard's keys)
+
+def probe(preset: Preset, transport: Transport, index: int, *, local_python: str) -> NodeFacts:
+    """Probe node `index` (Python stack, GPUs, data, disk) with the interpreter a run would use
+    there; a missing python is a fact in the result (NodeFacts.error), not an exception."""
+    from ..nodes.probe import probe_node
+
+    return probe_node(transport, preset, index, local_python=local_python)[0]
+
+
+def network_check(preset: Preset, transports: dict[int, Transport], which: str,
+                  facts: ClusterFacts) -> tuple[ClusterFacts, list]:
+    """Run one network check again ("port", "firewall" or "bandwidth"), the one `checking` runs:
+    a copy of `facts` with its fields measured afresh, and its findings (replace_findings puts
+    them in place of the old ones)."""
+    from ..nodes.checks import run_network_check
+
+    return run_network_check(preset, transports, which, facts)
+
+
+def replace_findings(old: list, new: list, which: str) -> list:
+    """The findings after network check `which` ran again: its columns' old findings go, the new come."""
+    from ..nodes.checks import replace_findings as replace
+
+    return replace(old, new, which)
+
+
+def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
+         overwrite: bool = False) -> tuple[list[str], int]:
+    """Copy the data, model and training code from the master to the nodes that lack them
+    (checksum-verified, as `check --sync`; with `overwrite`, also the copies that differ): a line
+    per node and kind, and how many differing copies were left as they were."""
+    from ..nodes.sync import sync_from_master
+
+    return sync_from_master(preset, transports, facts, overwrite=overwrite)
+
+
+def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[str] = None,
+               consent: Consent = False) -> KeySetupReport:
+    """Make (or use) the SSH key, install it on every remote node with `password` (memory only)
+    and check every node pair: per-node results, never the first error. Raises KeyLocked when
+    the key cannot be used at all."""
+    from ..nodes.keys import setup_keys as setup
+
+    return setup(preset, password, identity=identity, accept_new_host_keys=consent)
+
+
+def host_key(transport: Transport) -> str:
+    """The node's host key as `ssh-keygen -l` names it ("ssh-ed25519 SHA256:…"); "" for this machine."""
+    key = getattr(transport, "server_key", None)
+    if not callable(key):
+        return ""
+    from ..nodes.hostkeys import fingerprint
+
+    k = key()
+    return f"{k.get_name()} {fingerprint(k)}"
 
 
 # ---------------------------------------------------------------- plan, start
