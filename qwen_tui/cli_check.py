@@ -19,7 +19,7 @@ from rich.text import Text
 
 from qwen_tui.redact import printable
 
-COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim"}
+COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim", "not checked": "yellow"}
 
 
 def add_parser(sub) -> None:
@@ -186,11 +186,9 @@ def run(args: argparse.Namespace) -> int:
     for c in COLUMNS:
         t.add_column(c)
     for i, lab in enumerate(rep.labels):
-        cells = []
-        for c in COLUMNS:
-            v = rep.verdict(i, c)
-            cells.append(f"[{COLOURS.get(v, '')}]{v}[/]")
-        t.add_row(f"{i} {lab}", *cells)
+        # Text, not markup: a verdict without a colour ("not checked") once made "[]not checked[/]" and a crash
+        cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in COLUMNS)]
+        t.add_row(Text(f"{i} {printable(lab)}"), *cells)
     console.print(t)
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"

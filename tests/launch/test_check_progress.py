@@ -64,3 +64,22 @@ def test_check_on_a_terminal_shows_a_live_line_per_node(tmp_path):
         assert "✔ ssh" not in s  # the live lines are gone; the matrix stays
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+
+
+def test_check_with_an_unreachable_node_prints_its_matrix_and_exits_1(tmp_path):
+    """"not checked" has no colour of its own: the matrix once crashed on it (a rich MarkupError)."""
+    import os
+
+    d = yaml.safe_load(DEMO.read_text())
+    d["cluster"]["nodes"][1]["host"] = "node-gone.invalid"
+    p = tmp_path / "gone.yaml"
+    p.write_text(yaml.safe_dump(d))
+    r = subprocess.run([sys.executable, "-m", "qwen_tui.cli", "check", str(p), "--no-rehearsal"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"})
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if "1 node-gone.invalid" in ln and "│" in ln)
+    assert "error" in row and row.count("not checked") >= 10, row
+    assert "ssh       1 node-gone.invalid cannot connect" in r.stdout  # its progress line, before the matrix
+    assert "UNREACHABLE" in r.stdout and "1 error(s)" in r.stdout
