@@ -10,14 +10,16 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from qwen_tui.redact import printable
 
-COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim"}
+COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim", "not checked": "yellow"}
 
 
 def add_parser(sub) -> None:
@@ -43,77 +45,133 @@ def add_parser(sub) -> None:
     k.set_defaults(func=run_keys)
 
 
+class NodeLines:
+    """What `check` shows while it runs: on a terminal, a live line per node that changes as each
+    of its checks finishes (and the check running now); elsewhere (a log, a pipe) each node's
+    outcome as a line of its own, as it comes."""
+
+    def __init__(self, console: Console, labels: list[str]) -> None:
+        from rich.live import Live
+
+        self.console, self.labels = console, labels
+        self.now = f"connecting to {len(labels)} node(s)…"
+        self.done: dict[int, list[Text]] = {i: [] for i in range(len(labels))}
+        self.doing: dict[int, str] = {}
+        self.live = Live(console=console, transient=True, refresh_per_second=8) if console.is_terminal else None
+
+    def __enter__(self) -> "NodeLines":
+        if self.live is not None:
+            self.live.update(self.render())
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def render(self) -> Table:
+        t = Table.grid(padding=(0, 1))
+        t.add_row(Text(f"… {self.now}", style="yellow"))
+        for i, lab in enumerate(self.labels):
+            line = Text(f"  {i} {printable(lab):14} ")
+            for part in self.done[i][-6:]:  # the latest outcomes: a line stays a line
+                line.append_text(part)
+                line.append("  ")
+            if i in self.doing:
+                line.append(f"… {self.doing[i]}", style="yellow")
+            t.add_row(line)
+        return t
+
+    def __call__(self, check: str, node: Optional[int], text: str) -> None:
+        """A check begins (node None) or one node's outcome of it."""
+        if node is None:
+            self.now = f"{check}: {text}"
+            for i in self.done:
+                self.doing[i] = check
+        else:
+            bad = any(w in text for w in ("failed", "cannot", "not measured"))
+            self.doing.pop(node, None)
+            self.done[node].append(Text(f"{'✘' if bad else '✔'} {check}", style="yellow" if bad else "green"))
+            if self.live is None:
+                self.console.print(f"  {check:9} {node} {escape(printable(self.labels[node])):14} "
+                                   f"[{'yellow' if bad else 'green'}]{escape(printable(text))}[/]", highlight=False)
+        if self.live is not None:
+            self.live.update(self.render())
+
+    def event(self, ev) -> None:
+        from qwen_tui.run import api
+
+        if isinstance(ev, api.CheckProgress):
+            self(ev.check, ev.node, ev.text)
+
+
+def _checks(preset, transports, show: NodeLines, *, connect_errors, bandwidth_seconds: float, rehearsal: bool):
+    """The node checks through the launch API (as replay and the wizard run them), shown as they go."""
+    from qwen_tui.run import api
+
+    result = None
+    for ev in api.checking(preset, transports, local_python=sys.executable, connect_errors=connect_errors,
+                           bandwidth_seconds=bandwidth_seconds, rehearsal=rehearsal, on_one_machine=True):
+        show.event(ev)
+        if isinstance(ev, api.Checked):
+            result = ev.result
+    assert result is not None and result.checks is not None  # checking() ends with Checked, on_one_machine
+    return result.checks
+
+
 def run(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.checks import COLUMNS, run_checks
-    from qwen_tui.run.rehearsal import add_rehearsal
-    from qwen_tui.nodes.connect import close_all, connect_all
+    from qwen_tui.nodes.checks import COLUMNS
     from qwen_tui.preset import load_preset
+    from qwen_tui.run.api import Connections
 
     console = Console(stderr=args.json)
     preset = load_preset(args.preset)
     t0 = time.monotonic()
     labels = [n.label for n in preset.cluster.nodes]
-    status = console.status(f"connecting to {len(labels)} node(s)…")
-    status.start()  # a spinner on a terminal; silent when stdout/stderr is not one
-
-    def progress(check: str, node, text: str) -> None:
-        """Each check as it starts (the spinner's line) and each node's outcome as it comes (a line)."""
-        if node is None:
-            status.update(f"{check}: {text}…")
-        else:
-            bad = any(w in text for w in ("failed", "cannot", "not measured"))
-            console.print(f"  {check:9} {node} {escape(printable(labels[node])):14} "
-                          f"[{'yellow' if bad else 'green'}]{escape(printable(text))}[/]", highlight=False)
-
+    conns = Connections()
+    rehearsal = not args.no_rehearsal
     try:
-        conns = connect_all(preset, accept_new_host_keys=args.accept_new_host_keys)
-    finally:
-        status.stop()
-    for i in range(len(labels)):
-        e = conns.get(i)
-        progress("ssh", i, f"cannot connect: {e}" if isinstance(e, BaseException) else "connected")
-    status.start()
-    transports = dict(conns.succeeded)
-    try:
-        rep = run_checks(preset, transports, connect_errors=conns.failed,
-                         bandwidth_seconds=args.bandwidth_seconds, progress=progress)
-        download_failed = None
-        if args.sync and 0 in transports:
-            from qwen_tui.nodes.hubmodel import download_on_master, hub_id
-            from qwen_tui.nodes.sync import sync
+        with NodeLines(console, labels) as show:
+            show("ssh", None, f"connecting to {len(labels)} node(s)")
+            res = conns.connect(preset, consent=args.accept_new_host_keys)
+            for i in range(len(labels)):
+                e = res[i]
+                show("ssh", i, f"cannot connect: {e}" if isinstance(e, BaseException) else "connected")
+            transports, failed = dict(res.succeeded), res.failed
+            checks = dict(connect_errors=failed, bandwidth_seconds=args.bandwidth_seconds)
+            rep = _checks(preset, transports, show, rehearsal=rehearsal and not args.sync, **checks)
+            download_failed = None
+            if args.sync and 0 in transports:
+                from qwen_tui.nodes.hubmodel import download_on_master, hub_id
+                from qwen_tui.nodes.sync import sync
 
-            if hub_id(preset.training.model):  # the master downloads once; the sync below copies it
-                action, path, detail = download_on_master(
-                    preset, transports[0], python=preset.cluster.nodes[0].python_for(sys.executable))
-                console.print(f"download {preset.cluster.nodes[0].label} model: {action} {path} {detail}",
-                              markup=False, highlight=False)
-                if action == "failed":
-                    download_failed = detail
-                elif action == "downloaded":  # the master's copy is a fact only now
-                    rep = run_checks(preset, transports, connect_errors=conns.failed,
-                                     bandwidth_seconds=args.bandwidth_seconds)
-            res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
-                       progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
-                                                                 f"{d * 100 // max(t, 1)}%", end="\r"))
-            for i, acts in sorted(res.items()):
-                for a in ([] if isinstance(acts, BaseException) else acts):
-                    console.print(f"sync {preset.cluster.nodes[i].label} {a.kind}: {a.action} {a.detail}")
-                if isinstance(acts, BaseException):
-                    console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
-            rep = run_checks(preset, transports, connect_errors=conns.failed,
-                             bandwidth_seconds=args.bandwidth_seconds, progress=progress)
-        if download_failed:
-            from qwen_tui.nodes.findings import ERROR, Finding
-
-            rep.findings.append(Finding(ERROR, "MODEL_DOWNLOAD_FAILED", download_failed,
-                                        "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "
-                                        "the model in the master's hub cache", 0, "model"))
-        if not args.no_rehearsal and len(transports) == len(preset.cluster.nodes) and rep.ok:
-            progress("rehearsal", None, "torchrun rendezvous and an all-reduce on every node")
-            add_rehearsal(preset, transports, rep, local_python=sys.executable)
+                if hub_id(preset.training.model):  # the master downloads once; the sync below copies it
+                    action, path, detail = download_on_master(
+                        preset, transports[0], python=preset.cluster.nodes[0].python_for(sys.executable))
+                    console.print(f"download {preset.cluster.nodes[0].label} model: {action} {path} {detail}",
+                                  markup=False, highlight=False)
+                    if action == "failed":
+                        download_failed = detail
+                    elif action == "downloaded":  # the master's copy is a fact only now
+                        rep = _checks(preset, transports, show, rehearsal=False, **checks)
+                res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
+                           progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
+                                                                     f"{d * 100 // max(t, 1)}%", end="\r"))
+                for i, acts in sorted(res.items()):
+                    for a in ([] if isinstance(acts, BaseException) else acts):
+                        console.print(f"sync {preset.cluster.nodes[i].label} {a.kind}: {a.action} {a.detail}")
+                    if isinstance(acts, BaseException):
+                        console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
+                # what the nodes hold now; the rehearsal once the copies are there (not after a failed download)
+                rep = _checks(preset, transports, show, rehearsal=rehearsal and not download_failed, **checks)
     finally:
-        status.stop()
-        close_all(conns)
+        conns.close()
+    if download_failed:
+        from qwen_tui.nodes.findings import ERROR, Finding
+
+        rep.findings.append(Finding(ERROR, "MODEL_DOWNLOAD_FAILED", download_failed,
+                                    "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "
+                                    "the model in the master's hub cache", 0, "model"))
     rep.seconds = time.monotonic() - t0
     data = rep.to_dict()
     if args.out:
@@ -128,11 +186,9 @@ def run(args: argparse.Namespace) -> int:
     for c in COLUMNS:
         t.add_column(c)
     for i, lab in enumerate(rep.labels):
-        cells = []
-        for c in COLUMNS:
-            v = rep.verdict(i, c)
-            cells.append(f"[{COLOURS.get(v, '')}]{v}[/]")
-        t.add_row(f"{i} {lab}", *cells)
+        # Text, not markup: a verdict without a colour ("not checked") once made "[]not checked[/]" and a crash
+        cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in COLUMNS)]
+        t.add_row(Text(f"{i} {printable(lab)}"), *cells)
     console.print(t)
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"

@@ -15,12 +15,13 @@ and a new run id (dataclasses.replace(req, run_id=...)), then follow() again.
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
-from ..facts import ClusterFacts
+from ..facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, make_plan
@@ -30,7 +31,9 @@ from .metrics import TrainingProgress
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
+    from ..nodes.checks import CheckReport, Progress
     from ..nodes.hostkeys import Consent
+    from ..nodes.keys import KeySetupReport
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
 # connect that may ask one is bounded by this on top of the connection's own bound.
@@ -57,15 +60,27 @@ class Connected:
     labels: dict[int, str]
 
 
+@dataclass(frozen=True)
+class CheckProgress:
+    """A node check begins (`node` None: `text` says what it does) or one node's outcome of it,
+    as it comes: what a face shows while the checks run."""
+
+    check: str
+    node: Optional[int]
+    text: str
+
+
 @dataclass
 class CheckResult:
     """What the launch checks found: the facts (for the plan and the run directory), the advice and
     the node checks' findings together (each (code, node) said once; each item has level, code,
-    message and fix), and the node x check report (check.json; None on one machine)."""
+    message and fix), and the node x check report (check.json; None on one machine). `checks`:
+    the node checks' own report (its matrix and findings, as `qwen-tui check` prints them)."""
 
     facts: ClusterFacts
     items: list = field(default_factory=list)
     report: Optional[dict] = None
+    checks: Optional[CheckReport] = None
 
     @property
     def errors(self) -> list:
@@ -129,7 +144,7 @@ class Ended:
     outcome: RunOutcome
 
 
-Event = Union[Stage, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
+Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
 
 
 # ---------------------------------------------------------------- connect
@@ -229,15 +244,47 @@ def local_port_free(port: int, host: str = "") -> Optional[str]:
     return None
 
 
-def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> Iterator[Event]:
-    """The launch checks step by step: Stage events, then one Checked.
+T = TypeVar("T")
 
-    One machine: only a busy port can go wrong before launch. Several: the probe, port, firewall
-    and bandwidth checks, then the rehearsal when those passed. The advice rules and the checks
-    overlap (a missing data file is both); each (code, node) is said once."""
+
+def _with_progress(call: Callable[[Progress], T]) -> Generator[CheckProgress, None, T]:
+    """Run `call(progress)` in a thread and yield what it reports as it comes; return its result
+    (`x = yield from ...`). The node checks report from their own threads; this turns that into
+    events a face reads in order. No bound here: every check inside carries its own."""
+    q: queue.Queue = queue.Queue()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = call(lambda check, node, text: q.put(CheckProgress(check, node, text)))
+        except BaseException as e:  # noqa: BLE001 - raised again below, in the caller's thread
+            out["error"] = e
+        finally:
+            q.put(None)
+
+    threading.Thread(target=run, name="node-checks", daemon=True).start()
+    while (ev := q.get()) is not None:
+        yield ev
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str,
+             connect_errors: Optional[dict[int, BaseException]] = None, bandwidth_seconds: float = 2.0,
+             rehearsal: bool = True, on_one_machine: bool = False) -> Iterator[Event]:
+    """The launch checks step by step: Stage and CheckProgress events, then one Checked.
+
+    One machine: only a busy port can go wrong before launch (unless `on_one_machine`, as `qwen-tui
+    check` asks: then its nodes get every check too). Several: the probe, port, firewall and
+    bandwidth checks, then the rehearsal when those passed, every node answered and `rehearsal`.
+    `connect_errors`: the nodes that could not be connected (reported as unreachable, not checked).
+    The advice rules and the checks overlap (a missing data file is both); each (code, node) is
+    said once."""
     from ..advice import advise
 
-    if all(n.is_local for n in preset.cluster.nodes):
+    nodes = preset.cluster.nodes
+    if all(n.is_local for n in nodes) and not on_one_machine:
         facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
         yield Checked(CheckResult(facts, list(advise(preset, facts))))
         return
@@ -245,14 +292,21 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
     from .rehearsal import add_rehearsal
 
     yield Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…")
-    rep = run_checks(preset, transports, local_python=local_python)
-    if rep.ok:
-        yield Stage("rehearsal", "rehearsal: rendezvous and all-reduce on every node…")
+    rep = yield from _with_progress(lambda say: run_checks(
+        preset, transports, connect_errors=connect_errors, bandwidth_seconds=bandwidth_seconds,
+        local_python=local_python, progress=say))
+    if rehearsal and rep.ok and len(transports) == len(nodes):
+        text = "rehearsal: rendezvous and all-reduce on every node…"
+        yield Stage("rehearsal", text)
+        yield CheckProgress("rehearsal", None, "rendezvous and all-reduce on every node")
         add_rehearsal(preset, transports, rep, local_python=local_python)
+        for i in range(len(nodes)):
+            v = rep.verdict(i, "rehearsal")
+            yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
     said = {(a.code, a.node) for a in advice}
     findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
-    yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict()))
+    yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 
 def check(preset: Preset, transports: dict[int, Transport], *, local_python: str) -> CheckResult:
@@ -263,6 +317,64 @@ def check(preset: Preset, transports: dict[int, Transport], *, local_python: str
             result = ev.result
     assert result is not None  # checking() always ends with Checked
     return result
+
+
+# ---------------------------------------------------------------- one step at a time (the wizard's keys)
+
+def probe(preset: Preset, transport: Transport, index: int, *, local_python: str) -> NodeFacts:
+    """Probe node `index` (Python stack, GPUs, data, disk) with the interpreter a run would use
+    there; a missing python is a fact in the result (NodeFacts.error), not an exception."""
+    from ..nodes.probe import probe_node
+
+    return probe_node(transport, preset, index, local_python=local_python)[0]
+
+
+def network_check(preset: Preset, transports: dict[int, Transport], which: str,
+                  facts: ClusterFacts) -> tuple[ClusterFacts, list]:
+    """Run one network check again ("port", "firewall" or "bandwidth"), the one `checking` runs:
+    a copy of `facts` with its fields measured afresh, and its findings (replace_findings puts
+    them in place of the old ones)."""
+    from ..nodes.checks import run_network_check
+
+    return run_network_check(preset, transports, which, facts)
+
+
+def replace_findings(old: list, new: list, which: str) -> list:
+    """The findings after network check `which` ran again: its columns' old findings go, the new come."""
+    from ..nodes.checks import replace_findings as replace
+
+    return replace(old, new, which)
+
+
+def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
+         overwrite: bool = False) -> tuple[list[str], int]:
+    """Copy the data, model and training code from the master to the nodes that lack them
+    (checksum-verified, as `check --sync`; with `overwrite`, also the copies that differ): a line
+    per node and kind, and how many differing copies were left as they were."""
+    from ..nodes.sync import sync_from_master
+
+    return sync_from_master(preset, transports, facts, overwrite=overwrite)
+
+
+def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[str] = None,
+               consent: Consent = False) -> KeySetupReport:
+    """Make (or use) the SSH key, install it on every remote node with `password` (memory only)
+    and check every node pair: per-node results, never the first error. Raises KeyLocked when
+    the key cannot be used at all."""
+    from ..nodes.keys import setup_keys as setup
+
+    return setup(preset, password, identity=identity, accept_new_host_keys=consent)
+
+
+def host_key(transport: Transport) -> str:
+    """The node's host key as `ssh-keygen -l` names it ("ssh-ed25519 SHA256:…"); "" for this machine."""
+    key = getattr(transport, "server_key", None)
+    if not callable(key):
+        return ""
+    from ..nodes.hostkeys import fingerprint
+
+    k = key()
+    return f"{k.get_name()} {fingerprint(k)}"
 
 
 # ---------------------------------------------------------------- plan, start

@@ -58,12 +58,19 @@ class WizardApp(LaunchGuard, App[int]):
         super().__init__()
         self.load_error: Optional[str] = None
         path = Path(preset_path) if preset_path else None
+        self.new_path = False  # a path that names no file yet: a new preset that ctrl+s saves there
         if preset is None and path is not None:
-            try:
-                preset = load_preset(path)
-            except PresetError as e:
-                self.load_error = str(e)
-                preset = None
+            if not os.path.lexists(path):
+                self.new_path = True
+                if path.stem.isprintable():  # named after its file, as its saved header will be
+                    preset = new_preset().with_changes({"name": path.stem})
+            else:
+                try:
+                    preset = load_preset(path)
+                except PresetError as e:
+                    self.load_error = str(e)
+                    # ctrl+s must not write the defaults over the file that failed to open
+                    path = None
         self.state = WizardState(preset=preset or new_preset(), path=path, facts=facts or ClusterFacts())
         self.state.recompute()
         self.runs_root = Path(runs_root).absolute() if runs_root else None
@@ -79,7 +86,12 @@ class WizardApp(LaunchGuard, App[int]):
             self.install_screen(cls(), name)
         self.push_screen("nodes")
         if self.load_error:
-            self.push_screen(Notice("The preset could not be opened", self.load_error))
+            self.push_screen(Notice("The preset could not be opened", self.load_error + "\n\nThe wizard starts "
+                                    "from a new preset; ctrl+s asks where to save it (the file above is left "
+                                    "as it is)."))
+        elif self.new_path:
+            self.notify(f"{self.state.path} does not exist yet: a new preset; ctrl+s saves it there",
+                        title="New preset")
         if self.reattach:
             self.call_after_refresh(self._reattach_if_running)
 

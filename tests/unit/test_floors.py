@@ -147,6 +147,21 @@ def test_the_wizard_state_and_the_launch_api_are_core():
         assert not {d for d in g[m] if d.startswith("ui") or d.startswith("cli")}, (m, g[m])
 
 
+# What talks to the nodes: a screen reaches these through the launch API (run.api), as the CLI does,
+# so the wizard and the commands connect, probe, check, sync and set up keys the same way.
+NODE_ACTIONS = {"nodes.checks", "nodes.connect", "nodes.probe", "nodes.keys", "nodes.sync", "nodes.netcheck"}
+
+
+def test_screens_talk_to_the_nodes_only_through_the_launch_api():
+    g = graph()
+    screens = [m for m in g if m.startswith("ui.screens.")]
+    assert {"ui.screens.nodes", "ui.screens.network", "ui.screens.ssh"} <= set(screens)
+    direct = {(m, d) for m in screens for d in g[m] if d in NODE_ACTIONS}
+    assert direct == set(), "screens that call the nodes directly (add a function to run/api.py): " + ", ".join(
+        f"qwen_tui.{m} -> qwen_tui.{d}" for m, d in sorted(direct))
+    assert all("run.api" in g[m] for m in ("ui.screens.nodes", "ui.screens.network", "ui.screens.ssh"))
+
+
 def test_ui_holds_only_textual_code():
     """Pure code belongs to its core room, not under ui/ (a module there draws with Textual or rich)."""
     pure = set()

@@ -17,8 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Select, Static
 
-from ...nodes.checks import replace_findings, run_checks, run_network_check
-from ...nodes.sync import sync_from_master
+from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
@@ -174,11 +173,15 @@ class NetworkScreen(StepScreen):
             self.post_message(ActionDone("net", error="; ".join(conns.errors_text())))
             return
 
-        def progress(check: str, node: Optional[int], text: str) -> None:
-            self.post_message(NodeProgress("net", -1 if node is None else node, check, error=text))
-
-        rep = run_checks(self.state.preset, conns.succeeded, local_python=self.wizard.local_python,
-                         progress=progress)
+        rep = None
+        # the same checks `check` and a launch run (the rehearsal is the launch's: Review, F5)
+        for ev in api.checking(self.state.preset, conns.succeeded, local_python=self.wizard.local_python,
+                               rehearsal=False, on_one_machine=True):
+            if isinstance(ev, api.CheckProgress):
+                self.post_message(NodeProgress("net", -1 if ev.node is None else ev.node, ev.check, error=ev.text))
+            elif isinstance(ev, api.Checked):
+                rep = ev.result.checks
+        assert rep is not None  # checking() ends with Checked; on_one_machine: with the node checks' report
         self.post_message(ActionDone("net", result=(rep.facts, rep.findings)))
 
     def on_node_progress(self, msg: NodeProgress) -> None:
@@ -199,7 +202,7 @@ class NetworkScreen(StepScreen):
         if not conns.ok:
             self.post_message(ActionDone("net-one", error="; ".join(conns.errors_text())))
             return
-        facts, findings = run_network_check(self.state.preset, conns.succeeded, which, self.state.facts)
+        facts, findings = api.network_check(self.state.preset, conns.succeeded, which, self.state.facts)
         self.post_message(ActionDone("net-one", result=(which, facts, findings)))
 
     def action_sync(self) -> None:
@@ -213,7 +216,7 @@ class NetworkScreen(StepScreen):
             self.post_message(ActionDone("net-sync", error="; ".join(conns.errors_text())
                                          or "the master is not connected"))
             return
-        lines, differ = sync_from_master(self.state.preset, conns.succeeded, self.state.facts, overwrite=overwrite)
+        lines, differ = api.sync(self.state.preset, conns.succeeded, self.state.facts, overwrite=overwrite)
         self.post_message(ActionDone("net-sync", result=(lines, differ)))
 
     def _sync_done(self, msg: ActionDone) -> None:
@@ -267,7 +270,7 @@ class NetworkScreen(StepScreen):
         which, facts, findings = msg.result
         st = self.state
         st.facts = st.facts.merged(facts)
-        st.net_findings = replace_findings(st.net_findings, findings, which)
+        st.net_findings = api.replace_findings(st.net_findings, findings, which)
         self.wizard.facts_changed()
         text, severity = verdict(st, findings, f"{which} check", whole=False)
         self.notify(text, severity=severity, title="Network check")

@@ -13,9 +13,9 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Label, Static
 
 from ...nodes import hostlists
-from ...nodes.probe import probe_node
 from ...nodes.sshconfig import ssh_config_import_text
 from ...preset import PresetError
+from ...run import api
 from ..messages import ActionDone, ChangePreset, NodeProgress
 from ..modals import Confirm, Form, ImportNodes, Notice
 from ...wizard_state import MARKS, connection_fix, finding_line
@@ -191,7 +191,7 @@ class NodesScreen(StepScreen):
                 return
             self.post_message(NodeProgress("probe", i, "probing"))
             try:
-                nf, _raw = probe_node(t, preset, i, local_python=self.wizard.local_python)
+                nf = api.probe(preset, t, i, local_python=self.wizard.local_python)
             except Exception as e:  # one node's failure is that node's row, not the app's
                 self.post_message(NodeProgress("probe", i, "error", error=f"{type(e).__name__}: {e}"))
                 return

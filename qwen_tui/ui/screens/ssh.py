@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Static
 
+from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import PasswordPrompt
 from ...wizard_state import connection_fix
@@ -115,14 +116,7 @@ class SSHScreen(StepScreen):
             if isinstance(r, BaseException):
                 self.post_message(NodeProgress("ssh", i, "error", error=str(r), fix=connection_fix(r)))
             else:
-                fp = ""
-                key = getattr(r, "server_key", None)
-                if callable(key):
-                    from ...nodes.hostkeys import fingerprint
-
-                    k = key()
-                    fp = f"{k.get_name()} {fingerprint(k)}"
-                self.post_message(NodeProgress("ssh", i, "connected", facts=fp))
+                self.post_message(NodeProgress("ssh", i, "connected", facts=api.host_key(r)))
         self.post_message(ActionDone("ssh"))
 
     def on_node_progress(self, msg: NodeProgress) -> None:
@@ -166,11 +160,9 @@ class SSHScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
     def install_key(self) -> None:
-        from ...nodes.keys import setup_keys
-
         st = self.state
         ident = os.path.expanduser(st.preset.cluster.identity_file) if st.preset.cluster.identity_file else None
-        rep = setup_keys(st.preset, self.wizard.password, identity=ident, accept_new_host_keys=self.wizard.ask_host_key)
+        rep = api.setup_keys(st.preset, self.wizard.password, identity=ident, consent=self.wizard.ask_host_key)
         self.app.call_from_thread(self._keys_done, rep)
 
     def _keys_done(self, rep) -> None:

@@ -1,0 +1,94 @@
+"""The node checks report as they go: api.checking yields each node's outcome (CheckProgress)
+before the result, and `qwen-tui check` on a terminal shows a line per node that changes as
+its checks finish, then the matrix. Real probes and port checks on this machine."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.preset import load_preset
+from qwen_tui.run import api
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "presets" / "local-demo.yaml"
+
+
+def _free_port_copy(tmp_path: Path, host1: str = "localhost") -> Path:
+    """The demo preset on a free master port (the demo's may be busy with another run here)."""
+    d = yaml.safe_load(DEMO.read_text())
+    d["cluster"]["nodes"][1]["host"] = host1
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        d["network"]["master_port"] = so.getsockname()[1]
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_checking_streams_each_nodes_outcome_before_the_result(tmp_path):
+    p = load_preset(_free_port_copy(tmp_path))
+    ts = {0: LocalTransport(), 1: LocalTransport()}
+    assert [type(e) for e in api.checking(p, ts, local_python=sys.executable)] == [api.Checked]  # launch: port only
+    evs = list(api.checking(p, ts, local_python=sys.executable, rehearsal=False, on_one_machine=True))
+    assert isinstance(evs[-1], api.Checked) and evs[-1].result.checks is not None
+    progress = [e for e in evs if isinstance(e, api.CheckProgress)]
+    assert {(e.check, e.node) for e in progress} >= {("probe", None), ("probe", 0), ("probe", 1), ("port", 1)}
+    assert "rehearsal" not in {e.check for e in progress}
+    rep = evs[-1].result.checks
+    assert rep.verdict(0, "python") == "ok" and rep.verdict(1, "port") == "ok"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_check_on_a_terminal_shows_a_live_line_per_node(tmp_path):
+    from tests.ui.test_tmux import tmux, wait_for
+
+    session = f"qc-{uuid.uuid4().hex[:8]}"
+    p = _free_port_copy(tmp_path)
+    cmd = (f"stty cols 150 rows 40; cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} "
+           f"{shlex.quote(sys.executable)} -m qwen_tui.cli check {shlex.quote(str(p))} --no-rehearsal "
+           "--bandwidth-seconds 1; echo EXITED=$?; sleep 30")
+    tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "40", cmd)
+    try:
+        # while it runs: the check now, and each node's line with what finished (ssh) and what runs
+        s = wait_for(session, "0 localhost", "1 localhost", "✔ ssh", timeout=60)
+        assert "… " in s and "qwen-tui check /" not in s
+        seen = {s}
+        deadline = time.monotonic() + 120
+        while "EXITED=" not in s and time.monotonic() < deadline:
+            s = tmux("capture-pane", "-p", "-t", session)
+            seen.add(s)
+            time.sleep(0.3)
+        assert any("✔ probe" in x and "qwen-tui check /" not in x for x in seen)  # the line changed
+        assert "EXITED=0" in s and "all checks passed" in s
+        assert "✔ ssh" not in s  # the live lines are gone; the matrix stays
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+
+
+def test_check_with_an_unreachable_node_prints_its_matrix_and_exits_1(tmp_path):
+    """"not checked" has no colour of its own: the matrix once crashed on it (a rich MarkupError)."""
+    import os
+
+    p = _free_port_copy(tmp_path, host1="node-gone.invalid")
+    r = subprocess.run([sys.executable, "-m", "qwen_tui.cli", "check", str(p), "--no-rehearsal"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"})
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    row = next(ln for ln in r.stdout.splitlines() if "1 node-gone.invalid" in ln and "│" in ln)
+    assert "error" in row and row.count("not checked") >= 10, row
+    assert "ssh       1 node-gone.invalid cannot connect" in r.stdout  # its progress line, before the matrix
+    assert re.search(r"^error +node-gone\.invalid +UNREACHABLE: ", r.stdout, re.M), r.stdout
+    assert re.search(r"^\d+ error\(s\)$", r.stdout, re.M), r.stdout

@@ -1,0 +1,165 @@
+"""A new user's first run, in a real terminal, with the keyboard only: the installed
+`qwen-tui` started on a preset file that does not exist yet goes through every step
+(Nodes probe, SSH, Network port, Training form, Review) to a finished local run with its
+loss on screen, then launches a second run from the same Run screen and sees that one
+start and finish too (the second launch once hung at "starting"). ctrl+s then writes
+the new preset where the command line named it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from qwen_tui.preset import load_preset
+
+from .conftest import free_port, run_processes
+from .test_tmux import ROOT, tmux, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+RUN_WAIT_S = 120.0  # one tiny CPU run: about 35 s on an idle 2-core machine, three times that under load
+
+
+def screen(session: str) -> str:
+    return tmux("capture-pane", "-p", "-t", session)
+
+
+def keys(session: str, *ks: str, pause: float = 0.3) -> None:
+    """Key by key, as a person types: a key sent while a step still mounts is not lost in a batch."""
+    for k in ks:
+        tmux("send-keys", "-t", session, k)
+        time.sleep(pause)
+
+
+def type_into(session: str, text: str) -> None:
+    """Replace the focused input's value."""
+    keys(session, "End", "C-u")
+    tmux("send-keys", "-t", session, "-l", text)
+    time.sleep(0.3)
+
+
+def run_dir_on_screen(session: str, runs: Path, timeout: float) -> str:
+    """The run id of the run the Run screen shows (its header names the run directory)."""
+    s = wait_for(session, f"run dir {runs}/", timeout=timeout)
+    m = re.search(re.escape(f"run dir {runs}/") + r"(\S+)", s)
+    assert m, s
+    return m.group(1)
+
+
+def stop_leftovers(runs: Path) -> None:
+    """A failed test must leave no training behind: stop every run it started, then any straggler."""
+    exe = Path(sys.executable).with_name("qwen-tui")
+    for rd in sorted(runs.glob("*/")) if runs.is_dir() else []:
+        subprocess.run([str(exe), "attach", str(rd), "--stop"], capture_output=True, timeout=60,
+                       env={**os.environ, "QWEN_TUI_RUNS": str(runs)})
+        for pid in run_processes(rd.name):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_new_preset_to_two_finished_runs(tmp_path):
+    session = f"qt-{uuid.uuid4().hex[:8]}"
+    exe = Path(sys.executable).with_name("qwen-tui")
+    runs, out, preset = tmp_path / "runs", tmp_path / "out", tmp_path / "my-first.yaml"
+    port = free_port()
+    env = f"PYTHONPATH={shlex.quote(str(ROOT))} QWEN_TUI_RUNS={shlex.quote(str(runs))}"
+    # stty: the pty's size for the app from its first frame (a detached tmux may start it at 80x24)
+    cmd = (f"stty cols 160 rows 48; cd {shlex.quote(str(ROOT))} && {env} {shlex.quote(str(exe))} {shlex.quote(str(preset))}; "
+           "echo EXITED=$?; sleep 60")
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", cmd)
+    t0 = time.monotonic()
+    try:
+        # a path that names no file is a new preset, not an error
+        s = wait_for(session, "does not exist yet", "Nodes: the machines of this run", timeout=30)
+        assert "could not be opened" not in s
+        assert "my-first" in s.splitlines()[0]  # named after its file
+
+        # 1 Nodes: probe this machine
+        keys(session, "p")
+        wait_for(session, "✔ probed", timeout=60)
+
+        # 2 SSH: one local node needs none
+        keys(session, "F2")
+        wait_for(session, "Every node is this machine")
+
+        # 3 Network: a free master port (the focus starts on the table; the port is four fields back)
+        keys(session, "F3")
+        wait_for(session, "Network: workers reach the master")
+        keys(session, "BTab", "BTab", "BTab", "BTab")
+        type_into(session, str(port))
+        wait_for(session, str(port))
+
+        # 4 Training: the first field has focus; Tab walks the form. Selects open with Enter.
+        keys(session, "F4")
+        wait_for(session, "model (hub id or path)", "builtin:tiny")
+        keys(session, *["Tab"] * 8)  # -> ZeRO stage
+        keys(session, "Enter", "Up", "Enter")  # ZeRO-2 -> none (DDP)
+        keys(session, "Tab", "Enter", "Down", "Down", "Enter")  # precision bf16 -> fp32
+        keys(session, "Tab", "Enter", "Down", "Down", "Enter")  # device auto -> CPU
+        keys(session, "Tab", "Tab")  # GPU type stays; -> sequence length
+        type_into(session, "128")
+        keys(session, "Tab")
+        type_into(session, "4")  # batch per GPU
+        keys(session, "Tab")
+        type_into(session, "1")  # accumulation
+        keys(session, "Tab", "Tab")  # gradient checkpointing stays; -> learning rate
+        type_into(session, "0.002")
+        keys(session, "Tab", "Tab")  # epochs stay; -> max steps
+        type_into(session, "4")
+        keys(session, "Tab")
+        type_into(session, str(out))
+        wait_for(session, "none (DDP)", "fp32", "CPU", "out")
+
+        # 5 Review: the plan holds what was typed
+        keys(session, "F5")
+        s = wait_for(session, "Commands per node", "--max_steps 4")
+        assert f"--master_port {port}" in s.replace("\n", " ") or str(port) in s
+        assert "--use_cpu" in s and str(out) in s.replace("\n", "")
+
+        # 6 Run: launch, follow to the end, the loss on screen
+        keys(session, "l")
+        first = run_dir_on_screen(session, runs, timeout=60)
+        s = wait_for(session, "ok: training finished on every node", "step 4/4", timeout=RUN_WAIT_S)
+        assert re.search(r"loss \d+\.\d+", s), s
+
+        # a second launch from the same screen: it asks about the output dir, then shows the new run
+        keys(session, "l")
+        wait_for(session, "The output directory already holds a run", timeout=30)
+        keys(session, "y")
+        deadline = time.monotonic() + 60
+        second = first
+        while second == first and time.monotonic() < deadline:
+            second = run_dir_on_screen(session, runs, timeout=60)
+            time.sleep(0.5)
+        assert second != first, "the Run screen still shows the first run after the second launch"
+        s = wait_for(session, "ok: training finished on every node", "step 4/4", timeout=RUN_WAIT_S)
+        assert "starting:" not in s
+        assert re.search(r"loss \d+\.\d+", s), s
+        assert {p.name for p in runs.iterdir()} == {first, second}
+        for rid in (first, second):
+            assert json.loads((runs / rid / "state.json").read_text())["status"] == "ok", rid
+
+        # ctrl+s writes the new preset where the command line named it
+        keys(session, "C-s")
+        deadline = time.monotonic() + 20
+        while not preset.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        saved = load_preset(preset)
+        assert (saved.name, saved.training.max_steps, saved.network.master_port) == ("my-first", 4, port)
+        assert saved.training.output_dir == str(out)
+
+        keys(session, "C-q")
+        wait_for(session, "EXITED=0", timeout=30)
+        assert time.monotonic() - t0 < 280
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        stop_leftovers(runs)
