@@ -195,10 +195,16 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         return 0
     conns = api.Connections()
     try:
-        la = None
+        la, labels = None, {}
         for ev in api.launch(req, conns):
-            if isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal"):
+            if isinstance(ev, api.Connected):
+                labels = ev.labels
+            elif isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal"):
                 console.print(ev.text)
+            elif isinstance(ev, api.CheckProgress) and ev.node is not None:
+                # each node's outcome as it comes: checks of a slow cluster take tens of seconds
+                console.print(f"  {escape(ev.check)}: node {ev.node} ({escape(str(labels.get(ev.node, '?')))}): "
+                              f"{escape(ev.text)}", style="dim", highlight=False)
             elif isinstance(ev, api.Checked):
                 print_advice(ev.result.items, console)
             elif isinstance(ev, api.Planned):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -61,6 +62,10 @@ def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, ssh
         r = _cli("replay", str(p), "--runs-dir", str(tmp_path / "runs"), "--max-seconds", "60")
         assert r.returncode != 0
         assert "not launched" in r.stdout and "node 2" in r.stdout and port in r.stdout, r.stdout[-3000:]
+        # replay shows each node's check outcome as it comes, before the verdict, as check does
+        before = r.stdout.split("not launched", 1)[0]
+        assert re.search(r"port: node 2 \(node2\): cannot reach the master port", before), before[-3000:]
+        assert re.search(r"port: node 1 \(node1\): reaches the master port", before), before[-3000:]
         assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
         assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     finally:
