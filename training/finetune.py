@@ -11,7 +11,8 @@
 
 `--help` lists every flag. Exit codes: 0 trained and saved; 2 bad input or
 configuration (one line on stderr naming the file, record or flag; nothing
-written to the output directory); 1 anything else (the traceback is on stderr
+written to the output directory); SIGTERM stops it quietly with one line, "stopped by
+request at step N" (exit 0 under torchrun, see training/stop.py); 1 anything else (the traceback is on stderr
 and metrics.jsonl gets an {"event": "end", "status": "error"} record).
 """
 
@@ -26,6 +27,7 @@ import traceback
 
 from training.args import parse_args
 from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.stop import StopSignal
 
 log = logging.getLogger("training")
 
@@ -39,14 +41,6 @@ def _setup_logging() -> None:
     )
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # avoids fork warnings with loader workers
-
-
-class Terminated(Exception):
-    """SIGTERM (torchrun stopping the job): unwinds like an error so metrics.jsonl gets its end record."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated(f"stopped by signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
     recipe = FinetuneRecipe(args)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stop = StopSignal()  # SIGTERM: a quiet stop with one line, not a traceback (training/stop.py)
+    previous = stop.install()
     # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits. To the
     # process's own stderr (sys.stderr may be a stand-in without a file descriptor when main() is called in-process).
     if sys.__stderr__ is not None:
@@ -90,17 +85,31 @@ def main(argv: list[str] | None = None) -> int:
             recipe.evaluate()
         recipe.finish()
         return EXIT_OK
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Exception as e:
+        if stop.requested:  # whatever unwound (the signal, or a collective whose peer stopped first) is the stop
+            return _stopped(recipe, stop)
+        if isinstance(e, InputError):
+            print(f"error: {e}", file=sys.stderr)
+            recipe.fail(e)
+            return EXIT_BAD_INPUT
+        traceback.print_exc()  # report, record in metrics.jsonl, and exit non-zero
         recipe.fail(e)
-        return EXIT_BAD_INPUT
-    except (Exception, KeyboardInterrupt) as e:  # report, record in metrics.jsonl, and exit non-zero
+        return EXIT_FAILED
+    except KeyboardInterrupt as e:  # report, record in metrics.jsonl, and exit non-zero
         traceback.print_exc()
         recipe.fail(e)
         return EXIT_FAILED
     finally:
         signal.signal(signal.SIGTERM, previous)
         recipe.cleanup()
+
+
+def _stopped(recipe, stop: StopSignal) -> int:
+    """A requested stop: one line in the log, the end record says stopped, no traceback."""
+    log.warning("%s", stop.line(recipe.step if recipe.started else None))
+    if recipe.started and recipe.metrics is not None:
+        recipe.metrics.write({"event": "end", "status": "stopped", "step": recipe.step})
+    return stop.exit_code()
 
 
 def _exit_now(code: int) -> None:

@@ -24,7 +24,7 @@ import shlex
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ..shell import JOB_MARK, RUN_MARK  # the marks live with the job wrapper that sets them
 
@@ -144,16 +144,46 @@ def signal_job(t: JobHost, ref: JobRef, sig: int) -> int:
     return t.kill_procs(found, sig) if found else 0
 
 
-def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0) -> bool:
-    """SIGTERM the job's processes, wait up to `grace` seconds, then SIGKILL. True when
-    nothing of it is left. Touches only processes that prove they are the job's."""
-    if not job_alive(t, ref):
+def workers(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
+    """The job's processes outside its leader's group: the ranks torchrun started (each in a
+    session of its own) and whatever they started."""
+    return [p for p in members(ref, procs) if p.pgrp != ref.pid]
+
+
+def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
+             on_phase: Optional[Callable[[str], None]] = None) -> bool:
+    """Stop the job; True when nothing of it is left. Touches only processes that prove they are
+    the job's. `on_phase(text)` hears each phase, for a face that shows the stop's progress.
+
+    The ranks are asked first (SIGTERM to them alone): the worker ends quietly with one line
+    (training/stop.py), its torchrun agent then sees its workers done and exits on its own, and
+    the job shell writes the exit code; no agent is interrupted into printing a traceback.
+    What is left after `grace` seconds gets SIGTERM, then SIGKILL."""
+    say = on_phase or (lambda text: None)
+    if ref.pid <= 1:
         return True
+    procs = t.job_procs(ref.pid, ref.run_id)
+    if not members(ref, procs):
+        say("stopped (nothing was running)")
+        return True
+    deadline = time.monotonic() + grace
+    ranks = workers(ref, procs)
+    if ranks:
+        t.kill_procs(ranks, signal.SIGTERM)
+        say(f"waiting for {len(ranks)} worker process(es) to stop (up to {grace:g} s)")
+        if _gone_within(t, ref, grace):
+            say("stopped")
+            return True
+    say("SIGTERM to the rest of the job")
     signal_job(t, ref, signal.SIGTERM)
-    if _gone_within(t, ref, grace):
+    if _gone_within(t, ref, max(1.0, deadline - time.monotonic())):
+        say("stopped")
         return True
+    say("SIGKILL")
     signal_job(t, ref, signal.SIGKILL)
-    return _gone_within(t, ref, 5.0)
+    gone = _gone_within(t, ref, 5.0)
+    say("stopped (killed)" if gone else "processes survive")
+    return gone
 
 
 def _gone_within(t: JobHost, ref: JobRef, bound: float) -> bool:

@@ -140,11 +140,30 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Stopping:
+    """A stop in progress (it can take seconds: the workers are asked, waited for, then killed):
+    node index -> where its stop is; `labels` names the nodes."""
+
+    nodes: dict[int, str]
+    labels: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def text(self) -> str:
+        parts = [f"node {r}" + (f" ({self.labels[r]})" if r in self.labels else "") + f" {what}"
+                 for r, what in sorted(self.nodes.items())]
+        if not parts:
+            return "stopping every node…"
+        return f"stopping ({self.seconds:.0f} s): " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class Ended:
     outcome: RunOutcome
 
 
-Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Ended]
+Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Stopping,
+              Ended]
 
 
 # ---------------------------------------------------------------- connect
@@ -525,16 +544,22 @@ def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) 
 
 def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] = None,
            log_rank: Optional[Callable[[], int]] = None, log_lines: int = 60,
-           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Union[Snapshot, Ended]]:
+           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Union[Snapshot, Stopping, Ended]]:
     """Watch a running job: a Snapshot per look (every `interval` s), then Ended with the outcome.
-    `la.request_stop()` (from any thread) stops every node and ends it as stopped; `max_seconds`
-    stops it as failed. When `cancelled()` turns true (the face is closing) it returns without
-    Ended: the job runs on, to be found again by attach. `log_rank()`: whose log tail to copy."""
+    `la.request_stop()` (from any thread) stops every node, with a Stopping event every quarter
+    second while it runs, and ends it as stopped; `max_seconds` stops it as failed. When
+    `cancelled()` turns true (the face is closing) it returns without Ended: the job runs on, to be
+    found again by attach. `log_rank()`: whose log tail to copy."""
     import time
 
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     while True:
         if cancelled():
+            return
+        if la.stop_requested:
+            out = yield from _stopping(la)
+            yield snapshot(la, log_rank() if log_rank else None, log_lines)
+            yield Ended(out)
             return
         out = la.step(deadline=deadline, max_seconds=max_seconds)
         yield snapshot(la, log_rank() if log_rank else None, log_lines)
@@ -542,6 +567,26 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] 
             yield Ended(out)
             return
         la.pause(interval)
+
+
+def _stopping(la: Launcher, every: float = 0.25) -> Iterator[Stopping]:
+    """Stop every node on a thread of its own and say how far each is while it runs; returns the
+    outcome (the generator's value)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+    labels = {c.rank: c.label for c in la.plan.nodes}
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stop") as ex:
+        fut = ex.submit(la.stop_and_record)
+        while True:
+            yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)
+            try:
+                out = fut.result(timeout=every)[0]  # a bug in the stop raises here, on the follower's thread
+            except FutureTimeout:
+                continue
+            yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)  # each node's last word
+            return out
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,8 @@ class Launcher:
                                        keep_at=metrics_keep_at)
         self._stop_requested = threading.Event()
         self._lock = threading.Lock()
+        self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
+        self._phases_lock = threading.Lock()
 
     # ------------------------------------------------------------ start / attach
     def start(self) -> None:
@@ -221,7 +223,10 @@ class Launcher:
         if all(s.status == OK for s in self.nodes.values()):
             self.metrics.poll()
             end = self.metrics.progress.end
-            if end and end.get("status") != "ok":
+            if end and end.get("status") == "stopped":  # its workers were stopped (another view's stop-all)
+                out = RunOutcome("stopped", f"stopped at step {end.get('step')}; every node's processes ended",
+                                 None, self.nodes)
+            elif end and end.get("status") != "ok":
                 out = RunOutcome("failed", f"training ended with status {end.get('status')}: {end.get('error', '')}",
                                  0, self.nodes, cause="TRAINING_ERROR")
             else:
@@ -309,6 +314,19 @@ class Launcher:
         """Thread-safe: make wait() stop every node and return."""
         self._stop_requested.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def stop_progress(self) -> dict[int, str]:
+        """Thread-safe: rank -> the phase of its stop (jobs.stop_job's words), while stop_all runs."""
+        with self._phases_lock:
+            return dict(self._phases)
+
+    def _phase(self, rank: int, text: str) -> None:
+        with self._phases_lock:
+            self._phases[rank] = text
+
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
         """Stop every node, record the run as stopped; also the ranks where something survived."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
@@ -324,17 +342,25 @@ class Launcher:
     def stop_all(self) -> dict[int, bool]:
         """Stop every node's process group in parallel. rank -> True when nothing is left."""
         with self._lock:
+            with self._phases_lock:
+                self._phases = {c.rank: "stopping" for c in self.plan.nodes}
+
             def stop(c: NodeCommand) -> bool:
                 ref = self._ref(c.rank)
                 if ref is None:
+                    self._phase(c.rank, "stopped (nothing was running)")
                     return True
                 # only processes that prove they are this run's job are signalled
-                gone = stop_job(self.transports[c.rank], ref, grace=self.stop_grace)
+                gone = stop_job(self.transports[c.rank], ref, grace=self.stop_grace,
+                                on_phase=lambda text: self._phase(c.rank, text))
                 if self.nodes[c.rank].status == RUNNING:
                     self.nodes[c.rank].status = STOPPED
                 return gone
 
             res = _parallel(stop, self.plan.nodes)
+            for r, v in res.items():
+                if isinstance(v, Exception):
+                    self._phase(r, f"cannot stop: {type(v).__name__}: {v}")
         return {r: (v is True) for r, v in res.items()}
 
     def log_tail(self, rank: int, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:

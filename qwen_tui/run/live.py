@@ -89,8 +89,17 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     if watch is not None:
         watch.start()
     try:
+        said: dict[int, str] = {}  # each node's stop phase, printed as it changes
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
+                if isinstance(ev, api.Stopping):  # a stop takes seconds: say where each node is
+                    for r, what in sorted(ev.nodes.items()):
+                        if said.get(r) != what:
+                            said[r] = what
+                            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}",
+                                               style="yellow"))
+                    live.update(Group(render(la), Text(ev.text, style="yellow")))
+                    continue
                 live.update(render(la))
                 if isinstance(ev, api.Ended):
                     out = ev.outcome

@@ -110,6 +110,13 @@ def test_sigint_stops_every_process(tmp_path):
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out[-2000:]
     assert "stopped by the user" in out
+    # the stop's progress, a line per node as its phase changes, and a quiet end in every node's log
+    for r in (0, 1):
+        assert f"stopping: node {r} (localhost) waiting for" in out, out[-3000:]
+        assert f"stopping: node {r} (localhost) stopped" in out, out[-3000:]
+    for r in (0, 1):
+        log = (rd / f"node-{r}.log").read_text(errors="replace")
+        assert "Traceback" not in log and "stopped by request at step" in log.splitlines()[-1], log[-2000:]
     assert json.loads((rd / "state.json").read_text())["status"] == "stopped"
     assert run_processes(rd.name) == []
 
