@@ -83,6 +83,16 @@ class RunUpdate(Message):
 
 
 @dataclass(eq=False)
+class RunStopping(Message):
+    """A stop in progress (run.api.Stopping: where each node's stop is). Coalesces."""
+
+    stopping: Any
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunStopping)
+
+
+@dataclass(eq=False)
 class RunEnded(Message):
     """The run's outcome (run.launcher.RunOutcome)."""
 

@@ -12,14 +12,15 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label, Log, Static
+from textual.widgets import Label, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
-from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunStarted, RunUpdate
+from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunStarted, RunStopping, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
+from ..widgets.log_pane import LogPane
 from ..widgets.loss_chart import LossChart
 from .base import StepScreen
 
@@ -50,7 +51,7 @@ class RunScreen(StepScreen):
                 yield LossChart(id="loss")
             with Vertical(id="log-box"):
                 yield Label("Log", id="log-title", classes="section")
-                yield Log(id="log", max_lines=400)
+                yield LogPane(id="log")
 
     def refresh_state(self) -> None:
         st = self.state
@@ -127,7 +128,12 @@ class RunScreen(StepScreen):
                 self.post_message(RunStarted(ev.launcher))
                 for got in api.follow(ev.launcher, interval=1.0, log_rank=lambda: self.log_rank,
                                       cancelled=lambda: worker.is_cancelled or not self.app.is_running):
-                    self.post_message(RunUpdate(got) if isinstance(got, api.Snapshot) else RunEnded(got.outcome))
+                    if isinstance(got, api.Snapshot):
+                        self.post_message(RunUpdate(got))
+                    elif isinstance(got, api.Stopping):
+                        self.post_message(RunStopping(got))
+                    else:
+                        self.post_message(RunEnded(got.outcome))
                 return
             self.post_message(LaunchEvent(ev))
 
@@ -208,12 +214,18 @@ class RunScreen(StepScreen):
             if p.rank in snap.nodes:
                 p.set_status(*snap.nodes[p.rank])
         self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12))
-        log = self.query_one(Log)
-        log.clear()
-        log.write_lines(snap.log)
+        self.query_one(LogPane).show(snap.log_rank, snap.log)
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})  ·  n: next node")
+
+    def on_run_stopping(self, msg: RunStopping) -> None:
+        """A stop takes seconds (each node's workers are asked, waited for, then killed): say where each node is."""
+        ev: api.Stopping = msg.stopping
+        self._status(Text(ev.text, style="yellow"))
+        for p in self.query(GpuPanel):
+            if p.rank in ev.nodes:
+                p.set_status("stopping", None, note=ev.nodes[p.rank])
 
     def on_run_ended(self, msg: RunEnded) -> None:
         out = msg.outcome

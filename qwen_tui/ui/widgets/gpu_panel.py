@@ -13,7 +13,7 @@ from ...run.gpumon import NodeSample
 from .bars import bar
 
 _STATUS = {"running": "green", "ok": "bold green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
-           "pending": "dim"}
+           "pending": "dim", "stopping": "yellow"}
 
 
 class GpuPanel(Static):
@@ -22,14 +22,15 @@ class GpuPanel(Static):
         self.rank, self.label = rank, label
         self.sample: Optional[NodeSample] = None
         self.status, self.error = "pending", None
+        self.note: Optional[str] = None  # where its stop is, while the run stops
         self.border_title = f"node {rank}: {label}"
 
     def set_sample(self, s: NodeSample) -> None:
         self.sample = s
         self._redraw()
 
-    def set_status(self, status: str, error: Optional[str]) -> None:
-        self.status, self.error = status, error
+    def set_status(self, status: str, error: Optional[str], note: Optional[str] = None) -> None:
+        self.status, self.error, self.note = status, error, note
         self.set_class(status in ("failed", "lost"), "-failed")
         self._redraw()
 
@@ -37,6 +38,8 @@ class GpuPanel(Static):
         rows: list = []
         head = Text()
         head.append(self.status, style=_STATUS.get(self.status, ""))
+        if self.note:
+            head.append(f": {self.note}", style="yellow")
         rows.append(head)
         if self.error:
             rows.append(Text(self.error[-300:], style="red"))

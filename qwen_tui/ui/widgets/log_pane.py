@@ -1,0 +1,81 @@
+"""The Run screen's log pane: one node's log tail, long lines wrapped to the pane's width (a
+300-character traceback line is read without scrolling sideways), following the tail as lines
+arrive until the user scrolls up, then staying where they are, as a log viewer does.
+
+Each update brings the node's last lines (run.api.Snapshot.log); only the lines not shown yet
+are appended, so a user who scrolled up keeps their place. The pane holds a bounded number of
+lines (more while the user reads back), and its text is one Static: cheap to refresh each second."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+KEEP = 400  # lines held while following the tail
+KEEP_READING = 2000  # while the user reads back: the lines under them are not dropped so soon
+SKIPPED = "… (lines skipped: more arrived between two looks than one look reads)"
+
+
+def new_lines(shown: list[str], tail: list[str]) -> tuple[list[str], bool]:
+    """The lines of `tail` (a log's last lines) that come after what `shown` already ends with, and
+    whether they join on (False: nothing in `tail` overlaps `shown`, so lines may have been missed)."""
+    if not shown:
+        return list(tail), True
+    for k in range(min(len(shown), len(tail)), 0, -1):
+        if shown[-k:] == tail[:k]:
+            return tail[k:], True
+    return list(tail), False
+
+
+class LogPane(VerticalScroll, can_focus=True):
+    DEFAULT_CSS = """
+    LogPane { overflow-x: hidden; }
+    LogPane > #log-text { width: 100%; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.rank: Optional[int] = None
+        self.lines: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="log-text")
+
+    def on_mount(self) -> None:
+        self.anchor()  # at the bottom as content grows, until the user scrolls (textual releases it)
+
+    @property
+    def following(self) -> bool:
+        """At the tail (anchored), not scrolled up by the user (which releases textual's anchor)."""
+        return self.is_anchored and not getattr(self, "_anchor_released", False)
+
+    def show(self, rank: Optional[int], tail: list[str]) -> None:
+        """The latest tail of node `rank`'s log: a new node starts afresh at the bottom."""
+        if rank != self.rank:
+            self.rank, self.lines = rank, []
+            self.anchor()
+            self.query_one("#log-text", Static).update("")
+        if not tail:  # nothing read this time (a node gone for a moment): keep what is shown
+            return
+        # the last line shown may have been caught half-written: it is always taken again from the tail
+        base = self.lines[:-1]
+        add, joined = new_lines(base, tail)
+        lines = base + ([] if joined else [SKIPPED]) + add
+        del lines[:-(KEEP if self.following else KEEP_READING)]
+        if lines == self.lines:
+            return
+        self.lines = lines
+        self.query_one("#log-text", Static).update(self._text())
+
+    def clear(self) -> None:
+        self.rank, self.lines = None, []
+        self.query_one("#log-text", Static).update("")
+        self.anchor()
+
+    def _text(self) -> Text:
+        # a log's colours arrive as ANSI codes; a word longer than the width (a path) folds
+        return Text.from_ansi("\n".join(self.lines), no_wrap=False, overflow="fold")
