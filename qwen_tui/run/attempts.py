@@ -146,6 +146,10 @@ def attempt_note(state: Mapping[str, Any]) -> Optional[str]:
     if len(attempts) == 1 and not cur.get("restart_refused"):
         return None
     parts = [f"attempt {len(attempts)}{allowed}"]
+    prev = attempts[-2] if len(attempts) > 1 and isinstance(attempts[-2], dict) else {}
+    if type(prev.get("failed_rank")) is int:  # why this attempt was needed
+        cause = f" ({prev['cause']})" if prev.get("cause") else ""
+        parts.append(f"after node {prev['failed_rank']} ({prev.get('failed_node', '?')}) failed{cause}")
     if cur.get("excluded"):
         parts.append("without " + ", ".join(map(str, cur["excluded"])))
     if len(attempts) > 1:

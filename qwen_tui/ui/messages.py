@@ -83,6 +83,13 @@ class RunUpdate(Message):
 
 
 @dataclass(eq=False)
+class RunNote(Message):
+    """A line about the run between its attempts (run.restarts: which node failed, what the next attempt does)."""
+
+    text: str
+
+
+@dataclass(eq=False)
 class RunStopping(Message):
     """A stop in progress (run.api.Stopping: where each node's stop is). Coalesces."""
 

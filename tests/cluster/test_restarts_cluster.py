@@ -102,7 +102,8 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
         assert a2["batch"] == "1 per device x 3 accumulation x 1 GPUs per node x 2 nodes = 6", a2
         resumed = int(a2["resume_from"].rsplit("-", 1)[1])
         assert resumed >= first_ckpt and resumed % SAVE_STEPS == 0, (a2, first_ckpt)
-        assert f"attempt 2 of 2; without {node2}; resumed from" in text  # the live view said so
+        # the live view said so, and why: the failed node of attempt 1
+        assert "attempt 2 of 2; after node 2 (" in text and f"; without {node2}; resumed from" in text
 
         # one metrics record for both attempts, kept in the run directory
         recs = _records(rd / "metrics.jsonl")

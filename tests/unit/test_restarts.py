@@ -117,6 +117,11 @@ def test_attempt_note_reads_the_attempts_of_state_json():
          "batch": "1 per device x 3 accumulation x 2 GPUs = 6"}]}
     assert attempt_note(state) == ("attempt 2 of 2; without node2; resumed from out/checkpoint-4; "
                                    "batch 1 per device x 3 accumulation x 2 GPUs = 6")
+    # the failed attempt's node and cause, when state.json has them (run/restarts.py records them)
+    state["attempts"][0].update(failed_rank=1, failed_node="node2", cause="NCCL_TIMEOUT")
+    assert attempt_note(state).startswith("attempt 2 of 2; after node 1 (node2) failed (NCCL_TIMEOUT); without node2;")
+    state["attempts"][0]["cause"] = None
+    assert "; after node 1 (node2) failed; " in attempt_note(state)
 
 
 def test_restarts_and_exclude_failed_in_the_preset(tmp_path, capsys):

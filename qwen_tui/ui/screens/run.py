@@ -17,12 +17,16 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
-from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunStarted, RunStopping, RunUpdate
+from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.log_pane import LogPane
 from ..widgets.loss_chart import LossChart
 from .base import StepScreen
+
+
+class _Detached(Exception):
+    """The follower stops because the app is closing; the run goes on."""
 
 
 class RunScreen(StepScreen):
@@ -101,7 +105,7 @@ class RunScreen(StepScreen):
         req = api.LaunchRequest(st.preset, root, new_run_id(st.preset.name or (st.path.stem if st.path else None)),
                                 base_dir=app.base_dir, local_python=app.local_python, force=force,
                                 facts=st.facts, consent=app.ask_host_key, password=app.password)
-        self._run_events(api.launch(req, st.conns))
+        self._run_events(api.launch(req, st.conns), relaunch=req)
 
     def attach(self, rd: RunDir) -> None:
         if self._when_mounted(lambda: self.attach(rd)):
@@ -119,23 +123,47 @@ class RunScreen(StepScreen):
         self._run_events(api.attach(rd.path, app.state.conns, consent=app.ask_host_key, password=app.password,
                                     on_preset=show))
 
-    def _run_events(self, events) -> None:
+    def _run_events(self, events, relaunch: Optional[api.LaunchRequest] = None) -> None:
         """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
-        snapshots. Leaving the app detaches (the run goes on); only stop-all ends it."""
-        worker = get_current_worker()
+        snapshots. Leaving the app detaches (the run goes on); only stop-all ends it. `relaunch`: the
+        request of a launch from here, whose failed attempts are relaunched as training.restarts allows
+        (run/restarts.py, as replay does); an attached run is followed, not relaunched."""
         for ev in events:
             if isinstance(ev, api.Started):
                 self.post_message(RunStarted(ev.launcher))
-                for got in api.follow(ev.launcher, interval=1.0, log_rank=lambda: self.log_rank,
-                                      cancelled=lambda: worker.is_cancelled or not self.app.is_running):
-                    if isinstance(got, api.Snapshot):
-                        self.post_message(RunUpdate(got))
-                    elif isinstance(got, api.Stopping):
-                        self.post_message(RunStopping(got))
-                    else:
-                        self.post_message(RunEnded(got.outcome))
+                try:
+                    out = self._follow_attempts(ev.launcher, relaunch)
+                except _Detached:
+                    return
+                self.post_message(RunEnded(out))
                 return
             self.post_message(LaunchEvent(ev))
+
+    def _follow_attempts(self, first, req: Optional[api.LaunchRequest]):
+        """Follow the run to its outcome, through every relaunch when `req` allows restarts."""
+        from ...run.restarts import Restarts, run_facts
+
+        worker = get_current_worker()
+
+        def follow_one(la, left: Optional[float]):
+            if la is not first:  # a relaunch: the screen follows the new attempt's nodes and launcher
+                self.post_message(RunStarted(la))
+            for got in api.follow(la, interval=1.0, max_seconds=left, log_rank=lambda: self.log_rank,
+                                  cancelled=lambda: worker.is_cancelled or not self.app.is_running):
+                if isinstance(got, api.Snapshot):
+                    self.post_message(RunUpdate(got))
+                elif isinstance(got, api.Stopping):
+                    self.post_message(RunStopping(got))
+                else:
+                    return got.outcome
+            raise _Detached  # the app is closing: the job runs on, to be re-attached
+
+        if req is None or not req.preset.training.restarts:
+            return follow_one(first, None)
+        rs = Restarts(req.preset, first.transports, run_facts(first.run_dir),
+                      exclude_failed=req.preset.training.exclude_failed, base_dir=req.base_dir,
+                      local_python=req.local_python, say=lambda text: self.post_message(RunNote(text)))
+        return rs.follow(first, follow_one)
 
     def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
         """A launch, attach or follow worker that died: StepScreen's handler (textual
@@ -178,8 +206,12 @@ class RunScreen(StepScreen):
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
         await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
-        self._status(Text(f"running · {la.plan.nnodes} nodes · world size {la.plan.world_size} · "
-                          f"run dir {la.run_dir.path}", style="green"))
+        status = Text("running · ", style="green")
+        if la.attempt_note:  # a relaunch after a failure: which attempt, why, and where it resumed
+            status.append(la.attempt_note, style="bold yellow")
+            status.append(" · ")
+        status.append(f"{la.plan.nnodes} nodes · world size {la.plan.world_size} · run dir {la.run_dir.path}")
+        self._status(status)
         if self.monitor is not None:
             self.monitor.stop()
         gpu_nodes = {}
@@ -218,6 +250,11 @@ class RunScreen(StepScreen):
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})  ·  n: next node")
+
+    def on_run_note(self, msg: RunNote) -> None:
+        if not msg.text.startswith("note: "):  # a relaunch under way; a note about the settings only pops up
+            self._status(Text(msg.text, style="bold yellow"))
+        self.notify(msg.text, title="Run", severity="warning", timeout=10)
 
     def on_run_stopping(self, msg: RunStopping) -> None:
         """A stop takes seconds (each node's workers are asked, waited for, then killed): say where each node is."""

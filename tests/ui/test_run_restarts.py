@@ -1,0 +1,74 @@
+"""Restarts on the Run screen, for real: the local demo launched from the wizard with
+`training.restarts: 1`; node 1's training rank is killed after a checkpoint. The wizard relaunches
+the run from that checkpoint (run/restarts.py, as replay does), the status line says which attempt
+this is, which node failed and where it resumed, and the screen follows the new attempt's nodes
+and loss to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from textual.widgets import Static
+
+from launch.test_restarts_local import _ranks_of_job, _records
+from qwen_tui.ui.app import WizardApp
+
+from .conftest import run_processes
+from .test_run import SIZE, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+MAX_STEPS = 40
+
+
+async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path, demo_copy, monkeypatch,
+                                                                        stop_runs_after):
+    preset = demo_copy(max_steps=MAX_STEPS, save_steps=4, logging_steps=1, per_device_train_batch_size=2,
+                       model_max_length=64, restarts=1)
+    runs = tmp_path / "runs"
+    stop_runs_after(runs)
+    monkeypatch.chdir(tmp_path)
+    app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f6")
+        await pilot.pause()
+        await pilot.press("l")
+        run = app.get_screen("run")
+        await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
+        first = run.launcher
+        rd = first.run_dir.path
+
+        def after_a_checkpoint():
+            recs = _records(rd / "metrics.jsonl")
+            done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
+            steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
+            return done and steps and max(steps) > done[0] and done[0]
+
+        ckpt = await wait_until(pilot, after_a_checkpoint, 240, "a checkpoint and a step after it")
+        victims = _ranks_of_job(json.loads((rd / "pids.json").read_text())["1"])
+        assert victims
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+        # the second attempt: a new launcher, and the status line says why and from where
+        await wait_until(pilot, lambda: run.launcher is not first and run.launcher.attempt == 2, 240,
+                         "the second attempt")
+        status = str(run.query_one("#run-status", Static).render())
+        assert status.startswith("running · attempt 2 of 2; after node 1 (localhost) failed"), status
+        assert "resumed from " in status and "/checkpoint-" in status, status
+        resumed = int(status.split("/checkpoint-", 1)[1].split(";")[0].split(" ")[0])
+        assert resumed >= ckpt
+        assert app.state.run_status == "running"  # a failed attempt that is relaunched is not the run's end
+
+        # the screen follows the new attempt's loss, to the end
+        await wait_until(pilot, lambda: run.last_snapshot.progress.steps
+                         and run.last_snapshot.progress.steps[-1]["step"] > resumed + 1, 240, "the new attempt's steps")
+        await wait_until(pilot, lambda: app.state.run_status in ("ok", "failed", "stopped"), 300, "the end")
+        assert app.state.run_status == "ok", str(run.query_one("#run-status", Static).render())
+        assert run.last_snapshot.progress.steps[-1]["step"] == MAX_STEPS
+    state = json.loads((rd / "state.json").read_text())
+    assert state["status"] == "ok" and [a["attempt"] for a in state["attempts"]] == [1, 2]
+    assert state["attempts"][0]["failed_rank"] == 1 and state["attempts"][0]["next"] == "restart"
+    assert run_processes(first.plan.run_id) == []
