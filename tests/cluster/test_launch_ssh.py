@@ -138,6 +138,12 @@ def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, la
         out = la.wait(interval=0.5, max_seconds=60)
         assert out.status == "stopped"
         assert _no_job_left(cluster, bound=3) == {}
+        # a clean stop over SSH too: each node's log ends with the worker's stop line, no traceback
+        for r in range(3):
+            tail = la.log_tail(r, lines=200)
+            assert not any("Traceback" in ln for ln in tail), "\n".join(tail[-20:])
+            assert "stopped by request at step" in tail[-1], "\n".join(tail[-20:])
+            assert la.stop_progress()[r] == "stopped", la.stop_progress()
     finally:
         la.stop_all()
 
