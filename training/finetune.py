@@ -27,7 +27,7 @@ import traceback
 
 from training.args import parse_args
 from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
-from training.stop import StopSignal
+from training.stop import StopSignal, let_peer_agents_check_out
 
 log = logging.getLogger("training")
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         recipe.cleanup()
+        if stop.requested:  # node 0's agent leaves the exit barrier last, so the others see it (training/stop.py)
+            let_peer_agents_check_out()
 
 
 def _stopped(recipe, stop: StopSignal) -> int:

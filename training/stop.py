@@ -10,13 +10,25 @@ Under torchrun a stopped worker exits 0: the elastic agent treats any other exit
 failure and ends with its ChildFailedError traceback, even though the stop was asked for.
 The metrics' end record says "stopped", so nobody reads that 0 as a finished training.
 Run without torchrun, it exits 128 + the signal, as a process killed by it would.
+
+Once its workers have exited, each torchrun agent waits at an exit barrier in the rendezvous
+store, which node 0's agent hosts. Node 0's agent leaves the barrier, and takes the store with
+it, as soon as it checks in last; an agent still between its check-in and its wait then loses
+the store and logs "Error waiting on exit barrier" with a traceback. So node 0's first worker,
+when stopped, waits (bounded) until every other node's agent has checked in before it exits.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Optional
+
+# torch.distributed.elastic's exit barrier: the agents' check-in counter in the rendezvous store
+# (agent/server/api.py _TERMINAL_STATE_SYNC_ID + utils/store.py _NUM_MEMBERS, under the run id's prefix)
+_EXIT_BARRIER_COUNT = "torchelastic/agent/terminal_state/num_members"
+PEERS_BOUND_S = 5.0
 
 
 class StopRequested(Exception):
@@ -49,3 +61,35 @@ class StopSignal:
         where = f"at step {step}" if step is not None else "before training started"
         name = signal.Signals(self.signum).name if self.signum is not None else "a signal"
         return f"stopped by request {where} ({name})"
+
+
+def let_peer_agents_check_out(bound: float = PEERS_BOUND_S) -> bool:
+    """On node 0's first worker of a multi-node torchrun job: wait until every other node's agent has
+    checked in to the exit barrier (see the module docstring). True when they have (or when there is
+    nothing to wait for); False after `bound` seconds or when the store cannot be read."""
+    env = os.environ
+    try:
+        nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
+        mine = env.get("GROUP_RANK") == "0" and env.get("LOCAL_RANK") == "0"
+        port = int(env.get("MASTER_PORT", "0"))
+    except ValueError:
+        return True
+    if not (mine and nodes > 1 and port and env.get("TORCHELASTIC_RUN_ID")):
+        return True
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + bound
+    try:
+        store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"],
+                                 dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), port, is_master=False,
+                                               timeout=timedelta(seconds=bound)))
+        while time.monotonic() < deadline:
+            if store.add(_EXIT_BARRIER_COUNT, 0) >= nodes - 1:  # add 0: read the counter without changing it
+                return True
+            time.sleep(0.1)
+    except (RuntimeError, OSError):  # the store is gone (node 0's agent ended): nothing left to wait for
+        return False
+    return False
+

@@ -66,9 +66,10 @@ async def test_log_pane_wraps_follows_and_stop_shows_progress(tmp_path, demo_cop
         await wait_until(pilot, lambda: len(pane.lines) > n + 3, 30, "lines while scrolled up")
         await pilot.pause()
         assert pane.scroll_y == 0 and pane.max_scroll_y > 0
-        await pilot.press("end")  # back at the tail: it follows again
-        await pilot.pause()
-        assert pane.following
+        await pilot.press("end")  # back at the tail: it follows again, as lines arrive
+        n = len(pane.lines)
+        await wait_until(pilot, lambda: len(pane.lines) > n + 3, 30, "lines after going back to the tail")
+        await wait_until(pilot, lambda: pane.following and pane.scroll_y > 0, 5, "the pane at its tail again")
 
         # at 160x48 the long line still fits the pane
         await pilot.resize_terminal(160, 48)

@@ -41,40 +41,44 @@ class LogPane(VerticalScroll, can_focus=True):
         super().__init__(**kw)
         self.rank: Optional[int] = None
         self.lines: list[str] = []
+        self._followed = True  # whether the last update found the pane at its tail
 
     def compose(self) -> ComposeResult:
         yield Static(id="log-text")
 
-    def on_mount(self) -> None:
-        self.anchor()  # at the bottom as content grows, until the user scrolls (textual releases it)
-
     @property
     def following(self) -> bool:
-        """At the tail (anchored), not scrolled up by the user (which releases textual's anchor)."""
-        return self.is_anchored and not getattr(self, "_anchor_released", False)
+        """At the tail: not scrolled up by the user. (Not textual's anchor(): it pins a short log to the
+        pane's bottom edge, leaving the space above it empty.)"""
+        # where a scroll is going counts: End pressed a moment ago is at the tail even while it animates
+        return self.scroll_target_y >= self.max_scroll_y
 
     def show(self, rank: Optional[int], tail: list[str]) -> None:
         """The latest tail of node `rank`'s log: a new node starts afresh at the bottom."""
         if rank != self.rank:
             self.rank, self.lines = rank, []
-            self.anchor()
             self.query_one("#log-text", Static).update("")
+            self.scroll_home(animate=False)
+            self._followed = True
         if not tail:  # nothing read this time (a node gone for a moment): keep what is shown
             return
         # the last line shown may have been caught half-written: it is always taken again from the tail
+        follow = self._followed = self.following  # before the new lines change the height
         base = self.lines[:-1]
         add, joined = new_lines(base, tail)
         lines = base + ([] if joined else [SKIPPED]) + add
-        del lines[:-(KEEP if self.following else KEEP_READING)]
+        del lines[:-(KEEP if follow else KEEP_READING)]
         if lines == self.lines:
             return
         self.lines = lines
         self.query_one("#log-text", Static).update(self._text())
+        if follow:  # once the new height is laid out
+            self.call_after_refresh(self.scroll_end, animate=False)
 
-    def clear(self) -> None:
-        self.rank, self.lines = None, []
-        self.query_one("#log-text", Static).update("")
-        self.anchor()
+    def on_resize(self) -> None:
+        # a narrower pane wraps into more rows: a pane that followed the tail goes on following it
+        if self._followed:
+            self.call_after_refresh(self.scroll_end, animate=False)
 
     def _text(self) -> Text:
         # a log's colours arrive as ANSI codes; a word longer than the width (a path) folds
