@@ -8,9 +8,10 @@ Each step is a function with a typed result: `Connections.connect`, `check`, `pl
 (the dataclasses below): Stage as each step begins, then what it found (Connected, Checked,
 Planned), and last Started with the running Launcher, or a Failure that names the step, the
 cause (per node where it is about nodes) and the fix. Nothing is raised for what a node or a
-check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run and
-ends with Ended. A face that restarts a run calls launch() again with the same Connections
-and a new run id (dataclasses.replace(req, run_id=...)), then follow() again.
+check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run,
+Stopping while a requested stop runs, and ends with Ended. A face that restarts a run calls
+launch() again with the same Connections and a new run id (dataclasses.replace(req,
+run_id=...)), then follow() again; relaunching a failed attempt is run/restarts.py's.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from procs import assert_quiet_stop_logs, run_processes
 from .test_run import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-LONG = "a long line, as a traceback's are: " + "/very/long/path/segment" * 12 + " " + "x" * 20  # 300+ characters, few spaces
+# 300+ characters with few spaces, as a traceback's line is
+LONG = "a long line: " + "/very/long/path/segment" * 12 + " " + "x" * 20
 
 
 def assert_wrapped(pane: LogPane) -> None:

@@ -1,7 +1,9 @@
 """Step 6, Run: the whole cluster on one screen. A panel per node (GPU utilisation
 and memory, or CPU load), the master's loss curve with lr, tokens/s, step and ETA,
-the log tail of the selected node, and which node failed and what it said.
-Stop-all asks first. Quitting leaves the run going; reopening re-attaches."""
+the log tail of the selected node (wrapped, following the tail), and which node failed and
+what it said. Stop-all asks first, then shows where each node's stop is. A launch from here
+is relaunched after a failure as training.restarts allows, and the status line names the
+attempt. Quitting leaves the run going; reopening re-attaches."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class RunScreen(StepScreen):
         self.log_rank = 0
         self.outcome = None
         self.last_snapshot: Optional[api.Snapshot] = None
+        self._stop_wanted = False  # stop-all asked for this run (read by the follower's thread)
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -91,6 +94,7 @@ class RunScreen(StepScreen):
         if self._when_mounted(lambda: self.launch(force=force)):
             return
         self.outcome = None
+        self._stop_wanted = False
         self.state.run_status = "starting"
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
         self._launch_worker(force)
@@ -148,6 +152,8 @@ class RunScreen(StepScreen):
         def follow_one(la, left: Optional[float]):
             if la is not first:  # a relaunch: the screen follows the new attempt's nodes and launcher
                 self.post_message(RunStarted(la))
+                if self._stop_wanted:  # stop-all was asked while the last attempt was being relaunched
+                    la.request_stop()
             for got in api.follow(la, interval=1.0, max_seconds=left, log_rank=lambda: self.log_rank,
                                   cancelled=lambda: worker.is_cancelled or not self.app.is_running):
                 if isinstance(got, api.Snapshot):
@@ -311,6 +317,7 @@ class RunScreen(StepScreen):
         def answer(yes: Optional[bool]) -> None:
             if yes:
                 self._status(Text("stopping every node…", style="yellow"))
+                self._stop_wanted = True
                 self.launcher.request_stop()
 
         self.app.push_screen(Confirm("Stop the run on every node?",
