@@ -558,7 +558,7 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] 
         if cancelled():
             return
         if la.stop_requested:
-            out = yield from _stopping(la)
+            out, _ = yield from _stopping(la)
             yield snapshot(la, log_rank() if log_rank else None, log_lines)
             yield Ended(out)
             return
@@ -570,9 +570,9 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] 
         la.pause(interval)
 
 
-def _stopping(la: Launcher, every: float = 0.25) -> Iterator[Stopping]:
+def _stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, tuple[RunOutcome, list[int]]]:
     """Stop every node on a thread of its own and say how far each is while it runs; returns the
-    outcome (the generator's value)."""
+    outcome and the ranks where something survived (the generator's value)."""
     import time
     from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
@@ -583,11 +583,11 @@ def _stopping(la: Launcher, every: float = 0.25) -> Iterator[Stopping]:
         while True:
             yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)
             try:
-                out = fut.result(timeout=every)[0]  # a bug in the stop raises here, on the follower's thread
+                res = fut.result(timeout=every)  # a bug in the stop raises here, on the follower's thread
             except FutureTimeout:
                 continue
             yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)  # each node's last word
-            return out
+            return res
 
 
 @dataclass(frozen=True)
@@ -605,4 +605,13 @@ def stop(la: Launcher) -> Stopped:
     if ended is not None:
         return Stopped(ended, [], already_ended=True)
     out, left = la.stop_and_record()
+    return Stopped(out, left)
+
+
+def stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, Stopped]:
+    """stop(), saying how far each node is while it runs (`res = yield from stopping(la)`)."""
+    ended = la.poll()
+    if ended is not None:
+        return Stopped(ended, [], already_ended=True)
+    out, left = yield from _stopping(la, every)
     return Stopped(out, left)

@@ -263,7 +263,19 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                             conns.close()
                             return attach(run_dir, accept_new_host_keys=accept_new_host_keys, stop=False)
                     return out.exit_code
-                res = api.stop(la)
+                said: dict[int, str] = {}
+                stopping = api.stopping(la)
+                while True:  # a stop takes seconds: each node's phase as it changes
+                    try:
+                        ev = next(stopping)
+                    except StopIteration as done:
+                        res = done.value
+                        break
+                    for r, what in sorted(ev.nodes.items()):
+                        if said.get(r) != what:
+                            said[r] = what
+                            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}",
+                                               style="yellow"))
                 if res.already_ended:
                     console.print(f"run {la.plan.run_id} already ended ({res.outcome.status}): "
                                   f"{res.outcome.message}; nothing to stop", markup=False, highlight=False)

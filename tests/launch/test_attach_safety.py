@@ -133,6 +133,9 @@ def test_attach_stop_ends_the_runs_own_job_and_only_it(tmp_path, bystander):
         res = _attach(rd, "--stop")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "stopped by the user" in res.stdout
+        # the stop says where each node is while it runs, before the verdict
+        before = res.stdout.split("stopped by the user", 1)[0]
+        assert "stopping: node 0 (" in before and "stopping: node 1 (" in before, res.stdout
         for pid, start in jobs.values():
             assert job_verdict(t, JobRef(pid, start, plan.run_id))[0] == "gone"
         assert _alive(bystander)
