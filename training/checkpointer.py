@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from training import checkpoint as ckpt
-from training import dist
+from training import dist, universal
 from training.errors import InputError
 from training.model import merge_adapter, save_pretrained_here
 
@@ -107,7 +107,7 @@ class Checkpointer:
         """Restores optimizer, scheduler and (for DeepSpeed) weights; model weights of plain runs came with the
         model (training.builders.build_model)."""
         if engine is not None:
-            path, _ = engine.load_checkpoint(str(d), tag="ds", load_module_strict=self.method == "full")
+            path = self._load_engine_state(d, engine, device)
             if path is None:
                 raise InputError(f"{d}: no DeepSpeed state in the checkpoint (was it written without --deepspeed?)")
         else:
@@ -123,6 +123,27 @@ class Checkpointer:
         else:
             log.warning("%s: no RNG state for rank %d; dropout will not repeat exactly", d, self.env.rank)
         log.info("resumed from %s at step %d", d, step)
+
+    def _load_engine_state(self, d: Path, engine, device):
+        """DeepSpeed's own state: as saved when the world size is the same, else through the universal format
+        (training.universal), whose slices any world size can load. Returns the loaded path (None: none there)."""
+        saved = universal.saved_world_size(d, ckpt.read_state(d))
+        if saved is None or saved == self.env.world_size or self.stage == 0:
+            path, _ = engine.load_checkpoint(str(d), tag=universal.SAVED_TAG, load_module_strict=self.method == "full")
+            return path
+        log.info("%s was saved by %d processes, resuming on %d: through DeepSpeed's universal checkpoint",
+                 d, saved, self.env.world_size)
+        universal.ensure(d, saved, self.is_saver, self.args.ddp_timeout, device)
+        # The engine reads the switch from its config on every load; it is set for this load only (the
+        # config dict it was built from is the lead's training.dsconfig, and its own saves stay per-rank).
+        engine._config.load_universal_checkpoint = True
+        try:
+            # Universal loads restore the trainable weights from the fp32 slices, not from the module state
+            # (a LoRA checkpoint excludes the frozen base, which the model already holds from its source).
+            path, _ = engine.load_checkpoint(str(d), tag=universal.TAG)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        return path
 
     # ------------------------------------------------------------ the final save
     def save_final(self) -> None:
