@@ -9,6 +9,9 @@ seeded permutation, training/data.py) and the step count depend on it. So with
 fewer GPUs the per-device batch and the accumulation are re-split; when the global
 batch is not a multiple of the new world size it cannot be kept, and the relaunch
 is refused with the numbers rather than silently training something else.
+
+A ZeRO checkpoint resumes on fewer processes through DeepSpeed's universal format (the
+worker converts it, training/universal.py), when every rank's slice of it can be read.
 """
 
 from __future__ import annotations
@@ -84,15 +87,34 @@ def without_nodes(preset: Preset, gone: Iterable[int], *, resuming: bool) -> tup
                              f"so that the next node ({left[0].label}) can take over as the master")
     world = sum(n.gpus for n in left)
     if resuming and t.zero_stage is not None and world != preset.world_size:
-        raise RestartRefused(f"DeepSpeed ZeRO-{t.zero_stage} cannot resume optimizer state saved by "
-                             f"{preset.world_size} processes on {world}; relaunch on the same nodes "
-                             "(without --exclude-failed) or train with zero_stage: null")
+        why = zero_resume_blocker(preset)
+        if why:
+            raise RestartRefused(f"DeepSpeed ZeRO-{t.zero_stage} optimizer state saved by {preset.world_size} "
+                                 f"processes cannot be resumed on {world} here: {why}; relaunch on the same nodes "
+                                 "(without --exclude-failed)")
     fit = refit_batch(preset.effective_batch_size, t.per_device_train_batch_size, world)
     new = preset.model_copy(deep=True)
     new.cluster.nodes = [n.model_copy(deep=True) for n in left]
     new.training.per_device_train_batch_size = fit.per_device
     new.training.gradient_accumulation_steps = fit.accumulation
     return new, fit
+
+
+def zero_resume_blocker(preset: Preset) -> Optional[str]:
+    """Why a ZeRO checkpoint of this preset cannot resume on another number of processes (None: it can).
+
+    The worker converts it to DeepSpeed's universal format (training/universal.py), which needs every rank's
+    optimizer slice in one directory: with a copy of the checkpoints on each node, the lost node's slices
+    are gone with it. Offloaded and 4-bit (Q-LoRA) optimizer states were not tried, so they are not claimed."""
+    t, nodes = preset.training, preset.cluster.nodes
+    if not (preset.cluster.shared_storage or all(n.is_local for n in nodes)) and len(nodes) > 1:
+        return ("without shared storage each node keeps only its own ranks' ZeRO slices, and a lost node's "
+                "are gone with it (set cluster.shared_storage: true when output_dir is on storage every node sees)")
+    if t.offload != "none":
+        return f"resuming offloaded optimizer state (offload: {t.offload}) on another world size is not supported"
+    if t.method == "qlora":
+        return "resuming Q-LoRA under ZeRO on another world size is not supported"
+    return None
 
 
 def common_checkpoint(listings: Mapping[int, Iterable[str]]) -> Optional[int]:
@@ -128,9 +150,10 @@ def recovery_notes(preset: Preset, exclude_failed: bool) -> list[str]:
     if t.restarts and t.save_strategy == "no":
         notes.append(f"training.restarts: {t.restarts}, but training.save_strategy is no: there is no checkpoint "
                      "to resume from, so a relaunch starts over from step 0")
-    if t.restarts and exclude_failed and t.zero_stage is not None and len(preset.cluster.nodes) > 1:
-        notes.append(f"with ZeRO-{t.zero_stage}, a failed node can be left out only before the first checkpoint "
-                     "(DeepSpeed cannot resume its optimizer state on fewer processes)")
+    why = zero_resume_blocker(preset) if t.zero_stage is not None else None
+    if t.restarts and exclude_failed and why and len(preset.cluster.nodes) > 1:
+        notes.append(f"with ZeRO-{t.zero_stage}, a failed node can be left out only before the first checkpoint: "
+                     f"{why}")
     return notes
 
 

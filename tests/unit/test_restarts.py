@@ -80,10 +80,39 @@ def test_the_master_with_a_fixed_address_cannot_be_left_out():
     assert new.master_addr == "n1"
 
 
-def test_zero_state_cannot_be_resumed_on_another_world_size():
-    p = preset(gpus=(1, 1), micro=2, accum=1, zero_stage=2)
-    with pytest.raises(RestartRefused, match="ZeRO-2 cannot resume optimizer state saved by 2 processes on 1"):
+def zero_preset(shared: bool, hosts=("n0", "n1"), **training) -> Preset:
+    d = preset(gpus=(1,) * len(hosts), micro=2, accum=1, restarts=1, **training).model_dump()
+    d["cluster"]["nodes"] = [{"host": h, "gpus": 1} for h in hosts]
+    d["cluster"]["shared_storage"] = shared
+    return Preset.model_validate(d)
+
+
+@pytest.mark.parametrize("stage, method", [(2, "lora"), (2, "full"), (3, "lora"), (3, "full")])
+def test_zero_state_resumes_on_fewer_processes_from_shared_storage(stage, method):
+    """The worker converts the checkpoint to DeepSpeed's universal format (tests/training/test_resume_other_world.py
+    shows the curve going on): a failed node can be left out after the first checkpoint too."""
+    p = zero_preset(True, zero_stage=stage, method=method)
+    new, fit = without_nodes(p, {1}, resuming=True)
+    assert new.world_size == 1 and fit == BatchFit(1, 2, 2) and new.training.zero_stage == stage
+    assert recovery_notes(p, exclude_failed=True) == []
+    # nodes all on this machine see one output_dir, as the plan knows (no --save_on_each_node)
+    assert without_nodes(zero_preset(False, hosts=("localhost", "localhost"), zero_stage=stage, method=method),
+                         {1}, resuming=True)[0].world_size == 1
+
+
+@pytest.mark.parametrize("shared, training, why", [
+    (False, {}, "without shared storage each node keeps only its own ranks' ZeRO slices"),
+    (True, {"offload": "optimizer"}, "offloaded optimizer state (offload: optimizer)"),
+    (True, {"method": "qlora"}, "Q-LoRA under ZeRO"),
+])
+def test_zero_state_that_cannot_be_resumed_on_fewer_processes_is_refused_with_why(shared, training, why):
+    p = zero_preset(shared, zero_stage=2, **training)
+    with pytest.raises(RestartRefused) as e:
         without_nodes(p, {1}, resuming=True)
+    msg = str(e.value)
+    assert msg.startswith("DeepSpeed ZeRO-2 optimizer state saved by 2 processes cannot be resumed on 1 here: ")
+    assert why in msg and "relaunch on the same nodes" in msg, msg
+    assert any(why in n and "only before the first checkpoint" in n for n in recovery_notes(p, exclude_failed=True))
     assert without_nodes(p, {1}, resuming=False)[0].world_size == 1  # nothing to resume: any world size
     with pytest.raises(RestartRefused, match="no node is left"):
         without_nodes(p, {0, 1}, resuming=False)
