@@ -136,6 +136,8 @@ class Checkpointer:
         universal.ensure(d, saved, self.is_saver, self.args.ddp_timeout, device)
         # The engine reads the switch from its config on every load; it is set for this load only (the
         # config dict it was built from is the lead's training.dsconfig, and its own saves stay per-rank).
+        base = getattr(engine.optimizer, "optimizer", None)  # the torch optimizer inside ZeRO's
+        decay = [g.get("weight_decay") for g in base.param_groups] if base is not None else []
         engine._config.load_universal_checkpoint = True
         try:
             # Universal loads restore the trainable weights from the fp32 slices, not from the module state
@@ -143,6 +145,8 @@ class Checkpointer:
             path, _ = engine.load_checkpoint(str(d), tag=universal.TAG)
         finally:
             engine._config.load_universal_checkpoint = False
+        if self.stage == 3 and base is not None:
+            _repair_zero3_universal_load(base, decay)
         return path
 
     # ------------------------------------------------------------ the final save
@@ -169,6 +173,24 @@ class Checkpointer:
                 log.info("saved the merged model in %s", merged)
         dist.barrier()
         log.info("saved the final %s in %s", "adapter" if self.method != "full" else "model", out)
+
+
+def _repair_zero3_universal_load(optimizer, decay: list) -> None:
+    """Undoes two slips of DeepSpeed 0.19's ZeRO-3 universal load (stage3.load_hp_checkpoint_state_from_
+    checkpoint_dir_stage3): it gives every parameter group's state one and the same `step` tensor, which each
+    group's Adam step then increments (2 groups: the bias correction ran twice as fast, and the resumed losses
+    drifted from the uninterrupted run's by the second step), and it copies the first group's hyperparameters
+    onto every group (biases and norms got the matrices' weight decay)."""
+    seen = set()
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if torch.is_tensor(step):
+            if id(step) in seen:
+                state["step"] = step.clone()
+            seen.add(id(step))
+    for group, wd in zip(optimizer.param_groups, decay):
+        if wd is not None:
+            group["weight_decay"] = wd
 
 
 def rng_state() -> dict:

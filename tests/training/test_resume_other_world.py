@@ -5,6 +5,8 @@ format once, and the weights, the Adam states, the LR schedule and the step coun
 The criterion: after the checkpoint, the resumed run's losses and learning rates match the uninterrupted
 2-process run's step by step. The step after the resume depends on the restored weights, the next ones on the
 restored Adam moments too (a fresh Adam's first update is about lr * sign(g), far from a continued one).
+Resumed and uninterrupted agree to about 1e-6 here; with DeepSpeed's ZeRO-3 universal load left unrepaired (one
+`step` tensor shared by the parameter groups, training/checkpointer.py) they parted by 1.6e-3 at the second step.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def data(tmp_path_factory):
                          ids=["zero2-full", "zero2-lora", "zero3-full", "zero3-lora"])
 def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, data, stage, method):
     flags = ["--model_name_or_path", str(tiny_model), "--data_path", data, "--model_max_length", "128",
-             "--logging_steps", "1", "--seed", "7", "--max_steps", "6", "--save_steps", "3",
+             "--logging_steps", "1", "--seed", "7", "--max_steps", "6", "--save_steps", "3", "--weight_decay", "0.1",
              "--deepspeed", f"builtin:zero{stage}", *(FULL if method == "full" else LORA)]
     two = run_worker(tmp_path / "two", *flags, "--per_device_train_batch_size", "2",
                      "--gradient_accumulation_steps", "2", nproc=2)
@@ -51,8 +53,8 @@ def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, d
     lr = {r["step"]: r["learning_rate"] for r in two.steps}
     norm = {r["step"]: r["grad_norm"] for r in two.steps}
     for r in one.steps:
-        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-3), (r["step"], got, ref)
-        assert r["grad_norm"] == pytest.approx(norm[r["step"]], rel=1e-3), (r, norm)
+        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-4), (r["step"], got, ref)
+        assert r["grad_norm"] == pytest.approx(norm[r["step"]], rel=1e-4), (r, norm)
         assert r["learning_rate"] == pytest.approx(lr[r["step"]], rel=1e-6), (r, lr)
     # It saves on: its own checkpoint (per-rank, world size 1) at the last step, and the final model.
     assert (out / "checkpoint-6" / "ds").is_dir()
