@@ -1,6 +1,8 @@
 """Recovery on the namespace cluster, the way users run it: `qwen-tui replay --exclude-failed` with
 `training.restarts: 1`; node 2's torchrun agent and ranks are killed mid-run, and the two nodes left
-finish the run from the last checkpoint with the same global batch while the loss keeps falling."""
+finish the run from the last checkpoint with the same global batch while the loss keeps falling.
+Under plain DDP, and under DeepSpeed ZeRO-2 (Qwen's multi-node recipe), whose checkpoint of 3 processes the
+2 left resume through DeepSpeed's universal format, taking up the curve where the failed attempt had it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from cluster_helpers import REPO, preset_dict
 from qwen_tui.preset import Preset, save_preset
@@ -49,13 +53,18 @@ def _wait(what, cond, bound, proc, log):
     raise AssertionError(f"no {what} within {bound}s:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.parametrize("zero_stage", [None, 2], ids=["ddp", "zero2"])
 def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkpoint(cluster, sshdir, keyed,
-                                                                                      tmp_path):
+                                                                                      tmp_path, zero_stage):
+    extra = {"zero_stage": 2, "lora_dropout": 0.0} if zero_stage else {}  # no dropout: the curve repeats exactly
     d = preset_dict(cluster, sshdir, output_dir=str(tmp_path / "out"), max_steps=MAX_STEPS, save_strategy="steps",
                     save_steps=SAVE_STEPS, save_total_limit=None, learning_rate=5e-3, logging_steps=1,
-                    per_device_train_batch_size=2, gradient_accumulation_steps=1, restarts=1)
+                    per_device_train_batch_size=2, gradient_accumulation_steps=1, restarts=1, **extra)
     d["name"] = "restarts"
     d["network"]["env"] = {"OMP_NUM_THREADS": "1"}  # three CPU "nodes" share two cores
+    if zero_stage:  # DeepSpeed's CPU op, built once for the test session (tests/training/conftest.py's cache)
+        d["network"]["env"]["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+            Path(os.environ.get("QWEN_TUI_TEST_CACHE") or "/tmp/qwen-tui-test-cache") / "torch_extensions")
     d["network"]["interface"] = "eth0"  # --skip-checks: no probe to find it
     d["cluster"]["shared_storage"] = True
     preset = tmp_path / "restarts.yaml"
@@ -75,7 +84,7 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
             recs = _records(kept)
             ck = [r["step"] for r in recs if r.get("event") == "checkpoint"]
             steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-            return ck and steps and max(steps) > ck[0] and ck[0]
+            return ck and steps and max(steps) > ck[-1] and ck[-1]
 
         first_ckpt = _wait("a checkpoint and a step after it", after_a_checkpoint, 300, proc, log)
         # kill node 2's torchrun agent and its ranks (its job shell stays and writes the exit code)
@@ -118,6 +127,14 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
         assert [r["step"] for r in later] == list(range(resumed + 1, MAX_STEPS + 1)), later
         losses = [r["loss"] for r in recs[:i2] if "loss" in r and "event" not in r] + [r["loss"] for r in later]
         assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.01, losses
+        if zero_stage:
+            # 3 processes' ZeRO-2 state resumed on 2: converted once, and the steps both attempts trained agree
+            assert starts[1]["zero_stage"] == 2 and (tmp_path / "out" / f"checkpoint-{resumed}" / "universal").is_dir()
+            first = {r["step"]: r["loss"] for r in recs[:i2] if "loss" in r and "event" not in r and r["step"] > resumed}
+            again = {r["step"]: r["loss"] for r in later}
+            assert first, (resumed, recs[:i2])  # the kill came after a step past the newest checkpoint
+            for step, loss in first.items():
+                assert again[step] == pytest.approx(loss, rel=1e-3), (step, first, again)
         assert (tmp_path / "out" / f"checkpoint-{MAX_STEPS - MAX_STEPS % SAVE_STEPS}").is_dir()
 
         # `qwen-tui runs` shows the attempt
