@@ -4,6 +4,8 @@ A checkpoint is staged in checkpoint-N.tmp and published with one rename (traini
 leaves the last complete one. It holds the model (or adapter) in Hugging Face format, the optimizer and scheduler (or
 DeepSpeed's own state), every rank's RNG state and finetune_state.json. Under ZeRO-3 the model's weights are gathered
 one module at a time on every rank, so with --save_on_each_node every node's first process writes them.
+A DeepSpeed checkpoint resumed on another number of processes is loaded through checkpoint-N/universal
+(training.universal), converted from it once.
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
         if zero_stage:
             # 3 processes' ZeRO-2 state resumed on 2: converted once, and the steps both attempts trained agree
             assert starts[1]["zero_stage"] == 2 and (tmp_path / "out" / f"checkpoint-{resumed}" / "universal").is_dir()
-            first = {r["step"]: r["loss"] for r in recs[:i2] if "loss" in r and "event" not in r and r["step"] > resumed}
+            first = {r["step"]: r["loss"] for r in recs[:i2]
+                     if "loss" in r and "event" not in r and r["step"] > resumed}
             again = {r["step"]: r["loss"] for r in later}
             assert first, (resumed, recs[:i2])  # the kill came after a step past the newest checkpoint
             for step, loss in first.items():
