@@ -43,6 +43,7 @@ SAVED_TAG = "ds"
 POLL_S = 0.5
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
+SETTLE_S = 30.0
 _RANK_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
@@ -127,6 +128,9 @@ def ensure(ckpt: Path, saved_world: int, candidate: bool, timeout_s: float, devi
     if failed:
         raise UniversalRefused(f"{ckpt}: converting it to DeepSpeed's universal checkpoint failed on rank(s) "
                                f"{', '.join(map(str, failed))} (their log says why)")
+    settle = time.monotonic() + SETTLE_S  # a network file system may show another node's rename late
+    while not is_ready(ckpt) and time.monotonic() < settle:
+        time.sleep(POLL_S)
     if not is_ready(ckpt):
         raise UniversalRefused(f"{ckpt}: no universal checkpoint in {ckpt / TAG} on this node (no process here "
                                "converted it, and no other node's conversion is visible: is the storage shared?)")
