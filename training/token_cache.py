@@ -29,13 +29,13 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from training import build_lock
 from training.errors import InputError
 
 log = logging.getLogger("training.token_cache")
@@ -43,8 +43,7 @@ log.setLevel(logging.INFO)  # every rank's line, not only rank 0's: the logs cou
 
 FORMAT = 1
 POLL_S = 0.2
-HEARTBEAT_S = 5.0
-STALE_S = 60.0  # a lock untouched this long belongs to a builder that died
+STALE_S = build_lock.STALE_S
 
 
 @dataclass
@@ -170,11 +169,9 @@ def _job() -> str | None:
     return run or (elastic if elastic and elastic != "none" else None)
 
 
-def _age(path: Path) -> float | None:
-    try:
-        return time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
+def _take(lock: Path) -> bool:
+    """True if this process now holds the build lock (created, or taken over from a dead builder)."""
+    return build_lock.take(lock, log, "tokenized cache: taking over the stale build lock", job=_job())
 
 
 def _stamp(path: Path):
@@ -183,56 +180,6 @@ def _stamp(path: Path):
     except FileNotFoundError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
-
-
-def _take_lock(lock: Path) -> bool:
-    """True if this process now holds the build lock (created, or taken over from a dead builder)."""
-    note = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job": _job()}).encode()
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        age = _age(lock)
-        if age is None or age < STALE_S:
-            return False
-        log.warning("tokenized cache: taking over the stale build lock %s (untouched for %.0f s)", lock, age)
-        tmp = lock.with_name(f"{lock.name}.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_bytes(note)
-        os.replace(tmp, lock)
-        return True
-    with os.fdopen(fd, "wb") as f:
-        f.write(note)
-    return True
-
-
-def _holder(lock: Path) -> str:
-    try:
-        d = json.loads(lock.read_text())
-        return f"{d.get('host')} pid {d.get('pid')}"
-    except (OSError, ValueError):
-        return "no builder seen"
-
-
-class _Heartbeat:
-    """Touches the lock while the builder works, so waiters can tell a slow build from a dead one."""
-
-    def __init__(self, lock: Path):
-        self.lock, self.stop = lock, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="token-cache-heartbeat", daemon=True)
-
-    def _run(self):
-        while not self.stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(self.lock)
-            except FileNotFoundError:
-                return
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
 
 
 def _failure(failed: Path, what: str, since: float) -> Exception | None:
@@ -253,7 +200,7 @@ def _build(path: Path, lock: Path, failed: Path, build, what: str):
     t0 = time.monotonic()
     try:
         failed.unlink(missing_ok=True)
-        with _Heartbeat(lock):
+        with build_lock.Heartbeat(lock, "token-cache-heartbeat"):
             ds = build()
             _save(path, ds)
     except BaseException as e:
@@ -302,7 +249,7 @@ def cached_dataset(convs, encoder, build, what: str):
                 ds = _load(path)
             except Exception as e:  # a truncated or foreign file: rebuild it (candidates) or wait for a new one
                 bad_load, bad_stamp = f"{type(e).__name__}: {e}", stamp
-                if candidate and _take_lock(lock):
+                if candidate and _take(lock):
                     log.warning("tokenized cache: %s unreadable (%s): building it again", path, bad_load)
                     return _build(path, lock, failed, build, what)
             else:
@@ -310,7 +257,7 @@ def cached_dataset(convs, encoder, build, what: str):
                 log.info("tokenized cache %s: %s (%s: %d records)", "reused" if candidate and first else "loaded",
                          path, what, len(ds))
                 return ds
-        elif candidate and _take_lock(lock):  # no file (or the unreadable one's builder is gone)
+        elif candidate and _take(lock):  # no file (or the unreadable one's builder is gone)
             if _stamp(path) != stamp:  # another builder finished meanwhile
                 lock.unlink(missing_ok=True)
                 first = False
@@ -322,6 +269,6 @@ def cached_dataset(convs, encoder, build, what: str):
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"waited {s.timeout_s:g} s for the tokenized cache of {what} ({path}, build lock held by "
-                f"{_holder(lock)}{'; last read: ' + bad_load if bad_load else ''}); raise --tokenize_timeout, "
+                f"{build_lock.holder(lock, 'no builder seen')}{'; last read: ' + bad_load if bad_load else ''}); raise --tokenize_timeout, "
                 f"or --tokenized_cache_dir none to tokenize on every rank")
         first = False

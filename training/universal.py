@@ -21,7 +21,6 @@ node's copy without shared storage holds only its own ranks' slices, and the los
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import re
@@ -29,11 +28,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from training import dist
+from training import build_lock, dist
 from training.errors import InputError
 
 log = logging.getLogger("training")
@@ -41,8 +39,7 @@ log = logging.getLogger("training")
 TAG = "universal"  # the engine's tag for checkpoint-N/universal (the saved state is tag "ds")
 SAVED_TAG = "ds"
 POLL_S = 0.5
-HEARTBEAT_S = 5.0
-STALE_S = 60.0
+STALE_S = build_lock.STALE_S
 SETTLE_S = 30.0
 _RANK_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
@@ -141,9 +138,9 @@ def _convert_once(ckpt: Path, timeout_s: float) -> None:
     lock = ckpt / f"{TAG}.lock"
     deadline = time.monotonic() + timeout_s
     while not is_ready(ckpt):
-        if _take_lock(lock):
+        if build_lock.take(lock, log, "taking over the stale conversion lock"):
             try:
-                with _Heartbeat(lock):
+                with build_lock.Heartbeat(lock, "universal-heartbeat"):
                     if not is_ready(ckpt):  # another converter finished between our look and the lock
                         convert(ckpt, max(1.0, deadline - time.monotonic()))
             finally:
@@ -151,57 +148,5 @@ def _convert_once(ckpt: Path, timeout_s: float) -> None:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout_s:g} s for the universal checkpoint {ckpt / TAG} "
-                               f"(lock {lock} held by {_holder(lock)})")
+                               f"(lock {lock} held by {build_lock.holder(lock, 'nobody now')})")
         time.sleep(POLL_S)
-
-
-def _take_lock(lock: Path) -> bool:
-    note = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return False
-        if age < STALE_S:
-            return False
-        log.warning("taking over the stale conversion lock %s (untouched for %.0f s)", lock, age)
-        tmp = lock.with_name(f"{lock.name}.{socket.gethostname()}.{os.getpid()}")
-        tmp.write_bytes(note)
-        os.replace(tmp, lock)
-        return True
-    with os.fdopen(fd, "wb") as f:
-        f.write(note)
-    return True
-
-
-def _holder(lock: Path) -> str:
-    try:
-        d = json.loads(lock.read_text())
-        return f"{d.get('host')} pid {d.get('pid')}"
-    except (OSError, ValueError):
-        return "nobody now"
-
-
-class _Heartbeat:
-    """Touches the lock while the conversion runs, so waiters tell a slow conversion from a dead one."""
-
-    def __init__(self, lock: Path):
-        self.lock, self.stop = lock, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="universal-heartbeat", daemon=True)
-
-    def _run(self):
-        while not self.stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(self.lock)
-            except FileNotFoundError:
-                return
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
