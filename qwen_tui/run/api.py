@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
@@ -27,12 +27,14 @@ from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, make_plan
 from ..preset import Preset, load_preset, save_preset
+from .events import (AlreadyEnded, CheckProgress, CheckResult, Checked, Connected, Ended, Event, Failure, Planned,
+                     Snapshot, Stage, Started, Stopping)
 from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
-    from ..nodes.checks import CheckReport, Progress
+    from ..nodes.checks import Progress
     from ..nodes.hostkeys import Consent
     from ..nodes.keys import KeySetupReport
 
@@ -42,129 +44,6 @@ CONSENT_WAIT_S = 300.0
 
 # A run directory's final states, and the exit code a face returns for each.
 FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
-
-
-# ---------------------------------------------------------------- events
-
-@dataclass(frozen=True)
-class Stage:
-    """A step begins: connect, check, rehearsal, launch or attach."""
-
-    name: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Connected:
-    """Every node answered; node index -> its label."""
-
-    labels: dict[int, str]
-
-
-@dataclass(frozen=True)
-class CheckProgress:
-    """A node check begins (`node` None: `text` says what it does) or one node's outcome of it,
-    as it comes: what a face shows while the checks run."""
-
-    check: str
-    node: Optional[int]
-    text: str
-
-
-@dataclass
-class CheckResult:
-    """What the launch checks found: the facts (for the plan and the run directory), the advice and
-    the node checks' findings together (each (code, node) said once; each item has level, code,
-    message and fix), and the node x check report (check.json; None on one machine). `checks`:
-    the node checks' own report (its matrix and findings, as `qwen-tui check` prints them)."""
-
-    facts: ClusterFacts
-    items: list = field(default_factory=list)
-    report: Optional[dict] = None
-    checks: Optional[CheckReport] = None
-
-    @property
-    def errors(self) -> list:
-        return [a for a in self.items if a.level == "error"]
-
-
-@dataclass(frozen=True)
-class Checked:
-    result: CheckResult
-
-
-@dataclass(frozen=True)
-class Planned:
-    plan: LaunchPlan
-
-
-@dataclass(frozen=True)
-class Started:
-    """The job runs on every node (launched, or found again by attach): follow it, stop it."""
-
-    launcher: Launcher
-
-
-@dataclass(frozen=True)
-class AlreadyEnded:
-    """attach found a run that had ended: nothing to follow or stop."""
-
-    run_id: str
-    status: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A step could not go on. `nodes`: node index -> what went wrong there, where it is per node;
-    `items`: the check errors that blocked a launch."""
-
-    stage: str
-    cause: str
-    fix: str = ""
-    nodes: dict[int, str] = field(default_factory=dict)
-    items: tuple = ()
-
-    @property
-    def message(self) -> str:
-        return self.cause + (f"\nfix: {self.fix}" if self.fix else "")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A copy of a running job's state for a face to draw (never the live objects)."""
-
-    nodes: dict[int, tuple[str, Optional[str]]]  # rank -> (status, error)
-    progress: TrainingProgress
-    log: list[str] = field(default_factory=list)
-    log_rank: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Stopping:
-    """A stop in progress (it can take seconds: the workers are asked, waited for, then killed):
-    node index -> where its stop is; `labels` names the nodes."""
-
-    nodes: dict[int, str]
-    labels: dict[int, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def text(self) -> str:
-        parts = [f"node {r}" + (f" ({self.labels[r]})" if r in self.labels else "") + f" {what}"
-                 for r, what in sorted(self.nodes.items())]
-        if not parts:
-            return "stopping every node…"
-        return f"stopping ({self.seconds:.0f} s): " + "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Ended:
-    outcome: RunOutcome
-
-
-Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Stopping,
-              Ended]
 
 
 # ---------------------------------------------------------------- connect
