@@ -27,7 +27,7 @@ import traceback
 
 from training.args import parse_args
 from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
-from training.stop import StopSignal, let_peer_agents_check_out
+from training.stop import PEER_STOP_WAIT_S, StopSignal, let_peer_agents_check_out, peer_gone
 
 log = logging.getLogger("training")
 
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         recipe.finish()
         return EXIT_OK
     except Exception as e:
+        if not stop.requested and peer_gone(e):  # a peer's stop can end our collective before our own signal
+            stop.await_stop(PEER_STOP_WAIT_S)
         if stop.requested:  # whatever unwound (the signal, or a collective whose peer stopped first) is the stop
             return _stopped(recipe, stop)
         if isinstance(e, InputError):

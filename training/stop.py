@@ -53,6 +53,17 @@ class StopSignal:
         self.signum = signum
         raise StopRequested(f"stopped by signal {signal.Signals(signum).name}")
 
+    def await_stop(self, seconds: float) -> bool:
+        """Wait up to `seconds` for a SIGTERM (True when one came): a rank whose collective failed because a
+        peer had already stopped may see that before its own signal arrives."""
+        deadline = time.monotonic() + seconds
+        try:
+            while self.signum is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except StopRequested:
+            pass  # the signal came: what it raised in this wait is the stop itself
+        return self.requested
+
     def exit_code(self) -> int:
         under_torchrun = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
         return 0 if under_torchrun or self.signum is None else 128 + self.signum
@@ -61,6 +72,24 @@ class StopSignal:
         where = f"at step {step}" if step is not None else "before training started"
         name = signal.Signals(self.signum).name if self.signum is not None else "a signal"
         return f"stopped by request {where} ({name})"
+
+
+# How long a rank whose collective lost a peer waits for its own SIGTERM before reporting a failure: a stop
+# signals every node at about the same time, but over SSH one node's worker can be gone a moment before another's
+# signal arrives. A peer that truly died costs this much more before the failure is reported.
+PEER_STOP_WAIT_S = 3.0
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "remote process exited", "communicator was aborted")
+
+
+def peer_gone(e: BaseException) -> bool:
+    """Whether `e` is a collective that failed because another rank went away (gloo's and NCCL's words), in a
+    run of several processes."""
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        several = False
+    text = str(e).lower()
+    return several and any(w in text for w in _PEER_GONE)
 
 
 def let_peer_agents_check_out(bound: float = PEERS_BOUND_S) -> bool:
