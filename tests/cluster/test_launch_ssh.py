@@ -131,6 +131,9 @@ def test_killing_a_worker_mid_run_names_the_node_and_leaves_nothing(cluster, ssh
 def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, launched, tmp_path):
     preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
     la, conns = launched(preset, "stop")
+    # The default grace, not the fixture's 5 s: node 0's stopped worker itself may wait up to 5 s for the other
+    # agents (training/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
+    la.stop_grace = 10.0
     try:
         _wait_steps(la, 1)
         assert all(cluster.job_pids(i) for i in range(3))
