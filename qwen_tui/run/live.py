@@ -73,6 +73,14 @@ def render(la: Launcher) -> Group:
     return Group(*parts)
 
 
+def say_stop_phases(ev: api.Stopping, said: dict[int, str], console: Console) -> None:
+    """Print each node's stop phase once, as it changes (`said` remembers what was printed)."""
+    for r, what in sorted(ev.nodes.items()):
+        if said.get(r) != what:
+            said[r] = what
+            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}", style="yellow"))
+
+
 def follow(la: Launcher, console: Optional[Console] = None, *, interval: float = 0.5,
            max_seconds: Optional[float] = None) -> RunOutcome:
     """Watch until the run ends (api.follow). Ctrl-C or SIGTERM stops every node of the run."""
@@ -93,11 +101,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
                 if isinstance(ev, api.Stopping):  # a stop takes seconds: say where each node is
-                    for r, what in sorted(ev.nodes.items()):
-                        if said.get(r) != what:
-                            said[r] = what
-                            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}",
-                                               style="yellow"))
+                    say_stop_phases(ev, said, console)
                     live.update(Group(render(la), Text(ev.text, style="yellow")))
                     continue
                 live.update(render(la))
@@ -271,11 +275,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                     except StopIteration as done:
                         res = done.value
                         break
-                    for r, what in sorted(ev.nodes.items()):
-                        if said.get(r) != what:
-                            said[r] = what
-                            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}",
-                                               style="yellow"))
+                    say_stop_phases(ev, said, console)
                 if res.already_ended:
                     console.print(f"run {la.plan.run_id} already ended ({res.outcome.status}): "
                                   f"{res.outcome.message}; nothing to stop", markup=False, highlight=False)
