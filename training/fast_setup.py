@@ -80,8 +80,9 @@ def size_rows(model, loss_module, fast, args, model_config: dict, device, autoca
               items=None) -> None:
     """Sets fast.packing_tokens from the memory probe where fast.auto_micro_batch (the smallest budget any rank
     measured), turning gradient checkpointing on if not even one record fits without it or where it at least
-    doubles rows that would be short without it (autobatch.worth_checkpointing); then builds cuDNN's plans. train_module: what runs the forward (put in training mode for the probes); items: the tokenized
-    training records (None for a lazy data set)."""
+    doubles rows that would be short without it (autobatch.worth_checkpointing); then builds cuDNN's plans.
+    train_module: what runs the forward (put in training mode for the probes); items: the tokenized training
+    records (None for a lazy data set)."""
     if fast.auto_micro_batch:
         train_module.train()  # dropout and checkpointing as in training
         vocab = int(model_config.get("vocab_size") or 1000)
