@@ -30,6 +30,15 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _job_parts(cluster, i: int) -> dict[str, list[int]]:
+    """Node i's run: its job shell, its torchrun agent and the agent's ranks."""
+    procs = {pid: _cmdline(pid) for pid in cluster.job_pids(i)}
+    shell = [p for p, c in procs.items() if c.startswith(b"sh\0")]
+    agent = [p for p, c in procs.items() if p not in shell and b"torch.distributed.run" in c]
+    ranks = [p for p, c in procs.items() if p not in shell + agent and b"training" in c]
+    return {"shell": shell, "agent": agent, "ranks": ranks}
+
+
 def _records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -42,14 +51,14 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
-def _wait(what, cond, bound, proc, log):
+def _wait(what, cond, bound, proc, log, every=0.5):
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
         got = cond()
         if got:
             return got
         assert proc.poll() is None, f"replay ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"no {what} within {bound}s:\n{log.read_text()[-3000:]}")
 
 
@@ -79,22 +88,40 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
     try:
         rd = _wait("run directory", lambda: next(iter(runs.glob("*/plan.json")), None), 60, proc, log).parent
         kept = rd / "metrics.jsonl"
+        # The worker's own record in node 0's run directory under its workdir, not replay's copy (that one lags):
+        # a tiny model steps every ~40 ms here, so a kill aimed from a lagging view can land after the last step.
+        live = REPO / ".qwen-tui" / "runs" / rd.name / "metrics.jsonl"
+        _wait("the worker's start record", lambda: any(r.get("event") == "start" for r in _records(live)), 300,
+              proc, log, every=0.01)
+        master = _job_parts(cluster, 0)["ranks"]
+        assert master, "no rank on node 0 after its start record"
 
         def after_a_checkpoint():
-            recs = _records(kept)
+            recs = _records(live)
             ck = [r["step"] for r in recs if r.get("event") == "checkpoint"]
             steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-            return ck and steps and max(steps) > ck[-1] and ck[-1]
+            return ck and steps and max(steps) > ck[-1] and (ck[-1], max(steps))
 
-        first_ckpt = _wait("a checkpoint and a step after it", after_a_checkpoint, 300, proc, log)
-        # kill node 2's torchrun agent and its ranks (its job shell stays and writes the exit code)
-        procs = {pid: _cmdline(pid) for pid in cluster.job_pids(2)}
-        shell = [p for p, c in procs.items() if c.startswith(b"sh\0")]
-        agent = [p for p, c in procs.items() if p not in shell and b"torch.distributed.run" in c]
-        ranks = [p for p, c in procs.items() if p not in shell + agent and b"training" in c]
-        assert len(agent) == 1 and ranks, procs
-        for pid in agent + ranks:
-            os.kill(pid, signal.SIGKILL)
+        frozen = []
+        try:
+            deadline = time.monotonic() + 300
+            while not (seen := after_a_checkpoint()):
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.01)
+            # hold the run still where it was seen: node 0's rank stopped, the others wait in its next collective
+            for pid in master:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            first_ckpt, at_step = seen
+            assert at_step < MAX_STEPS, f"the run had reached step {at_step} of {MAX_STEPS} before the kill"
+            # kill node 2's torchrun agent and its ranks (its job shell stays and writes the exit code)
+            parts = _job_parts(cluster, 2)
+            assert len(parts["agent"]) == 1 and parts["ranks"], parts
+            for pid in parts["agent"] + parts["ranks"]:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
         rc = proc.wait(timeout=400)
         text = log.read_text()
         assert rc == 0, text[-4000:]
