@@ -77,9 +77,16 @@ def _attempt_of(state: dict) -> int:
     return a if type(a) is int else 1
 
 
+# How long a stopped worker may itself take to end (training/stop.py: node 0's first rank waits up to PEERS_BOUND_S
+# for the other agents, and a rank whose collective lost a peer waits up to PEER_STOP_WAIT_S for its own signal);
+# the stop's grace leaves it that and a margin before anything of the job gets a signal of its own.
+WORKER_STOP_BOUND_S = 5.0 + 3.0
+STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
-                 *, stop_grace: float = 10.0, attempt: int = 1, metrics_keep_at: int = 0):
+                 *, stop_grace: float = STOP_GRACE_S, attempt: int = 1, metrics_keep_at: int = 0):
         self.plan = plan
         self.transports = transports
         self.run_dir = run_dir

@@ -15,7 +15,7 @@ from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan import make_plan
 from qwen_tui.preset import Preset
-from qwen_tui.run.launcher import Launcher
+from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
 
 
@@ -131,9 +131,9 @@ def test_killing_a_worker_mid_run_names_the_node_and_leaves_nothing(cluster, ssh
 def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, launched, tmp_path):
     preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
     la, conns = launched(preset, "stop")
-    # The default grace, not the fixture's 5 s: node 0's stopped worker itself may wait up to 5 s for the other
-    # agents (training/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
-    la.stop_grace = 10.0
+    # The default grace, not the fixture's 5 s: a stopped worker itself may take up to WORKER_STOP_BOUND_S
+    # (training/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
+    la.stop_grace = STOP_GRACE_S
     try:
         _wait_steps(la, 1)
         assert all(cluster.job_pids(i) for i in range(3))
