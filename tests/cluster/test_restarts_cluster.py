@@ -87,7 +87,6 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
     rd = None
     try:
         rd = _wait("run directory", lambda: next(iter(runs.glob("*/plan.json")), None), 60, proc, log).parent
-        kept = rd / "metrics.jsonl"
         # The worker's own record in node 0's run directory under its workdir, not replay's copy (that one lags):
         # a tiny model steps every ~40 ms here, so a kill aimed from a lagging view can land after the last step.
         live = REPO / ".qwen-tui" / "runs" / rd.name / "metrics.jsonl"

@@ -62,6 +62,25 @@ def _ranks_of_job(pgid: int) -> list[int]:
     return out
 
 
+def kill_ranks_holding_the_run(pids: dict, victim: str, holder: str = "0") -> list[int]:
+    """SIGKILL node `victim`'s ranks while node `holder`'s are stopped (SIGSTOP), then let those go on: a tiny run
+    steps every few tens of ms, and with the run held the kill lands where the caller saw it, not after the
+    victim's ranks have already finished. Returns the killed pids."""
+    held = _ranks_of_job(pids[holder])
+    assert held, f"node {holder} has no rank to hold"
+    try:
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        victims = _ranks_of_job(pids[victim])
+        assert victims, f"node {victim} has no rank left to kill"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
+    return victims
+
+
 def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_path):
     preset = preset_copy(tmp_path, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=1,
                          per_device_train_batch_size=2, model_max_length=64, restarts=1)
@@ -89,13 +108,9 @@ def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_pa
                 if attach is None:
                     with open(tmp_path / "attach.log", "wb") as out:
                         attach = cli("attach", "last", out=out)
-            time.sleep(0.5)
+            time.sleep(0.05)
         assert ckpt, (tmp_path / "replay.log").read_text()[-3000:]
-        pgid = json.loads((rd / "pids.json").read_text())["1"]
-        victims = _ranks_of_job(pgid)
-        assert victims
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
         assert replay.wait(timeout=400) == 0, (tmp_path / "replay.log").read_text()[-4000:]
         assert attach.wait(timeout=120) == 0, (tmp_path / "attach.log").read_text()[-4000:]
         followed = (tmp_path / "attach.log").read_text()

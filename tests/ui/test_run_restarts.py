@@ -7,13 +7,11 @@ and loss to the end."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 from textual.widgets import Static
 
-from launch.test_restarts_local import _ranks_of_job, _records
+from launch.test_restarts_local import _records, kill_ranks_holding_the_run
 from qwen_tui.ui.app import WizardApp
 
 from .conftest import run_processes
@@ -47,10 +45,7 @@ async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path
             return done and steps and max(steps) > done[0] and done[0]
 
         ckpt = await wait_until(pilot, after_a_checkpoint, 240, "a checkpoint and a step after it")
-        victims = _ranks_of_job(json.loads((rd / "pids.json").read_text())["1"])
-        assert victims
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
 
         # the second attempt: a new launcher, and the status line says why and from where
         await wait_until(pilot, lambda: run.launcher is not first and run.launcher.attempt == 2, 240,
