@@ -23,12 +23,13 @@ def run_processes(marker: str) -> list[int]:
     return out
 
 
-def assert_quiet_stop_logs(plan) -> None:
-    """Each node's log ends with the stop line, and no traceback of any process comes before it."""
+def assert_quiet_stop_logs(plan, when: str = "at step") -> None:
+    """Each node's log ends with the stop line ("stopped by request at step N", or `when` instead of "at step"),
+    and no traceback of any process comes before it."""
     for c in plan.nodes:
         text = open(c.log_path, encoding="utf-8", errors="replace").read()
         tail = text.splitlines()[-15:]
         assert "Traceback" not in text, f"node {c.rank}'s log holds a traceback:\n" + "\n".join(tail)
         assert "ChildFailedError" not in text and "SignalException" not in text, "\n".join(tail)
-        assert any("stopped by request at step" in ln for ln in tail), (
+        assert any(f"stopped by request {when}" in ln for ln in tail), (
             f"node {c.rank}'s log does not end with the stop line:\n" + "\n".join(tail))

@@ -27,7 +27,7 @@ import traceback
 
 from training.args import parse_args
 from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
-from training.stop import PEER_STOP_WAIT_S, StopSignal, let_peer_agents_check_out, peer_gone
+from training.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
 
 log = logging.getLogger("training")
 
@@ -45,6 +45,25 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
+    # SIGTERM is a quiet stop with one line, not a traceback (training/stop.py), from the first moment: a stop
+    # while torch is still being imported would otherwise kill the rank, and its torchrun agent would report
+    # a failed child with a traceback. Noted until the imports are done (arm() below), then raised.
+    stop = StopSignal()
+    previous = stop.install()
+    held: dict = {}  # the recipe, once it exists: the step a stop came at
+    try:
+        return _run(argv, stop, held)
+    except StopRequested:  # while the recipe tidied up, after it had handled its own
+        recipe = held.get("recipe")
+        log.warning("%s", stop.line(recipe.step if recipe is not None and recipe.started else None))
+        return stop.exit_code()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if stop.requested:  # node 0's agent leaves the exit barrier last, so the others see it (training/stop.py)
+            let_peer_agents_check_out()
+
+
+def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     try:
         args = parse_args(argv)
     except InputError as e:
@@ -70,14 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
-    recipe = FinetuneRecipe(args)
-    stop = StopSignal()  # SIGTERM: a quiet stop with one line, not a traceback (training/stop.py)
-    previous = stop.install()
+    recipe = held["recipe"] = FinetuneRecipe(args)
     # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits. To the
     # process's own stderr (sys.stderr may be a stand-in without a file descriptor when main() is called in-process).
     if sys.__stderr__ is not None:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     try:
+        stop.arm()  # a stop that came during the imports ends here
         recipe.setup()
         recipe.train()
         recipe.save_final()
@@ -102,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe.fail(e)
         return EXIT_FAILED
     finally:
-        signal.signal(signal.SIGTERM, previous)
         recipe.cleanup()
-        if stop.requested:  # node 0's agent leaves the exit barrier last, so the others see it (training/stop.py)
-            let_peer_agents_check_out()
 
 
 def _stopped(recipe, stop: StopSignal) -> int:

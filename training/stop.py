@@ -36,8 +36,13 @@ class StopRequested(Exception):
 
 
 class StopSignal:
+    """Installed first thing, unarmed: a signal while the worker still imports torch is only noted (an exception
+    raised inside a C extension's import leaves it half-built, and the process may crash later), and `arm()`
+    raises it at the first safe point. Armed, the signal raises StopRequested where the worker is."""
+
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self.armed = False
 
     @property
     def requested(self) -> bool:
@@ -47,11 +52,18 @@ class StopSignal:
         """Handle SIGTERM from now on; returns the previous handler (for restore)."""
         return signal.signal(signal.SIGTERM, self._handle)
 
+    def arm(self) -> None:
+        """From now on a signal raises StopRequested; one that came while unarmed raises here."""
+        self.armed = True
+        if self.signum is not None:
+            raise StopRequested(f"stopped by signal {signal.Signals(self.signum).name}")
+
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if self.signum is not None:
             return  # already unwinding: a second signal must not break the clean exit
         self.signum = signum
-        raise StopRequested(f"stopped by signal {signal.Signals(signum).name}")
+        if self.armed:
+            raise StopRequested(f"stopped by signal {signal.Signals(signum).name}")
 
     def await_stop(self, seconds: float) -> bool:
         """Wait up to `seconds` for a SIGTERM (True when one came): a rank whose collective failed because a

@@ -1,11 +1,13 @@
 """A stop the user asked for ends the run quietly: a real two-node local launch of the tiny demo,
-stopped mid-run through the launch API. While the stop runs, follow() says where each node is;
+stopped mid-run through the launch API, and one stopped at once, while its workers still import torch. While the stop runs, follow() says where each node is;
 afterwards every node's log ends with the worker's "stopped by request at step N" line and no
 traceback (neither the worker's nor torchrun's), the run is recorded as stopped, the metrics'
 end record says stopped, and no process of the run is left."""
 
 import json
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ from procs import assert_quiet_stop_logs, run_processes
 from qwen_tui.run import api
 
 from .test_api import demo, launch_until_started, request
+from .test_restarts_local import _ranks_of_job
 
 
 @pytest.mark.slow
@@ -45,6 +48,44 @@ def test_a_stop_mid_run_ends_every_node_quietly_and_says_how_far_it_is(tmp_path)
         end = [json.loads(ln) for ln in (la.run_dir.path / "metrics.jsonl").read_text().splitlines()
                if '"end"' in ln]
         assert end and end[-1]["status"] == "stopped" and end[-1]["step"] >= 1, end
+        assert run_processes(rid) == []
+    finally:
+        if la.poll() is None:
+            la.stop_all()
+        conns.close()
+
+
+def _importing_torch(pgid: int) -> bool:
+    """Whether node `pgid`'s ranks all exist and have begun loading torch's libraries (the seconds of start-up
+    a user can stop in; the first few tens of ms of a new interpreter, before the worker runs, are not)."""
+    ranks = _ranks_of_job(pgid)
+    try:
+        return bool(ranks) and all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks)
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_workers_still_start_ends_every_node_quietly(tmp_path):
+    # the user launches and stops at once: the ranks exist but are still importing torch and building the
+    # model; before the worker's own handler a SIGTERM killed them, and each torchrun agent printed a traceback
+    preset = demo(tmp_path, max_steps=100000, logging_steps=1, save_strategy="no")
+    rid = f"api-early-stop-{uuid.uuid4().hex[:8]}"
+    conns = api.Connections()
+    la = launch_until_started(request(tmp_path, preset, run_id=rid), conns)[-1].launcher
+    try:
+        pids = json.loads((la.run_dir.path / "pids.json").read_text())
+        deadline = time.monotonic() + 60
+        while not all(_importing_torch(int(p)) for p in pids.values()):
+            assert time.monotonic() < deadline and la.poll() is None, "the ranks did not start importing torch"
+            time.sleep(0.02)
+        metrics = la.run_dir.path / "metrics.jsonl"
+        assert not metrics.exists() or '"start"' not in metrics.read_text(), "the run trained before the stop"
+        res = api.stop(la)
+        assert res.outcome.status == "stopped" and not res.left, res
+
+        assert_quiet_stop_logs(la.plan, when="before training started")
+        assert json.loads((la.run_dir.path / "state.json").read_text())["status"] == "stopped"
         assert run_processes(rid) == []
     finally:
         if la.poll() is None:
