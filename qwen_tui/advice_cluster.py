@@ -184,17 +184,19 @@ def model_files(c: Context) -> Iterable[Advice]:
 
 @rule
 def no_shared_storage(c: Context) -> Iterable[Advice]:
-    if c.facts is None or c.nodes < 2 or c.t.save_strategy == "no":
+    if c.facts is None or c.nodes < 2:
         return
     if all(n.is_local for n in c.preset.cluster.nodes):
         return
-    if c.preset.cluster.shared_storage and c.facts.shared_storage is False:
+    if c.preset.cluster.shared_storage and c.facts.shared_storage is False and c.t.save_strategy != "no":
         yield Advice("warning", "NO_SHARED_STORAGE",
                      f"cluster.shared_storage is true but {c.t.output_dir} is not one filesystem on every node: "
                      "checkpoints would be saved by rank 0 only, and each node's ZeRO shards land on its own disk",
                      Fix("Save on every node", {"cluster.shared_storage": False}))
+    # with save_strategy "no" too: the final model is saved at the end of every run, by every node when not shared
     if not c.preset.cluster.shared_storage and c.facts.shared_storage is True:
         yield Advice("error", "SHARED_STORAGE_UNDECLARED",
                      f"{c.t.output_dir} is one filesystem on every node but cluster.shared_storage is false: "
-                     "every node would write the same checkpoint files at once",
+                     "every node would write the same model and checkpoint files at once (the run fails at its "
+                     "final save)",
                      Fix("Declare shared storage", {"cluster.shared_storage": True}))

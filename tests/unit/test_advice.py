@@ -272,6 +272,9 @@ def test_shared_storage_undeclared():
     assert "SHARED_STORAGE_UNDECLARED" not in codes(undeclared, facts(shared_storage=False))
     assert "SHARED_STORAGE_UNDECLARED" not in codes(undeclared, facts(shared_storage=None))
     assert "SHARED_STORAGE_UNDECLARED" not in codes(preset(), facts(shared_storage=True))
+    # no checkpoints, but every node still saves the final model into the one output_dir at the end
+    no_ckpt = preset(cluster={"shared_storage": False}, save_strategy="no")
+    assert "SHARED_STORAGE_UNDECLARED" in codes(no_ckpt, facts(shared_storage=True))
 
 
 # ---------------------------------------------------------------- method and model

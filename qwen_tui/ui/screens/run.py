@@ -48,6 +48,7 @@ class RunScreen(StepScreen):
         self.outcome = None
         self.last_snapshot: Optional[api.Snapshot] = None
         self._stop_wanted = False  # stop-all asked for this run (read by the follower's thread)
+        self._checking: Optional[tuple[str, dict[int, list[str]]]] = None  # the launch checks so far (_check_line)
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -95,6 +96,7 @@ class RunScreen(StepScreen):
             return
         self.outcome = None
         self._stop_wanted = False
+        self._checking = None
         self.state.run_status = "starting"
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
         self._launch_worker(force)
@@ -190,12 +192,29 @@ class RunScreen(StepScreen):
         ev = msg.event
         if isinstance(ev, api.Stage):
             self._status(Text(ev.text, style="yellow"))
+        elif isinstance(ev, api.CheckProgress):  # the checks before a launch take seconds a node: say where they are
+            self._status(Text(self._check_line(ev), style="yellow"))
         elif isinstance(ev, api.Failure):
             self._failed_start(ev)
         elif isinstance(ev, api.AlreadyEnded):
             self.state.run_status = ev.status
             self._status(Text(f"run {ev.run_id} already ended ({ev.status}): {ev.message}", style="dim"))
             self.wizard.facts_changed()
+
+    def _check_line(self, ev) -> str:
+        """The check under way, and under it what each node has answered to the checks so far."""
+        if self._checking is None:
+            self._checking = ("", {})
+        head, answers = self._checking
+        if ev.node is None:
+            head = f"checking · {ev.check}: {ev.text}"
+        else:
+            answers.setdefault(ev.node, []).append(ev.text)
+        self._checking = (head or f"checking · {ev.check}", answers)
+        nodes = self.state.preset.cluster.nodes
+        per_node = [f"node {i} ({nodes[i].label if i < len(nodes) else '?'}): {', '.join(answers[i])}"
+                    for i in sorted(answers)]
+        return "\n".join([self._checking[0], *per_node])
 
     def _failed_start(self, f: api.Failure) -> None:
         self.state.run_status = "failed"
