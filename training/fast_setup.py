@@ -16,6 +16,7 @@ import torch
 
 from training import dist, fastpath
 from training.fast.autobatch import worth_checkpointing
+from training.model import checkpointing
 from training.errors import InputError
 
 log = logging.getLogger("training")
@@ -99,7 +100,7 @@ def size_rows(model, loss_module, fast, args, model_config: dict, device, autoca
             if not plan.fits:
                 log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
                          "turning it on", args.model_max_length)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpointing(model, True)
             with_ckpt = probe()
             if any_rank(device, worth_checkpointing(plan, with_ckpt)):
                 if plan.fits:
@@ -107,7 +108,7 @@ def size_rows(model, loss_module, fast, args, model_config: dict, device, autoca
                              "turning it on", plan.tokens, with_ckpt.tokens)
                 fast.gradient_checkpointing, plan = True, with_ckpt
             else:
-                model.gradient_checkpointing_disable()
+                checkpointing(model, False)
         if not plan.fits:
             raise InputError(f"not even one record of --model_max_length {args.model_max_length} tokens fits in "
                              f"{args.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "

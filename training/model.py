@@ -177,6 +177,26 @@ def export_dtype(args, source: str):
     return getattr(torch, declared) if declared in HALF_NAMES else torch.float32
 
 
+def checkpointing(model, on: bool) -> None:
+    """Activation (gradient) checkpointing on or off, non-reentrant: it needs no input grads, so it works with a
+    frozen base too. transformers 5.x names it activation_checkpointing_* (the gradient_checkpointing_* names
+    warn and go in v6); older releases have only those."""
+    if on:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def checkpointing_is_on(model) -> bool:
+    return bool(getattr(model, "is_activation_checkpointing", None)
+                if hasattr(model, "activation_checkpointing_enable") else model.is_gradient_checkpointing)
+
+
 def apply_method(args, model, method: str):
     """Enables gradient checkpointing and wraps the model with LoRA adapters where asked."""
     if method == "qlora":
@@ -187,8 +207,7 @@ def apply_method(args, model, method: str):
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     elif args.gradient_checkpointing:
-        # Non-reentrant checkpointing needs no input grads, so it also works with a frozen base.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing(model, True)
     if method == "full":
         return model
     from peft import LoraConfig, get_peft_model

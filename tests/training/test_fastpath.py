@@ -461,6 +461,7 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
     plans the H200 measured, chosen by whether the model is checkpointing at the time of the probe."""
     from training import fast_setup, fastpath
     from training.args import parse_args
+    from training.model import checkpointing_is_on
 
     model = _tiny()
     off = _h200_plan(66.99, 75.56, 56.74) if short else _h200_plan(27.96, 40.24, 1.20)
@@ -469,15 +470,15 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
     probed = []
 
     def probe(*a, **k):
-        probed.append(model.is_gradient_checkpointing)
-        return on if model.is_gradient_checkpointing else off
+        probed.append(checkpointing_is_on(model))
+        return on if checkpointing_is_on(model) else off
 
     monkeypatch.setattr(fastpath, "probe_tokens", probe)
     args = parse_args(["--model_name_or_path", "x", "--data_path", "y", "--output_dir", "z", *argv])
     fast = SimpleNamespace(auto_micro_batch=True, gradient_checkpointing=bool(args.gradient_checkpointing),
                            packing=False, attention="flash", packing_tokens=None)
     fast_setup.size_rows(model, None, fast, args, {"vocab_size": 512}, torch.device("cpu"), None, model)
-    assert fast.gradient_checkpointing is expect and model.is_gradient_checkpointing is expect
+    assert fast.gradient_checkpointing is expect and checkpointing_is_on(model) is expect
     assert fast.packing_tokens == (on.tokens if expect else off.tokens)
     assert probed == ([False, True] if short and not argv else [False])
 
