@@ -202,6 +202,10 @@ class RunScreen(StepScreen):
                 if isinstance(ev, api.Started):
                     self.post_message(RunStarted(ev.launcher))
                     return self._follow_attempts(ev.launcher, None)
+                if isinstance(ev, api.AlreadyEnded):  # the next attempt ended before this face found it
+                    from ...run.launcher import RunOutcome
+
+                    return RunOutcome(ev.status, ev.message, None, {})
                 self.post_message(LaunchEvent(ev))
         return out
 
