@@ -15,6 +15,10 @@ Each relaunch is another attempt of the same run directory:
 - state.json lists the attempts (nodes, batch, checkpoint, how each ended), and
   plan.json / pids.json / preset.yaml describe the current one, which is what
   `qwen-tui attach` follows (preset.first.yaml keeps the preset as first launched).
+
+The face that relaunches is the run's driver (run/driver.py): the one that launched it
+(`Restarts.follow`), or an attach that finds it gone after a failed attempt
+(`next_or_take_over`, then `Restarts.from_run_dir(...).take_over`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ from ..facts import ClusterFacts
 from ..nodes.transport import Transport, TransportError
 from ..plan import LaunchPlan, NodeCommand, make_plan
 from ..preset import Preset, load_preset, save_preset
+from . import driver
 from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
                        without_nodes)
 from .launcher import LOST, LaunchError, Launcher, RunOutcome
-from . import driver
 from .rundir import RunDir
 
 # Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
