@@ -214,7 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch_opts(d)
     d.set_defaults(func=cmd_demo)
 
-    a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory")
+    a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory",
+                       description="Watch (or stop) a run started earlier. With training.restarts, a failed attempt "
+                       "is relaunched by the replay or wizard that launched the run; when that one is gone (killed, or the "
+                       "wizard quit), attach relaunches it and follows it to the end.")
     a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
                    "for the newest run, or a run directory")
     a.add_argument("--stop", action="store_true", help="stop every node of that run")

@@ -239,6 +239,21 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         conns.close()
 
 
+def take_over(la: Launcher, out: RunOutcome, console: Console) -> int:
+    """`attach` drives the run (its launching face is gone; driver.claim made this face the driver): relaunch
+    after the failed attempt `la` as replay would, and follow every attempt until the run ends."""
+    from . import driver
+    from .restarts import Restarts
+
+    try:
+        rs = Restarts.from_run_dir(la, say=console.print)
+    except (OSError, ValueError) as e:
+        driver.release(la.run_dir)
+        console.print(Text(f"cannot relaunch run {la.plan.run_id}: {printable(str(e))}", style="bold red"))
+        return out.exit_code
+    return rs.take_over(la, out, lambda a, left: follow(a, console, max_seconds=left)).exit_code
+
+
 def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     """`qwen-tui attach`: follow (or stop) a run from its run directory. Never signals a process
     that does not prove it is this run's job, and never signals a run that has ended."""
@@ -259,13 +274,15 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 if not stop:
                     out = follow(la, console)
                     if out.status == "failed":
-                        from .restarts import wait_for_next_attempt
+                        from .restarts import next_or_take_over
 
-                        nxt = wait_for_next_attempt(la.run_dir, la.attempt)
-                        if nxt is not None:  # replay relaunched the run: follow the new attempt (its own nodes)
+                        what, nxt = next_or_take_over(la.run_dir, la.attempt)
+                        if what == "next":  # the run's driver relaunched it: follow the new attempt (its own nodes)
                             console.print(f"run {la.plan.run_id}: attempt {nxt} started; following it")
                             conns.close()
                             return attach(run_dir, accept_new_host_keys=accept_new_host_keys, stop=False)
+                        if what == "drive":  # no live face drives the run: this one relaunches it
+                            return take_over(la, out, console)
                     return out.exit_code
                 said: dict[int, str] = {}
                 stopping = api.stopping(la)

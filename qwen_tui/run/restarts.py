@@ -15,6 +15,10 @@ Each relaunch is another attempt of the same run directory:
 - state.json lists the attempts (nodes, batch, checkpoint, how each ended), and
   plan.json / pids.json / preset.yaml describe the current one, which is what
   `qwen-tui attach` follows (preset.first.yaml keeps the preset as first launched).
+
+The face that relaunches is the run's driver (run/driver.py): the one that launched it
+(`Restarts.follow`), or an attach that finds it gone after a failed attempt
+(`next_or_take_over`, then `Restarts.from_run_dir(...).take_over`).
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ import json
 import os
 import posixpath
 import shutil
+import sys
 import time
 from typing import Callable, Optional
 
 from ..facts import ClusterFacts
 from ..nodes.transport import Transport, TransportError
 from ..plan import LaunchPlan, NodeCommand, make_plan
-from ..preset import Preset, save_preset
+from ..preset import Preset, load_preset, save_preset
+from . import driver
 from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
                        without_nodes)
 from .launcher import LOST, LaunchError, Launcher, RunOutcome
@@ -51,6 +57,19 @@ def run_facts(rd: RunDir) -> Optional[ClusterFacts]:
         return ClusterFacts.from_dict(json.loads((rd.path / "facts.json").read_text(encoding="utf-8")))
     except FileNotFoundError:
         return None
+
+
+def _facts_for(rd: RunDir, state: dict, plan: LaunchPlan) -> Optional[ClusterFacts]:
+    """facts.json keyed by the current attempt's ranks: it holds the first launch's, and a relaunch without a
+    failed node renumbers the nodes that stay (matched by their labels, as the attempts list them)."""
+    facts = run_facts(rd)
+    attempts = state.get("attempts")
+    first = attempts[0].get("nodes") if isinstance(attempts, list) and attempts and isinstance(attempts[0], dict) \
+        else None
+    if facts is None or not isinstance(first, list):
+        return facts
+    ranks = {i: first.index(c.label) for i, c in enumerate(plan.nodes) if first.count(c.label) == 1}
+    return dataclasses.replace(facts, nodes={i: facts.nodes[r] for i, r in ranks.items() if r in facts.nodes})
 
 
 def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str) -> list[str]:
@@ -80,6 +99,30 @@ class Restarts:
         self.made = 0
         self.excluded: list[str] = []  # labels of the nodes left out so far
 
+    @classmethod
+    def from_run_dir(cls, la: Launcher, *, say: Callable[[str], None] = print) -> "Restarts":
+        """For a face that takes the run over (take_over) from `la`, a launcher attached to its current attempt:
+        the preset (preset.yaml), the facts (facts.json), exclude_failed, the restarts allowed and made and the
+        nodes left out so far (state.json), and where the launching face planned from. Raises OSError or
+        ValueError for a damaged preset.yaml."""
+        rd = la.run_dir
+        state = rd.read_state()
+        preset = load_preset(rd.path / "preset.yaml")
+        rel = state.get("relaunch") if isinstance(state.get("relaunch"), dict) else {}
+        base_dir = rel.get("base_dir") if isinstance(rel.get("base_dir"), str) else os.getcwd()
+        local_python = rel.get("local_python") if isinstance(rel.get("local_python"), str) else sys.executable
+        ex = state.get("exclude_failed")
+        rs = cls(preset, la.transports, _facts_for(rd, state, la.plan),
+                 exclude_failed=ex if isinstance(ex, bool) else preset.training.exclude_failed,
+                 base_dir=base_dir, local_python=local_python, say=say)
+        if type(state.get("restarts")) is int:
+            rs.allowed = state["restarts"]
+        rs.made = la.attempt - 1  # each relaunch was one more attempt
+        attempts = rs._attempts(rd)
+        last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+        rs.excluded = [str(x) for x in last.get("excluded") or []]
+        return rs
+
     # ------------------------------------------------------------ state.json
     def _attempts(self, rd: RunDir) -> list[dict]:
         a = rd.read_state().get("attempts")
@@ -108,34 +151,56 @@ class Restarts:
     # ------------------------------------------------------------ the loop
     def follow(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float] = None) -> RunOutcome:
         """Follow `la` (the first attempt, just started) and every relaunch until the run ends."""
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         for note in recovery_notes(self.preset, self.exclude_failed):
             self.say(f"note: {note}")
         state = la.run_dir.read_state()
         self._record_start(la, la.plan.batch_formula, self.preset.training.resume_from_checkpoint,
                            state.get("started") or time.time())
-        while True:
-            left = None if deadline is None else max(1.0, deadline - time.monotonic())
-            out = follow_one(la, left)
-            why = why_not_restart(out.status, out.failed_rank, out.cause, self.made, self.allowed)
-            if why is None and la.run_dir.read_state().get("stop_requested"):
-                why = "the run was stopped (qwen-tui attach --stop)"  # its nodes failed because they were stopped
-            if why is None and deadline is not None and time.monotonic() >= deadline:
-                why = f"--max-seconds {max_seconds:g} is spent"
-            if why is not None:
-                self._record_end(la, out, f"none: {why}")
-                if self.allowed and out.status == "failed":
-                    self.say(f"not restarted: {why}")
-                return out
-            self._record_end(la, out, "restart")
-            try:
-                la = self._relaunch(la, out)
-            except (RestartRefused, LaunchError, TransportError, OSError) as e:
-                self._refused(la, str(e))
-                return out
-            except BaseException:
-                la.run_dir.write_state(status="failed")  # never left "restarting" for attach to wait on
-                raise
+        # what a face that takes over (attach, when this one is gone) plans the relaunches with
+        la.run_dir.write_state(relaunch={"base_dir": self.base_dir, "local_python": self.local_python})
+        driver.record(la.run_dir)
+        return self._drive(la, follow_one, max_seconds, None)
+
+    def take_over(self, la: Launcher, out: RunOutcome, follow_one: FollowOne,
+                  max_seconds: Optional[float] = None) -> RunOutcome:
+        """After attempt `la` ended with `out` and no live face drives the run (this one has claimed the
+        role: driver.claim): relaunch as the launching face would have, and follow until the run ends."""
+        if out.status == "failed" and self.made < self.allowed:
+            self.say(f"the face that launched this run is gone: attach relaunches it "
+                     f"(attempt {la.attempt + 1} of {self.allowed + 1})")
+        return self._drive(la, follow_one, max_seconds, out)
+
+    def _drive(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float],
+               out: Optional[RunOutcome]) -> RunOutcome:
+        """The loop: follow an attempt (unless its outcome `out` is known), relaunch it while restarts remain.
+        This face is the run's driver until it returns."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while True:
+                if out is None:
+                    left = None if deadline is None else max(1.0, deadline - time.monotonic())
+                    out = follow_one(la, left)
+                why = why_not_restart(out.status, out.failed_rank, out.cause, self.made, self.allowed)
+                if why is None and la.run_dir.read_state().get("stop_requested"):
+                    why = "the run was stopped (qwen-tui attach --stop)"  # its nodes failed because they were stopped
+                if why is None and deadline is not None and time.monotonic() >= deadline:
+                    why = f"--max-seconds {max_seconds:g} is spent"
+                if why is not None:
+                    self._record_end(la, out, f"none: {why}")
+                    if self.allowed and out.status == "failed":
+                        self.say(f"not restarted: {why}")
+                    return out
+                self._record_end(la, out, "restart")
+                try:
+                    la, out = self._relaunch(la, out), None
+                except (RestartRefused, LaunchError, TransportError, OSError) as e:
+                    self._refused(la, str(e))
+                    return out
+                except BaseException:
+                    la.run_dir.write_state(status="failed")  # never left "restarting" for attach to wait on
+                    raise
+        finally:
+            driver.release(la.run_dir)
 
     def _refused(self, la: Launcher, why: str) -> None:
         self.say(f"not restarted: {why}")
@@ -219,21 +284,53 @@ class Restarts:
         return kept.stat().st_size if kept.exists() else 0
 
 
+def _next_of(state: dict, attempt: int) -> Optional[tuple[str, Optional[int]]]:
+    """What state.json says follows attempt `attempt`: ("next", K) once attempt K runs, ("none", None) when no
+    attempt follows (the driver decided so, or the run allows no restart), None while undecided."""
+    cur = state.get("attempt", 1)
+    if type(cur) is int and cur > attempt:
+        return ("next", cur)  # Launcher.start wrote it: the next attempt runs
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    mine = next((a for a in attempts if isinstance(a, dict) and a.get("attempt") == attempt), {})
+    nxt = str(mine.get("next") or "")
+    if nxt.startswith("none") or (not nxt and not state.get("restarts")):
+        return ("none", None)
+    return None
+
+
 def wait_for_next_attempt(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND,
                           interval: float = 0.5) -> Optional[int]:
     """For `attach`: after attempt `attempt` ended, wait (bounded) for replay to say what comes next. The new
     attempt's number once it runs; None when no attempt follows (or none started within `bound`)."""
     deadline = time.monotonic() + bound
     while True:
-        state = rd.read_state()
-        cur = state.get("attempt", 1)
-        if type(cur) is int and cur > attempt:
-            return cur  # Launcher.start wrote it: the next attempt runs
-        attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
-        mine = next((a for a in attempts if isinstance(a, dict) and a.get("attempt") == attempt), {})
-        nxt = str(mine.get("next") or "")
-        if nxt.startswith("none") or (not nxt and not state.get("restarts")):
-            return None  # replay decided against a restart, or the run allows none
+        got = _next_of(rd.read_state(), attempt)
+        if got is not None:
+            return got[1]
         if time.monotonic() >= deadline:
             return None
+        time.sleep(interval)
+
+
+def next_or_take_over(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND, interval: float = 0.5,
+                      cancelled: Callable[[], bool] = lambda: False) -> tuple[str, Optional[int]]:
+    """For `attach`, after attempt `attempt` failed: ("next", K) once the run's driver started attempt K;
+    ("drive", None) when no live face drives the run: this face has claimed the role (driver.claim) and
+    relaunches it (Restarts.from_run_dir, take_over); ("none", None) when no attempt follows, or the live
+    driver started none within `bound`; ("cancelled", None) once `cancelled()` (the face is closing)."""
+    deadline = time.monotonic() + bound
+    while True:
+        if cancelled():
+            return ("cancelled", None)
+        state = rd.read_state()
+        got = _next_of(state, attempt)
+        if got is not None:
+            return got
+        try:
+            if not driver.alive(state.get("driver")) and driver.claim(rd):
+                return ("drive", None)
+        except driver.DriverBusy:
+            pass  # another face is claiming it now: look again, as for a live driver
+        if time.monotonic() >= deadline:
+            return ("none", None)
         time.sleep(interval)

@@ -2,16 +2,18 @@
 `training.restarts: 1`; node 1's training rank is killed after a checkpoint. The wizard relaunches
 the run from that checkpoint (run/restarts.py, as replay does), the status line says which attempt
 this is, which node failed and where it resumed, and the screen follows the new attempt's nodes
-and loss to the end."""
+and loss to the end; a wizard that re-attaches after the launching one quit relaunches it itself."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 from textual.widgets import Static
 
-from launch.test_restarts_local import _records, kill_ranks_holding_the_run
+from launch.test_restarts_local import _ranks_of_job, _records, kill_ranks_holding_the_run
 from qwen_tui.ui.app import WizardApp
 
 from .conftest import run_processes
@@ -66,4 +68,61 @@ async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path
     state = json.loads((rd / "state.json").read_text())
     assert state["status"] == "ok" and [a["attempt"] for a in state["attempts"]] == [1, 2]
     assert state["attempts"][0]["failed_rank"] == 1 and state["attempts"][0]["next"] == "restart"
+    assert run_processes(first.plan.run_id) == []
+
+
+async def test_a_reattached_wizard_relaunches_a_run_whose_launching_wizard_quit(tmp_path, demo_copy, monkeypatch,
+                                                                                 stop_runs_after):
+    """The wizard that launched the run quits (the run goes on, with nobody to relaunch it); node 1's ranks are
+    killed; a wizard opened later re-attaches, finds no live driver and relaunches attempt 2 itself."""
+    preset = demo_copy(max_steps=MAX_STEPS, save_steps=4, logging_steps=1, per_device_train_batch_size=2,
+                       model_max_length=64, restarts=1)
+    runs = tmp_path / "runs"
+    stop_runs_after(runs)
+    monkeypatch.chdir(tmp_path)
+    app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f6")
+        await pilot.pause()
+        await pilot.press("l")
+        run = app.get_screen("run")
+        await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
+        first = run.launcher
+        rd = first.run_dir.path
+
+        def after_a_checkpoint():
+            recs = _records(rd / "metrics.jsonl")
+            done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
+            steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
+            return done and steps and max(steps) > done[0] and done[0]
+
+        ckpt = await wait_until(pilot, after_a_checkpoint, 240, "a checkpoint and a step after it")
+        pids = json.loads((rd / "pids.json").read_text())
+        held = _ranks_of_job(pids["0"]) + _ranks_of_job(pids["1"])
+        for pid in held:  # the run waits while the wizard quits: the failure comes after it is gone
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            await pilot.press("ctrl+q")
+        except BaseException:
+            for pid in held:
+                os.kill(pid, signal.SIGCONT)
+            raise
+    for pid in held:
+        os.kill(pid, signal.SIGCONT)
+    kill_ranks_holding_the_run(pids, "1")
+
+    app2 = WizardApp(str(preset), runs_root=str(runs), reattach=True)
+    async with app2.run_test(size=SIZE) as pilot:
+        run = app2.get_screen("run")
+        await wait_until(pilot, lambda: run.launcher is not None and run.launcher.attempt == 2, 240,
+                         "the second attempt, launched by the re-attached wizard")
+        status = str(run.query_one("#run-status", Static).render())
+        assert "attempt 2 of 2; after node 1 (localhost) failed" in status, status
+        await wait_until(pilot, lambda: app2.state.run_status in ("ok", "failed", "stopped"), 300, "the end")
+        assert app2.state.run_status == "ok", str(run.query_one("#run-status", Static).render())
+    state = json.loads((rd / "state.json").read_text())
+    a1, a2 = state["attempts"]
+    assert (state["status"], a1["next"], a1["failed_rank"], a2["status"]) == ("ok", "restart", 1, "ok")
+    assert int(a2["resume_from"].rsplit("-", 1)[1]) >= ckpt
+    assert state["driver"] is None
     assert run_processes(first.plan.run_id) == []

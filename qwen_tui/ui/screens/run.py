@@ -3,7 +3,8 @@ and memory, or CPU load), the master's loss curve with lr, tokens/s, step and ET
 the log tail of the selected node (wrapped, following the tail), and which node failed and
 what it said. Stop-all asks first, then shows where each node's stop is. A launch from here
 is relaunched after a failure as training.restarts allows, and the status line names the
-attempt. Quitting leaves the run going; reopening re-attaches."""
+attempt. Quitting leaves the run going; reopening re-attaches, and relaunches after a failure when the
+face that launched the run is gone."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ class RunScreen(StepScreen):
         """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
         snapshots. Leaving the app detaches (the run goes on); only stop-all ends it. `relaunch`: the
         request of a launch from here, whose failed attempts are relaunched as training.restarts allows
-        (run/restarts.py, as replay does); an attached run is followed, not relaunched."""
+        (run/restarts.py, as replay does); an attached run is relaunched by its driver, or from here when the
+        face that launched it is gone (run/driver.py)."""
         for ev in events:
             if isinstance(ev, api.Started):
                 self.post_message(RunStarted(ev.launcher))
@@ -166,12 +168,46 @@ class RunScreen(StepScreen):
                     return got.outcome
             raise _Detached  # the app is closing: the job runs on, to be re-attached
 
-        if req is None or not req.preset.training.restarts:
+        if req is None:  # an attached run: its driver relaunches it, or this face when that one is gone
+            out = follow_one(first, None)
+            return self._after_failure(first, out, follow_one) if out.status == "failed" else out
+        if not req.preset.training.restarts:
             return follow_one(first, None)
         rs = Restarts(req.preset, first.transports, run_facts(first.run_dir),
                       exclude_failed=req.preset.training.exclude_failed, base_dir=req.base_dir,
                       local_python=req.local_python, say=lambda text: self.post_message(RunNote(text)))
         return rs.follow(first, follow_one)
+
+    def _after_failure(self, la, out, follow_one):
+        """An attached attempt failed: follow the next attempt its driver starts, or, with no live driver
+        (the face that launched it is gone), relaunch it from here as training.restarts allows."""
+        from ...run import driver
+        from ...run.restarts import Restarts, next_or_take_over
+
+        worker = get_current_worker()
+        what, _ = next_or_take_over(la.run_dir, la.attempt,
+                                    cancelled=lambda: worker.is_cancelled or not self.app.is_running)
+        if what == "cancelled":
+            raise _Detached
+        if what == "drive":
+            try:
+                rs = Restarts.from_run_dir(la, say=lambda text: self.post_message(RunNote(text)))
+            except (OSError, ValueError):
+                driver.release(la.run_dir)
+                raise  # on_worker_state_changed says so; the failed attempt stays the run's last word
+            return rs.take_over(la, out, follow_one)
+        if what == "next":  # its driver relaunched it: attach to the new attempt (its own nodes)
+            app = self.wizard
+            for ev in api.attach(la.run_dir.path, app.state.conns, consent=app.ask_host_key, password=app.password):
+                if isinstance(ev, api.Started):
+                    self.post_message(RunStarted(ev.launcher))
+                    return self._follow_attempts(ev.launcher, None)
+                if isinstance(ev, api.AlreadyEnded):  # the next attempt ended before this face found it
+                    from ...run.launcher import RunOutcome
+
+                    return RunOutcome(ev.status, ev.message, None, {})
+                self.post_message(LaunchEvent(ev))
+        return out
 
     def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
         """A launch, attach or follow worker that died: StepScreen's handler (textual
