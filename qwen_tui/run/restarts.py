@@ -312,6 +312,14 @@ def wait_for_next_attempt(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_
         time.sleep(interval)
 
 
+def _claimed(rd: RunDir) -> bool:
+    """driver.claim, where a claim lock held past its bound (another face claiming now) counts as a live driver."""
+    try:
+        return driver.claim(rd)
+    except driver.DriverBusy:
+        return False
+
+
 def next_or_take_over(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND, interval: float = 0.5,
                       cancelled: Callable[[], bool] = lambda: False) -> tuple[str, Optional[int]]:
     """For `attach`, after attempt `attempt` failed: ("next", K) once the run's driver started attempt K;
@@ -326,11 +334,8 @@ def next_or_take_over(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUN
         got = _next_of(state, attempt)
         if got is not None:
             return got
-        try:
-            if not driver.alive(state.get("driver")) and driver.claim(rd):
-                return ("drive", None)
-        except driver.DriverBusy:
-            pass  # another face is claiming it now: look again, as for a live driver
+        if not driver.alive(state.get("driver")) and _claimed(rd):
+            return ("drive", None)
         if time.monotonic() >= deadline:
             return ("none", None)
         time.sleep(interval)
