@@ -15,15 +15,13 @@ run directory on shared storage) cannot be judged from here and counts as alive.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import socket
-import time
 from typing import Any, Iterator, Optional
 
 from ..nodes.jobs import local_proc
-from .rundir import RunDir
+from .rundir import RunDir, locked_file
 
 log = logging.getLogger(__name__)
 CLAIM_BOUND = 10.0  # how long a claim waits for another claim in progress (each holds the lock for one small write)
@@ -63,20 +61,10 @@ def current(rd: RunDir) -> Optional[dict]:
 
 @contextlib.contextmanager
 def _claim_lock(rd: RunDir, bound: float) -> Iterator[None]:
-    fd = os.open(rd.path / ".driver.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        deadline = time.monotonic() + bound
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:  # unlike state.json's lock, never go ahead unlocked
-                    raise DriverBusy(f"{rd.path / '.driver.lock'} stayed locked for {bound:g}s") from None
-                time.sleep(0.02)
+    with locked_file(rd.path / ".driver.lock", bound) as got:
+        if not got:  # unlike state.json's lock, never go ahead unlocked
+            raise DriverBusy(f"{rd.path / '.driver.lock'} stayed locked for {bound:g}s")
         yield
-    finally:
-        os.close(fd)  # releases the lock, also when this process dies
 
 
 def record(rd: RunDir, bound: float = CLAIM_BOUND) -> None:

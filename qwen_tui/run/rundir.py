@@ -61,6 +61,29 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+@contextlib.contextmanager
+def locked_file(path: Path, bound: float) -> Iterator[bool]:
+    """An exclusive flock on `path` (created 0600), tried for at most `bound` seconds: yields True when held,
+    False when another holder kept it past the bound (the caller decides). Closing the descriptor releases the
+    lock, also when this process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    got = False
+                    break
+                time.sleep(0.02)
+        yield got
+    finally:
+        os.close(fd)
+
+
 class RunDirError(ValueError):
     """A run directory file is missing, unreadable or not what qwen-tui wrote."""
 
@@ -151,21 +174,10 @@ class RunDir:
     def _state_lock(self, bound: float = 5.0) -> Iterator[None]:
         """An exclusive flock on .state.lock, waited for at most `bound` seconds (the holder only rewrites a
         small JSON file); past the bound the update goes ahead unlocked rather than stalling a run."""
-        fd = os.open(self.path / ".state.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            deadline = time.monotonic() + bound
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        log.warning("%s: state.json stayed locked for %gs; updating it anyway", self.path, bound)
-                        break
-                    time.sleep(0.02)
+        with locked_file(self.path / ".state.lock", bound) as got:
+            if not got:
+                log.warning("%s: state.json stayed locked for %gs; updating it anyway", self.path, bound)
             yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
 
     def read_state(self) -> dict[str, Any]:
         data = self._read_json("state.json", {})

@@ -8,18 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from qwen_tui.nodes.jobs import local_procs
 
-from .test_restarts_local import MAX_STEPS, SAVE_STEPS, _records, kill_ranks_holding_the_run, preset_copy
+from .test_restarts_local import (MAX_STEPS, SAVE_STEPS, _records, cli_in, kill_ranks_holding_the_run, preset_copy,
+                                  wait_for_first_checkpoint)
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -27,29 +23,12 @@ def test_attach_relaunches_a_run_whose_replay_was_killed(tmp_path):
     preset = preset_copy(tmp_path, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=1,
                          per_device_train_batch_size=2, model_max_length=64, restarts=1)
     runs = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-
-    def cli(*args, out):
-        return subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", *args, "--runs-dir", str(runs)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
-
+    cli = cli_in(tmp_path, runs)
     with open(tmp_path / "replay.log", "wb") as out:
         replay = cli("replay", str(preset), out=out)
     attach = None
     try:
-        deadline = time.monotonic() + 240
-        rd, ckpt = None, None
-        while time.monotonic() < deadline and ckpt is None:
-            assert replay.poll() is None, (tmp_path / "replay.log").read_text()[-3000:]
-            rd = next(iter(runs.glob("*/pids.json")), None) if runs.is_dir() else None
-            if rd is not None:
-                rd = rd.parent
-                recs = _records(rd / "metrics.jsonl")
-                done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
-                steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-                ckpt = done[0] if done and steps and max(steps) > done[0] else None
-            time.sleep(0.05)
-        assert ckpt, (tmp_path / "replay.log").read_text()[-3000:]
+        rd, ckpt = wait_for_first_checkpoint(replay, runs, tmp_path / "replay.log")
         driver = json.loads((rd / "state.json").read_text()).get("driver")
         assert driver and driver["pid"] == replay.pid  # replay recorded itself as the run's driver
         pids = json.loads((rd / "pids.json").read_text())

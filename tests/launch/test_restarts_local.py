@@ -45,6 +45,41 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
+def first_checkpoint(recs: list[dict]):
+    """The first checkpoint's step once a step after it is logged (a kill then lands past a checkpoint), else None."""
+    done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
+    steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
+    return done[0] if done and steps and max(steps) > done[0] else None
+
+
+def cli_in(tmp_path: Path, runs: Path):
+    """Starts `qwen-tui ARGS --runs-dir RUNS` from tmp_path in a session of its own, its output to `out`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+    def cli(*args, out):
+        return subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", *args, "--runs-dir", str(runs)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+    return cli
+
+
+def wait_for_first_checkpoint(replay, runs: Path, log: Path, on_run_dir=None, bound: float = 240):
+    """(run directory, first checkpoint's step) of the run `replay` launched, polled every 50 ms;
+    `on_run_dir(rd)` is called at each look once the run directory exists."""
+    deadline = time.monotonic() + bound
+    rd, ckpt = None, None
+    while time.monotonic() < deadline and ckpt is None:
+        assert replay.poll() is None, log.read_text()[-3000:]
+        pids = next(iter(runs.glob("*/pids.json")), None) if runs.is_dir() else None
+        if pids is not None:
+            rd = pids.parent
+            ckpt = first_checkpoint(_records(rd / "metrics.jsonl"))
+            if on_run_dir is not None:
+                on_run_dir(rd)
+        time.sleep(0.05)
+    assert ckpt, log.read_text()[-3000:]
+    return rd, ckpt
+
+
 def _ranks_of_job(pgid: int) -> list[int]:
     """The worker processes of one node's job: they carry its job mark (they run in sessions of their own)."""
     out = []
@@ -85,31 +120,18 @@ def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_pa
     preset = preset_copy(tmp_path, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=1,
                          per_device_train_batch_size=2, model_max_length=64, restarts=1)
     runs = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-
-    def cli(*args, out):
-        return subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", *args, "--runs-dir", str(runs)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
-
+    cli = cli_in(tmp_path, runs)
     with open(tmp_path / "replay.log", "wb") as out:
         replay = cli("replay", str(preset), out=out)
     attach = None
     try:
-        deadline = time.monotonic() + 240
-        rd, ckpt = None, None
-        while time.monotonic() < deadline and ckpt is None:
-            assert replay.poll() is None, (tmp_path / "replay.log").read_text()[-3000:]
-            rd = next(iter(runs.glob("*/pids.json")), Path("x/y")).parent if runs.is_dir() else None
-            if rd is not None and rd.name != "x":
-                recs = _records(rd / "metrics.jsonl")
-                done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
-                steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-                ckpt = done[0] if done and steps and max(steps) > done[0] else None
-                if attach is None:
-                    with open(tmp_path / "attach.log", "wb") as out:
-                        attach = cli("attach", "last", out=out)
-            time.sleep(0.05)
-        assert ckpt, (tmp_path / "replay.log").read_text()[-3000:]
+        def attach_once(rd):
+            nonlocal attach
+            if attach is None:
+                with open(tmp_path / "attach.log", "wb") as out:
+                    attach = cli("attach", "last", out=out)
+
+        rd, ckpt = wait_for_first_checkpoint(replay, runs, tmp_path / "replay.log", on_run_dir=attach_once)
         kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
         assert replay.wait(timeout=400) == 0, (tmp_path / "replay.log").read_text()[-4000:]
         assert attach.wait(timeout=120) == 0, (tmp_path / "attach.log").read_text()[-4000:]

@@ -13,7 +13,7 @@ import signal
 import pytest
 from textual.widgets import Static
 
-from launch.test_restarts_local import _ranks_of_job, _records, kill_ranks_holding_the_run
+from launch.test_restarts_local import _ranks_of_job, _records, first_checkpoint, kill_ranks_holding_the_run
 from qwen_tui.ui.app import WizardApp
 
 from .conftest import run_processes
@@ -21,6 +21,21 @@ from .test_run import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MAX_STEPS = 40
+
+
+async def _launch_to_a_checkpoint(app, pilot):
+    """Launch from the Run step (F6, l) and wait for the first checkpoint and a step after it: the Run screen,
+    the first attempt's launcher, its run directory and the checkpoint's step."""
+    await pilot.press("f6")
+    await pilot.pause()
+    await pilot.press("l")
+    run = app.get_screen("run")
+    await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
+    first = run.launcher
+    rd = first.run_dir.path
+    ckpt = await wait_until(pilot, lambda: first_checkpoint(_records(rd / "metrics.jsonl")), 240,
+                            "a checkpoint and a step after it")
+    return run, first, rd, ckpt
 
 
 async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path, demo_copy, monkeypatch,
@@ -32,21 +47,7 @@ async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path
     monkeypatch.chdir(tmp_path)
     app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("f6")
-        await pilot.pause()
-        await pilot.press("l")
-        run = app.get_screen("run")
-        await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
-        first = run.launcher
-        rd = first.run_dir.path
-
-        def after_a_checkpoint():
-            recs = _records(rd / "metrics.jsonl")
-            done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
-            steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-            return done and steps and max(steps) > done[0] and done[0]
-
-        ckpt = await wait_until(pilot, after_a_checkpoint, 240, "a checkpoint and a step after it")
+        run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot)
         kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
 
         # the second attempt: a new launcher, and the status line says why and from where
@@ -82,34 +83,19 @@ async def test_a_reattached_wizard_relaunches_a_run_whose_launching_wizard_quit(
     monkeypatch.chdir(tmp_path)
     app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("f6")
-        await pilot.pause()
-        await pilot.press("l")
-        run = app.get_screen("run")
-        await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
-        first = run.launcher
-        rd = first.run_dir.path
-
-        def after_a_checkpoint():
-            recs = _records(rd / "metrics.jsonl")
-            done = [r["step"] for r in recs if r.get("event") == "checkpoint"]
-            steps = [r["step"] for r in recs if "loss" in r and "event" not in r]
-            return done and steps and max(steps) > done[0] and done[0]
-
-        ckpt = await wait_until(pilot, after_a_checkpoint, 240, "a checkpoint and a step after it")
+        run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot)
         pids = json.loads((rd / "pids.json").read_text())
-        held = _ranks_of_job(pids["0"]) + _ranks_of_job(pids["1"])
-        for pid in held:  # the run waits while the wizard quits: the failure comes after it is gone
+        held, victims = _ranks_of_job(pids["0"]), _ranks_of_job(pids["1"])
+        assert held and victims
+        for pid in held + victims:  # the run waits while the wizard quits: the failure comes after it is gone
             os.kill(pid, signal.SIGSTOP)
         try:
             await pilot.press("ctrl+q")
-        except BaseException:
+        finally:
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
             for pid in held:
                 os.kill(pid, signal.SIGCONT)
-            raise
-    for pid in held:
-        os.kill(pid, signal.SIGCONT)
-    kill_ranks_holding_the_run(pids, "1")
 
     app2 = WizardApp(str(preset), runs_root=str(runs), reattach=True)
     async with app2.run_test(size=SIZE) as pilot:
