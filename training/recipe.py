@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from training import builders, dist, dsconfig, fast_setup, fastpath
+from training import builders, dist, dsconfig, fast_setup, fastpath, shared_output
 from training import checkpoint as ckpt
 from training.checkpointer import Checkpointer
 from training.step_loop import StepLoop
@@ -68,6 +68,9 @@ class FinetuneRecipe(StepLoop):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # also when --use_cpu on a GPU machine
         train_convs = load_conversations(a.data_path)
         eval_convs = load_conversations(a.eval_data_path) if a.eval_data_path else None
+        if a.save_on_each_node:  # a node-local copy each, unless output_dir turns out to be one for all
+            a.save_on_each_node = shared_output.decide(a.output_dir, float(os.environ.get("QWEN_TUI_NCCL_TIMEOUT")
+                                                                            or 1800))
         self.resume_dir = ckpt.resolve_resume(a.resume_from_checkpoint, a.output_dir)
         self.resume_state = ckpt.read_state(self.resume_dir) if self.resume_dir else None
         self.source = resolve_model_source(a.model_name_or_path, env.local_rank)

@@ -69,7 +69,8 @@ def choose(holds: list[NodeHolds], want: int | None = None) -> int | None:
     return step
 
 
-def _store(timeout_s: float):
+def agent_store(timeout_s: float):
+    """torchrun's agent store (every rank of the job can reach it before any process group), or None."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
     from torch.distributed import TCPStore
@@ -80,7 +81,7 @@ def _store(timeout_s: float):
 
 def gather_holds(mine: list[int], timeout_s: float) -> list[NodeHolds] | None:
     """Every rank's NodeHolds through torchrun's store; None where there is no store to share."""
-    store = _store(timeout_s)
+    store = agent_store(timeout_s)
     if store is None:
         return None
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])

@@ -89,3 +89,49 @@ def test_two_torchrun_nodes_without_a_common_checkpoint_both_refuse_naming_each_
         assert (f"no complete checkpoint in common (node 0 ({host}): checkpoint-6; "
                 f"node 1 ({host}): checkpoint-2, checkpoint-4)") in log, log[-3000:]
     assert sorted(p.name for p in outs[0].iterdir()) == ["checkpoint-6"]  # nothing written
+
+
+def _nodes(tmp_path, outs, *extra):
+    """A torchrun agent on this machine per output dir in `outs`, as nodes 0, 1, ... (one process each)."""
+    data = write_jsonl(tmp_path / "chat.jsonl", demo_records(16))
+    port = free_port()
+    procs = []
+    for rank, out in enumerate(outs):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(outs)), "--node_rank", str(rank),
+               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+               "-m", "training.finetune", "--model_name_or_path", str(extra[0]), "--data_path", str(data),
+               "--output_dir", str(out), "--use_cpu", "--use_lora", "--save_on_each_node",
+               "--tokenized_cache_dir", "none", *extra[1:]]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                           "OMP_NUM_THREADS": "1"},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs, [p.communicate(timeout=240)[0] for p in procs]
+
+
+def test_save_on_each_node_into_one_shared_output_dir_saves_once_from_rank_0(tmp_path, tiny_model):
+    """Both "nodes" are given the same output_dir (a shared filesystem that the launch did not declare): the
+    worker measures it, rank 0 alone saves, and the run's checkpoints and final adapter are whole. Each node
+    writing the same files at once failed the run at its first save."""
+    out = tmp_path / "out"
+    procs, logs = _nodes(tmp_path, [out, out], tiny_model, "--max_steps", "4", "--save_strategy", "steps",
+                             "--save_steps", "2")
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+        assert "is one filesystem for every node: rank 0 alone saves" in log, log[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert "checkpoint-2" in names and "checkpoint-4" in names and "adapter_model.safetensors" in names, names
+    assert not [n for n in names if n.startswith(".qwen-tui-node-") or n.endswith(".tmp")], names  # no leftovers
+
+
+def test_an_output_dir_shared_by_some_nodes_but_not_all_is_refused_naming_them(tmp_path, tiny_model):
+    """Nodes 0 and 1 share one output_dir, node 2 has its own: no single choice of savers is right, so every
+    rank refuses before writing anything, naming which node sees which."""
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir()
+    own.mkdir()  # made, so that the markers go in them (for a directory yet to be made: its parent, here both)
+    procs, logs = _nodes(tmp_path, [shared, shared, own], tiny_model, "--max_steps", "2")
+    for p, log in zip(procs, logs):
+        assert p.returncode != 0 and re.search(r"exitcode\s*:\s*2\b", log), log[-3000:]
+        assert "is shared by some nodes but not all (node 0 sees node(s) 1; node 1 sees node(s) 0; node 2 sees " \
+               "none)" in log, log[-3000:]
+    assert not any(shared.iterdir()) and not any(own.iterdir())  # nothing written, no marker left
