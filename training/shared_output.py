@@ -26,15 +26,17 @@ from training.resume_agreement import agent_store
 log = logging.getLogger("training")
 
 
-def _marker_dir(output_dir: str) -> str:
-    """output_dir, or its nearest existing parent: the filesystem output_dir is (or will be) on. Creates nothing."""
+def _marker_dir(output_dir: str) -> tuple[str, str]:
+    """(output_dir or its nearest existing parent, the part of output_dir below it yet to be made). Creates
+    nothing. Two nodes' output_dirs are one directory when one's marker shows in the other's marker directory and
+    the parts yet to be made are the same."""
     d = os.path.abspath(output_dir)
     while not os.path.isdir(d):
         parent = os.path.dirname(d)
         if parent == d:
             break
         d = parent
-    return d
+    return d, os.path.relpath(os.path.abspath(output_dir), d)
 
 
 def nodes_sharing(output_dir: str, timeout_s: float) -> dict[int, list[int]] | None:
@@ -50,18 +52,19 @@ def nodes_sharing(output_dir: str, timeout_s: float) -> dict[int, list[int]] | N
     node, first = int(os.environ.get("GROUP_RANK", "0")), os.environ.get("LOCAL_RANK", "0") == "0"
     prefix = f"qwen_tui/shared_output/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     wait = timedelta(seconds=timeout_s)
-    where = _marker_dir(output_dir)
+    where, rest = _marker_dir(output_dir)
     marker = None
     try:
         if first:
             marker = os.path.join(where, f".qwen-tui-node-{node}-{secrets.token_hex(8)}")
             with open(marker, "x", encoding="utf-8") as f:
                 f.write(str(node))
-            store.set(f"{prefix}/marker/{node}", os.path.basename(marker))
+            store.set(f"{prefix}/marker/{node}", json.dumps({"name": os.path.basename(marker), "rest": rest}))
         store.wait([f"{prefix}/marker/{n}" for n in range(nodes)], wait)
         if first:
-            names = {n: store.get(f"{prefix}/marker/{n}").decode() for n in range(nodes) if n != node}
-            seen = sorted(n for n, name in names.items() if os.path.exists(os.path.join(where, name)))
+            theirs = {n: json.loads(store.get(f"{prefix}/marker/{n}")) for n in range(nodes) if n != node}
+            seen = sorted(n for n, m in theirs.items()
+                          if m["rest"] == rest and os.path.exists(os.path.join(where, m["name"])))
             store.set(f"{prefix}/seen/{node}", json.dumps(seen))
         store.wait([f"{prefix}/seen/{n}" for n in range(nodes)], wait)
         return {n: json.loads(store.get(f"{prefix}/seen/{n}")) for n in range(nodes)}
