@@ -22,7 +22,7 @@ from tests.ui.snapshot_app import make_app, show_synthetic_run  # noqa: E402
 
 SIZE = (140, 44)
 SHOTS = [("1-nodes", "f1"), ("2-ssh", "f2"), ("3-network", "f3"), ("4-training", "f4"), ("5-review", "f5"),
-         ("6-run", "f6")]
+         ("6-run", "f6"), ("7-run-checks", "f6")]
 
 
 def to_png(svg: Path) -> Path:
@@ -36,6 +36,23 @@ def to_png(svg: Path) -> Path:
     else:
         cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1600)
     return png
+
+
+async def show_checks(app) -> None:
+    """The Run screen while a launch's checks run, from the events the launch API yields (no processes)."""
+    from qwen_tui.run.api import CheckProgress, Stage
+    from qwen_tui.ui.messages import LaunchEvent
+
+    run = app.get_screen("run")
+    app.state.run_status = "starting"
+    for ev in [Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…"),
+               CheckProgress("probe", None, "probing 2 node(s): Python stack, GPUs, data, disk"),
+               CheckProgress("probe", 0, "probed"), CheckProgress("probe", 1, "probed"),
+               CheckProgress("port", None, "master port 29500: can every node reach node 0?"),
+               CheckProgress("port", 0, "the master port is free"), CheckProgress("port", 1, "reaches the master port"),
+               CheckProgress("bandwidth", None, "iperf3 from each node to node 0 (2 s each)"),
+               CheckProgress("bandwidth", 1, "94.1 Gbit/s")]:
+        run.post_message(LaunchEvent(ev))
 
 
 async def shoot(name: str, key: str) -> Path:
@@ -53,6 +70,8 @@ async def shoot(name: str, key: str) -> Path:
             scr.query_one("#training-zero_stage", Select).value = 3
         if name == "6-run":
             await show_synthetic_run(app)
+        if name == "7-run-checks":  # a launch's checks under way: the check, and each node's answers so far
+            await show_checks(app)
         await pilot.pause(0.5)
         svg = OUT / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(OUT))
