@@ -69,8 +69,7 @@ class FinetuneRecipe(StepLoop):
         train_convs = load_conversations(a.data_path)
         eval_convs = load_conversations(a.eval_data_path) if a.eval_data_path else None
         if a.save_on_each_node:  # a node-local copy each, unless output_dir turns out to be one for all
-            a.save_on_each_node = shared_output.decide(a.output_dir, float(os.environ.get("QWEN_TUI_NCCL_TIMEOUT")
-                                                                            or 1800))
+            a.save_on_each_node = shared_output.decide(a.output_dir, float(a.ddp_timeout))  # the collectives' bound
         self.resume_dir = ckpt.resolve_resume(a.resume_from_checkpoint, a.output_dir)
         self.resume_state = ckpt.read_state(self.resume_dir) if self.resume_dir else None
         self.source = resolve_model_source(a.model_name_or_path, env.local_rank)
