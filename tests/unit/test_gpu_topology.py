@@ -275,3 +275,11 @@ def test_check_matrix_shows_the_topology_and_marks_the_gpu_cell():
     msgs = [x.message for x in consistency(preset(nodes=1, gpus=1), ClusterFacts(nodes={0: unread}))
             if x.code == "GPU_TOPOLOGY"]
     assert msgs == ["gpu0: GPU topology not read (nvidia-smi topo -m: no header row starting with GPU0)"]
+
+
+def test_codes_are_documented():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "advice.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for code in ("P2P_PCIE", "P2P_UNSUPPORTED"):
+        assert f"`{code}`" in docs and f"`{code}`" in readme
+    assert "`GPU_TOPOLOGY`" in readme and "intra_node_bus" in docs
