@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from qwen_tui.facts import GPULink, GPUTopology
+from qwen_tui.facts import GPULink, GPUTopology, NodeFacts
+
+if TYPE_CHECKING:
+    from qwen_tui.nodes.findings import Finding
+    from qwen_tui.preset import Preset
 
 PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
@@ -123,7 +127,7 @@ def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
 
 
 def with_p2p(topo: GPUTopology, read: Optional[dict] = None, write: Optional[dict] = None) -> GPUTopology:
-    """The topology with the driver's P2P status on each pair (the worse of a->b and b->a)."""
+    """Sets the driver's P2P status on each pair of `topo` (the worse of a->b and b->a) and returns it."""
     def both(m: Optional[dict], a: int, b: int) -> Optional[str]:
         if not m:
             return None
@@ -200,7 +204,8 @@ def _p2p_note(pairs: list[GPULink]) -> str:
 
 
 def describe(topo: GPUTopology, gpu_name: str = "") -> str:
-    """One line for the check matrix: "8 GPUs, NVSwitch (NV18), P2P OK", "2 GPUs, PCIe (PHB), no P2P (GNS)"."""
+    """One line for the check: "8 GPUs, NVSwitch (NV18), 2 NUMA nodes", "2 GPUs, PCIe (PHB), no P2P (GNS)".
+    P2P is said of the PCIe pairs only (over NVLink it is always there)."""
     n = topo.gpus
     if n < 2:
         return f"{n} GPU"
@@ -263,8 +268,8 @@ def intra_node_bus(topo: GPUTopology, gpu_name: str = "", gpus: Optional[int] = 
                         f"PCIe Gen{gen} x16 {PCIE_GBS[gen]:g} GB/s x {NCCL_EFFICIENCY}" + (" / 2" if host else ""))
 
 
-def node_intra_bus(facts, gpus: Optional[int] = None) -> Optional[IntraNodeBus]:
-    """intra_node_bus for one node's probe facts (NodeFacts); None without a matrix or below two GPUs."""
+def node_intra_bus(facts: Optional[NodeFacts], gpus: Optional[int] = None) -> Optional[IntraNodeBus]:
+    """intra_node_bus for one node's probe facts; None without a matrix or below two GPUs."""
     if facts is None or facts.topology is None:
         return None
     return intra_node_bus(facts.topology, facts.gpu_model or "", gpus)
@@ -315,7 +320,7 @@ def p2p_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "NCCL_P2P_LEVEL": "NVL"}
 
 
-def topology_findings(preset, i: int, label: str, f) -> list:
+def topology_findings(preset: "Preset", i: int, label: str, f: NodeFacts) -> "list[Finding]":
     """The check matrix's word on node i's GPU topology (column "gpu"): the matrix in one line, and the
     P2P_PCIE warning (the advice rule of the same code carries the one-key fix) or P2P_UNSUPPORTED note."""
     from qwen_tui.nodes.findings import INFO, WARNING, Finding

@@ -118,7 +118,8 @@ def test_bus_figures_match_published_measurements():
     with_ok = intra_node_bus(l4, L4).gbs
     without = intra_node_bus(with_p2p(l4, read={(0, 1): "CNS", (1, 0): "CNS"}), L4).gbs
     assert without == pytest.approx(with_ok / 2)
-    assert intra_node_bus(topo("rtx5090-2x-phb.txt"), RTX5090).gbs > intra_node_bus(topo("mixed-4x-phb.txt"), RTX4090).gbs
+    gen5, gen4 = intra_node_bus(topo("rtx5090-2x-phb.txt"), RTX5090), intra_node_bus(topo("mixed-4x-phb.txt"), RTX4090)
+    assert gen5.gbs > gen4.gbs
     # the node view, and a single GPU (no traffic inside the node)
     nf = NodeFacts(gpus=[GPU(i, H100, 81559) for i in range(8)], topology=topo("h100-8x-nvswitch.txt"))
     assert node_intra_bus(nf) == h100 and node_intra_bus(nf, gpus=1) is None
