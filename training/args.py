@@ -118,11 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logging_steps", type=int, default=1, help="write a metrics record every N optimizer steps (default 1)")
     s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
     s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
-    s.add_argument("--heartbeat_dir", default=None, metavar="DIR",
-                   help="each rank writes its step and phase to DIR/rank-<RANK>.json every --heartbeat_interval "
-                   "seconds, and its stacks to DIR/stack-rank-<RANK>.txt on SIGUSR1 (what qwen-tui's hang watchdog reads)")
-    s.add_argument("--heartbeat_interval", type=float, default=2.0, metavar="SECONDS",
-                   help="seconds between two heartbeat writes (default 2)")
     s.add_argument("--profile_step", type=int, default=0, metavar="N",
                    help="run optimizer step N under torch.profiler and write its most expensive kernels to "
                    "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
