@@ -83,7 +83,8 @@ def say_notices(notices, shown: int, console: Console) -> int:
     are printed now in all."""
     for n in notices[shown:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(n.at)) if n.at else "--:--:--"
-        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")))
+        # one line whatever its length (the terminal wraps it): a log of replay keeps each notice whole
+        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")), soft_wrap=True)
     return max(shown, len(notices))
 
 
