@@ -280,6 +280,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     try:
         for ev in api.attach(Path(run_dir), conns, consent=accept_new_host_keys):
             if isinstance(ev, api.AlreadyEnded):
+                say_notices(ev.notices, 0, console)
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)
