@@ -23,7 +23,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU needed)")
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
-    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check (ClusterFacts.to_dict())")
+    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from `qwen-tui check --out FILE` (its rehearsal's all-reduce bandwidth, GPUs, "
+                   "InfiniBand ports, iperf3 links)")
     p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
                    help="GPU model when there are no probe facts (any case: h100 is H100)")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
@@ -70,12 +71,13 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
     con = Console()
     gpu = report["gpu"]
     bw = report["bandwidth"]
+    link = (f"between nodes {bw['gbps']:.4g} Gbit/s ({bw['detail']})" if bw["gbps"]
+            else "between nodes: not measured")
     if report["cpu"]:
         con.print(f"[bold]{preset_path}[/]: {report['world_size']} CPU process(es) on {report['nodes']} node(s); "
-                  "no step-time estimate (it models GPUs and their links only)")
+                  "no step-time estimate (it models GPUs and their links only)"
+                  + (f"; {link}" if bw["gbps"] else ""), highlight=False)
     else:
-        link = (f"between nodes {bw['gbps']:g} Gbit/s bus bandwidth, from {bw['detail']}" if bw["gbps"]
-                else "between nodes: not measured")
         con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
                   f"GPU {gpu['name'] or 'unknown'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'})"
                   + (f"; {link}" if report["nodes"] > 1 or bw["gbps"] else ""), highlight=False)
@@ -151,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
     if args.facts:
         try:
             with open(args.facts, encoding="utf-8") as f:
-                facts = ClusterFacts.from_dict(json.load(f))
-        except (OSError, ValueError, TypeError) as e:
+                data = json.load(f)
+            # ClusterFacts.to_dict(), or the whole `qwen-tui check --json/--out` result that holds it
+            facts = ClusterFacts.from_dict(data["facts"] if isinstance(data.get("facts"), dict) else data)
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
             return 2
     for name in ("bandwidth_gbps", "nic_gbps", "nics", "intra_node_gbs"):

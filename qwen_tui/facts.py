@@ -105,7 +105,8 @@ class ClusterFacts:
     master_port_free: Optional[bool] = None
     shared_storage: Optional[bool] = None  # measured: output_dir is one filesystem on all nodes
     rehearsal_ok: Optional[bool] = None
-    rehearsal_bandwidth_gbps: Optional[float] = None
+    rehearsal_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth (nccl-tests' busbw), Gbit/s
+    rehearsal_size_mb: Optional[float] = None  # the message it was measured at
 
     def min_bandwidth_gbps(self) -> Optional[float]:
         vals = [lk.bandwidth_gbps for lk in self.links.values() if lk.bandwidth_gbps is not None]
@@ -120,7 +121,8 @@ class ClusterFacts:
         out = ClusterFacts.from_dict(self.to_dict())
         out.nodes.update(new.nodes)
         out.links.update(new.links)
-        for k in ("master_port_free", "shared_storage", "rehearsal_ok", "rehearsal_bandwidth_gbps"):
+        for k in ("master_port_free", "shared_storage", "rehearsal_ok", "rehearsal_bandwidth_gbps",
+                  "rehearsal_size_mb"):
             v = getattr(new, k)
             if v is not None:
                 setattr(out, k, v)
@@ -145,4 +147,5 @@ class ClusterFacts:
             shared_storage=d.get("shared_storage"),
             rehearsal_ok=d.get("rehearsal_ok"),
             rehearsal_bandwidth_gbps=d.get("rehearsal_bandwidth_gbps"),
+            rehearsal_size_mb=d.get("rehearsal_size_mb"),
         )
