@@ -495,7 +495,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
     """
-    from .estimate_comm import host_floor_s, intra_kind, step_comm
+    from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
 
     run = RunShape.of(training, **overrides)
     nodes, g = max(1, nodes), max(1, gpus_per_node)
@@ -507,6 +507,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     eff = effective_efficiency(run, efficiency)
     fpt = flops_per_token(spec, run)
     micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
+    micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum
     passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
     fwd_window = micro_compute / passes

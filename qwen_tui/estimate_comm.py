@@ -40,12 +40,21 @@ What can hide under compute does, except:
   docs/multinode-calibration.md lose (table there);
 - while a collective runs beside compute, it takes NCCL_SM_SHARE of the GPU's streaming multiprocessors: hidden
   communication still slows compute by that share of its duration.
+
+The slowest GPU (`slowest_gpu_factor`)
+======================================
+A synchronous step goes at the pace of its slowest GPU. GPUs of one SKU in one cluster differ: 8% average
+performance variation (22% at most) across Summit, Frontera, Longhorn, Vortex and Corona (Sinha et al., "Not All
+GPUs Are Created Equal", SC'22), read as a spread of about 4 standard deviations: sigma = GPU_SPREAD_SIGMA of the
+compute time. The expected slowest of N such GPUs is sigma x the expected maximum of N standard normals (Blom's
+approximation), so a single GPU, as measured, pays nothing and 8 GPUs ~3%.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from statistics import NormalDist
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
@@ -78,6 +87,8 @@ DS_REDUCE_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce_
 # micro-batch never runs faster than its host can issue it (tiny models are host-bound).
 EAGER_OP_S = 10e-6
 OPS_PER_LAYER_STEP = 100
+
+GPU_SPREAD_SIGMA = 0.02  # of the compute time (Sinha et al. SC'22; module docstring)
 
 _RATE = re.compile(r"([0-9.]+)\s*Gb")
 
@@ -279,6 +290,13 @@ def step_comm(strategy: str, *, world: int, nodes: int, bus_Bps: float, intra: s
                                         + ring_factor("reducescatter", world) * grad_bytes)
     c.interference_s = NCCL_SM_SHARE * (c.total_s - c.exposed_s)
     return c
+
+
+def slowest_gpu_factor(gpus: int) -> float:
+    """Compute time of the slowest of `gpus` GPUs over a typical one's (module docstring): 1 for one GPU."""
+    if gpus <= 1:
+        return 1.0
+    return 1.0 + GPU_SPREAD_SIGMA * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
 
 
 def host_floor_s(layers: int) -> float:
