@@ -218,6 +218,11 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
 
 # ---------------------------------------------------------------- network and scaling
 
+def _secs(x: float) -> str:
+    """A duration readable from a tiny model's milliseconds to a large one's seconds."""
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.1f} s"
+
+
 @rule
 def zero3_slow_link(c: Context) -> Iterable[Advice]:
     if c.spec is None or c.t.zero_stage != 3 or c.nodes < 2 or not c.bandwidth.known or c.cpu:
@@ -227,8 +232,8 @@ def zero3_slow_link(c: Context) -> Iterable[Advice]:
         return
     gpu = c.gpu.name if c.gpu else "GPUs of unknown type, figured as H100s"
     msg = (f"ZeRO-3 across {c.nodes} nodes at {c.bandwidth_gbps:.3g} Gbit/s ({c.bandwidth.source}), {gpu}: "
-           f"~{z3.step_time_s:.1f} s/step ({z3.exposed_comm_s:.1f} s waiting on the network); ZeRO-2 would take "
-           f"~{z2.step_time_s:.1f} s/step")
+           f"~{_secs(z3.step_time_s)}/step ({_secs(z3.exposed_comm_s)} waiting on the network); ZeRO-2 would take "
+           f"~{_secs(z2.step_time_s)}/step")
     fix: Optional[Fix] = Fix("Use ZeRO-2", {"training.zero_stage": 2})
     if c.gpu_memory_gib is not None:
         m2 = c.memory(zero_stage=2)
@@ -260,7 +265,9 @@ def low_bandwidth(c: Context) -> Iterable[Advice]:
         if c.spec is not None and not c.cpu:
             s = estimate_step(c.spec, c.t, c.nodes, c.gpus_per_node(), bw, world_size=c.preset.world_size,
                               **c.step_kwargs())
-            extra = f": {s.comm_bytes_per_gpu / 1e9:.2f} GB per GPU per step takes {s.comm_s:.1f} s"
+            b = s.comm_bytes_per_gpu
+            size = f"{b / 1e9:.3g} GB" if b >= 1e9 else f"{b / 1e6:.3g} MB"
+            extra = f": {size} per GPU per step takes {_secs(s.comm_s)}"
         yield Advice("warning", "LOW_BANDWIDTH",
                      f"node {i} to the master measured {bw:g} Gbit/s, under {LOW_BANDWIDTH_GBPS:g}{extra}", fix, node=i)
 
@@ -277,8 +284,9 @@ def nodes_past_worth(c: Context) -> Iterable[Advice]:
         return
     yield Advice("warning", "NODES_PAST_WORTH",
                  f"past {worth} node(s) each further node adds less than half its GPUs' worth at "
-                 f"{c.bandwidth_gbps:.3g} Gbit/s between nodes ({c.bandwidth.detail}): {c.nodes} nodes are "
-                 f"estimated at ~{c.step_here().tokens_per_second:,.0f} tokens/s",
+                 f"{c.bandwidth_gbps:.3g} Gbit/s between nodes ({c.bandwidth.source}"
+                 + (", a lower bound" if c.bandwidth.lower_bound else "")
+                 + f"): {c.nodes} nodes are estimated at ~{c.step_here().tokens_per_second:,.0f} tokens/s",
                  Fix(f"Use {worth} node(s)", hint=f"drop nodes past {worth}, or get a faster link between them "
                      "(more NICs for NCCL, InfiniBand/RoCE)"))
 

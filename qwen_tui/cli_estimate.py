@@ -121,8 +121,8 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                        pct(p["scaling_efficiency"]), pct(p["efficiency_no_overlap"]))
         con.print(st)
         if report["nodes_worth_it"] is not None:
-            con.print(f"worth up to {report['nodes_worth_it']} node(s) of {max(1, report['world_size'] // max(1, report['nodes']))} "
-                      "GPU(s): past that a node adds less than half its GPUs' worth", highlight=False)
+            con.print(f"worth up to {report['nodes_worth_it']} node(s): past that a node adds less than half its "
+                      "GPUs' worth", highlight=False)
     if s is not None or report["scaling_efficiency"]:
         rec = report["recommended"]
         if rec["micro_batch"] is not None:

@@ -87,21 +87,14 @@ Step time (`estimate_step`, `scaling`)
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
   tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
   ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters).
-- Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
-  NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
-  2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
-  bus bandwidth: the measured link between nodes when there are several nodes
-  (a ring crosses each node's link once per pass), NVLink/PCIe inside one.
-  DDP all-reduces the gradients once per step (no_sync while accumulating);
-  ZeRO-2 reduce-scatters the bf16 gradients every micro-batch and all-gathers the
-  updated bf16 weights once per step; ZeRO-3 all-gathers the bf16 weights in
-  forward and in backward (and again in the recompute with checkpointing) and
-  reduce-scatters the gradients, every micro-batch. LoRA communicates only the
-  adapters' gradients, except that ZeRO-3 still gathers the frozen base.
-- Overlap: DDP and ZeRO-2 gradient reduction overlaps the backward of the same
-  micro-batch, ZeRO-3's gathers overlap forward and backward (prefetch); what
-  does not fit under the compute is exposed. ZeRO-2's weight all-gather after
-  the optimizer step is always exposed. Without overlap every byte waits.
+- Communication (qwen_tui/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
+  2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
+  reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
+  ZeRO-3 all-gathers the weights (as stored: a 4-bit base packed) in forward, backward and the recompute and
+  reduce-scatters the gradients, every micro-batch. LoRA reduces only the adapters' gradients. Time per
+  collective is NCCL's latency (growing with the rank count) plus bytes over the bus bandwidth between nodes
+  (its source named) or inside one; overlap hides what fits under compute except the last bucket, the first
+  gather and every latency; the step waits for its slowest GPU.
 - Scaling: weak scaling, micro-batch and accumulation per GPU fixed;
   efficiency(n) = tokens/s on n nodes / (n x tokens/s on 1 node).
 """

@@ -113,7 +113,9 @@ class Summary:
     scaling: Optional[float] = None
     cpu: bool = False  # CPU processes (device cpu, or a probe found no GPUs): no GPU figures apply
     link_measured: bool = True
-    bandwidth_source: str = ""  # where the bandwidth between nodes came from (estimate_comm.Bandwidth.detail)
+    bandwidth_gbps: Optional[float] = None  # between nodes (per-node bus bandwidth)
+    bandwidth_source: str = ""  # where it came from: given, rehearsal, nics, ib-ports, iperf3, unknown
+    bandwidth_lower_bound: bool = False
     nodes_worth_it: Optional[int] = None
     notes: list[str] = field(default_factory=list)
 
@@ -126,7 +128,9 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
     r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd())
     est.smallest_gpu_gib = (r.get("gpu") or {}).get("memory_gib")
     est.cpu, est.link_measured = bool(r.get("cpu")), bool(r.get("link_measured", True))
-    est.bandwidth_source = str((r.get("bandwidth") or {}).get("detail") or "")
+    bw = r.get("bandwidth") or {}
+    est.bandwidth_gbps, est.bandwidth_source = bw.get("gbps"), str(bw.get("source") or "")
+    est.bandwidth_lower_bound = bool(bw.get("lower_bound"))
     est.nodes_worth_it = r.get("nodes_worth_it")
     if r.get("error"):
         est.notes.append(str(r["error"]))
@@ -141,6 +145,9 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
         est.scaling = here.get("scaling_efficiency")
     if preset.training.device == "cpu":
         est.notes.append("device cpu: GPU memory and speed figures do not apply")
-    elif r.get("speed_unknown"):
-        est.notes.extend(r["speed_unknown"])
+    else:  # the wizard's own ways to learn what the speed needs (the CLI's are in the report)
+        if not r.get("cpu") and (r.get("gpu") or {}).get("name") is None:
+            est.notes.append("speed unknown: pick a GPU type, or probe the nodes")
+        elif len(preset.cluster.nodes) > 1 and not est.link_measured:
+            est.notes.append("speed across nodes unknown: measure the link between them (Network, F3)")
     return est

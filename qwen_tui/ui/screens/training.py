@@ -195,8 +195,8 @@ class TrainingScreen(StepScreen):
             gpu_run = not est.cpu  # the estimator models GPUs only
             step = est.step_seconds
             unknown = Text("unknown (see below)", style="yellow")
-            t.add_row("step time", Text(("< 0.01 s" if step < 0.01 else f"{step:.2f} s")) if step is not None and gpu_run
-                      else unknown if gpu_run else Text("-"))
+            t.add_row("step time", Text("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
+                      if step is not None and gpu_run else unknown if gpu_run else Text("-"))
             t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}") if est.tokens_per_s and gpu_run
                       else unknown if gpu_run else Text("-"))
             if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
@@ -204,12 +204,17 @@ class TrainingScreen(StepScreen):
             else:
                 scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
             t.add_row("scaling", scaling)
-            if len(st.preset.cluster.nodes) > 1:
+            if gpu_run and len(st.preset.cluster.nodes) > 1:
                 # the bandwidth the estimate uses between nodes, and where it came from (rehearsal, NICs, iperf3)
-                t.add_row("between nodes", Text(est.bandwidth_source or "not measured",
-                                                style="dim" if est.link_measured else "yellow"))
+                bw = (f"{est.bandwidth_gbps:.3g} Gbit/s ({est.bandwidth_source}"
+                      + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
+                t.add_row("between nodes", Text(bw or "not measured", style="" if bw else "yellow"))
                 if est.nodes_worth_it is not None:
                     t.add_row("worth up to", Text(f"{est.nodes_worth_it} node(s)"))
+            else:
+                slowest = st.facts.min_bandwidth_gbps()
+                t.add_row("slowest link", Text(f"{slowest:.1f} Gbit/s" if slowest is not None else "not measured",
+                                               style="dim" if slowest is None else ""))
             for n in est.notes:
                 t.add_row("", Text(n, style="dim italic"))
         self.query_one("#estimate", Static).update(t)
