@@ -14,7 +14,7 @@ from typing import Any
 
 from .estimate import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS
 from .estimate_comm import NIC_EFFICIENCY
-from .estimate_report import build_report
+from .estimate_report import NODES_WORTH_LIMIT, build_report
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
     p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS",
                    help="per-node bus bandwidth between nodes, Gbit/s: what NCCL's all-reduce reaches across the "
-                   "nodes (nccl-tests' busbw x 8), i.e. about the sum of the NICs NCCL uses on a node, not one "
+                   "nodes (nccl-tests' busbw in GB/s, x 8), about the sum of the NICs NCCL uses on a node, not one "
                    "link's speed (overrides the facts)")
     p.add_argument("--nic-gbps", type=float, metavar="GBPS",
                    help=f"line rate of one NIC NCCL uses between nodes (e.g. 400 for NDR), with --nics; the estimate "
@@ -57,6 +57,10 @@ NEEDS_GPU_MEMORY = ("OOM", "MEMORY_TIGHT", "CKPT_UNNEEDED", "ZERO_NOT_NEEDED")
 def gpu_name(text: str) -> str:
     """The table's spelling of a GPU name typed in any case; anything else is left for argparse to refuse."""
     return {name.lower(): name for name in GPUS}.get(text.strip().lower(), text)
+
+
+def _secs(x: float) -> str:
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.2f} s"
 
 
 def _yaml(v: Any) -> str:
@@ -99,7 +103,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                       f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
     s = report["step"]
     if s is not None:
-        comm = f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden)"
+        comm = f"communication {_secs(s['comm_s'])} ({_secs(s['exposed_comm_s'])} not hidden)"
         con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, {comm}, "
                   f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "
                   f"(efficiency {report['efficiency']} assumed)")
@@ -108,7 +112,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                   highlight=False)
     if not report["cpu"] and report["gpu_memory_gb"]:
         for why in report["speed_unknown"]:
-            con.print(f"[yellow]unknown:[/] {why}", highlight=False)
+            con.print(f"[yellow]{why}[/]", highlight=False)
     if report["scaling_efficiency"]:
         st = Table(title="Scaling (same micro-batch per GPU)"
                    + (f"; bandwidth between nodes from {bw['source']}" if bw["gbps"] else ""))
@@ -120,9 +124,10 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                        "unknown" if p["tokens_per_second"] is None else f"{p['tokens_per_second']:,.0f}",
                        pct(p["scaling_efficiency"]), pct(p["efficiency_no_overlap"]))
         con.print(st)
-        if report["nodes_worth_it"] is not None:
-            con.print(f"worth up to {report['nodes_worth_it']} node(s): past that a node adds less than half its "
-                      "GPUs' worth", highlight=False)
+        worth = report["nodes_worth_it"]
+        if worth is not None:
+            con.print(f"worth it up to {worth} node(s)" + (" (the most checked)" if worth >= NODES_WORTH_LIMIT else "")
+                      + ": past that a node adds less than half its GPUs' worth", highlight=False)
     if s is not None or report["scaling_efficiency"]:
         rec = report["recommended"]
         if rec["micro_batch"] is not None:

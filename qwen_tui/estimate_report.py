@@ -15,6 +15,9 @@ from .facts import ClusterFacts
 from .preset import Preset
 
 
+NODES_WORTH_LIMIT = 64  # "how many nodes are worth it" is searched up to this many
+
+
 def _r(x: Optional[float], n: int = 3) -> Optional[float]:
     return None if x is None else round(x, n)
 
@@ -82,7 +85,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
                               "efficiency_no_overlap"):
                         p[k] = None
         else:
-            report["nodes_worth_it"] = nodes_worth_it(spec, t, g, c.bandwidth_gbps, **kw)
+            report["nodes_worth_it"] = nodes_worth_it(spec, t, g, c.bandwidth_gbps, limit=NODES_WORTH_LIMIT, **kw)
     if c.speed_known:
         step = c.step_here()
         report["step"] = {k: (_r(v, 4) if isinstance(v, float) else v) for k, v in step.to_dict().items()}
