@@ -142,7 +142,8 @@ def resolve_bandwidth(facts: Any = None, *, given_gbps: Optional[float] = None, 
     """The bandwidth between nodes and where it came from (order in the module docstring)."""
     if given_gbps is not None:
         return Bandwidth(float(given_gbps), "given", f"--bandwidth-gbps {given_gbps:g} (per-node bus bandwidth)")
-    if facts is not None and getattr(facts, "rehearsal_bandwidth_gbps", None):
+    # a rehearsal on one node measured the link inside it (NVLink, PCIe), not the one between nodes
+    if facts is not None and getattr(facts, "rehearsal_bandwidth_gbps", None) and facts.rehearsal_nodes != 1:
         bw = float(facts.rehearsal_bandwidth_gbps)
         size = getattr(facts, "rehearsal_size_mb", None)
         detail = f"rehearsal all-reduce bus bandwidth {bw:.3g} Gbit/s"

@@ -124,11 +124,12 @@ class Summary:
 
 
 def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
-            gpu: Optional[str] = None) -> Summary:
+            gpu: Optional[str] = None, intra_node_gbs: Optional[float] = None) -> Summary:
     """build_report's figures for this cluster size (the same numbers `qwen-tui estimate --json` prints).
-    gpu: the GPU type to assume where no probe says (the CLI's --gpu)."""
+    gpu: the GPU type to assume where no probe says (the CLI's --gpu); intra_node_gbs: NCCL bus bandwidth inside
+    a node, GB/s, where the nodes' topology says (default: the GPU type's)."""
     est = Summary(effective_batch=preset.effective_batch_size, batch_formula=preset.batch_formula)
-    r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd())
+    r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd(), intra_node_gbs=intra_node_gbs)
     est.smallest_gpu_gib = (r.get("gpu") or {}).get("memory_gib")
     est.cpu, est.link_measured = bool(r.get("cpu")), bool(r.get("link_measured", True))
     bw = r.get("bandwidth") or {}

@@ -236,6 +236,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         facts.rehearsal_ok = res.ok
         facts.rehearsal_bandwidth_gbps = res.busbw_gbps
         facts.rehearsal_size_mb = res.size_mb if res.busbw_gbps is not None else None
+        facts.rehearsal_nodes = len(plan.nodes)
     return res
 
 

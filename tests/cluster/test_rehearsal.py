@@ -39,6 +39,7 @@ def test_rehearsal_passes_on_the_healthy_cluster(probed, cluster, tmp_path):
     assert res.busbw_gbps and res.busbw_gbps > 0
     assert facts.rehearsal_ok is True and facts.rehearsal_bandwidth_gbps == res.busbw_gbps
     assert res.size_mb == facts.rehearsal_size_mb == 32 and "at 32 MB" in res.message  # gloo's default message
+    assert facts.rehearsal_nodes == len(preset.cluster.nodes) == 3
     assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
 
 

@@ -57,6 +57,15 @@ def test_ports_count_on_the_slowest_node_and_only_when_up():
     assert port_gbps(None) is None and port_gbps("garbage") is None
 
 
+def test_a_rehearsal_on_one_node_is_not_the_link_between_nodes():
+    f = ClusterFacts(links={1: LinkFacts(bandwidth_gbps=9.4)}, rehearsal_bandwidth_gbps=2900.0,
+                     rehearsal_size_mb=256, rehearsal_nodes=1)
+    assert resolve_bandwidth(f).source == "iperf3"
+    f.rehearsal_nodes = 2
+    assert resolve_bandwidth(f).source == "rehearsal"
+    assert ClusterFacts.from_dict(f.to_dict()).rehearsal_nodes == 2
+
+
 def test_a_rehearsal_below_a_buckets_size_reads_as_a_lower_bound():
     f = ClusterFacts(rehearsal_bandwidth_gbps=40.0, rehearsal_size_mb=16)
     bw = resolve_bandwidth(f)
