@@ -257,7 +257,10 @@ def step_comm(strategy: str, *, world: int, nodes: int, bus_Bps: float, intra: s
         hidden = min(max(0.0, bw - ring_factor("allreduce", world) * last / bus_Bps), bwd_window)
         c.exposed_s = c.total_s - hidden
         c.bytes_per_gpu = ring_factor("allreduce", world) * grad_bytes
-    elif strategy == "zero2":
+    elif strategy in ("zero1", "zero2"):
+        # ZeRO-2 reduce-scatters every micro-batch (its gradients are partitioned); ZeRO-1 keeps whole gradients
+        # and reduces once, in the step's last backward. Both all-gather the updated weights after the step.
+        reductions = grad_accum if strategy == "zero2" else 1
         bucket = 2 * DS_REDUCE_BUCKET_ELEMENTS
         rs_buckets = max(1, math.ceil(grad_bytes / bucket))
         ag_buckets = max(1, math.ceil(param_bytes / bucket))
@@ -267,11 +270,11 @@ def step_comm(strategy: str, *, world: int, nodes: int, bus_Bps: float, intra: s
         micro_lat = rs_buckets * lat("reducescatter")
         step_lat = ag_buckets * lat("allgather")
         hidden = min(max(0.0, rs_bw - last), bwd_window)
-        c.collectives = grad_accum * rs_buckets + ag_buckets
-        c.latency_s = grad_accum * micro_lat + step_lat
-        c.total_s = grad_accum * (rs_bw + micro_lat) + ag_bw + step_lat
-        c.exposed_s = c.total_s - grad_accum * hidden
-        c.bytes_per_gpu = ring_factor("reducescatter", world) * (grad_accum * grad_bytes + param_bytes)
+        c.collectives = reductions * rs_buckets + ag_buckets
+        c.latency_s = reductions * micro_lat + step_lat
+        c.total_s = reductions * (rs_bw + micro_lat) + ag_bw + step_lat
+        c.exposed_s = c.total_s - reductions * hidden
+        c.bytes_per_gpu = ring_factor("reducescatter", world) * (reductions * grad_bytes + param_bytes)
     else:  # zero3: gathers in forward, backward (and the recompute), reduce-scatter in backward, every micro-batch
         fwd_gather = ring_factor("allgather", world) * param_bytes / bus_Bps
         bwd_gathers = (gathers_per_micro - 1) * fwd_gather

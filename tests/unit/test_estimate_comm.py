@@ -99,6 +99,10 @@ def test_what_overlap_cannot_hide():
     assert z3.exposed_s >= 15 / 16 * 5e7 / 50e9 + z3.latency_s and z3.exposed_s < z3.total_s
     # what hides still costs the compute beside it a share of the GPU
     assert 0 < z3.interference_s < z3.total_s - z3.exposed_s
+    # ZeRO-1 reduces once a step (whole gradients until the boundary), ZeRO-2 every micro-batch
+    z1 = step_comm("zero1", grad_accum=4, grad_bytes=3e8, **kw)
+    assert z1.bytes_per_gpu == pytest.approx(15 / 16 * (3e8 + 2e9))
+    assert z1.exposed_s < step_comm("zero2", grad_accum=4, grad_bytes=3e8, **kw).exposed_s
     ddp = step_comm("ddp", grad_accum=1, grad_bytes=3e8, **kw)
     assert ddp.exposed_s >= 2 * 15 / 16 * 25 * 2**20 / 50e9  # DDP's last 25 MB bucket
     assert step_comm("zero3", grad_accum=1, grad_bytes=2e9, **{**kw, "world": 1, "nodes": 1}).total_s == 0
