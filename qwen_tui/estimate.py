@@ -86,7 +86,8 @@ Step time (`estimate_step`, `scaling`)
   run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
   tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
-  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters).
+  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters). A micro-batch never takes less
+  than its host needs to issue it (estimate_comm.host_floor_s): tiny models are host-bound.
 - Communication (qwen_tui/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
