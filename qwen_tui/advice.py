@@ -212,7 +212,9 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
                  + ", "
                  f"yet without ZeRO the model fits each GPU ({_gb(ddp_mem.total)} of {_gb(gib)}): plain DDP is "
                  f"estimated ~{ds.step_time_s / ddp.step_time_s:.1f}x faster per step "
-                 f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s)",
+                 f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s"
+                 + (f"; {c.bandwidth_gbps:.3g} Gbit/s between nodes, {c.bandwidth.source}" if c.nodes > 1 else "")
+                 + ")",
                  Fix("Plain DDP (no ZeRO)", changes))
 
 
