@@ -140,6 +140,7 @@ def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int,
 
 def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
              deadline_s: float = 60.0, size_mb: Optional[float] = None, collective_timeout: int = 30,
+             allreduce_budget_s: float = ALLREDUCE_BUDGET_S,
              facts: Optional[ClusterFacts] = None, poll: float = 0.3) -> RehearsalResult:
     """The rehearsal on every node. size_mb: the all-reduce message (default rehearsal_size_mb(plan.backend)); on a
     link too slow to move it within ALLREDUCE_BUDGET_S the job measures at a smaller power of two and says so."""
@@ -162,7 +163,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     def start(r: int) -> int:
         c = cmds[r]
         env = rehearsal_env(c.env, plan.backend)
-        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout), env=env,
+        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout,
+                                                      allreduce_budget_s), env=env,
                                        cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
     started = on_nodes(start, sorted(cmds), timeout=60)
@@ -214,7 +216,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
                        f"{res.busbw_gbps if res.busbw_gbps is None else round(res.busbw_gbps, 2)} Gbit/s "
                        f"at {res.size_mb:g} MB ({plan.backend}, world {plan.world_size})")
         if res.size_mb < size_mb:
-            res.message += (f"; the link was too slow for {size_mb:g} MB within {ALLREDUCE_BUDGET_S:g} s, so the "
+            res.message += (f"; the link was too slow for {size_mb:g} MB within {allreduce_budget_s:g} s, so the "
                             "figure reads low for the run's buckets")
         if res.transports:
             res.message += "; NCCL network: " + ", ".join(

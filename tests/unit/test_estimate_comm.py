@@ -269,3 +269,22 @@ def test_model_holds_the_published_multinode_measurements():
 def test_an_estimate_is_fast_enough_for_every_edit():
     cal = _calibration()
     assert cal.time_per_call(300) < 0.003  # the wizard calls it on every keystroke (~40 us measured idle)
+
+
+# ---------------------------------------------------------------- the rehearsal's message size
+
+def test_rehearsal_measures_at_a_buckets_size_on_gpus(monkeypatch):
+    from qwen_tui.run.rehearsal import ALLREDUCE_BUDGET_S, SNIPPET, rehearsal_argv, rehearsal_size_mb
+
+    monkeypatch.delenv("QWEN_TUI_REHEARSAL_MB", raising=False)
+    assert rehearsal_size_mb("nccl") == REHEARSAL_BUCKET_MB >= 256
+    assert rehearsal_size_mb("gloo") == 32
+    monkeypatch.setenv("QWEN_TUI_REHEARSAL_MB", "64")
+    assert rehearsal_size_mb("nccl") == 64
+    for bad in ("x", "0", "-3"):
+        monkeypatch.setenv("QWEN_TUI_REHEARSAL_MB", bad)
+        with pytest.raises(ValueError, match="QWEN_TUI_REHEARSAL_MB"):
+            rehearsal_size_mb("nccl")
+    argv = rehearsal_argv(["torchrun", "--nnodes", "2", "-m", "training.finetune", "--x"], "/py", 256, 30)
+    assert argv[-3:] == ["256", "30", f"{ALLREDUCE_BUDGET_S:g}"] and argv[argv.index("-c") + 1] == SNIPPET
+    compile(SNIPPET, "rehearsal", "exec")  # what every rank runs parses
