@@ -36,7 +36,7 @@ What can hide under compute does, except:
   whole of a small model's reduction), ZeRO-3's first layer gather of each forward, ZeRO-2's weight all-gather
   after the optimizer step;
 - the latency of every collective: each one synchronises all ranks, and the next layer waits on it. Fitted
-  nowhere: it is NCCL's figure, and reproduces the 0.1-0.5 ms per added GPU that the published FSDP runs in
+  nowhere: it is NCCL's figure, and comes close to the 0.1-0.7 ms per added GPU that the published FSDP runs in
   docs/multinode-calibration.md lose (table there);
 - while a collective runs beside compute, it takes NCCL_SM_SHARE of the GPU's streaming multiprocessors: hidden
   communication still slows compute by that share of its duration.
@@ -54,8 +54,8 @@ from __future__ import annotations
 
 import math
 import re
-from statistics import NormalDist
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Iterable, Optional
 
 # NCCL's latency model (src/graph/tuning.cc, NCCL 2.8-2.10, Simple protocol), microseconds.
