@@ -19,6 +19,7 @@ from textual.widgets import Input, Label, OptionList, Select, Static
 
 from ...advice import Advice
 from ...estimate import GPUS
+from ...estimate_report import NODES_WORTH_LIMIT
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
@@ -210,7 +211,8 @@ class TrainingScreen(StepScreen):
                       + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
                 t.add_row("between nodes", Text(bw or "not measured", style="" if bw else "yellow"))
                 if est.nodes_worth_it is not None:
-                    t.add_row("worth up to", Text(f"{est.nodes_worth_it} node(s)"))
+                    most = est.nodes_worth_it >= NODES_WORTH_LIMIT  # every node up to the limit pays
+                    t.add_row("worth up to", Text(f"{est.nodes_worth_it}{'+' if most else ''} node(s)"))
             else:
                 slowest = st.facts.min_bandwidth_gbps()
                 t.add_row("slowest link", Text(f"{slowest:.1f} Gbit/s" if slowest is not None else "not measured",
