@@ -123,6 +123,17 @@ class Context:
         return max(n.gpus for n in self.preset.cluster.nodes)
 
 
+def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> Optional[float]:
+    """The slowest node's GPU bus from its probed topology (NVSwitch, NVLink or PCIe: nodes/topology.py), in GB/s;
+    None where no node of several GPUs has a topology."""
+    from .nodes.topology import node_intra_bus
+
+    nodes = preset.cluster.nodes
+    buses = [node_intra_bus(nf, nodes[i].gpus) for i, nf in facts.nodes.items() if i < len(nodes)]
+    known = [b.gbs for b in buses if b is not None]
+    return min(known) if known else None
+
+
 def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: Optional[ModelSpec] = None,
                  gpu: Optional[str | GPUSpec] = None, gpu_memory_gib: Optional[float] = None,
                  bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
@@ -155,6 +166,8 @@ def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: 
         mem, where = gspec.memory_gib, gspec.name
     bw = resolve_bandwidth(facts, given_gbps=bandwidth_gbps, nic_gbps=nic_gbps, nics=nics,
                            ib_disabled=bool(preset.network.nccl_ib_disable))
+    if intra_node_gbs is None and facts:
+        intra_node_gbs = probed_intra_node_gbs(preset, facts)
     return Context(preset=preset, facts=facts, spec=spec, spec_error=spec_error, gpu=gspec, gpu_memory_gib=mem,
                    gpu_memory_where=where, bandwidth=bw, efficiency=efficiency, cpu=cpu,
                    intra_node_gbs=intra_node_gbs)
