@@ -14,7 +14,9 @@ The synchronising points measured:
     has only layer 0's own backward left (and the embedding's, in full fine-tuning); the rest is the last
     gradient buckets waiting for every rank. So (a) counts layer 0's backward as waiting: about 1/N of the
     backward of an N-layer model (a few percent for Qwen's 24-64 layers), the same on every rank. Without a
-    gradient at layer 0's output (nothing trainable at or below it), (a) is not measured.
+    gradient at layer 0's output (nothing trainable at or below it), (a) is not measured. With compiled layers
+    the forward hook is traced into layer 0's call, which then compiles a graph of its own; the hook is
+    registered before the memory probes, so that graph compiles there and not at a training step.
 (b) the step's explicit collectives: the all-reduce of the token counts (padded batches; packed steps agree on
     them a step ahead) and of the step's loss.
 (c) packed steps: the main thread waiting for the packing thread, as far as that thread was itself waiting in

@@ -186,3 +186,24 @@ def test_step_timer_sees_the_gradient_reach_layer_0_only_when_armed(tiny_model):
         timer.disarm(4)
     assert timer.take(4) == 0.0
     assert StepTimer(torch.device("cpu"), model, several=False).layer0 is None  # one rank waits for nobody
+
+
+@pytest.mark.slow
+def test_step_timer_hook_works_on_compiled_layers(tiny_model):
+    """The fast path compiles each decoder layer with its module hooks (CUDA's default): the forward hook on layer 0
+    is traced into the compiled call, and the gradient hook it registers still fires in backward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.fast.compile import compile_decoder_layers
+    from training.step_timing import StepTimer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    timer = StepTimer(torch.device("cpu"), model, several=True)
+    compile_decoder_layers(model, backend="aot_eager")
+    for n, step in ((12, 1), (20, 2)):  # two widths: the dynamic graph and its hook serve both
+        ids = torch.randint(0, 100, (1, n))
+        timer.arm()
+        model(input_ids=ids, labels=ids).loss.backward()
+        timer.disarm(step)
+        assert timer.take(step) > 0.0
