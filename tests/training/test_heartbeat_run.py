@@ -70,13 +70,15 @@ def _drive(proc, w: Watched) -> None:
                           "a closed stack dump")
     # SIGSTOP rank 1 early in a step, in its forward pass: its own work, far from the step's synchronising end (a
     # stop there would hold both ranks in the same wait, and neither would be the one computing).
-    seen_step, seen_at = None, 0.0
+    seen_step, seen_at, period = None, 0.0, 0.0
     while True:
         b = _until(proc, lambda: _beat(hb, 1), 10, "rank 1's heartbeat")
         assert b["step"] < MAX_STEPS - 5, "rank 1 was never caught early in a step's forward"
         if b["step"] != seen_step:
-            seen_step, seen_at = b["step"], time.monotonic()
-        elif b["phase"] == "forward" and time.monotonic() - seen_at < 0.1:
+            now = time.monotonic()
+            period = now - seen_at if seen_step is not None and b["step"] == seen_step + 1 else 0.0
+            seen_step, seen_at = b["step"], now
+        elif b["phase"] == "forward" and time.monotonic() - seen_at < min(0.1, 0.3 * period):
             pid = b["pid"]
             os.kill(pid, signal.SIGSTOP)
             break
@@ -140,10 +142,12 @@ def test_metrics_records_carry_each_ranks_compute_and_wait(watched):
         assert len(r["rank_compute_s"]) == len(r["rank_wait_s"]) == 2 and r["rank_node"] == [0, 0], r
         assert min(r["rank_compute_s"]) > 0 and min(r["rank_wait_s"]) >= 0, r
         # Rank 0's figures add up to the step time it logs; rank 1's to its own, which differs from rank 0's only
-        # by where each one's step began.
+        # by where each one's step began: the loss all-reduce ends every step together, and the next one starts
+        # after rank 0 has written its record. The first step starts when each rank's own set-up is done.
         assert r["rank_compute_s"][0] + r["rank_wait_s"][0] == pytest.approx(r["step_time"], rel=1e-6), r
-        assert r["rank_compute_s"][1] + r["rank_wait_s"][1] == pytest.approx(r["step_time"], abs=0.1,
-                                                                              rel=0.25), r
+        if r["step"] > 1:
+            assert r["rank_compute_s"][1] + r["rank_wait_s"][1] == pytest.approx(r["step_time"], abs=0.1,
+                                                                                  rel=0.25), r
 
 
 def test_a_stopped_rank_stops_its_heartbeat_while_the_other_keeps_writing(watched):
