@@ -31,8 +31,8 @@ the ranks up.
 Limits. Waits inside other work count as compute: under ZeRO-3 every layer gathers its weights from all ranks in
 forward and backward, in lockstep, so a slow rank holds the others at each gather and their compute grows towards
 the slow rank's; only the tail of the step (the final reductions, the explicit collectives) is seen as waiting.
-The figures then still rank the nodes, with smaller differences. ZeRO's all-gather of updated weights after the
-optimizer step likewise counts as compute.
+The slowest rank, which never waits, still shows the largest compute, by a smaller margin. ZeRO's all-gather of
+updated weights after the optimizer step likewise counts as compute.
 """
 
 from __future__ import annotations
