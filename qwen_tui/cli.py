@@ -91,16 +91,37 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {root}")
         return 0
-    t = Table(title=f"runs in {root}", title_justify="left")
-    for col in ("run", "preset", "state", "nodes", "started", "step", "last loss"):
-        t.add_column(col, justify="right" if col in ("step", "last loss") else "left")
+    width = shutil.get_terminal_size().columns
+    # The run id is what `attach` needs: it is never cut or wrapped; the other columns give way to it,
+    # the least needed first, so the table fits the terminal rather than forcing one of 120 columns.
+    cols = ["run", "state", "step", "last loss", "preset", "started", "nodes"]
+    rows = []
     for r in runs:
         nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         state = r.state if r.attempt == 1 else f"{r.state} (attempt {r.attempt})"
-        t.add_row(r.run_id, r.preset or "-", state, nodes, started, "-" if r.step is None else str(r.step),
-                  "-" if r.last_loss is None else f"{r.last_loss:.4f}")
-    Console(width=max(120, shutil.get_terminal_size().columns)).print(t)
+        rows.append({"run": r.run_id, "preset": str(r.preset or "-"), "state": state, "nodes": nodes, "started": started,
+                     "step": "-" if r.step is None else str(r.step),
+                     "last loss": "-" if r.last_loss is None else f"{r.last_loss:.4f}"})
+
+    def need(names: list[str]) -> int:  # the table's width with these columns unwrapped (borders, padding)
+        return 1 + sum(max(len(c), *(len(row[c]) for row in rows)) + 3 for c in names)
+
+    shown = [c for c in cols if c in ("run", "state")]
+    for c in cols[2:]:
+        if need(shown + [c]) <= width:
+            shown.append(c)
+    shown = [c for c in ("run", "preset", "state", "nodes", "started", "step", "last loss") if c in shown]
+    t = Table(title=f"runs in {root}", title_justify="left")
+    for col in shown:
+        t.add_column(col, justify="right" if col in ("step", "last loss") else "left", no_wrap=col == "run",
+                     min_width=len(max((row[col] for row in rows), key=len)) if col == "run" else None)
+    for row in rows:
+        t.add_row(*(row[c] for c in shown))
+    Console(width=max(width, need(["run"]))).print(t)
+    hidden = [c for c in cols if c not in shown]
+    if hidden:
+        print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)")
     return 0
 
 
@@ -138,10 +159,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print the validated preset (defaults filled) as YAML."""
-    from .preset import dump_preset
+    """Print the validated preset as YAML with every field, defaults included (the saved form leaves them out)."""
+    import yaml
 
-    sys.stdout.write(dump_preset(_load(args.preset)))
+    preset = _load(args.preset)
+    data = {"version": preset.version, **preset.model_dump(mode="json")}
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False))
     return 0
 
 
