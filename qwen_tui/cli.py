@@ -317,6 +317,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
         return rc
+    except KeyboardInterrupt:  # Ctrl-C where nothing runs yet (connecting, checking): no traceback
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `qwen-tui estimate --json | head`: the reader left; stop quietly as Unix tools do, and keep Python
         # from failing again on the final flush
