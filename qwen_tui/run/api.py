@@ -143,6 +143,32 @@ def local_port_free(port: int, host: str = "") -> Optional[str]:
     return None
 
 
+def local_files_missing(preset: Preset) -> list:
+    """On one machine the probe is skipped, but a missing data file or model is still an error before launch,
+    not a worker's failure after it: each path as the worker will open it, from its node's workdir."""
+    import os
+
+    from ..advice_core import Advice, Fix
+    from ..nodes.probe import local_path
+
+    out: list = []
+    for kind, spec in (("data", preset.training.data), ("model", preset.training.model)):
+        rel = local_path(spec)
+        if rel is None:  # builtin: or a hub id (fetched by the worker, or by check --sync)
+            continue
+        for i, n in enumerate(preset.cluster.nodes):
+            path = os.path.abspath(os.path.join(os.path.expanduser(n.workdir), os.path.expanduser(rel)))
+            if not os.path.exists(path):
+                where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
+                    f"workdir {n.workdir})"
+                out.append(Advice("error", f"{kind.upper()}_MISSING",
+                                  f"training.{kind}: {spec} is not there on this machine{where}",
+                                  Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
+                                      f"training.{kind} to where it is"), node=i))
+                break  # one machine: said once
+    return out
+
+
 T = TypeVar("T")
 
 
@@ -185,7 +211,9 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
     nodes = preset.cluster.nodes
     if all(n.is_local for n in nodes) and not on_one_machine:
         facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
-        yield Checked(CheckResult(facts, list(advise(preset, facts))))
+        advice = list(advise(preset, facts))
+        said = {a.code for a in advice}
+        yield Checked(CheckResult(facts, advice + [a for a in local_files_missing(preset) if a.code not in said]))
         return
     from ..nodes.checks import run_checks
     from .rehearsal import add_rehearsal

@@ -215,11 +215,16 @@ class Launcher:
             self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
+            from ..failures import worker_error
+
             first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
             self.stop_all()
             why = first.error or (f"exited with code {first.rc}" if first.rc is not None
                                   else "failed (seen first by another view of this run)")
             msg = f"node {first.rank} ({first.label}) failed: {why}"
+            said = worker_error(tail)
+            if said is not None and diag is None:  # the worker refused its input: its own words say what
+                msg += f": {said}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
             if tail:
@@ -263,18 +268,19 @@ class Launcher:
     def _root_cause(self, bad: list[NodeState]):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
         beats nodes that only saw a peer go away (connection reset, timeouts)."""
-        from ..failures import CONSEQUENTIAL, diagnose
+        from ..failures import CONSEQUENTIAL, diagnose, without_agent_report
 
         found = []
         for st in bad:
             try:
-                tail = self.log_tail(st.rank, lines=40)
+                raw = self.log_tail(st.rank, lines=80)
             except Exception:  # an unreachable node has no readable log; it is still named
-                tail = []
-            d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
+                raw = []
+            d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
-            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in tail)
+            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
+            tail = without_agent_report(raw)[-40:]  # what the user reads: the worker's words, not torchrun's report
             secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))

@@ -206,7 +206,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     assert out is not None  # follow() ends with Ended unless cancelled, and nothing cancels it here
     style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
     console.print(Text(out.message, style=style))
-    if out.failed_rank is not None:
+    if out.failed_rank is not None and "last log lines" not in out.message:  # the outcome has them already
         console.print(f"last lines of node {out.failed_rank} ({la.plan.nodes[out.failed_rank].label}):")
         for ln in la.log_tail(out.failed_rank, 15):
             console.print("  " + ln, markup=False, highlight=False)
