@@ -39,7 +39,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,
-                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0)
+                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -51,7 +52,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
-                              max_seconds=args.max_seconds, verbose=args.verbose > 0)
+                              max_seconds=args.max_seconds, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
 
 
 def _runs_root(args: argparse.Namespace) -> Path:
@@ -221,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dry-run", action="store_true", help="print each node's command and environment; launch nothing")
         sp.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
         sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
+        sp.add_argument("--overwrite-output", action="store_true",
+                        help="launch although training.output_dir holds another run's checkpoints or model (they "
+                             "stay, except files the new run writes under the same names)")
 
     r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
     r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES

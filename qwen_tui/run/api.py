@@ -343,6 +343,8 @@ class LaunchRequest:
     facts: Optional[ClusterFacts] = None
     consent: Consent = False
     password: Optional[str] = None
+    # refuse an output directory that holds another run's checkpoints or model (replay and demo; the wizard asks)
+    guard_output: bool = False
 
 
 def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
@@ -372,6 +374,15 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
             return
     pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
               facts=facts)
+    if req.guard_output:
+        from .output_guard import FIX, guard
+
+        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0])
+        if refusal is not None:
+            yield Failure("output", refusal, FIX)
+            return
+        if note is not None:
+            yield Stage("output", note)
     yield Planned(pl)
     yield Stage("launch", f"starting {pl.nnodes} node(s)…")
     try:

@@ -283,7 +283,7 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False, verbose: bool = False) -> int:
+                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
     every relaunch that training.restarts allows (run/restarts.py)."""
     console = Console(stderr=False)
@@ -291,7 +291,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
-                            consent=accept_new_host_keys)
+                            consent=accept_new_host_keys, guard_output=not overwrite_output)
     if dry_run:
         print_plan(api.plan(preset, run_id=req.run_id, root=root, base_dir=req.base_dir,
                             local_python=req.local_python), console)
@@ -315,7 +315,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         for ev in api.launch(req, conns):
             if isinstance(ev, api.Connected):
                 labels = ev.labels
-            elif isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal"):
+            elif isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal", "output"):
                 console.print(ev.text)
             elif isinstance(ev, api.Stage) and ev.name == "launch":
                 early["starting"] = True
