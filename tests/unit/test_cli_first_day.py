@@ -96,3 +96,24 @@ def test_chat_and_merge_take_last_and_run_ids_as_attach_does(tmp_path):
             assert str(root / rid) in res.stderr
         res = qwen_tui(cmd, "nothing-like-it", "--runs-dir", str(root), *(["--prompt", "hi"] if cmd == "chat" else []))
         assert res.returncode == 2 and "no run 'nothing-like-it'" in res.stderr, res.stderr
+
+
+def test_keys_on_an_all_local_preset_makes_no_key_and_says_there_is_nothing_to_do(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    res = qwen_tui("keys", str(DEMO), env_extra={"HOME": str(home)}, input="")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "nothing to do" in res.stdout and "password" not in (res.stdout + res.stderr).lower()
+    assert not (home / ".ssh").exists(), list(home.rglob("*"))  # no key pair made without asking
+
+
+def test_export_of_a_cpu_preset_asks_the_scheduler_for_no_gpus(tmp_path):
+    slurm = qwen_tui("export", str(DEMO), "--format", "slurm", cwd=tmp_path)
+    assert slurm.returncode == 0, slurm.stderr
+    assert "--gpus-per-node" not in slurm.stdout and "#SBATCH --cpus-per-task=" in slurm.stdout
+    pbs = qwen_tui("export", str(DEMO), "--format", "pbs", cwd=tmp_path)
+    assert pbs.returncode == 0, pbs.stderr
+    assert "ngpus" not in pbs.stdout and "ncpus=" in pbs.stdout
+    gpu = qwen_tui("export", str(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml"), "--format", "slurm",
+                   cwd=tmp_path)
+    assert "#SBATCH --gpus-per-node=8" in gpu.stdout  # a GPU preset still asks for its GPUs
