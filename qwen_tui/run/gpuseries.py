@@ -118,7 +118,9 @@ class GpuSeriesWriter:
             return 0
         data = "".join(json.dumps(rec) + "\n" for rec in lines).encode()
         try:
-            res = self.transport.run(["sh", "-c", 'cat >> "$1"', "sh", self.path], timeout=self.timeout, input=data)
+            # umask 077: a new file is 0600, as every file of the run directory
+            res = self.transport.run(["sh", "-c", 'umask 077; cat >> "$1"', "sh", self.path], timeout=self.timeout,
+                                     input=data)
         except Exception as e:  # the master may be unreachable for a moment: this window is dropped
             self.last_error = f"{type(e).__name__}: {e}"
             return 0

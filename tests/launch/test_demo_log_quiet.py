@@ -1,6 +1,6 @@
 """The demo's log holds the run, not library noise (bitsandbytes' missing-`kernels` warning, transformers'
 FutureWarning on every launch, DeepSpeed's "Setting accelerator to CPU"), and its caches (the tiny model, the
-tokenized data) follow XDG_CACHE_HOME when QWEN_TUI_CACHE is not set."""
+tokenized data) follow XDG_CACHE_HOME when QWEN_TUI_CACHE is not set; every file of its run directory is 0600."""
 
 from __future__ import annotations
 
@@ -44,3 +44,6 @@ def test_the_demos_log_is_free_of_library_noise_and_its_caches_follow_xdg(tmp_pa
     assert (xdg / "qwen-tui" / "tiny-qwen2" / "config.json").is_file()
     assert any((xdg / "qwen-tui" / "tokenized").iterdir())
     assert not (tmp_path / "home" / ".cache" / "qwen-tui").exists()
+    # the README's promise: run directories 0700, their files 0600 (metrics.jsonl was 0644)
+    for f in [rd, *rd.rglob("*")]:
+        assert f.stat().st_mode & 0o077 == 0, f"{f}: {oct(f.stat().st_mode)}"
