@@ -82,6 +82,11 @@ def _attempt_of(state: dict) -> int:
 # the stop's grace leaves it that and a margin before anything of the job gets a signal of its own.
 WORKER_STOP_BOUND_S = 5.0 + 3.0
 STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
+# A worker stopped while it still imports torch and its libraries ends only once those imports are done (an
+# exception inside a C extension's import can crash it: training/stop.py), which took 9 s on a loaded 2-core
+# machine; killed at the usual grace, its log lost the stop line to torchrun's traceback. Before training has
+# started the stop waits this much longer for the workers to end on their own.
+STARTING_EXTRA_S = 20.0
 
 
 class Launcher:
@@ -344,7 +349,9 @@ class Launcher:
         """Stop every node, record the run as stopped; also the ranks where something survived."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
         self.run_dir.write_state(stop_requested=time.time())
-        left = [r for r, gone in self.stop_all().items() if not gone]
+        # a stop asked for before training started (as of the last look) waits for the workers' imports
+        extra = STARTING_EXTRA_S if self.metrics.progress.start is None else 0.0
+        left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
         msg = ("stopped by the user; every node's processes were ended" if not left
                else f"stopped by the user, but processes survive on node(s) {left}")
         out = RunOutcome("stopped", msg, None, self.nodes)
@@ -352,8 +359,10 @@ class Launcher:
         return out, left
 
     # ------------------------------------------------------------ stop
-    def stop_all(self) -> dict[int, bool]:
-        """Stop every node's process group in parallel. rank -> True when nothing is left."""
+    def stop_all(self, grace: Optional[float] = None) -> dict[int, bool]:
+        """Stop every node's process group in parallel (`grace`: how long the workers may take to end on their
+        own; default the launcher's stop_grace). rank -> True when nothing is left."""
+        grace = self.stop_grace if grace is None else grace
         with self._lock:
             with self._phases_lock:
                 self._phases = {c.rank: "stopping" for c in self.plan.nodes}
@@ -364,7 +373,7 @@ class Launcher:
                     self._phase(c.rank, "stopped (nothing was running)")
                     return True
                 # only processes that prove they are this run's job are signalled
-                gone = stop_job(self.transports[c.rank], ref, grace=self.stop_grace,
+                gone = stop_job(self.transports[c.rank], ref, grace=grace,
                                 on_phase=lambda text: self._phase(c.rank, text))
                 if self.nodes[c.rank].status == RUNNING:
                     self.nodes[c.rank].status = STOPPED
