@@ -227,7 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="launch although training.output_dir holds another run's checkpoints or model (they "
                              "stay, except files the new run writes under the same names)")
 
-    r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
+    r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view",
+                       description="Run a preset headless: checks, plan, launch, live view. In the live view Ctrl-C "
+                       "stops the run on every node; d (or Ctrl-\\) detaches and leaves it running "
+                       "(qwen-tui attach finds it again).")
     r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     launch_opts(r)
     r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
@@ -243,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory",
-                       description="Watch (or stop) a run started earlier. With training.restarts, a failed attempt "
+                       description="Watch (or stop) a run started earlier. Ctrl-C, d or Ctrl-\\ detach: the run goes "
+                       "on (--stop stops it). With training.restarts, a failed attempt "
                        "is relaunched by the replay or wizard that launched the run; when that one is gone (killed, or the "
                        "wizard quit), attach relaunches it and follows it to the end.")
     a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
