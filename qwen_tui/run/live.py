@@ -103,7 +103,8 @@ def watch_keys(on_key) -> contextlib.AbstractContextManager:
     def cm():
         try:
             fd = sys.stdin.fileno()
-            interactive = os.isatty(fd)
+            # in the terminal's foreground only: a background job that changes the terminal's mode is stopped
+            interactive = os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
         except (AttributeError, OSError, ValueError):
             interactive = False
         if not interactive:
