@@ -132,7 +132,7 @@ class Training(_Strict):
     lazy_preprocess: bool = False
     tokenized_cache_dir: Optional[str] = Field(
         default=None, description="where each node caches the tokenized data (the worker's default: "
-        "~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
+        "$XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
     merge_lora: bool = False
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
         default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the tokenized data is cached, keyed by the data's checksum, the tokenizer, the chat "
                    "template and --model_max_length: local rank 0 of each node (one rank in all when every node "
                    "sees DIR) tokenizes, the other ranks load it, a later run reuses it; 'none' tokenizes on every "
-                   "rank (default $QWEN_TUI_TOKENIZED_CACHE, else ~/.cache/qwen-tui/tokenized)")
+                   "rank (default $QWEN_TUI_TOKENIZED_CACHE, else $XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized)")
     d.add_argument("--tokenize_timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long a rank waits for another rank's tokenized cache before it gives up (default 3600)")
     d.add_argument("--dataloader_num_workers", type=int, default=0,

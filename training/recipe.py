@@ -23,6 +23,7 @@ import gc
 import logging
 import math
 import os
+import uuid
 
 import torch
 
@@ -99,6 +100,12 @@ class FinetuneRecipe(StepLoop):
         if self.resume_state:
             self._check_resume_compatible()
             self.step = int(self.resume_state["step"])
+        # Which checkpoints are this run's (rotation deletes only those): kept across resumes, new for a fresh start.
+        self.lineage = (self.resume_state or {}).get("lineage") or uuid.uuid4().hex
+        if self.resume_state and env.is_main:  # never silently: `auto` may find a checkpoint the user forgot
+            st = self.resume_state
+            log.info("resuming from %s (step %d%s)", self.resume_dir, self.step,
+                     f", saved by run {st['run_id']}" if st.get("run_id") else "")
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
         self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu",
@@ -279,6 +286,7 @@ class FinetuneRecipe(StepLoop):
             "step": self.step, "epoch": self.step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
             "zero_stage": self.stage, "seed": a.seed, "model": a.model_name_or_path,
+            "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
             self.metrics.write({"event": "checkpoint", "step": self.step, "path": str(final)})

@@ -155,8 +155,9 @@ def build_tiny(out_dir: str | os.PathLike) -> Path:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("QWEN_TUI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qwen-tui")
-    return Path(root) / "tiny-qwen2"
+    from training.cachedir import cache_root
+
+    return cache_root() / "tiny-qwen2"
 
 
 def ensure_builtin_tiny(local_rank: int) -> Path:
