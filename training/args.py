@@ -213,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="module names to adapt, comma- or space-separated (Qwen's finetune.py takes a list) "
                     f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
     add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+
+    moe = p.add_argument_group("mixture of experts (Qwen3-MoE, Qwen2-MoE)")
+    moe.add_argument("--router_aux_loss_coef", type=float, default=None, metavar="COEF",
+                     help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
+                     "(logged as aux_loss in metrics.jsonl); 0 leaves it out. Default: the model config's "
+                     "router_aux_loss_coef (0.001 in Qwen's releases)")
+    add_bool(moe, "train_router",
+             help="train the routers (each sparse MoE block's gate): with LoRA they are saved with the adapter "
+             "(peft modules_to_save). Default: the routers stay frozen, whatever the method")
     add_hf_flags(p)
     return p
 
@@ -254,6 +263,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--lora_target_modules is empty")
     if args.merge_lora and not args.use_lora:
         raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
+    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
+        raise InputError(f"--router_aux_loss_coef must be 0 or more, got {args.router_aux_loss_coef:g}")
     if args.packing_tokens is not None and args.packing_tokens < args.model_max_length:
         raise InputError(f"--packing_tokens {args.packing_tokens} is less than --model_max_length "
                          f"{args.model_max_length}: the longest record must fit in one packed row")

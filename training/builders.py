@@ -155,8 +155,12 @@ def build_optimization(args, env, model, loss_module, fast, ds_config: dict | No
         from torch.nn.parallel import DistributedDataParallel
 
         # With our loss, DDP wraps model + loss, so the forward that DDP sees is the one that runs.
+        # Experts kept as one module each (transformers 4) get no gradient on a rank whose tokens none chose.
+        from training.moe import expert_layout
+
         opt.ddp = DistributedDataParallel(loss_module if loss_module is not None else model,
-                                          device_ids=[device.index] if device.type == "cuda" else None)
+                                          device_ids=[device.index] if device.type == "cuda" else None,
+                                          find_unused_parameters=expert_layout(model) == "modules")
     return opt
 
 
