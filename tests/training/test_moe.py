@@ -89,11 +89,14 @@ def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_r
     ("qwen3_moe", []),  # the fast path: packed rows, our fused loss
     ("qwen3_moe", ["--no_packing"]),  # our loss on a padded batch
     ("qwen3_moe", ["--no_packing", "--fused_ce", "off"]),  # transformers' own loss module
+    ("qwen3_moe", ["--compile"]),  # compiled decoder layers: the routers' hooks traced inside them
     ("qwen2_moe", []),  # a shared expert beside the routed ones
-], ids=["fast", "padded", "hf", "qwen2-moe-fast"])
-def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, moe_models, data, arch, flags):
+], ids=["fast", "padded", "hf", "fast-compiled", "qwen2-moe-fast"])
+def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, monkeypatch, moe_models, data, arch, flags):
     """The first step's objective (logged loss + coef x aux_loss) and gradient norm are transformers' own with
-    output_router_logits, and both differ from what they would be without the load-balancing term."""
+    output_router_logits, and both differ from what they would be without the load-balancing term. Compiled
+    layers go through Dynamo and AOTAutograd as on a GPU (aot_eager: no C++ build on CPU)."""
+    monkeypatch.setenv("TRAINING_COMPILE_BACKEND", "aot_eager")
     run = run_worker(tmp_path / "out", *common(moe_models[arch], "--data_path", data["train"], "--max_steps", "1",
                                                "--per_device_train_batch_size", "4", "--train_router", *flags))
     assert_ok(run)
@@ -101,6 +104,7 @@ def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, moe_models
     assert start["moe"]["experts"] == 8 and start["moe"]["experts_per_token"] == 2
     assert start["moe"]["router_aux_loss_coef"] == COEF and start["moe"]["shared_expert"] is (arch == "qwen2_moe")
     assert start["fast_path"]["packing"] is ("--no_packing" not in flags)
+    assert start["fast_path"]["compile"] is ("--compile" in flags)
     ref = hf_step_one(moe_models[arch], data["train"], 4, COEF, train_router=True)
     assert step["aux_loss"] == pytest.approx(ref["aux"]["aux_loss"], rel=1e-5)
     assert step["loss"] + COEF * step["aux_loss"] == pytest.approx(ref["aux"]["loss"], rel=1e-5)
@@ -130,17 +134,19 @@ def reference(tmp_path_factory, moe_models, data):
     return runs
 
 
-@pytest.mark.parametrize("config,method", [("zero2", "full"), ("zero3", "full"), ("zero2", "lora"),
-                                           ("zero3", "lora")])
-def test_two_deepspeed_processes_reproduce_one_process(tmp_path, moe_models, data, reference, config, method):
-    """ZeRO-2 and ZeRO-3 over 2 processes (one micro-batch of 2 records each) follow the single process's loss,
-    load-balancing loss and gradient norm step by step; under ZeRO-3 each sparse MoE block is a leaf module."""
+@pytest.mark.parametrize("config,method", [("ddp", "full"), ("ddp", "lora"), ("zero2", "full"), ("zero3", "full"),
+                                           ("zero2", "lora"), ("zero3", "lora")])
+def test_two_processes_reproduce_one_process(tmp_path, moe_models, data, reference, config, method):
+    """DDP, ZeRO-2 and ZeRO-3 over 2 processes (one micro-batch of 2 records each) follow the single process's loss,
+    load-balancing loss and gradient norm step by step; under ZeRO-3 each sparse MoE block is a leaf module. LoRA
+    adapts the attention and every expert (peft's target_parameters on the fused weights)."""
+    ds = [] if config == "ddp" else ["--deepspeed", f"builtin:{config}"]
     run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], *(FULL if method == "full" else LORA),
-                                               "--data_path", data["mid"]), *PACKED,
-                     "--deepspeed", f"builtin:{config}", nproc=2)
+                                               "--data_path", data["mid"]), *PACKED, *ds, nproc=2)
     assert_ok(run)
     start = run.records[0]
-    assert start["world_size"] == 2 and start["zero_stage"] == int(config[-1]) and start["method"] == method
+    stage = 0 if config == "ddp" else int(config[-1])
+    assert start["world_size"] == 2 and start["zero_stage"] == stage and start["method"] == method
     assert start["fast_path"]["packing"] is True and start["global_batch_size"] == 4
     ref = reference[method]
     assert start["trainable_parameters"] == ref.records[0]["trainable_parameters"]
