@@ -1,7 +1,8 @@
 """Advice for mixture-of-experts models (Qwen3-MoE, Qwen2-MoE): their pitfalls, with the numbers of this model.
 
 MOE_QLORA          Q-LoRA cannot quantize experts stored fused (transformers 5): the worker refuses it
-MOE_LORA_EXPERTS   LoRA on gate/up/down_proj adapts every expert: many times the attention's adapters
+MOE_LORA_EXPERTS   LoRA on gate/up/down_proj adapts every expert: many times the attention's adapters (and with
+                   LoRA dropout peft cannot: an error)
 MOE_ZERO3          ZeRO-3 gathers every expert of a layer at once (leaf modules, set by the worker) and moves the
                    whole model to every GPU each micro-batch, however few parameters a token uses
 MOE_ROUTING        no capacity limit: routing imbalance costs speed, not tokens; the load-balancing loss, frozen
@@ -55,11 +56,20 @@ def moe_lora_experts(c: Context) -> Iterable[Advice]:
     except ValueError:
         return
     adam = all_params * 16 / GIB  # fp32 weights, gradients and two Adam moments
-    yield Advice("warning", "MOE_LORA_EXPERTS",
-                 f"LoRA r{r} on {', '.join(t for t in targets if t in EXPERT_NAMES)} adapts all {s.experts} experts "
-                 f"of every layer: {_b(all_params)} trainable parameters, {all_params / max(attn, 1):.0f}x the "
-                 f"attention's {_b(attn)} ({adam:.0f} GiB of fp32 weights, gradients and Adam states before ZeRO "
-                 f"shards them), of which a token trains {s.experts_per_token}/{s.experts}",
+    names = ", ".join(t for t in targets if t in EXPERT_NAMES)
+    what = (f"LoRA r{r} on {names} adapts all {s.experts} experts of every layer: {_b(all_params)} trainable "
+            f"parameters, {all_params / max(attn, 1):.0f}x the attention's {_b(attn)} ({adam:.0f} GiB of fp32 "
+            f"weights, gradients and Adam states before ZeRO shards them), of which a token trains "
+            f"{s.experts_per_token}/{s.experts}")
+    if c.t.lora_dropout > 0:
+        # peft reaches fused experts through target_parameters, which refuses dropout: the worker stops at once
+        yield Advice("error", "MOE_LORA_EXPERTS",
+                     f"{what}; and peft cannot adapt fused experts with lora_dropout {c.t.lora_dropout:g} (the "
+                     "worker refuses it)",
+                     Fix("Adapt the attention only", {"training.lora_target_modules": ATTENTION},
+                         hint="or set training.lora_dropout: 0 to adapt the experts as well"))
+        return
+    yield Advice("warning", "MOE_LORA_EXPERTS", what,
                  Fix("Adapt the attention only", {"training.lora_target_modules": ATTENTION}))
 
 

@@ -39,7 +39,8 @@ def _switch(group, name: str, on: str, off: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.finetune",
-        description="Fine-tune a Qwen2/2.5/3 chat model (full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
+        description="Fine-tune a Qwen2/2.5/3 chat model, dense or mixture-of-experts (Qwen3-MoE, Qwen2-MoE) "
+        "(full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
         "Run under torchrun for several processes or nodes.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model_name_or_path", required=True,
                    help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
-                   "'builtin:tiny' is a tiny offline Qwen2 built on first use")
+                   "'builtin:tiny' is a tiny offline Qwen2 built on first use ('builtin:tiny-moe', "
+                   "'builtin:tiny-qwen2-moe': tiny mixture-of-experts ones)")
 
     add_bool(m, "random_init",
                    help="build the model from its config.json with random weights instead of loading them "

@@ -85,6 +85,8 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
         raise InputError(f"{args.model_name_or_path}: the checkpoint is {quant}-quantized; "
                          "only --q_lora can train it (LoRA on the frozen quantized base)")
     if not args.q_lora:
+        if args.use_lora:
+            _check_expert_lora(args, config)
         return "lora" if args.use_lora else "full"
     if stage == 3 and quant:
         raise InputError(f"--q_lora on a {quant.upper()}-quantized checkpoint does not work with ZeRO-3 (its packed "
@@ -110,7 +112,21 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
                          "stores its experts fused as 3-D tensors, which bitsandbytes cannot quantize (it "
                          "quantizes nn.Linear layers only): nearly all of the weights would stay in 16 bits. Use "
                          "--use_lora (a 16-bit base, sharded by ZeRO-3 across GPUs) instead")
+    _check_expert_lora(args, config)
     return "qlora"
+
+
+def _check_expert_lora(args, config: dict) -> None:
+    """LoRA reaches fused experts through peft's target_parameters, which refuses dropout: said before loading."""
+    from training.moe import MLP_NAMES, layout_of_config, moe_shape
+
+    asked = [m for m in args.lora_target_modules if m in MLP_NAMES]
+    if not (asked and args.lora_dropout > 0 and moe_shape(config)) or layout_of_config(config) != "fused":
+        return
+    raise InputError(f"--lora_target_modules {','.join(asked)} adapt the experts of {args.model_name_or_path}, "
+                     "stored fused as 3-D tensors, through peft's target_parameters, which does not support "
+                     f"--lora_dropout (got {args.lora_dropout:g}): give --lora_dropout 0, or adapt the attention "
+                     "only: --lora_target_modules q_proj,k_proj,v_proj,o_proj")
 
 
 def load_tokenizer(source: str):

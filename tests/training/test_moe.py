@@ -192,6 +192,21 @@ def test_lora_on_experts_saves_reloads_and_merges_with_the_same_eval_loss(tmp_pa
     assert eval_loss_of(again, tok, data["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
 
 
+def test_lora_dropout_on_fused_experts_is_refused_before_loading(tmp_path, moe_models, data):
+    """peft's LoRA on 3-D parameters has no dropout: the worker says so (exit 2) instead of peft's traceback, and
+    the attention alone trains with dropout."""
+    run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
+                                               "--data_path", data["train"], "--max_steps", "1"))
+    assert run.rc == 2, run.stderr[-2000:]
+    assert "does not support --lora_dropout (got 0.05)" in run.stderr and "Traceback" not in run.stderr
+    ok = run_worker(tmp_path / "attn", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
+                                               "--lora_target_modules", "q_proj,k_proj,v_proj,o_proj",
+                                               "--data_path", data["train"], "--max_steps", "2"))
+    assert_ok(ok)
+    # r 64 on q, k, v, o of 2 layers (hidden 64, 2 KV heads of 16): nothing on the experts
+    assert ok.records[0]["trainable_parameters"] == 2 * 64 * ((64 + 64) * 2 + (64 + 32) * 2)
+
+
 def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data):
     run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], "--q_lora", "--data_path", data["train"],
                                                "--max_steps", "1"))

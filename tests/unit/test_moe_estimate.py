@@ -131,10 +131,14 @@ def test_advice_covers_the_moe_pitfalls():
     a = by(_preset("Qwen/Qwen3-30B-A3B", method="qlora", zero_stage=2))
     assert a["MOE_QLORA"].level == "error" and "bitsandbytes cannot quantize" in a["MOE_QLORA"].message
     assert a["MOE_QLORA"].fix.changes == {"training.method": "lora", "training.zero_stage": 3}
-    default_targets = by(_preset("Qwen/Qwen3-30B-A3B"))
+    default_targets = by(_preset("Qwen/Qwen3-30B-A3B", lora_dropout=0.0))
+    assert default_targets["MOE_LORA_EXPERTS"].level == "warning"
     assert "all 128 experts" in default_targets["MOE_LORA_EXPERTS"].message
     assert "2.6B trainable" in default_targets["MOE_LORA_EXPERTS"].message
     assert default_targets["MOE_LORA_EXPERTS"].fix.changes == {"training.lora_target_modules": ATTN}
+    with_dropout = by(_preset("Qwen/Qwen3-30B-A3B", lora_dropout=0.05))["MOE_LORA_EXPERTS"]
+    assert with_dropout.level == "error" and "lora_dropout 0.05" in with_dropout.message
+    assert with_dropout.fix.changes == {"training.lora_target_modules": ATTN}
     assert "leaf module" in default_targets["MOE_ZERO3"].message and "MOE_ROUTING" in default_targets
     attention = by(_preset("Qwen/Qwen3-30B-A3B", lora_target_modules=ATTN, zero_stage=2))
     assert "MOE_LORA_EXPERTS" not in attention and "MOE_ZERO3" not in attention and "MOE_QLORA" not in attention
@@ -175,3 +179,17 @@ def test_235b_full_fine_tuning_does_not_fit_eight_nodes_and_the_advice_says_what
     assert r["world_size"] == 64 and r["gpu_memory_gb"]["fits"] is False
     (oom,) = [a for a in r["advice"] if a["code"] == "OOM"]
     assert oom["fix"] is not None and oom["fix"]["changes"]
+
+
+@pytest.mark.parametrize("name,kind", [("builtin:tiny-moe", "qwen3_moe"), ("builtin:tiny-qwen2-moe", "qwen2_moe")])
+def test_builtin_tiny_moe_matches_training_tiny(name, kind):
+    from training import tiny
+
+    spec = resolve_model(name)
+    cfg = tiny._config(kind, vocab_size=tiny.VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2)
+    assert tiny.BUILTINS[name] == kind == spec.architecture
+    assert (spec.experts, spec.experts_per_token, spec.moe_intermediate) == (
+        cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size)
+    assert spec.shared_intermediate == (getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
+    assert (spec.hidden, spec.layers, spec.head_dim) == (64, 2, getattr(cfg, "head_dim", None) or 64 // 4)
