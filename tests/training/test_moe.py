@@ -90,8 +90,10 @@ def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_r
     ("qwen3_moe", ["--no_packing"]),  # our loss on a padded batch
     ("qwen3_moe", ["--no_packing", "--fused_ce", "off"]),  # transformers' own loss module
     ("qwen3_moe", ["--compile"]),  # compiled decoder layers: the routers' hooks traced inside them
+    # recomputed layers: the hooks keep nothing in the backward's recompute
+    ("qwen3_moe", ["--gradient_checkpointing", "--no_packing", "--fused_ce", "off"]),
     ("qwen2_moe", []),  # a shared expert beside the routed ones
-], ids=["fast", "padded", "hf", "fast-compiled", "qwen2-moe-fast"])
+], ids=["fast", "padded", "hf", "fast-compiled", "hf-checkpointed", "qwen2-moe-fast"])
 def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, monkeypatch, moe_models, data, arch, flags):
     """The first step's objective (logged loss + coef x aux_loss) and gradient norm are transformers' own with
     output_router_logits, and both differ from what they would be without the load-balancing term. Compiled
