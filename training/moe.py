@@ -78,8 +78,13 @@ def layout_of_config(config: dict) -> str:
     """expert_layout of the model this config builds, found on the meta device (no memory, any size)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
-    cfg.num_hidden_layers = 1  # one layer tells the layout
+    skip = ("architectures", "transformers_version")
+    cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in skip})
+    # layers up to the first sparse one tell the layout (transformers' rule: not in mlp_only_layers, and the
+    # index + 1 a multiple of decoder_sparse_step)
+    dense, step = set(config.get("mlp_only_layers") or []), int(config.get("decoder_sparse_step") or 1)
+    total = int(config.get("num_hidden_layers") or 1)
+    cfg.num_hidden_layers = next((i + 1 for i in range(total) if i not in dense and (i + 1) % step == 0), total)
     with torch.device("meta"):
         return expert_layout(AutoModelForCausalLM.from_config(cfg))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,16 @@ def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data
     assert run.rc == 2, run.stderr[-2000:]
     assert "fused as 3-D tensors, which bitsandbytes cannot quantize" in run.stderr
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_expert_layout_is_read_from_the_config_on_the_meta_device(moe_models):
+    """What the Q-LoRA and LoRA-dropout refusals decide on, before any weight loads: transformers 5 fuses the experts
+    (3-D weights); a first layer with a dense MLP does not hide them; a config with no sparse layer has none."""
+    from training.moe import layout_of_config, moe_shape
+
+    for arch, path in moe_models.items():
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        assert moe_shape(cfg).num_experts == 8 and moe_shape(cfg).shared_expert is (arch == "qwen2_moe")
+        assert layout_of_config(cfg) == "fused"
+        assert layout_of_config({**cfg, "mlp_only_layers": [0]}) == "fused"
+        assert layout_of_config({**cfg, "mlp_only_layers": [0, 1]}) == "none"
