@@ -333,6 +333,7 @@ def timeouts(c: Context) -> Iterable[Advice]:
 
 
 from . import advice_cluster  # noqa: E402,F401 - registers the rules about the nodes' facts, after these
+from . import advice_moe  # noqa: E402,F401 - registers the mixture-of-experts rules
 
 
 # ---------------------------------------------------------------- entry point

@@ -60,9 +60,13 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         report["error"] = c.spec_error
         return report
     spec = c.spec
-    report["model"] = {"name": t.model, "params": spec.total_params,
+    report["model"] = {"name": t.model, "params": spec.total_params, "active_params": spec.active_params,
                        "trainable_params": spec.total_params if t.method == "full"
-                       else spec.lora_params(t.lora_r, t.lora_target_modules)}
+                       else spec.lora_params(t.lora_r, t.lora_target_modules),
+                       "moe": {"experts": spec.experts, "experts_per_token": spec.experts_per_token,
+                               "moe_intermediate_size": spec.moe_intermediate,
+                               "shared_expert_intermediate_size": spec.shared_intermediate,
+                               "moe_layers": spec.moe_layers} if spec.is_moe else None}
     mem = estimate_memory(spec, t, w)
     report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
     if c.cpu:
@@ -120,7 +124,19 @@ class Summary:
     bandwidth_source: str = ""  # where it came from: given, rehearsal, nics, ib-ports, iperf3, unknown
     bandwidth_lower_bound: bool = False
     nodes_worth_it: Optional[int] = None
+    model: str = ""  # parameters (a mixture of experts: total, active and experts)
     notes: list[str] = field(default_factory=list)
+
+
+def model_line(m: dict) -> str:
+    """'30.5 B parameters, 3.4 B active a token (8 of 128 experts)' from a report's model entry."""
+    line = f"{m['params'] / 1e9:.2f} B parameters"
+    if m.get("moe"):
+        moe = m["moe"]
+        shared = ", + a shared expert" if moe.get("shared_expert_intermediate_size") else ""
+        line += (f", {m['active_params'] / 1e9:.2f} B active a token ({moe['experts_per_token']} of "
+                 f"{moe['experts']} experts{shared})")
+    return line
 
 
 def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
@@ -139,6 +155,7 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
     if r.get("error"):
         est.notes.append(str(r["error"]))
         return est
+    est.model = model_line(r["model"])
     mem = r.get("gpu_memory_gb") or {}
     est.memory_gib = mem.get("total")
     est.memory_note = str(mem.get("phase") or "")

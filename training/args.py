@@ -39,7 +39,8 @@ def _switch(group, name: str, on: str, off: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.finetune",
-        description="Fine-tune a Qwen2/2.5/3 chat model (full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
+        description="Fine-tune a Qwen2/2.5/3 chat model, dense or mixture-of-experts (Qwen3-MoE, Qwen2-MoE) "
+        "(full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
         "Run under torchrun for several processes or nodes.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model_name_or_path", required=True,
                    help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
-                   "'builtin:tiny' is a tiny offline Qwen2 built on first use")
+                   "'builtin:tiny' is a tiny offline Qwen2 built on first use ('builtin:tiny-moe', "
+                   "'builtin:tiny-qwen2-moe': tiny mixture-of-experts ones)")
 
     add_bool(m, "random_init",
                    help="build the model from its config.json with random weights instead of loading them "
@@ -222,6 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="module names to adapt, comma- or space-separated (Qwen's finetune.py takes a list) "
                     f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
     add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+
+    moe = p.add_argument_group("mixture of experts (Qwen3-MoE, Qwen2-MoE)")
+    moe.add_argument("--router_aux_loss_coef", type=float, default=None, metavar="COEF",
+                     help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
+                     "(logged as aux_loss in metrics.jsonl); 0 leaves it out. Default: the model config's "
+                     "router_aux_loss_coef (0.001 in Qwen's releases)")
+    add_bool(moe, "train_router",
+             help="train the routers (each sparse MoE block's gate): with LoRA they are saved with the adapter "
+             "(peft modules_to_save). Default: the routers stay frozen, whatever the method")
     add_hf_flags(p)
     return p
 
@@ -263,6 +274,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--lora_target_modules is empty")
     if args.merge_lora and not args.use_lora:
         raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
+    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
+        raise InputError(f"--router_aux_loss_coef must be 0 or more, got {args.router_aux_loss_coef:g}")
     if args.packing_tokens is not None and args.packing_tokens < args.model_max_length:
         raise InputError(f"--packing_tokens {args.packing_tokens} is less than --model_max_length "
                          f"{args.model_max_length}: the longest record must fit in one packed row")

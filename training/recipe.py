@@ -62,6 +62,9 @@ class FinetuneRecipe(StepLoop):
         self._retries_warned = 0  # allocator retries already warned about
         self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
         self.base_partition = None  # ZeRO-3: how much of the frozen base each rank holds
+        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.moe)
+        self.last_ce = None  # the last micro-batch's cross-entropy part of its loss
+        self.aux_sum = None  # and its load-balancing loss x real tokens (mixture of experts)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -130,6 +133,7 @@ class FinetuneRecipe(StepLoop):
         self.model, self._hf_ds_config = builders.build_model(
             a, self.source, self.method, self.device, self._load_dtype(), self.quant, self.stage, self.fast,
             self.resume_dir, self.ds_config)
+        self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
         # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
@@ -171,6 +175,10 @@ class FinetuneRecipe(StepLoop):
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
             "lazy_preprocess": a.lazy_preprocess, "fast_path": self.fast.record(),
             "base_partition": self.base_partition,
+            "moe": None if self.router is None else {
+                "experts": self.router.shape.num_experts, "experts_per_token": self.router.shape.top_k,
+                "moe_layers": self.router.layers, "router_aux_loss_coef": self.router.coef,
+                "shared_expert": self.router.shape.shared_expert, "train_router": bool(a.train_router)},
         })
         self.started = True
         if env.is_main:
@@ -217,6 +225,26 @@ class FinetuneRecipe(StepLoop):
             return half  # DeepSpeed keeps its own fp32 master copy; a LoRA base is frozen
         return torch.float32  # plain full fine-tuning: fp32 weights, autocast for the compute
 
+    def _router_aux(self):
+        """RouterAux for a mixture-of-experts model (None for a dense one): the config's coefficient unless
+        --router_aux_loss_coef gives one; 0 collects nothing."""
+        from training import moe
+
+        shape = moe.moe_shape(self.model_config)
+        if shape is None:
+            if self.args.router_aux_loss_coef is not None or self.args.train_router:
+                log.warning("--router_aux_loss_coef and --train_router apply to mixture-of-experts models only; "
+                            "%s is dense", self.args.model_name_or_path)
+            return None
+        coef = shape.aux_coef if self.args.router_aux_loss_coef is None else float(self.args.router_aux_loss_coef)
+        router = moe.RouterAux(self.model, shape, coef)
+        if self.env.is_main:
+            log.info("mixture of experts: %d MoE layers of %d experts, %d a token%s; load-balancing loss x %g%s",
+                     router.layers, shape.num_experts, shape.top_k, " + a shared expert" if shape.shared_expert
+                     else "", coef, " (--router_aux_loss_coef)" if self.args.router_aux_loss_coef is not None
+                     else " (the model config's router_aux_loss_coef)")
+        return router
+
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -240,8 +268,26 @@ class FinetuneRecipe(StepLoop):
             return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
         return contextlib.nullcontext()
 
-    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
-        """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own."""
+    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True,
+                      num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own. With num_tokens (the real
+        tokens of the optimizer step over all ranks / world size) a mixture-of-experts model adds its routers'
+        load-balancing loss weighted by this micro-batch's share of them (training.moe). For metrics: self.last_ce
+        is the cross-entropy part, self.aux_sum the micro-batch's aux x its real tokens (None without)."""
+        self.aux_sum = None
+        if self.router is not None and num_tokens is not None and self.router.coef > 0:
+            from training.moe import real_token_mask
+
+            with self.router.collecting():
+                self.last_ce = self._forward_ce(batch, num_items, train)
+            mask, real = real_token_mask(batch)
+            aux = self.router.aux(mask)
+            self.aux_sum = aux.detach().double() * real
+            return self.last_ce + self.router.coef * aux * (real / num_tokens)
+        self.last_ce = self._forward_ce(batch, num_items, train)
+        return self.last_ce
+
+    def _forward_ce(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
         if self.loss_module is not None:
             # DDP or the DeepSpeed engine wraps the loss module; evaluation goes around DDP (no gradient sync), and
             # through the engine (ZeRO-3 gathers the weights in its hooks).
