@@ -105,9 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spread every packed row over N consecutive ranks (DeepSpeed's Ulysses attention): each "
                    "holds 1/N of the row's tokens, so records N times longer fit; N divides the number of "
                    "processes, and the model's attention heads divide among N ranks (default 1: off)")
-    add_bool(t, "tiled_mlp", help="compute every layer's MLP in tiles of --tiled_mlp_tokens tokens, forward and "
-             "backward (DeepSpeed's TiledMLP): long records need a tile's MLP activations, not a row's, for one "
-             "more MLP forward a step")
+    add_bool(t, "tiled_mlp", default=None,
+             help="compute every layer's MLP in tiles of --tiled_mlp_tokens tokens, forward and backward "
+             "(DeepSpeed's TiledMLP): long records need a tile's MLP activations, not a row's, for one more MLP "
+             "forward a step. Default: on where a rank's share of --model_max_length is over 32768 tokens (one "
+             "process, ZeRO-1/2, or ZeRO-3 with sequence parallelism over all ranks)")
     t.add_argument("--tiled_mlp_tokens", type=int, default=8192, metavar="N",
                    help="tokens of one MLP tile with --tiled_mlp (default 8192; rows no longer run untiled)")
     add_bool(t, "use_cpu", help="train on CPU with gloo (chosen automatically without CUDA)")

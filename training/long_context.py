@@ -32,18 +32,49 @@ from training.errors import InputError
 log = logging.getLogger("training")
 
 
-def check(args, world_size: int, stage: int | None, deepspeed: bool) -> None:
-    """Refuses --tiled_mlp where it cannot run (see the module doc)."""
-    if not getattr(args, "tiled_mlp", False):
-        return
+# A rank's share of a row from which the MLP is tiled by default: there the MLP's intermediates of one layer
+# (7B LoRA: ~190 KB a token) outweigh the extra MLP forward.
+TILE_FROM_TOKENS = 32768
+
+
+def _tiling_unfit(args, world_size: int, stage: int | None, deepspeed: bool) -> str | None:
     if world_size > 1 and not deepspeed:
-        raise InputError("--tiled_mlp under plain DDP is not supported (its gradient hooks fire once a backward); "
-                         "use --deepspeed builtin:zero2 or one process")
+        return ("--tiled_mlp under plain DDP is not supported (its gradient hooks fire once a backward); "
+                "use --deepspeed builtin:zero2 or one process")
     if stage == 3 and world_size > 1 and args.sequence_parallel_size != world_size:
-        raise InputError("--tiled_mlp under ZeRO-3 needs every rank to run rows of one width: use it with "
-                         f"--sequence_parallel_size {world_size} (all ranks), or with ZeRO-2")
+        return ("--tiled_mlp under ZeRO-3 needs every rank to run rows of one width: use it with "
+                f"--sequence_parallel_size {world_size} (all ranks), or with ZeRO-2")
+    return None
+
+
+def decide(args, fast, world_size: int, stage: int | None, deepspeed: bool) -> None:
+    """The long-context switches, before the model is built: --tiled_mlp (by default on where a rank's share of
+    the longest record is over TILE_FROM_TOKENS and tiling can run; refused where asked for and it cannot), and
+    for records too long for the memory probe (two rows of one and two longest records; the second alone would
+    not fit) one record's worth a row with gradient checkpointing instead of the probe. Records in fast.why."""
     if args.tiled_mlp_tokens < 1:
         raise InputError(f"--tiled_mlp_tokens must be positive, got {args.tiled_mlp_tokens}")
+    share = -(-args.model_max_length // args.sequence_parallel_size)
+    unfit = _tiling_unfit(args, world_size, stage, deepspeed)
+    if args.tiled_mlp is None:
+        args.tiled_mlp = unfit is None and share > TILE_FROM_TOKENS
+        fast.why["tiled_mlp"] = (f"on: records of up to {share} tokens a rank" if args.tiled_mlp
+                                 else f"off: cannot run here ({unfit.split(';')[0]})" if unfit
+                                 else f"off: records of up to {share} tokens a rank (tiled from {TILE_FROM_TOKENS})")
+    elif args.tiled_mlp and unfit:
+        raise InputError(unfit)
+    else:
+        fast.why["tiled_mlp"] = "as given"
+    if args.tiled_mlp and fast.compile and args.compile is None:
+        fast.compile = False
+        fast.why["compile"] = "off: tiled MLP (its autograd function splits the layer's graph)"
+    if fast.auto_micro_batch and args.auto_micro_batch is None and 2 * share > args.auto_max_tokens:
+        fast.auto_micro_batch = False
+        args.packing_tokens = args.model_max_length
+        if args.gradient_checkpointing is None:
+            args.gradient_checkpointing = True
+        fast.why["auto_micro_batch"] = (f"off: records of up to {args.model_max_length} tokens are past what the "
+                                        "probe measures (--auto_max_tokens): rows of one such record, checkpointed")
 
 
 class _SeededTiles:
@@ -73,13 +104,6 @@ def _tile_count(width: int, tile_tokens: int) -> int:
         if made == tiles:
             return tiles
         tiles = made
-
-
-def check_fast_path(args, fast) -> None:
-    """Compiled layers are turned off unless asked for (TiledMLP's autograd function breaks the layer's graph)."""
-    if getattr(args, "tiled_mlp", False) and fast.compile and args.compile is None:
-        fast.compile = False
-        fast.why["compile"] = "off: --tiled_mlp (its autograd function splits the layer's graph)"
 
 
 def tile_mlps(model, tile_tokens: int) -> int:

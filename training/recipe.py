@@ -79,8 +79,7 @@ class FinetuneRecipe(StepLoop):
         self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
         sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a, self.fast)
-        long_context.check(a, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
-        long_context.check_fast_path(a, self.fast)
+        long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
         self.data_env = sequence_parallel.data_env(env, a.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.

@@ -73,6 +73,17 @@ def test_lora_dropout_in_a_recomputed_tile_uses_the_forwards_masks(tiny_model):
         torch.testing.assert_close(mlp(x), plain(mlp, x))
 
 
+def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
+    from worker_helpers import decide_for
+
+    from training.args import build_parser
+
+    args = build_parser().parse_args(["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o", *argv])
+    fast = decide_for(argv, device=device, deepspeed=deepspeed, zero_stage=stage or 2)
+    long_context.decide(args, fast, world, stage, deepspeed)
+    return args, fast
+
+
 @pytest.mark.parametrize("argv,world,stage,deepspeed,message", [
     (["--tiled_mlp"], 2, None, False, "--tiled_mlp under plain DDP is not supported"),
     (["--tiled_mlp", "--sequence_parallel_size", "2"], 4, 3, True,
@@ -80,11 +91,28 @@ def test_lora_dropout_in_a_recomputed_tile_uses_the_forwards_masks(tiny_model):
     (["--tiled_mlp", "--tiled_mlp_tokens", "0"], 1, None, False, "--tiled_mlp_tokens must be positive"),
 ])
 def test_tiled_mlp_where_it_cannot_run_is_refused(argv, world, stage, deepspeed, message):
-    from training.args import build_parser
-
-    args = build_parser().parse_args(["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o", *argv])
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
-        long_context.check(args, world, stage, deepspeed)
+        _decided(argv, world, stage, deepspeed)
+
+
+def test_long_records_tile_the_mlp_and_skip_the_memory_probe_by_default():
+    # A rank's share over 32k tokens: tiled where it can run, with the reason recorded.
+    args, fast = _decided(["--model_max_length", "131072"])
+    assert args.tiled_mlp is True and fast.why["tiled_mlp"] == "on: records of up to 131072 tokens a rank"
+    args, fast = _decided(["--model_max_length", "131072", "--sequence_parallel_size", "4"], world=4, stage=2,
+                          deepspeed=True)
+    assert args.tiled_mlp is False and "32768 tokens a rank" in fast.why["tiled_mlp"]
+    args, fast = _decided(["--model_max_length", "131072"], world=2)  # plain DDP: cannot, so off, saying why
+    assert args.tiled_mlp is False and fast.why["tiled_mlp"].startswith("off: cannot run here (--tiled_mlp under")
+    args, fast = _decided(["--model_max_length", "4096"])
+    assert args.tiled_mlp is False and args.packing_tokens is None
+    # On CUDA the probe would run a row of two longest records: one record a row, checkpointed, instead.
+    args, fast = _decided(["--model_max_length", "131072", "--packing", "--compile"], device="cuda")
+    assert fast.auto_micro_batch is False and args.packing_tokens == 131072 and args.gradient_checkpointing is True
+    assert "past what the probe measures" in fast.why["auto_micro_batch"]
+    assert fast.compile is True  # asked for: kept
+    args, fast = _decided(["--model_max_length", "16384", "--packing"], device="cuda")
+    assert fast.auto_micro_batch is True and args.packing_tokens is None and args.tiled_mlp is False
 
 
 @pytest.mark.slow
