@@ -172,3 +172,21 @@ def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, files, one, c
         assert end["replicas_in_sync"] is True
     metrics = (run.out / "metrics.jsonl").read_text()
     assert json.loads(metrics.splitlines()[0])["event"] == "start"
+
+
+def test_data_preview_deals_records_to_groups_and_counts_those_past_a_limit(files, capsys):
+    """training.datapreview (what `qwen-tui data` runs on the master) with SP 2 on 2 processes: one group, so a
+    global batch of 1 x 2 records; and the records longer than a limit (qwen-tui passes the longest a GPU trains)."""
+    from training.datapreview import main as preview_main
+
+    rc = preview_main(["--world_size", "2", "--device", "cpu", "--longer_than", "450", "--",
+                       *flags(files, "--output_dir", "o", "--sequence_parallel_size", "2")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rep = json.loads(out)
+    lengths = record_lengths(files)
+    assert rep["sequence_parallel_size"] == 2 and rep["global_batch_size"] == 2
+    assert rep["steps_per_epoch"] == len(lengths) // 2
+    assert rep["longer_than"] == {"tokens": 450, "records": sum(1 for n in lengths if n > 450),
+                                  "longest": max(lengths)}
+    assert 0 < rep["longer_than"]["records"] < len(lengths)

@@ -122,3 +122,29 @@ def test_a_local_checkpoints_heads_and_packing_off_are_advised(tmp_path):
     assert "12 attention heads do not divide among 8 ranks" in adv["SP_SHAPE"].message
     assert adv["SP_SHAPE"].fix.changes == {"training.sequence_parallel_size": 4}
     assert adv["SP_NEEDS_PACKING"].fix.changes == {"training.extra_args": []}
+
+
+def test_the_data_preview_names_the_records_a_gpu_cannot_train():
+    from qwen_tui.datapreview import build_report, preview_command, summary_lines
+
+    p = preset(model_max_length=524288)
+    counts = {"data": "d.jsonl", "model": "m", "model_max_length": 524288, "records": 100, "usable": 100,
+              "dropped": 0, "truncated": 0, "truncated_ids": [], "tokens": 9_000_000, "supervised_tokens": 900_000,
+              "length_percentiles": {"p50": 60000, "p90": 200000, "p99": 400000, "max": 410000},
+              "histogram": {"edges": [0, 500000], "counts": [100]}, "world_size": 1, "global_batch_size": 1,
+              "steps_per_epoch": 100, "total_steps": 100, "records_per_epoch": 100, "tokens_per_epoch": 9_000_000,
+              "packing": True, "packing_tokens": 524288, "steps_measured": 100, "padding_waste": 0.0,
+              "longer_than": {"tokens": 265216, "records": 7, "longest": 410000}}
+    r = build_report(counts, p, None, "", limit=265216, limit_where="H200")
+    (err,) = [a for a in r["advice"] if a["code"] == "DATA_TOO_LONG_FOR_GPU"]
+    assert err["level"] == "error" and err["message"].startswith("7 record(s) are longer than the 265,216 tokens")
+    assert err["fix"]["changes"] == {"training.model_max_length": 265216}
+    assert "longest record one GPU trains: 265,216 tokens (H200); 7 longer, the longest has 410,000" in \
+        "\n".join(summary_lines(r))
+    # Short data: no line, no advice.
+    short = build_report({**counts, "longer_than": {"tokens": 265216, "records": 0, "longest": 3000}}, p, None,
+                         limit=265216, limit_where="H200")
+    assert not [a for a in short["advice"] if a["code"] == "DATA_TOO_LONG_FOR_GPU"]
+    assert not any("one GPU trains" in ln for ln in summary_lines(short))
+    argv, _ = preview_command(p, longer_than=265216)
+    assert argv[argv.index("--longer_than") + 1] == "265216" and argv.index("--longer_than") < argv.index("--")
