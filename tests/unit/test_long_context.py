@@ -148,3 +148,16 @@ def test_the_data_preview_names_the_records_a_gpu_cannot_train():
     assert not any("one GPU trains" in ln for ln in summary_lines(short))
     argv, _ = preview_command(p, longer_than=265216)
     assert argv[argv.index("--longer_than") + 1] == "265216" and argv.index("--longer_than") < argv.index("--")
+
+
+def test_the_estimate_reports_the_long_row_memory_and_limit():
+    from qwen_tui.estimate_report import build_report
+
+    p = preset(model_max_length=131072)
+    lc = build_report(p, None, gpu="H200")["long_context"]
+    spec = known_spec("Qwen/Qwen2.5-7B-Instruct")
+    assert lc["long_rows"] is True and lc["tiled_mlp"] is True and lc["sequence_parallel_size"] == 1
+    assert lc["longest_record"] == longest_record(spec, p.training, 1, H200)
+    assert lc["row_memory_gib"] == pytest.approx(row_memory(spec, p.training, 1, 131072).total, abs=1e-3)
+    short = build_report(preset(model_max_length=2048), None)["long_context"]  # no GPU given: no limit
+    assert short["long_rows"] is False and short["longest_record"] is None
