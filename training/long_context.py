@@ -38,6 +38,10 @@ TILE_FROM_TOKENS = 32768
 
 
 def _tiling_unfit(args, world_size: int, stage: int | None, deepspeed: bool) -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return "--tiled_mlp runs DeepSpeed's TiledMLP; pip install 'deepspeed>=0.19'"
     if world_size > 1 and not deepspeed:
         return ("--tiled_mlp under plain DDP is not supported (its gradient hooks fire once a backward); "
                 "use --deepspeed builtin:zero2 or one process")

@@ -70,11 +70,27 @@ def _fitting_sizes(heads: int, kv: int) -> list[int]:
     return [s for s in range(2, heads + 1) if heads % s == 0 and (kv % s == 0 or s % kv == 0)][:6]
 
 
+def engine_missing() -> str | None:
+    """Why DeepSpeed's Ulysses attention for HF models cannot be used here, or None."""
+    try:
+        import inspect
+
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    except ImportError as e:
+        return f"it needs DeepSpeed's Ulysses attention (pip install 'deepspeed>=0.19'): {e}"
+    if "disable_in_eval" not in inspect.signature(UlyssesSPAttentionHF.__init__).parameters:
+        return "this DeepSpeed's Ulysses attention is older than the worker's (pip install 'deepspeed>=0.19')"
+    return None
+
+
 def check_fast_path(args, fast) -> None:
     """SP shards packed rows: packing is needed. Compiled layers are turned off unless asked for (the Ulysses
     wrapper's collectives sit inside every layer; they were never measured compiled)."""
     if args.sequence_parallel_size <= 1:
         return
+    missing = engine_missing()
+    if missing:
+        raise InputError(f"--sequence_parallel_size {args.sequence_parallel_size}: {missing}")
     if not fast.packing:
         raise InputError(f"--sequence_parallel_size {args.sequence_parallel_size} shards packed rows; it needs "
                          "packing (drop --no_packing)")

@@ -117,9 +117,12 @@ def test_long_records_tile_the_mlp_and_skip_the_memory_probe_by_default():
 
 @pytest.mark.slow
 def test_tiled_mlp_keeps_the_one_process_curve(tmp_path, files, one):  # noqa: F811
-    run = run_worker(tmp_path / "out", *flags(files, "--tiled_mlp", "--tiled_mlp_tokens", "64"))
+    # With checkpointed layers: each layer's recomputation runs the tiled MLP again (tiles reseeded alike).
+    run = run_worker(tmp_path / "out", *flags(files, "--tiled_mlp", "--tiled_mlp_tokens", "64",
+                                              "--gradient_checkpointing"))
     assert_ok(run)
     assert "tiled MLP: 2 layers, tiles of 64 tokens" in run.stderr
+    assert run.records[0]["fast_path"]["gradient_checkpointing"] is True
     for a, b in zip(run.steps, one.steps, strict=True):
         # The same sums over other row splits of the MLP's matmuls (float32): far below any real difference.
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)
