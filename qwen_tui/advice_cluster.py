@@ -200,3 +200,28 @@ def no_shared_storage(c: Context) -> Iterable[Advice]:
                      "every node would write the same model and checkpoint files at once (the run fails at its "
                      "final save)",
                      Fix("Declare shared storage", {"cluster.shared_storage": True}))
+
+
+# ---------------------------------------------------------------- GPUs inside a node (nvidia-smi topo)
+
+@rule
+def p2p_pcie(c: Context) -> Iterable[Advice]:
+    """Consumer/workstation GPUs joined over PCIe only: NCCL's peer-to-peer hangs there until it is turned
+    off (DeepSpeed#4433, LLaMA-Factory#7300); one network.env change fixes every node (topology.p2p_env)."""
+    from .nodes.topology import P2P_ENV, P2P_FIX_LABEL, p2p_env, p2p_message, p2p_risk
+
+    env = c.preset.network.env
+    if c.cpu or c.preset.network.backend == "gloo" or any(k in env for k in P2P_ENV):
+        return
+    nodes = c.preset.cluster.nodes
+    for i, nf in c.node_facts():
+        if i >= len(nodes) or nf.topology is None or nodes[i].gpus < 2:
+            continue
+        risk = p2p_risk(nf.topology, nf.gpu_model or "", nodes[i].gpus)
+        if risk is None:
+            continue
+        msg = p2p_message(f"node {i}", min(nodes[i].gpus, nf.topology.gpus), nf.gpu_model or "GPU", risk)
+        if risk.consumer:
+            yield Advice("warning", "P2P_PCIE", msg, Fix(P2P_FIX_LABEL, {"network.env": p2p_env(env)}), node=i)
+        else:
+            yield Advice("info", "P2P_UNSUPPORTED", msg, node=i)

@@ -44,6 +44,47 @@ class IBPort:
 
 
 @dataclass
+class GPULink:
+    """How two GPUs of one node reach each other, from `nvidia-smi topo -m` (and `topo -p2p`)."""
+
+    a: int
+    b: int
+    link: str  # X, NV<n> (n bonded NVLinks), PIX, PXB, PHB, NODE, SYS
+    p2p_read: Optional[str] = None  # topo -p2p r: OK, CNS, GNS, TNS, NS, DR, U; None = not reported
+    p2p_write: Optional[str] = None  # topo -p2p w
+
+    @property
+    def nvlinks(self) -> int:
+        """How many NVLinks join the two (0: PCIe only)."""
+        return int(self.link[2:]) if self.link.startswith("NV") and self.link[2:].isdigit() else 0
+
+    @property
+    def p2p_ok(self) -> Optional[bool]:
+        """Whether the driver allows peer-to-peer both ways it reported; None when it reported nothing."""
+        got = [s for s in (self.p2p_read, self.p2p_write) if s is not None]
+        return None if not got else all(s == "OK" for s in got)
+
+
+@dataclass
+class GPUTopology:
+    """One node's GPU matrix (qwen_tui/nodes/topology.py parses and judges it)."""
+
+    gpus: int
+    links: list[GPULink] = field(default_factory=list)  # one per pair, a < b
+    cpu_affinity: list[Optional[str]] = field(default_factory=list)  # per GPU: "0-55,112-167"
+    numa_affinity: list[Optional[str]] = field(default_factory=list)  # per GPU: "0"; None = not reported
+
+    def link(self, a: int, b: int) -> Optional[GPULink]:
+        lo, hi = min(a, b), max(a, b)
+        return next((lk for lk in self.links if (lk.a, lk.b) == (lo, hi)), None)
+
+    def among(self, n: Optional[int]) -> list[GPULink]:
+        """The pairs between the first `n` GPUs (all when None): the ones a run of n ranks uses."""
+        k = self.gpus if n is None else min(n, self.gpus)
+        return [lk for lk in self.links if lk.b < k]
+
+
+@dataclass
 class NodeFacts:
     """What one node's probe found. None means "not probed / unknown", not "absent"."""
 
@@ -67,6 +108,8 @@ class NodeFacts:
     data: Optional[FileFact] = None
     model: Optional[FileFact] = None
     missing_tools: list[str] = field(default_factory=list)  # e.g. ["iperf3", "nvidia-smi"]
+    topology: Optional[GPUTopology] = None  # nvidia-smi topo -m; None: no nvidia-smi, or not read
+    topology_error: Optional[str] = None  # why the matrix could not be read, when nvidia-smi was there
     error: Optional[str] = None  # the probe itself failed (unreachable, auth, timeout)
 
     @property
@@ -133,6 +176,10 @@ class ClusterFacts:
             if x.get("gpus") is not None:
                 x["gpus"] = [GPU(**g) for g in x["gpus"]]
             x["ib_ports"] = [IBPort(**p) for p in x.get("ib_ports") or []]
+            if x.get("topology") is not None:
+                t = dict(x["topology"])
+                t["links"] = [GPULink(**lk) for lk in t.get("links") or []]
+                x["topology"] = GPUTopology(**t)
             for k in ("data", "model"):
                 if x.get(k) is not None:
                     x[k] = FileFact(**x[k])

@@ -19,6 +19,7 @@ from .shell import quote_argv
 # Where a remote node keeps its part of a run, relative to the node's workdir.
 REMOTE_RUNS = ".qwen-tui/runs"
 METRICS_NAME = "metrics.jsonl"
+HEARTBEAT_NAME = "heartbeat"  # each node's ranks write rank-<R>.json and stack-rank-<R>.txt there
 # torchrun's static rendezvous waits 900 s for a missing node unless told otherwise.
 _RDZV_KEY = "timeout"
 
@@ -43,6 +44,11 @@ class NodeCommand:
     def rc_path(self) -> str:
         return posixpath.join(self.run_dir, f"node-{self.rank}.rc")
 
+    @property
+    def heartbeat_dir(self) -> str:
+        """Where this node's ranks write their heartbeats and stacks (the worker's --heartbeat_dir)."""
+        return posixpath.join(self.run_dir, HEARTBEAT_NAME)
+
     def shell_line(self) -> str:
         """One line a person can paste into a shell on that node. A secret's value is not
         in it: it reads the variable from that shell's environment. Control characters
@@ -66,6 +72,7 @@ class LaunchPlan:
     metrics_file: str  # on the master node
     output_dir: str
     nodes: list[NodeCommand] = field(default_factory=list)
+    monitor: dict[str, Any] = field(default_factory=dict)  # the preset's monitor section (run/watchdog.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -245,12 +252,18 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             "--max-restarts", "0",
             "-m", "training.finetune", *wargs,
         ]
+        # the worker resolves a relative path against its workdir, as for the metrics file above
+        run_dir = node_run_dir(node, run_id, local_run_dir)
+        beats = posixpath.join(run_dir if node.is_local or posixpath.isabs(run_dir) else
+                               posixpath.join(REMOTE_RUNS, run_id), HEARTBEAT_NAME)
+        argv += ["--heartbeat_dir", beats]
         workdir = node.workdir
         if node.is_local and not posixpath.isabs(workdir):
             workdir = posixpath.normpath(posixpath.join(base_dir, workdir))
         cmds.append(NodeCommand(rank=rank, label=node.label, host=node.host, local=node.is_local,
                                 nproc=node.gpus, workdir=workdir,
-                                run_dir=node_run_dir(node, run_id, local_run_dir), env=env, argv=argv))
+                                run_dir=run_dir, env=env, argv=argv))
     return LaunchPlan(run_id=run_id, nnodes=len(nodes), world_size=preset.world_size, master_addr=master_addr,
                       master_port=port, backend=backend, effective_batch_size=ebs, batch_formula=formula,
-                      metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds)
+                      metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds,
+                      monitor=preset.monitor.model_dump(mode="json"))

@@ -164,6 +164,32 @@ class Training(_Strict):
         return v
 
 
+class Monitor(_Strict):
+    """How qwen-tui watches a running job (run/health.py, run/watchdog.py): when a node it cannot read is
+    given up on, when a run that makes no progress is called hung, and when a node counts as slow."""
+
+    unreachable_timeout: int = Field(
+        default=120, ge=5, le=7 * 86400,
+        description="seconds a node may stay unreachable over SSH before on_unreachable applies; its training "
+        "goes on meanwhile")
+    on_unreachable: Literal["stop", "keep"] = Field(
+        default="stop", description="at the bound: stop every node (the run fails, and training.restarts may "
+        "relaunch it), or keep the run and keep trying to reach the node")
+    hang_timeout: Optional[int] = Field(
+        default=None, ge=10, le=7 * 86400,
+        description="seconds without a finished step before the run counts as hung (default: 5 x the median "
+        "step time, at least 120 s; checkpoints and evaluations get 10 times as long)")
+    on_hang: Literal["alert", "stop", "restart"] = Field(
+        default="alert", description="what a hang does once its stacks are collected: alert only, stop every "
+        "node, or stop and relaunch from the last checkpoint (needs training.restarts)")
+    straggler_threshold: float = Field(
+        default=0.2, gt=0, le=10,
+        description="a node whose compute time per step exceeds the other nodes' median by this fraction, "
+        "for straggler_steps logged steps in a row, is named a straggler")
+    straggler_steps: int = Field(default=3, ge=1, le=1000,
+                                 description="logged steps in a row a node must be slow before it is named")
+
+
 class Preset(_Strict):
     version: int = PRESET_VERSION
     name: Optional[str] = None
@@ -171,6 +197,7 @@ class Preset(_Strict):
     cluster: Cluster
     network: Network = Field(default_factory=Network)
     training: Training
+    monitor: Monitor = Field(default_factory=Monitor)
 
     @field_validator("name")
     @classmethod
@@ -209,6 +236,13 @@ class Preset(_Strict):
                                             self.training.model)
         if problem:
             raise ValueError(f"training.sequence_parallel_size: {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _hang_restart_needs_restarts(self) -> "Preset":
+        if self.monitor.on_hang == "restart" and not self.training.restarts:
+            raise ValueError("monitor.on_hang: restart relaunches through training.restarts, which is 0 "
+                             "(set training.restarts to 1 or more, or on_hang to alert or stop)")
         return self
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, 
 from qwen_tui.nodes.ibcheck import ib_findings
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
+from qwen_tui.nodes.topology import topology_findings
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
 
@@ -142,6 +143,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
                                    f"set cluster.nodes[{i}].gpus: {len(f.gpus)}", i, "gpu"))
             else:
                 out.append(Finding(INFO, "GPUS", desc, "", i, "gpu"))
+            out += topology_findings(preset, i, lab, f)
         if not f.training_importable:
             out.append(Finding(ERROR, "CODE_MISSING", f"{lab}: `training` is not importable in {nodes[i].workdir}",
                                "copy the project there: qwen-tui check --sync", i, "code"))

@@ -4,7 +4,9 @@ one JSON object that becomes NodeFacts.
 The snippet travels as an argv element (`python -c SNIPPET ARGS_JSON`), never
 through a shell. It imports torch on the node (never in qwen-tui's process) and
 hashes the data file and model directory there. nvidia-smi's CSV comes back raw
-and is parsed here (`parse_gpu_csv`, tested on real H200 output).
+and is parsed here (`parse_gpu_csv`, tested on real H200 output), as do its
+`topo -m` matrix and `topo -p2p r|w` answers (qwen_tui/nodes/topology.py), each
+bounded to 15 s; a node without nvidia-smi runs none of them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from qwen_tui.facts import GPU, FileFact, NodeFacts
 from qwen_tui.ib import SYSFS_READER, parse_ibv_devinfo, ports_from_probe
 from qwen_tui.nodes.digests import DIGESTS
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
+from qwen_tui.nodes.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset import Preset
@@ -65,6 +68,10 @@ for t in a["tools"]:
 out["tools"] = tools
 if tools.get("nvidia-smi"):
     out["nvidia_smi"] = run(a["gpu_query"]); out["nvidia_smi_version"] = run(["nvidia-smi", "--version"])
+    if out["nvidia_smi"]["rc"] == 0:  # how the GPUs reach each other, and whether the driver allows P2P
+        out["topo"] = run(["nvidia-smi", "topo", "-m"], 15)
+        if out["topo"]["rc"] == 0 and "GPU1" in out["topo"]["out"]:
+            out["p2p"] = {c: run(["nvidia-smi", "topo", "-p2p", c], 15) for c in ("r", "w")}
 ib = "/sys/class/infiniband"
 out["ib_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
 out["ib_ports"] = read_sysfs(ib)
@@ -219,6 +226,7 @@ def facts_from_json(d: dict) -> NodeFacts:
         cuda = parse_cuda_from_version((d.get("nvidia_smi_version") or {}).get("out", ""))
         if cuda:
             f.versions["cuda_driver"] = cuda
+        topology_from_json(f, d)
     else:
         f.gpus = None  # nvidia-smi is there but failed: unknown, not absent
         f.error = f"nvidia-smi failed (rc {smi['rc']}): {smi['err'].strip()[-300:]}"
@@ -233,6 +241,30 @@ def facts_from_json(d: dict) -> NodeFacts:
     f.ib_ports = ports_from_probe(ports)
     f.missing_tools = sorted(t for t, p in (d.get("tools") or {}).items() if not p)
     return f
+
+
+def topology_from_json(f: NodeFacts, d: dict) -> None:
+    """The probe's `nvidia-smi topo` answers into f.topology (or f.topology_error saying why not).
+    A driver without `topo -p2p` leaves the pairs' P2P status unknown, which is no error."""
+    topo = d.get("topo")
+    if topo is None:
+        return  # an older probe, or nvidia-smi's GPU query failed first
+    if topo["rc"] != 0:
+        f.topology_error = f"nvidia-smi topo -m failed (rc {topo['rc']}): {topo['err'].strip()[-200:]}"
+        return
+    try:
+        f.topology = parse_topo_matrix(topo["out"])
+    except TopologyError as e:
+        f.topology_error = f"nvidia-smi topo -m: {e}"
+        return
+    maps = {}
+    for cap, r in (d.get("p2p") or {}).items():
+        if r.get("rc") == 0:
+            try:
+                maps[cap] = parse_p2p_matrix(r["out"])
+            except TopologyError:
+                continue  # an unreadable P2P answer leaves that status unknown, the matrix stands
+    with_p2p(f.topology, maps.get("r"), maps.get("w"))
 
 
 def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180.0,

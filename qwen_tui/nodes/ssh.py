@@ -12,6 +12,7 @@ shell string unquoted.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
 import secrets
@@ -29,6 +30,8 @@ from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, Host
 from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, Proc, env_script, parse_marks, parse_stat
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
 from qwen_tui.shell import job_argv, quote_argv
+
+log = logging.getLogger(__name__)
 
 # Runs argv in a directory without a shell seeing the directory's name.
 _IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
@@ -100,6 +103,14 @@ class AuthFailed(TransportError):
 
 class Unreachable(TransportError):
     pass
+
+
+def _close_quietly(thing) -> None:
+    """Close a paramiko client or SFTP session that may be dead already (reset()): nothing is left to release."""
+    try:
+        thing.close()
+    except (OSError, EOFError, paramiko.SSHException) as e:
+        log.debug("closing a dropped connection: %s", e)
 
 
 class SSHTransport:
@@ -224,6 +235,20 @@ class SSHTransport:
     def close(self) -> None:
         with self._lock:
             self._close_locked()
+
+    def reset(self) -> None:
+        """Drop the connection without waiting for anything, so that the next command connects anew: after a
+        read that timed out, the old TCP connection may hang for minutes (a link that drops packets) while a
+        new one answers as soon as the node does. A read in flight on another thread fails at once."""
+        client, self._client = self._client, None
+        sftp, self._sftp = self._sftp, None
+        jump, self._jump = self._jump, None
+        if sftp is not None:
+            _close_quietly(sftp)
+        if client is not None:
+            _close_quietly(client)
+        if jump is not None:
+            jump.reset()
 
     def _close_locked(self) -> None:
         if self._sftp is not None:

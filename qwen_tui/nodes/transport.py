@@ -79,6 +79,10 @@ class Transport(Protocol):
 
     def put_file(self, local: str, remote: str, *, timeout: float = 600.0, progress=None) -> None: ...
 
+    def reset(self) -> None:
+        """Drop the connection at once (a read timed out); the next command connects anew."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -218,6 +222,9 @@ class LocalTransport:
         if progress:
             size = os.path.getsize(remote)
             progress(size, size)
+
+    def reset(self) -> None:
+        """Nothing to drop: this machine is always reachable."""
 
     def close(self) -> None:
         return None

@@ -31,6 +31,7 @@ from .events import (AlreadyEnded, CheckProgress, CheckResult, Checked, Connecte
                      Snapshot, Stage, Started, Stopping)
 from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
+from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
@@ -373,7 +374,7 @@ def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, passw
         return
     status = state.get("status")
     if status in FINAL:
-        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")))
+        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
         return
     try:
         preset = load_preset(rd.path / "preset.yaml")
@@ -412,14 +413,21 @@ def _copy_progress(p: TrainingProgress) -> TrainingProgress:
 
 
 def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) -> Snapshot:
+    mon = la.monitor
     log: list[str] = []
-    if log_rank is not None:
+    if log_rank is not None and mon.health.unreachable(log_rank):
+        # a read would wait out its bound: the pane says why it is quiet, and reads on once the node answers
+        log = [f"(node {log_rank} is unreachable: its log is read on when it answers again)"]
+    elif log_rank is not None:
         try:
             log = la.log_tail(log_rank, lines=log_lines)
         except Exception as e:  # noqa: BLE001 - a node gone for a moment: said in the log pane, the run goes on
             log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
-    return Snapshot(nodes={r: (s.status, s.error) for r, s in la.nodes.items()},
-                    progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank)
+    nodes = {r: ("unreachable" if s.status == "running" and mon.health.unreachable(r) else s.status, s.error)
+             for r, s in la.nodes.items()}
+    notes = {r: n for r in la.nodes if (n := mon.note(r))}
+    return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,
+                    notices=tuple(mon.copy()), notes=notes)
 
 
 def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] = None,

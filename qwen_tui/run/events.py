@@ -10,6 +10,7 @@ from ..facts import ClusterFacts
 from ..plan import LaunchPlan
 from .launcher import Launcher, RunOutcome
 from .metrics import TrainingProgress
+from .notices import Notice
 
 if TYPE_CHECKING:
     from ..nodes.checks import CheckReport
@@ -81,6 +82,7 @@ class AlreadyEnded:
     run_id: str
     status: str
     message: str
+    notices: tuple[Notice, ...] = ()  # what the monitor noticed while it ran (a hang and its stacks, ...)
 
 
 @dataclass(frozen=True)
@@ -103,10 +105,12 @@ class Failure:
 class Snapshot:
     """A copy of a running job's state for a face to draw (never the live objects)."""
 
-    nodes: dict[int, tuple[str, Optional[str]]]  # rank -> (status, error)
+    nodes: dict[int, tuple[str, Optional[str]]]  # rank -> (status, error); "unreachable" while it cannot be read
     progress: TrainingProgress
     log: list[str] = field(default_factory=list)
     log_rank: Optional[int] = None
+    notices: tuple[Notice, ...] = ()  # everything the monitor noticed so far, oldest first (run/notices.py)
+    notes: dict[int, str] = field(default_factory=dict)  # rank -> one line beside the node (compute time, ...)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class NodeState:
     start: Optional[int] = None  # the job leader's start time, recorded at launch
     rc: Optional[int] = None
     error: Optional[str] = None
+    cause: Optional[str] = None  # set by the monitor when it gives up on the node (UNREACHABLE)
 
 
 @dataclass
@@ -106,6 +107,9 @@ class Launcher:
         self._lock = threading.Lock()
         self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
         self._phases_lock = threading.Lock()
+        from .monitor import RunMonitor
+
+        self.monitor = RunMonitor(self)
 
     # ------------------------------------------------------------ start / attach
     def start(self) -> None:
@@ -147,6 +151,7 @@ class Launcher:
         la = cls(plan, transports, run_dir, attempt=_attempt_of(state),
                  metrics_keep_at=keep_at if type(keep_at) is int and keep_at >= 0 else 0)
         la.attempt_note = attempt_note(state)
+        la.monitor.earlier()  # what the view that launched it noticed: a hang before this attach, say
         for r, (pid, start) in run_dir.read_jobs(len(plan.nodes)).items():
             la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, RUNNING
         return la
@@ -204,15 +209,11 @@ class Launcher:
                     "its processes were killed or the node went away (no exit code)")
 
     def poll(self) -> Optional[RunOutcome]:
-        """Refresh node states and metrics. Returns the outcome once the run is over."""
-        errs = _parallel(self._check_node, self.plan.nodes)
-        for r, e in errs.items():
-            if isinstance(e, Exception) and self.nodes[r].status == RUNNING:
-                self.nodes[r].status, self.nodes[r].error = LOST, f"cannot reach node: {e}"
-        try:
-            self.metrics.poll()
-        except Exception as e:  # the master may be unreachable for a moment; its node state says so
-            self.nodes[0].error = self.nodes[0].error or f"metrics: {e}"
+        """Refresh node states and metrics (run/monitor.py: never decided from one failed read, never held
+        up by a node that does not answer). Returns the outcome once the run is over."""
+        self.monitor.look(self._check_node)
+        if self.monitor.hang_action is not None and self.monitor.verdict is not None:
+            return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
             first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
@@ -224,11 +225,12 @@ class Launcher:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
-            out = RunOutcome("failed", msg, first.rank, self.nodes, cause=diag.code if diag else None)
+            cause = first.cause or (diag.code if diag else None)
+            out = RunOutcome("failed", msg, first.rank, self.nodes, cause=cause)
             self._record(out)
             return out
         if all(s.status == OK for s in self.nodes.values()):
-            self.metrics.poll()
+            self._read_all_metrics()
             end = self.metrics.progress.end
             if end and end.get("status") == "stopped":  # its workers were stopped (another view's stop-all)
                 out = RunOutcome("stopped", f"stopped at step {end.get('step')}; every node's processes ended",
@@ -241,6 +243,34 @@ class Launcher:
             self._record(out)
             return out
         return None
+
+    def _read_all_metrics(self, rounds: int = 64) -> None:
+        """Read the master's metrics to their end (a blip may have left more than one read's worth)."""
+        self.monitor.wait_metrics()
+        for _ in range(rounds):
+            before = self.metrics.offset
+            try:
+                self.metrics.poll()
+            except Exception as e:  # noqa: BLE001 - the master answered a moment ago; its end record may wait
+                self.nodes[0].error = self.nodes[0].error or f"metrics: {type(e).__name__}: {e}"
+                return
+            if self.metrics.offset == before:
+                return
+
+    def _end_hung(self, v, action: str) -> RunOutcome:
+        """The watchdog called a hang and the preset says stop (or stop and relaunch): end the attempt, blaming
+        the culprit's node."""
+        node = v.node if v.node in self.nodes else 0
+        st = self.nodes[node]
+        st.status, st.error = FAILED, v.text({c.rank: c.label for c in self.plan.nodes})
+        self.stop_all()
+        cause = "HANG" if action == "restart" else "HANG_STOPPED"
+        hangs = [n for n in self.monitor.copy() if n.kind == "HANG"]
+        where = hangs[-1].details.get("stacks") if hangs else None
+        msg = f"node {node} ({st.label}) hung: {st.error}" + (f"; stacks in {where}" if where else "")
+        out = RunOutcome("failed", msg, node, self.nodes, cause=cause)
+        self._record(out)
+        return out
 
     def _agree_on_cause(self, first: NodeState, diag, tail):
         """Replay and an attach may follow one run: the first to see a failure names the node in
@@ -282,6 +312,7 @@ class Launcher:
         return st, d, tail
 
     def _record(self, out: RunOutcome) -> None:
+        self.monitor.close()  # the attempt is over: no more reads of its nodes
         if _attempt_of(self.run_dir.read_state()) != self.attempt:
             return  # an attached view of an attempt that replay has since relaunched: the state is the new one's
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,

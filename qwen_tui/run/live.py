@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -25,7 +26,9 @@ from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
 from .rundir import default_runs_root, new_run_id
 
-_STYLE = {"running": "cyan", "ok": "green", "failed": "bold red", "lost": "bold red", "stopped": "yellow"}
+_STYLE = {"running": "cyan", "ok": "green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
+          "unreachable": "bold yellow"}
+_NOTICE_STYLE = {"error": "bold red", "warning": "yellow", "info": "green"}
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -44,9 +47,11 @@ def render(la: Launcher) -> Group:
     for col in ("node", "host", "procs", "status", "pid", "note"):
         nodes.add_column(col)
     for c in la.plan.nodes:
-        st = la.nodes[c.rank]
-        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(st.status, style=_STYLE.get(st.status, "")),
-                      str(st.pid or "-"), st.error or (f"rc {st.rc}" if st.rc is not None else ""))
+        st, mon = la.nodes[c.rank], la.monitor
+        status = "unreachable" if st.status == "running" and mon.health.unreachable(c.rank) else st.status
+        note = st.error or mon.note(c.rank) or (f"rc {st.rc}" if st.rc is not None else "")
+        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=_STYLE.get(status, "")),
+                      str(st.pid or "-"), Text(printable(note)))
     last = prog.last or {}
     total = prog.total_steps
     step = last.get("step", 0)
@@ -71,6 +76,16 @@ def render(la: Launcher) -> Group:
     if prog.start is None:
         parts.append(Text("waiting for every node to join the rendezvous and the worker to start…", style="dim"))
     return Group(*parts)
+
+
+def say_notices(notices, shown: int, console: Console) -> int:
+    """Print the notices after the first `shown` (a node unreachable and back, a hang, a straggler); how many
+    are printed now in all."""
+    for n in notices[shown:]:
+        stamp = time.strftime("%H:%M:%S", time.localtime(n.at)) if n.at else "--:--:--"
+        # one line whatever its length (the terminal wraps it): a log of replay keeps each notice whole
+        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")), soft_wrap=True)
+    return max(shown, len(notices))
 
 
 def say_stop_phases(ev: api.Stopping, said: dict[int, str], console: Console) -> None:
@@ -98,12 +113,15 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         watch.start()
     try:
         said: dict[int, str] = {}  # each node's stop phase, printed as it changes
+        shown = 0  # notices printed so far
         with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
             for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
                 if isinstance(ev, api.Stopping):  # a stop takes seconds: say where each node is
                     say_stop_phases(ev, said, console)
                     live.update(Group(render(la), Text(ev.text, style="yellow")))
                     continue
+                if isinstance(ev, api.Snapshot):
+                    shown = say_notices(ev.notices, shown, console)
                 live.update(render(la))
                 if isinstance(ev, api.Ended):
                     out = ev.outcome
@@ -262,6 +280,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     try:
         for ev in api.attach(Path(run_dir), conns, consent=accept_new_host_keys):
             if isinstance(ev, api.AlreadyEnded):
+                say_notices(ev.notices, 0, console)
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)

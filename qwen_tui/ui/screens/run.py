@@ -28,6 +28,9 @@ from ..widgets.loss_chart import LossChart
 from .base import StepScreen
 
 
+NOTICES_SHOWN = 4  # the monitor's latest notices above the log pane
+
+
 class _Detached(Exception):
     """The follower stops because the app is closing; the run goes on."""
 
@@ -50,6 +53,7 @@ class RunScreen(StepScreen):
         self.last_snapshot: Optional[api.Snapshot] = None
         self._stop_wanted = False  # stop-all asked for this run (read by the follower's thread)
         self._checking: Optional[tuple[str, dict[int, list[str]]]] = None  # the launch checks so far (_check_line)
+        self._notices_shown = 0  # the follow's notices already popped up
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -60,6 +64,7 @@ class RunScreen(StepScreen):
                 yield LossChart(id="loss")
             with Vertical(id="log-box"):
                 yield Label("Log", id="log-title", classes="section")
+                yield Static(id="run-notices")  # what the monitor noticed: unreachable, hang and stacks, straggler
                 yield LogPane(id="log")
 
     def refresh_state(self) -> None:
@@ -305,12 +310,28 @@ class RunScreen(StepScreen):
         self.last_snapshot = snap
         for p in self.query(GpuPanel):
             if p.rank in snap.nodes:
-                p.set_status(*snap.nodes[p.rank])
+                p.set_status(*snap.nodes[p.rank], note=snap.notes.get(p.rank))
+        self._show_notices(snap.notices)
         self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12))
         self.query_one(LogPane).show(snap.log_rank, snap.log)
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})  ·  n: next node")
+
+    def _show_notices(self, notices: tuple) -> None:
+        """The monitor's notices above the log: the last few, each new one also popped up."""
+        if len(notices) < self._notices_shown:  # a relaunch's follow starts its own list
+            self._notices_shown = 0
+        for n in notices[self._notices_shown:]:
+            self.notify(n.text, title=n.kind.replace("_", " ").title(), timeout=15,
+                        severity={"error": "error", "warning": "warning"}.get(n.level, "information"))
+        self._notices_shown = len(notices)
+        text = Text()
+        for n in notices[-NOTICES_SHOWN:]:
+            if text:
+                text.append("\n")
+            text.append(n.text, style={"error": "bold red", "warning": "yellow"}.get(n.level, "green"))
+        self.query_one("#run-notices", Static).update(text)
 
     def on_run_note(self, msg: RunNote) -> None:
         if not msg.text.startswith("note: "):  # a relaunch under way; a note about the settings only pops up

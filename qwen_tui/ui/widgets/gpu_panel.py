@@ -13,7 +13,7 @@ from ...run.gpumon import NodeSample
 from .bars import bar
 
 _STATUS = {"running": "green", "ok": "bold green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
-           "pending": "dim", "stopping": "yellow"}
+           "pending": "dim", "stopping": "yellow", "unreachable": "bold yellow"}
 
 
 class GpuPanel(Static):
