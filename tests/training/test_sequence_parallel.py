@@ -128,7 +128,8 @@ def flags(files, *extra):
     # Full fine-tuning without dropout: the one-process and two-process runs draw no random numbers in a step.
     return ["--model_name_or_path", files["model"], "--data_path", files["train"], "--model_max_length", str(MAX_LEN),
             "--packing_tokens", str(MAX_LEN), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
-            "2", "--learning_rate", "1e-3", "--max_steps", str(STEPS), "--save_strategy", "no", "--seed", "7", *extra]
+            "2", "--learning_rate", "1e-3", "--max_steps", str(STEPS), "--save_strategy", "no", "--seed", "7",
+            "--eval_data_path", files["train"], "--per_device_eval_batch_size", "4", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +167,10 @@ def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, files, one, c
         # Tokens counted once, not once per rank of the group.
         assert a["tokens"] == b["tokens"] and a["label_tokens"] == b["label_tokens"], (a, b)
         assert a["micro_batches"] == 2  # one record a row: two rows a step, each cut between the ranks
+    # Evaluation steps SP aside: each rank evaluates whole records of its own, padded batches, full attention.
+    (ev,), (ev_one,) = run.event("eval"), one.event("eval")
+    assert ev["eval_tokens"] == ev_one["eval_tokens"]
+    assert ev["eval_loss"] == pytest.approx(ev_one["eval_loss"], rel=1e-4)
     losses = [r["loss"] for r in run.steps]
     assert losses[-1] < losses[0] - 0.5, losses
     end = run.records[-1]
