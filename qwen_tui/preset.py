@@ -230,7 +230,7 @@ class Preset(_Strict):
 
     @model_validator(mode="after")
     def _sequence_parallel_fits(self) -> "Preset":
-        from .longcontext import sequence_parallel_problem
+        from .seqparallel import sequence_parallel_problem
 
         problem = sequence_parallel_problem(self.training.sequence_parallel_size, self.world_size,
                                             self.training.model)

@@ -132,7 +132,7 @@ class FinetuneRecipe(StepLoop):
         self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
         if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
             sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
-                                      env.rank, self.tokenizer.pad_token_id, self.loss_module)
+                                      env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
         if a.tiled_mlp:
             log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, a.tiled_mlp_tokens),
                      a.tiled_mlp_tokens)

@@ -165,22 +165,25 @@ def data_env(env, sp_size: int):
     return dataclasses.replace(env, world_size=env.world_size // sp_size, rank=env.rank // sp_size)
 
 
-def make_groups(sp_size: int, world_size: int, rank: int):
+def make_groups(sp_size: int, world_size: int, rank: int, timeout_s: float):
     """Every rank creates every SP group (torch.distributed's rule); returns this rank's. Consecutive ranks form
-    a group, so a group of up to a node's GPUs stays on that node's links."""
+    a group, so a group of up to a node's GPUs stays on that node's links. Its collectives wait at most
+    timeout_s (the worker's --ddp_timeout), as the default group's do."""
+    import datetime
+
     import torch.distributed as tdist
 
     mine = None
     for g in range(world_size // sp_size):
         ranks = list(range(g * sp_size, (g + 1) * sp_size))
-        group = tdist.new_group(ranks)
+        group = tdist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
         if rank in ranks:
             mine = group
     return mine
 
 
 def install(model, model_config: dict, sp_size: int, world_size: int, rank: int, pad_id: int,
-            loss_module=None) -> SequenceParallel:
+            loss_module=None, timeout_s: float = 1800.0) -> SequenceParallel:
     """Wraps the packed attention in Ulysses for every attention layer of `model` and makes this process's
     rows shard (local()). Runs after the fast path has switched the model to the packed attention."""
     global _active
@@ -194,7 +197,7 @@ def install(model, model_config: dict, sp_size: int, world_size: int, rank: int,
     if not ds_comm.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() and
                                    next(model.parameters()).is_cuda else "gloo")
-    group = make_groups(sp_size, world_size, rank)
+    group = make_groups(sp_size, world_size, rank, timeout_s)
     heads = int(model_config["num_attention_heads"])
     uattn = UlyssesSPAttentionHF(
         attn=packed_attention_forward, batch_size=1, attn_head_count=heads,
