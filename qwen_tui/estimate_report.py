@@ -12,6 +12,7 @@ from .advice import CKPT_OFF_HEADROOM, advise, make_context
 from .estimate import RunShape, effective_efficiency, estimate_memory, max_micro_batch, nodes_worth_it, scaling
 from .estimate_comm import MEASURE_HINT
 from .facts import ClusterFacts
+from .longcontext import is_long, longest_record, row_memory
 from .preset import Preset
 
 
@@ -54,6 +55,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [], "nodes_worth_it": None,
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
+        "long_context": None,
         "advice": [a.to_dict() for a in advice],
     }
     if c.spec is None:
@@ -69,6 +71,12 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
                                "moe_layers": spec.moe_layers} if spec.is_moe else None}
     mem = estimate_memory(spec, t, w)
     report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
+    if not c.cpu:
+        row = row_memory(spec, t, w, t.model_max_length)
+        report["long_context"] = {
+            "long_rows": is_long(t), "sequence_parallel_size": t.sequence_parallel_size,
+            "row_memory_gib": _r(row.total), "tiled_mlp": row.tiled,
+            "longest_record": longest_record(spec, t, w, c.gpu_memory_gib) if c.gpu_memory_gib else None}
     if c.cpu:
         # The step-time model is one of GPU FLOPs and links: for CPU processes its figures would be fiction.
         return report
@@ -159,6 +167,9 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
     mem = r.get("gpu_memory_gb") or {}
     est.memory_gib = mem.get("total")
     est.memory_note = str(mem.get("phase") or "")
+    lc = r.get("long_context") or {}
+    if lc.get("long_rows"):  # the worker's long-row path, not the stock estimate (qwen_tui.longcontext)
+        est.memory_gib, est.memory_note = lc["row_memory_gib"], "one long row"
     est.step_seconds = r.get("step_time_s")
     est.tokens_per_s = r.get("tokens_per_second")
     here = next((p for p in r.get("scaling_efficiency") or [] if p.get("nodes") == len(preset.cluster.nodes)), None)

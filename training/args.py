@@ -103,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
                    "optionally with _offload_optimizer or _offload_all (ZeRO-3); its 'auto' fields are filled from "
                    "these flags; the ZeRO stage comes from it")
+    t.add_argument("--sequence_parallel_size", type=int, default=1, metavar="N",
+                   help="spread every packed row over N consecutive ranks (DeepSpeed's Ulysses attention): each "
+                   "holds 1/N of the row's tokens, so records N times longer fit; N divides the number of "
+                   "processes, and the model's attention heads divide among N ranks (default 1: off)")
+    add_bool(t, "tiled_mlp", default=None,
+             help="compute every layer's MLP in tiles of --tiled_mlp_tokens tokens, forward and backward "
+             "(DeepSpeed's TiledMLP): long records need a tile's MLP activations, not a row's, for one more MLP "
+             "forward a step. Default: on where a rank's share of --model_max_length is over 32768 tokens (one "
+             "process, ZeRO-1/2, or ZeRO-3 with sequence parallelism over all ranks)")
+    t.add_argument("--tiled_mlp_tokens", type=int, default=8192, metavar="N",
+                   help="tokens of one MLP tile with --tiled_mlp (default 8192; rows no longer run untiled)")
     add_bool(t, "use_cpu", help="train on CPU with gloo (chosen automatically without CUDA)")
     t.add_argument("--ddp_timeout", type=int, default=int(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800),
                    help="seconds a process waits for the others (process-group set-up and collectives); "
@@ -289,6 +300,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
     if args.tokenize_timeout <= 0:
         raise InputError(f"--tokenize_timeout must be positive, got {args.tokenize_timeout:g}")
+    if args.sequence_parallel_size < 1:
+        raise InputError(f"--sequence_parallel_size must be at least 1, got {args.sequence_parallel_size}")
     if args.heartbeat_interval <= 0:
         raise InputError(f"--heartbeat_interval must be positive, got {args.heartbeat_interval:g}")
     if args.model_max_length < 8:

@@ -27,7 +27,7 @@ import uuid
 
 import torch
 
-from training import builders, dist, dsconfig, fast_setup, fastpath, shared_output
+from training import builders, dist, dsconfig, fast_setup, fastpath, long_context, sequence_parallel, shared_output
 from training.heartbeat import NoHeartbeat
 from training.step_timing import StepTimer
 from training import checkpoint as ckpt
@@ -86,6 +86,10 @@ class FinetuneRecipe(StepLoop):
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
         self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
+        sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
+        sequence_parallel.check_fast_path(a, self.fast)
+        long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
+        self.data_env = sequence_parallel.data_env(env, a.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
@@ -93,12 +97,13 @@ class FinetuneRecipe(StepLoop):
         self.train_ds = build_dataset(train_convs, encoder, a.lazy_preprocess)
         self.eval_ds = build_dataset(eval_convs, encoder, a.lazy_preprocess) if eval_convs else None
         self._log_data_stats()
-        self.global_batch = env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
+        self.global_batch = self.data_env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
         self.steps_per_epoch = len(self.train_ds) // self.global_batch
         if self.steps_per_epoch == 0:
+            who = "processes" if a.sequence_parallel_size == 1 else "sequence-parallel groups"
             raise InputError(f"{a.data_path}: {len(self.train_ds)} usable records, fewer than one global batch of "
-                             f"{self.global_batch} (= {env.world_size} processes x {a.per_device_train_batch_size} "
-                             f"x {a.gradient_accumulation_steps} accumulation)")
+                             f"{self.global_batch} (= {self.data_env.world_size} {who} x "
+                             f"{a.per_device_train_batch_size} x {a.gradient_accumulation_steps} accumulation)")
         self.total_steps = a.max_steps if a.max_steps > 0 else math.ceil(a.num_train_epochs * self.steps_per_epoch)
         if self.resume_state:
             self._check_resume_compatible()
@@ -136,6 +141,12 @@ class FinetuneRecipe(StepLoop):
         self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
+            sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
+                                      env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
+        if a.tiled_mlp:
+            log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, a.tiled_mlp_tokens),
+                     a.tiled_mlp_tokens)
         # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
         self.timer = StepTimer(self.device, self.model, env.world_size > 1)
         if not a.deepspeed:
@@ -148,7 +159,7 @@ class FinetuneRecipe(StepLoop):
             self.base_partition = builders.place_shards(self.model, self.method, self.device, env.is_main)
         if a.deepspeed:
             self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
-        loading = builders.build_loader(a, env, self.train_ds, self.tokenizer.pad_token_id, self.device,
+        loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
                                         self.fast.packing, self.total_steps, self.step)
         self.collator, self.sampler, self.loader = loading.collator, loading.sampler, loading.loader
         self.checkpointer = Checkpointer(a, env, self.stage, self.method, self.model, self.tokenizer, self.source)
@@ -160,7 +171,8 @@ class FinetuneRecipe(StepLoop):
         os.makedirs(a.output_dir, exist_ok=True)
         self.metrics = MetricsWriter(a.metrics_file, enabled=env.is_main)
         self.metrics.write({
-            "event": "start", "world_size": env.world_size, "method": self.method, "zero_stage": self.stage,
+            "event": "start", "world_size": env.world_size,
+            "sequence_parallel_size": a.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
             "total_steps": self.total_steps, "start_step": self.step, "steps_per_epoch": self.steps_per_epoch,
             "global_batch_size": self.global_batch, "micro_batch_size": a.per_device_train_batch_size,
             "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from training import dist, fastpath, profiling, step_timing, trackers
+from training import dist, fastpath, profiling, sequence_parallel, step_timing, trackers
 from training.data import IGNORE_INDEX
 from training.fast import allocator
 
@@ -217,6 +217,7 @@ class StepLoop:
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
         rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
         counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
@@ -227,14 +228,15 @@ class StepLoop:
         ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
         gather_s = time.perf_counter() - started
         most = int(max(r[3] for r in ranks))
-        totals = [sum(r[i] for r in ranks) for i in range(3)]
+        # The ranks of a sequence-parallel group ran the same records: each is counted once.
+        totals = [sum(r[i] for r in ranks) / sequence_parallel.size() for i in range(3)]
         return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most, gather_s
 
     @property
     def _pad_multiple(self) -> int:
         # Rows are as wide as their records rounded up to this: tile-friendly widths on CUDA with at most 127 tokens
         # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
-        return 128 if self.device.type == "cuda" else 8
+        return sequence_parallel.pad_multiple(128 if self.device.type == "cuda" else 8)
 
     def _packed_step(self, packed: tuple[list[dict], list[float], int, float]) -> tuple[list[dict], torch.Tensor]:
         """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
@@ -242,8 +244,8 @@ class StepLoop:
         f, a = self.fast, self.args
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
-            filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
-                                        a.model_max_length)
+            filler = sequence_parallel.local(fastpath.empty_row(min(self._pad_multiple, f.packing_tokens),
+                                                                self.tokenizer.pad_token_id, a.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]

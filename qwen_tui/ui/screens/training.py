@@ -46,6 +46,7 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
     ("training.device", "device", [("auto", "auto"), ("GPU (cuda)", "cuda"), ("CPU", "cpu")]),
     ("training.model_max_length", "sequence length", "text"),
+    ("training.sequence_parallel_size", "GPUs a sequence spans", "text"),
     ("training.per_device_train_batch_size", "batch per GPU", "text"),
     ("training.gradient_accumulation_steps", "accumulation", "text"),
     ("training.gradient_checkpointing", "gradient checkpointing", ON_OFF),
