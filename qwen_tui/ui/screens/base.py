@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.events import Resize
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.widgets._footer import FooterKey
@@ -32,15 +33,26 @@ class StepFooter(Footer):
     _narrow: bool | None = None
 
     def compose(self) -> ComposeResult:
-        self._narrow = self.app.size.width < self.NARROW
+        if self._narrow is None:
+            self._narrow = self.app.size.width < self.NARROW
         for w in super().compose():
             if self._narrow and isinstance(w, FooterKey) and w.action in ("save", "open"):
                 continue
             yield w
 
-    def on_resize(self) -> None:
-        if self._narrow is not None and self._narrow != (self.app.size.width < self.NARROW):
-            self.call_after_refresh(self.recompose)
+    class Relayout(Message):
+        pass
+
+    def set_width(self, width: int) -> None:
+        """The terminal's new width (the screen's Resize): the keys are laid out again when it crosses 100."""
+        if self._narrow != (width < self.NARROW):
+            self._narrow = width < self.NARROW
+            # recomposed from the footer's own queue: compose binds to Footer's reactives, which only
+            # resolve while the footer is the active message pump
+            self.post_message(self.Relayout())
+
+    async def on_step_footer_relayout(self, _: Relayout) -> None:
+        await self.recompose()
 
 
 class StepScreen(Screen):
@@ -68,7 +80,11 @@ class StepScreen(Screen):
         yield StepFooter(compact=True)
 
     def on_resize(self, ev: Resize) -> None:
+        # the bar and the footer are laid out for the new width here, from the screen's own size: left to
+        # their own Resize events they could keep the old layout after a quick shrink (stray words)
         self._say_size(*ev.size)
+        self.query_one(Stepper).show_again(ev.size.width)
+        self.query_one(StepFooter).set_width(ev.size.width)
 
     def _say_size(self, w: int, h: int) -> None:
         self.query_one("#too-small", Static).update(
