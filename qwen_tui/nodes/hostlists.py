@@ -12,7 +12,7 @@ KINDS = ("hostfile", "slurm", "ssh_config")
 
 
 # A host as ssh and torchrun take it: a DNS name, an ssh_config alias, an IPv4 or IPv6 address (`%zone` kept)
-_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.:%-]*[A-Za-z0-9_.])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
+_HOST = re.compile(r"[A-Za-z0-9_:](?:[A-Za-z0-9_.:%-]*[A-Za-z0-9_.])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
 _SLOTS = ("slots", "max_slots", "max-slots")
 
 
