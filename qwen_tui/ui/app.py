@@ -218,7 +218,7 @@ class WizardApp(LaunchGuard, App[int]):
         for cmd in super().get_system_commands(screen):
             if cmd.title not in ("Keys", "Quit"):  # ours below: the wizard's keys; quit that asks first
                 yield cmd
-        yield SystemCommand("Keys", "every key of this step and the wizard's (F10, ? where no field has focus)",
+        yield SystemCommand("Keys", "every key of this step and the wizard's (F10 or ?)",
                             self.action_help)
         yield SystemCommand("Quit", "ctrl+q: leave qwen-tui (a run keeps running; reopening re-attaches)",
                             self.action_quit)
@@ -231,7 +231,7 @@ class WizardApp(LaunchGuard, App[int]):
                     key = b.key_display or b.key.split(",")[0]
                     yield SystemCommand(f"{TITLES[step]}: {b.description}", f"key {key} on step {i + 1} "
                                         f"(F{i + 1})", partial(self._run_step_action, step, b.action))
-        yield SystemCommand("Help for this step", "F10 (or ? where no field has focus)", self.action_help)
+        yield SystemCommand("Help for this step", "F10 or ?", self.action_help)
         yield SystemCommand("Open preset", "ctrl+o: load a preset YAML file", self.action_open)
         yield SystemCommand("Save preset", "ctrl+s: write the preset to its file", self.action_save)
         yield SystemCommand("Save preset as", "write the preset to a new file", self.action_save_as)
