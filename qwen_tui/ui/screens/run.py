@@ -100,6 +100,7 @@ class RunScreen(StepScreen):
         self._checking = None
         self._forget_last_run()
         self.state.run_status = "starting"
+        self.wizard.facts_changed()  # the bar marks the Run step as under way (▶) from the start
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
         self._launch_worker(force)
 
@@ -275,6 +276,7 @@ class RunScreen(StepScreen):
         self.launcher = la
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
+        self.wizard.facts_changed()  # before the panels mount: the first snapshot may be queued behind them
         await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
         status = Text("running · ", style="green")
         if la.attempt_note:  # a relaunch after a failure: which attempt, why, and where it resumed
