@@ -39,7 +39,8 @@ async def test_training_and_network_fields_reach_the_saved_preset(tmp_path, demo
         rdzv = app.screen.query_one("#rdzv_timeout", Input)
         rdzv.value = "0"
         await pilot.pause()
-        assert str(app.screen.query_one("#field-errors", Static).render()) == "rendezvous timeout: must be at least 1, got 0"
+        assert str(app.screen.query_one("#field-errors", Static).render()) == \
+            "rendezvous timeout: must be at least 1, got 0"
         rdzv.value = "120"
         await pilot.pause()
         await pilot.press("ctrl+s")

@@ -72,7 +72,8 @@ def test_first_use_at_80x24(tmp_path):
     app = f"{env} {shlex.quote(str(exe))} {shlex.quote(str(preset))}"
     # the app twice: the second start is the re-attach after the first one detached
     # COLUMNS/LINES (pytest exports them) would pin the size the app reads on a resize (shutil's rule)
-    cmd = (f"unset COLUMNS LINES; stty cols 80 rows 24; cd {shlex.quote(str(ROOT))} && {app}; echo EXITED=$?; {app}; echo AGAIN=$?; "
+    cmd = (f"unset COLUMNS LINES; stty cols 80 rows 24; cd {shlex.quote(str(ROOT))} && "
+           f"{app}; echo EXITED=$?; {app}; echo AGAIN=$?; "
            "sleep 60")
     tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", cmd)
     try:
