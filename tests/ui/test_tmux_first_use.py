@@ -120,8 +120,9 @@ def test_first_use_at_80x24(tmp_path):
         s = settled(session, "Commands per node", "2 nodes, world size 2, backend gloo")
         assert_fits(s)
         keys(session, "l")
-        s = wait_re(session, r"step \d+/5000", timeout=RUN_WAIT_S)
-        assert "running ·" in s and "F6 Run▶" in s and "Run!" not in s
+        wait_re(session, r"step \d+/5000", timeout=RUN_WAIT_S)
+        s = wait_for(session, "running ·", "F6 Run▶", "F10 Help", timeout=20)
+        assert "Run!" not in s
         assert_fits(s)
         first = next(iter(state_of(runs)))
 
@@ -139,8 +140,9 @@ def test_first_use_at_80x24(tmp_path):
         keys(session, "s")
         wait_for(session, "Stop the run on every node?")
         keys(session, "y")
-        s = wait_for(session, "stopped:", "not watched: the run has ended", timeout=90)
-        assert "ETA" not in s and "F6 Run!" in s and " ok" not in s
+        wait_for(session, "stopped:", "not watched: the run has ended", "F6 Run!", timeout=90)
+        s = settled(session, "stopped:")
+        assert "ETA" not in s and "│ stopped" in s and "│ ok" not in s
         assert state_of(runs)[first] == "stopped"
 
         # relaunch a short run: 6 steps (the max steps field is 18 fields after the model)
@@ -161,7 +163,8 @@ def test_first_use_at_80x24(tmp_path):
                 break
             time.sleep(0.3)
         assert len(state_of(runs)) == 2, screen(session)
-        s = wait_for(session, "ok: training finished on every node", "step 6/6", timeout=RUN_WAIT_S)
+        wait_for(session, "ok: training finished on every node", "step 6/6", timeout=RUN_WAIT_S)
+        s = settled(session, "ok: training finished on every node")
         assert "/5000" not in s  # the stopped run's log and curve are gone
         assert_fits(s)
         second = next(r for r in state_of(runs) if r != first)
