@@ -1,0 +1,245 @@
+"""What bench/chaos_soak.py concludes from a run directory after the faults: each fault's outcome, the steps
+trained again after each relaunch, whether every checkpoint the run names is complete, and the totals. Pure
+reads of the records (state.json's attempts, notices.jsonl, metrics.jsonl, the checkpoint directories):
+never the colours of a face's output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Iterable, Optional
+
+OUTCOMES = ("survived unnoticed", "warned", "restarted", "failed")
+MONITOR_CAUSES = ("UNREACHABLE", "HANG", "HANG_STOPPED")  # an attempt the monitor itself ended
+CKPT_NAME = re.compile(r"checkpoint-(\d+)$")
+SLACK_S = 2.0  # an attempt may be recorded as ended a moment after the soak stopped watching its fault
+
+
+# ------------------------------------------------------------------ outcomes
+def fault_window(fault: dict, attempts: list[dict]) -> list[dict]:
+    """The attempts that ended (not ok) while the fault was on or being watched."""
+    lo, hi = fault["at"], fault["until"] + SLACK_S
+    return [a for a in attempts if isinstance(a.get("ended"), (int, float)) and lo <= a["ended"] <= hi
+            and a.get("status") != "ok"]
+
+
+def classify(fault: dict, attempts: list[dict], notices: list[dict]) -> tuple[str, dict]:
+    """(outcome, evidence): restarted or failed when an attempt ended in the fault's window (its `next` says
+    which), warned when a notice came, else survived unnoticed."""
+    lo, hi = fault["at"], fault["until"] + SLACK_S
+    said = [n for n in notices if lo <= float(n.get("at") or 0) <= hi]
+    ev = {"notices": [f"{n['kind']} n{n.get('node')}" for n in said]}
+    ended = fault_window(fault, attempts)
+    if ended:
+        a = ended[0]
+        ev.update(attempt=a.get("attempt"), cause=a.get("cause"), failed_node=a.get("failed_node"),
+                  next=a.get("next"), message=a.get("message"))
+        return ("restarted" if a.get("next") == "restart" else "failed"), ev
+    return ("warned" if said else "survived unnoticed"), ev
+
+
+def hang_named(fault: dict, notices: list[dict]) -> bool:
+    """A HANG notice in the fault's window names the stopped rank's node and the rank itself."""
+    lo, hi = fault["at"], fault["until"] + SLACK_S
+    rank = fault["detail"].get("rank")
+    for n in notices:
+        if n.get("kind") == "HANG" and lo <= float(n.get("at") or 0) <= hi and n.get("node") == fault["node"]:
+            if rank in (n.get("details") or {}).get("culprits", []):
+                return True
+    return False
+
+
+def justified(fault: Optional[dict], unreachable_bound: float) -> bool:
+    """Whether a fault is one that should end an attempt: a node killed, a rank stopped (the watchdog's job),
+    or SSH cut for at least the unreachable bound. An SSH blip shorter than the bound, a throttle, or no
+    fault at all must never end one."""
+    if fault is None:
+        return False
+    return fault["kind"] in ("kill", "hang") or (fault["kind"] == "ssh" and fault["duration"] >= unreachable_bound)
+
+
+# ------------------------------------------------------------------ steps
+def step_records(metrics: Iterable[dict]) -> list[dict]:
+    return [r for r in metrics if "loss" in r and "event" not in r and isinstance(r.get("step"), int)]
+
+
+def resume_step(attempt: dict) -> int:
+    m = CKPT_NAME.search(str(attempt.get("resume_from") or ""))
+    return int(m.group(1)) if m else 0
+
+
+def steps_lost(attempts: list[dict], metrics: Iterable[dict]) -> dict[int, int]:
+    """attempt K (K >= 2) -> the steps attempt K-1 had trained past the checkpoint K resumed from: trained
+    again by K. Records are told apart by their time against each attempt's start."""
+    steps = step_records(metrics)
+    out = {}
+    for prev, cur in zip(attempts, attempts[1:]):
+        lo, hi = prev.get("started") or 0, cur.get("started") or float("inf")
+        done = [r["step"] for r in steps if lo <= float(r.get("time") or 0) < hi]
+        out[int(cur["attempt"])] = max(0, max(done, default=0) - resume_step(cur))
+    return out
+
+
+def every_step_once(attempts: list[dict], metrics: Iterable[dict]) -> Optional[str]:
+    """None when the last attempt's records plus the earlier ones up to each resume hold every step from 1 on
+    exactly once; else what is missing or doubled (a blip must not lose a record)."""
+    steps = step_records(metrics)
+    if not steps:
+        return "no step recorded"
+    kept: dict[int, int] = {}
+    for i, a in enumerate(attempts):
+        lo = a.get("started") or 0
+        hi = attempts[i + 1].get("started") if i + 1 < len(attempts) else float("inf")
+        until = resume_step(attempts[i + 1]) if i + 1 < len(attempts) else None
+        for r in steps:
+            if lo <= float(r.get("time") or 0) < hi and (until is None or r["step"] <= until):
+                kept[r["step"]] = kept.get(r["step"], 0) + 1
+    top = max(kept)
+    missing = [s for s in range(1, top + 1) if s not in kept]
+    doubled = [s for s, c in kept.items() if c > 1]
+    if missing or doubled:
+        return f"missing steps {missing[:10]}, doubled {doubled[:10]}"
+    return None
+
+
+# ------------------------------------------------------------------ checkpoints
+def named_checkpoints(attempts: list[dict], metrics: Iterable[dict]) -> list[str]:
+    """Every checkpoint the run names: each checkpoint record of the worker, each attempt's resume_from."""
+    names = [str(r["path"]) for r in metrics if r.get("event") == "checkpoint" and r.get("path")]
+    names += [str(a["resume_from"]) for a in attempts if a.get("resume_from")]
+    return sorted(set(names), key=lambda p: (len(p), p))
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """The header's declared size and the data offsets fit the file exactly."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error):
+        return False
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    return path.stat().st_size == 8 + n + end
+
+
+def checkpoint_problem(d: Path, load_pt=None) -> Optional[str]:
+    """None when checkpoint directory `d` is complete as training/checkpointer.py writes it: its state file
+    (step matching the name), the optimizer and scheduler (or DeepSpeed's state), every rank's RNG state, the
+    model or adapter weights whole, the tokenizer. load_pt(path) loads a torch file (raises when damaged)."""
+    if not d.is_dir():
+        return "missing"
+    state_f = next((d / n for n in ("finetune_state.json", "trainer_state.json") if (d / n).is_file()), None)
+    if state_f is None:
+        return "no finetune_state.json"
+    try:
+        state = json.loads(state_f.read_text())
+    except ValueError as e:
+        return f"{state_f.name} unreadable: {e}"
+    m = CKPT_NAME.search(d.name)
+    if not m or state.get("step") != int(m.group(1)):
+        return f"{state_f.name} says step {state.get('step')}"
+    world = state.get("world_size")
+    if not isinstance(world, int) or world < 1:
+        return f"{state_f.name} has no world_size"
+    need = [f"rng_state_{r}.pth" for r in range(world)]
+    need += ["ds"] if (d / "ds").is_dir() else ["optimizer.pt", "scheduler.pt"]
+    need += ["tokenizer_config.json"]
+    missing = [n for n in need if not (d / n).exists()]
+    if missing:
+        return "no " + ", ".join(missing)
+    weights = sorted(d.glob("adapter_model.safetensors")) or sorted(d.glob("model*.safetensors"))
+    if not weights:
+        return "no model or adapter weights"
+    bad = [w.name for w in weights if not _safetensors_whole(w)]
+    if bad:
+        return "damaged " + ", ".join(bad)
+    if load_pt is not None:
+        for n in need:
+            p = d / n
+            if p.suffix in (".pt", ".pth"):
+                try:
+                    load_pt(p)
+                except Exception as e:  # any failure to load is the finding, named with the file
+                    return f"{n} does not load: {type(e).__name__}: {e}"
+    return None
+
+
+def check_checkpoints(names: list[str], load_pt=None) -> dict[str, Optional[str]]:
+    return {n: checkpoint_problem(Path(n), load_pt) for n in names}
+
+
+# ------------------------------------------------------------------ totals and table
+def totals(faults: list[dict], runs: list[dict], unreachable_bound: float) -> dict:
+    by_kind: dict[str, int] = {}
+    outcomes: dict[str, int] = {o: 0 for o in OUTCOMES}
+    for f in faults:
+        by_kind[f["kind"]] = by_kind.get(f["kind"], 0) + 1
+        outcomes[f["outcome"]] += 1
+    hangs = [f for f in faults if f["kind"] == "hang"]
+    ck = [v for r in runs for v in r["checkpoints"].values()]
+    return {
+        "faults": len(faults), "by_kind": by_kind, "outcomes": outcomes,
+        "healthy_killed_by_monitor": sum(len(r["healthy_killed"]) for r in runs),
+        "unexplained_failures": sum(len(r["unexplained"]) for r in runs),
+        "hangs_injected": len(hangs), "hangs_named": sum(1 for f in hangs if f.get("named")),
+        "steps_lost": sum(f.get("steps_lost") or 0 for f in faults),
+        "checkpoints": len(ck), "checkpoints_intact": sum(1 for v in ck if v is None),
+        "orphans": sum(len(p) for r in runs for p in r["orphans"].values()),
+        "runs": len(runs), "runs_ok": sum(1 for r in runs if r["status"] == "ok"),
+        "unreachable_bound_s": unreachable_bound,
+    }
+
+
+COLUMNS = ("#", "kind", "node", "run", "at", "lasted", "outcome", "what the run did", "steps lost",
+           "checkpoints intact", "orphans")
+
+
+def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
+    out = []
+    for i, f in enumerate(faults, 1):
+        r = runs.get(f["run"], {})
+        ck = r.get("checkpoints", {})
+        did = f["evidence"].get("cause") or ""
+        if f["kind"] == "hang":
+            did = ("named " if f.get("named") else "NOT named ") + f"rank {f['detail'].get('rank')}" + \
+                  (f" after {f['detail']['hang_after_s']:.0f} s" if f["detail"].get("hang_after_s") else "")
+        kinds = sorted({n.split()[0] for n in f["evidence"].get("notices", [])})
+        if kinds and f["kind"] != "hang":
+            did = ", ".join(([did] if did else []) + kinds)
+        out.append([str(i), f["kind"], str(f["node"]), f["run_no"], f"{f['at_s'] / 60:.0f}:{f['at_s'] % 60:02.0f}",
+                    f"{f['duration']:.0f} s", f["outcome"], did or "-", str(f.get("steps_lost") or 0),
+                    f"{sum(1 for v in ck.values() if v is None)}/{len(ck)}",
+                    str(sum(len(p) for p in r.get("orphans", {}).values())) if r else "-"])
+    return out
+
+
+def text_table(faults: list[dict], runs: dict[str, dict]) -> str:
+    body = rows(faults, runs)
+    widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(COLUMNS), line(["-" * w for w in widths])] + [line(r) for r in body])
+
+
+def markdown_table(faults: list[dict], runs: dict[str, dict]) -> str:
+    body = rows(faults, runs)
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in body]
+    return "\n".join(out)
+
+
+def totals_lines(t: dict) -> list[str]:
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["by_kind"].items()))
+    outs = ", ".join(f"{k} {v}" for k, v in t["outcomes"].items())
+    return [
+        f"faults injected: {t['faults']} ({kinds}); outcomes: {outs}",
+        f"healthy runs killed by the monitor: {t['healthy_killed_by_monitor']} "
+        f"(an SSH cut shorter than the {t['unreachable_bound_s']:g} s bound or a throttle that ended an attempt); "
+        f"other unexplained failures: {t['unexplained_failures']}",
+        f"hangs injected: {t['hangs_injected']}, named (node and rank): {t['hangs_named']}",
+        f"steps trained again after relaunches: {t['steps_lost']}; checkpoints intact: "
+        f"{t['checkpoints_intact']}/{t['checkpoints']}; orphans left: {t['orphans']}",
+        f"runs: {t['runs']} ({t['runs_ok']} finished ok)",
+    ]
