@@ -118,14 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logging_steps", type=int, default=1, help="write a metrics record every N optimizer steps (default 1)")
     s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
     s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
-    s.add_argument("--heartbeat_dir", default=None, metavar="DIR",
-                   help="each rank writes its step and phase to DIR/rank-<RANK>.json every --heartbeat_interval "
-                   "seconds, and its stacks to DIR/stack-rank-<RANK>.txt on SIGUSR1 (what qwen-tui's hang watchdog reads)")
-    s.add_argument("--heartbeat_interval", type=float, default=2.0, metavar="SECONDS",
-                   help="seconds between two heartbeat writes (default 2)")
     s.add_argument("--profile_step", type=int, default=0, metavar="N",
                    help="run optimizer step N under torch.profiler and write its most expensive kernels to "
                    "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
+    s.add_argument("--heartbeat_dir", default=None, metavar="DIR",
+                   help="keep DIR/rank-<RANK>.json up to date for a monitor: the rank's step, the phase it is in "
+                   "(start, data, forward, backward, optimizer, collective, eval, checkpoint, done) and since when, "
+                   "rewritten every --heartbeat_interval seconds even while the rank waits; SIGUSR1 then writes every "
+                   "thread's stack to DIR/stack-rank-<RANK>.txt, and on CUDA PyTorch's NCCL flight recorder dumps "
+                   "to DIR/nccl_trace_rank_<RANK> on a collective timeout. DIR is relative to the working "
+                   "directory (default: none)")
+    s.add_argument("--heartbeat_interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between two writes of the heartbeat file (default 2)")
     add_bool(s, "profile_trace",
                    help="with --profile_step: also write the step's Chrome trace to OUTPUT_DIR/profile-stepN.json.gz "
                    "(open it in chrome://tracing or Perfetto; bench/gpu_gaps.py lists where the GPU waited)")
@@ -272,5 +276,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
     if args.tokenize_timeout <= 0:
         raise InputError(f"--tokenize_timeout must be positive, got {args.tokenize_timeout:g}")
+    if args.heartbeat_interval <= 0:
+        raise InputError(f"--heartbeat_interval must be positive, got {args.heartbeat_interval:g}")
     if args.model_max_length < 8:
         raise InputError(f"--model_max_length {args.model_max_length} is too short for a chat turn")

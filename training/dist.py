@@ -23,6 +23,7 @@ class DistEnv:
     local_rank: int
     world_size: int
     local_world_size: int
+    node_rank: int = 0  # torchrun's GROUP_RANK
 
     @property
     def is_main(self) -> bool:
@@ -36,6 +37,7 @@ def read_env() -> DistEnv:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         world_size=world,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+        node_rank=int(os.environ.get("GROUP_RANK") or 0),
     )
 
 
@@ -50,6 +52,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def flight_recorder_defaults(trace_dir: str | None) -> None:
+    """PyTorch's NCCL flight recorder on by default (CUDA, before the process group): the last 2,000 collectives
+    of each rank, dumped when one times out, to DIR/nccl_trace_rank_<RANK> with --heartbeat_dir (else torch's
+    default place). A user's own values win, under these names or torch's newer TORCH_FR_* ones (read first)."""
+    if "TORCH_FR_BUFFER_SIZE" not in os.environ:
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    if trace_dir and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
+        os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+                              os.path.join(os.path.abspath(trace_dir), "nccl_trace_rank_"))
 
 
 def init(env: DistEnv, device: torch.device, timeout_s: int, need_group: bool) -> None:

@@ -18,13 +18,13 @@ and metrics.jsonl gets an {"event": "end", "status": "error"} record).
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import signal
 import sys
 import traceback
 
+from training import heartbeat, stacks
 from training.args import parse_args
 from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
 from training.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
@@ -69,10 +69,22 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
         for line in args.flag_warnings:  # HF flags accepted from a copied command that change nothing here
             log.warning("%s", line)
+    # `kill -USR1 PID` writes every thread's stack (to the log, or DIR/stack-rank-N.txt with --heartbeat_dir) and
+    # the run carries on: where a hung rank waits. Both start before torch is imported, so a rank that hangs in
+    # its set-up is seen too.
+    dumps = stacks.register(args.heartbeat_dir, rank)
+    beat = heartbeat.from_args(args, tick=dumps.check if dumps is not None else None)
+    try:
+        return _train(args, stop, held, beat)
+    finally:
+        beat.close()  # stops the thread after one last write (phase done after a finished run)
 
+
+def _train(args, stop: StopSignal, held: dict, beat) -> int:
     from training.fast.allocator import configure
 
     try:  # the allocator reads its settings once, when torch starts CUDA: before torch is imported
@@ -89,11 +101,7 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
-    recipe = held["recipe"] = FinetuneRecipe(args)
-    # `kill -USR1 PID` prints every thread's stack to the log and carries on: where a hung rank waits. To the
-    # process's own stderr (sys.stderr may be a stand-in without a file descriptor when main() is called in-process).
-    if sys.__stderr__ is not None:
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    recipe = held["recipe"] = FinetuneRecipe(args, heartbeat=beat)
     try:
         stop.arm()  # a stop that came during the imports ends here
         recipe.setup()
@@ -102,6 +110,7 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
         if recipe.eval_ds is not None and getattr(recipe, "evaluated_step", None) != recipe.step:
             recipe.evaluate()
         recipe.finish()
+        beat.done()
         return EXIT_OK
     except Exception as e:
         if not stop.requested and peer_gone(e):  # a peer's stop can end our collective before our own signal

@@ -27,6 +27,8 @@ import os
 import torch
 
 from training import builders, dist, dsconfig, fast_setup, fastpath, shared_output
+from training.heartbeat import NoHeartbeat
+from training.step_timing import StepTimer
 from training import checkpoint as ckpt
 from training.checkpointer import Checkpointer
 from training.step_loop import StepLoop
@@ -41,8 +43,11 @@ log = logging.getLogger("training")
 
 
 class FinetuneRecipe(StepLoop):
-    def __init__(self, args):
+    def __init__(self, args, heartbeat=None):
         self.args = args
+        self.heartbeat = heartbeat or NoHeartbeat()  # training.heartbeat: the phase this rank is in
+        self.timer: StepTimer | None = None
+        self.timing_group = None  # the logging gather's gloo group (several ranks)
         self.env = dist.read_env()
         self.metrics: MetricsWriter | None = None
         self.started = False
@@ -101,9 +106,14 @@ class FinetuneRecipe(StepLoop):
                           if self.ds_raw else None)
 
         # 3. Processes, model, optimizer.
+        if self.device.type == "cuda":
+            dist.flight_recorder_defaults(a.heartbeat_dir)  # read when the NCCL process group starts
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
         # Packed steps agree on their rows and token counts on the packing thread, through a gloo group of their own.
         self.meta_group = dist.cpu_group(a.ddp_timeout) if self.fast.packing else None
+        # The logging gather of every rank's compute and wait (training.step_timing), on the host and on a group of
+        # its own: on the default NCCL group it would wait for the GPU work queued before it.
+        self.timing_group = dist.cpu_group(a.ddp_timeout)
         if a.deepspeed:
             import deepspeed
 
@@ -115,6 +125,8 @@ class FinetuneRecipe(StepLoop):
             self.resume_dir, self.ds_config)
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
+        self.timer = StepTimer(self.device, self.model, env.world_size > 1)
         if not a.deepspeed:
             self._size_rows()  # the probes add the optimizer states that are not there yet
         opt = builders.build_optimization(a, env, self.model, self.loss_module, self.fast, self.ds_config,
@@ -241,6 +253,7 @@ class FinetuneRecipe(StepLoop):
     def evaluate(self) -> float:
         """Token-mean loss on --eval_data_path over all ranks; logged as an {"event": "eval"} record."""
         a, env = self.args, self.env
+        self.heartbeat.phase("eval")
         self.wrapped.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for idx in eval_batches(len(self.eval_ds), env.world_size, env.rank, a.per_device_eval_batch_size):
@@ -261,6 +274,7 @@ class FinetuneRecipe(StepLoop):
     # ------------------------------------------------------------ checkpoints (training.checkpointer)
     def save_checkpoint(self) -> None:
         a, env = self.args, self.env
+        self.heartbeat.phase("checkpoint")
         final = self.checkpointer.save_checkpoint(self.step, {
             "step": self.step, "epoch": self.step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
@@ -270,6 +284,7 @@ class FinetuneRecipe(StepLoop):
             self.metrics.write({"event": "checkpoint", "step": self.step, "path": str(final)})
 
     def save_final(self) -> None:
+        self.heartbeat.phase("checkpoint")
         self.checkpointer.save_final()
 
     # ----------------------------------------------------------------- end
@@ -287,6 +302,7 @@ class FinetuneRecipe(StepLoop):
         return dist.all_gather_floats(total, self.device)
 
     def finish(self) -> None:
+        self.heartbeat.phase("collective")
         sums = self.replica_checksums()
         trunc = self.lazy_truncated if self.args.lazy_preprocess else self.train_ds.stats.truncated
         self.metrics.write({

@@ -3,8 +3,9 @@ evaluations and checkpoints at their steps.
 
 StepLoop is the loop half of training.recipe.FinetuneRecipe, which sets up what it uses: args, env, fast (the
 fast-path choices), device, model, loss_module, engine or ddp, optimizer, scheduler, scaler, loader, tokenizer,
-meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds; and
-_forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the supervised tokens of the whole
+meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds, heartbeat (the
+phase the loop is in, training.heartbeat), timer and timing_group (each rank's compute and wait,
+training.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the supervised tokens of the whole
 step over all ranks (so accumulation and the number of processes do not change it).
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from training import dist, fastpath, profiling, trackers
+from training import dist, fastpath, profiling, step_timing, trackers
 from training.data import IGNORE_INDEX
 from training.fast import allocator
 
@@ -56,9 +57,11 @@ class StepLoop:
                 packer.shutdown(wait=True, cancel_futures=True)
 
     def _train_loop(self, batches, pending, pack_next) -> None:
-        a, env = self.args, self.env
+        a, env, hb, timer = self.args, self.env, self.heartbeat, self.timer
         gas = a.gradient_accumulation_steps
         self._window = _Window()
+        self._failing = False
+        hb.step = self.step
         t_start = time.perf_counter()
         queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
         try:
@@ -70,9 +73,13 @@ class StepLoop:
                 prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
                 mark = profiling.marker(prof)
                 t0 = time.perf_counter()
+                now = self.step + 1  # the step under way
+                hb.phase("data")
                 with mark("step: inputs"):
                     if self.fast.packing:
                         packed, pending = pending.result(), None
+                        # Waiting here is waiting for the others as far as the packing thread waited in its gather.
+                        timer.add_host_wait(now, min(time.perf_counter() - t0, packed[3]))
                         micro, counts = self._packed_step(packed)
                     else:
                         micro = [{k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
@@ -82,7 +89,11 @@ class StepLoop:
                                                sum(int(b["attention_mask"].sum()) for b in micro),
                                                sum(int(b["truncated"]) for b in micro), 0], dtype=torch.float64)
                     if dist.active() and not self.fast.packing:  # packed steps come with all ranks' counts
-                        counts = dist.all_reduce_sum(counts.to(self.device)).cpu()
+                        hb.phase("collective")
+                        started = timer.start()
+                        counts = dist.all_reduce_sum(counts.to(self.device))
+                        timer.end(now, started)
+                        counts = counts.cpu()
                     n_labels, n_tokens, n_trunc, n_empty = counts.tolist()
                     # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
                     num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
@@ -96,10 +107,15 @@ class StepLoop:
                         self.engine.set_gradient_accumulation_boundary(last)
                     sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
                     with sync:
+                        hb.phase("forward")
                         with mark("step: forward"):
                             loss = self._forward_loss(batch, num_items)
+                        hb.phase("backward")
+                        if last:  # the micro-batch whose backward waits for every rank's gradients
+                            timer.arm()
                         with mark("step: backward"):
                             self._backward(loss)
+                        timer.disarm(now)
                     if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
                         # The next step is packed from here on: with this micro-batch's kernels queued, the packing
                         # thread's Python runs while the main thread waits on the GPU. Started with the step, it
@@ -112,16 +128,25 @@ class StepLoop:
                             self._record_step(queued, seconds=t0 - queued.t0)
                         queued = None
                     if self.engine is not None:
+                        if last:
+                            hb.phase("optimizer")
                         self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
                     loss_sum += loss.detach().double() * num_items.double()
+                hb.phase("optimizer")
                 with mark("step: optimizer"):
                     grad_norm = self._optimizer_step()
                 self.step += 1
+                hb.step = self.step
+                hb.phase("collective")
+                started = timer.start()
                 loss_sum = dist.all_reduce_sum(loss_sum)
+                timer.end(self.step, started)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
                 due_eval = self.eval_ds is not None and self._eval_due()
-                if (self.fast.overlap_steps and prof is None and self.step < self.total_steps and not due_eval
-                        and not self._should_save()):
+                # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
+                # step comes a step later, and all ranks must meet it at the same point.
+                if (self.fast.overlap_steps and a.profile_step != self.step and self.step < self.total_steps
+                        and not due_eval and not self._should_save()):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
@@ -156,6 +181,7 @@ class StepLoop:
                             q.step, int(q.n_trunc), a.model_max_length)
         w = self._window
         w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
+        w.wait += self.timer.take(q.step)
         w.micro_batches += q.micro_batches
         w.empty_rows += int(q.n_empty)
         if q.step % a.logging_steps == 0 or q.step == self.total_steps:
@@ -163,6 +189,7 @@ class StepLoop:
             self._window = _Window()
 
     def _flush_after_error(self, q: "_Queued") -> None:
+        self._failing = True  # the other ranks may be anywhere: no logging gather
         try:
             self._record_step(q, seconds=None)
         except Exception as e:  # the device may be what failed; the original error is what gets raised
@@ -176,10 +203,11 @@ class StepLoop:
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
 
-    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float], int]:
+    def _pack_cpu(self, items: list) -> tuple[list[dict], list[float], int, float]:
         """The CPU half of a packed step (runs on the packing thread): this rank's rows, pinned on CUDA; the
-        supervised tokens, real tokens, truncated records and empty rows of all ranks; and the rows every rank
-        runs (the busiest rank's count). Several ranks agree on these here, on the host, a step ahead."""
+        supervised tokens, real tokens, truncated records and empty rows of all ranks; the rows every rank
+        runs (the busiest rank's count); and the seconds spent in the gather. Several ranks agree on these here,
+        on the host, a step ahead."""
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
         rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
@@ -188,11 +216,13 @@ class StepLoop:
         counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
                   float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
         if self.meta_group is None:
-            return rows, counts + [0.0], len(rows)
+            return rows, counts + [0.0], len(rows), 0.0
+        started = time.perf_counter()
         ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
+        gather_s = time.perf_counter() - started
         most = int(max(r[3] for r in ranks))
         totals = [sum(r[i] for r in ranks) for i in range(3)]
-        return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most
+        return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most, gather_s
 
     @property
     def _pad_multiple(self) -> int:
@@ -200,11 +230,11 @@ class StepLoop:
         # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
         return 128 if self.device.type == "cuda" else 8
 
-    def _packed_step(self, packed: tuple[list[dict], list[float], int]) -> tuple[list[dict], torch.Tensor]:
+    def _packed_step(self, packed: tuple[list[dict], list[float], int, float]) -> tuple[list[dict], torch.Tensor]:
         """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
         needs the same number of forwards everywhere), with the counts of all ranks (see _pack_cpu)."""
         f, a = self.fast, self.args
-        rows, counts, n_rows = packed
+        rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
             filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
                                         a.model_max_length)
@@ -254,6 +284,7 @@ class StepLoop:
             "tokens_per_second": w.tokens / w.seconds if w.seconds > 0 else None,
             "step_time": w.seconds / w.steps,
         }
+        rec.update(self._rank_times(w, rec["step_time"]))
         if self.fast.packing:
             rec["micro_batches"] = w.micro_batches  # packed rows each process ran, empty ones included
             rec["empty_rows"] = w.empty_rows  # rows of padding, over all processes, so all ran as many
@@ -270,6 +301,22 @@ class StepLoop:
         self.metrics.write(rec)
         log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.total_steps,
                  rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
+
+    def _rank_times(self, w: "_Window", step_time: float) -> dict:
+        """rank_compute_s, rank_wait_s, rank_node of every rank (training.step_timing): one small gather on the
+        host, on every rank at the same logged step. Left out of a record written after a failure."""
+        wait = w.wait / w.steps
+        compute = max(step_time - wait, 0.0)
+        self.heartbeat.figures(compute, wait, step_time)
+        mine = [compute, wait, float(self.env.node_rank)]
+        if self._failing:
+            return {}
+        if self.timing_group is None:
+            return step_timing.per_rank([mine])
+        left = self.heartbeat.phase("collective")
+        gathered = dist.gather_floats(mine, self.timing_group)
+        self.heartbeat.restore(left)
+        return step_timing.per_rank(gathered)
 
     def _eval_due(self) -> bool:
         """--eval_strategy steps: every --eval_steps; epoch: at the last step of every epoch (as HF Trainer)."""
@@ -306,7 +353,7 @@ class _Window:
     """Sums over the optimizer steps between two metrics records."""
 
     def __init__(self):
-        self.loss_sum = self.labels = self.tokens = self.seconds = 0.0
+        self.loss_sum = self.labels = self.tokens = self.seconds = self.wait = 0.0
         self.steps = self.micro_batches = self.empty_rows = 0
 
     def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:

@@ -18,14 +18,9 @@ from ..nodes.jobs import JobRef, members
 from ..nodes.transport import Transport
 from ..plan import NodeCommand
 
-STACK_WAIT_S = 3.0  # how long ranks get to write their dump after SIGUSR1
-# faulthandler's dumps follow the worker's header line; the last one is the one asked for
-HEADER = "=== stack of rank"
-
-
-def _last_dump(text: str) -> str:
-    i = text.rfind(HEADER)
-    return text[i:] if i >= 0 else text
+STACK_WAIT_S = 6.0  # how long ranks get to write their dump after SIGUSR1 (the end line follows within a heartbeat)
+# the worker closes each dump with this line (training/stacks.py); what came before it since our last look is the dump
+END = b"=== end of stacks"
 
 
 def _safe(label: str) -> str:
@@ -53,7 +48,7 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: d
             res = t.run([spy.stdout.strip(), "dump", "--nonblocking", "--pid", str(p.pid)], timeout=30)
             if res.ok and res.stdout.strip():
                 (dest / f"{_safe(cmd.label)}-rank{r}.txt").write_text(
-                    f"{HEADER} {r} (pid {p.pid}, py-spy dump at {time.ctime()})\n{res.stdout}")
+                    f"=== stacks of rank {r} (pid {p.pid}) by py-spy at {time.ctime()}\n{res.stdout}")
                 out[r] = "ok (py-spy)"
                 continue
         asked.append(p)
@@ -65,18 +60,18 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: d
     deadline = time.monotonic() + wait_s
     waiting = list(asked)
     while waiting:
+        last = time.monotonic() > deadline  # the last look takes a dump without its end line too
         still = []
         for p in waiting:
             r = pids[p.pid]
-            path = posixpath.join(cmd.heartbeat_dir, f"stack-rank-{r}.txt")
-            data = t.read_file(path, offset=before[p.pid])
-            if data.strip():
-                (dest / f"{_safe(cmd.label)}-rank{r}.txt").write_text(_last_dump(data.decode(errors="replace")))
+            data = t.read_file(posixpath.join(cmd.heartbeat_dir, f"stack-rank-{r}.txt"), offset=before[p.pid])
+            if END in data or (last and data.strip()):
+                (dest / f"{_safe(cmd.label)}-rank{r}.txt").write_text(data.decode(errors="replace"))
                 out[r] = "ok (SIGUSR1)"
             else:
                 still.append(p)
         waiting = still
-        if not waiting or time.monotonic() > deadline:
+        if last:
             break
         time.sleep(0.25)
     for p in waiting:
