@@ -26,11 +26,37 @@ def fault_window(fault: dict, attempts: list[dict]) -> list[dict]:
             and a.get("status") != "ok"]
 
 
+# The notices that answer each kind of fault, and whether they must name the node hit. Others that come in a
+# fault's window (a STRAGGLER on a loaded machine during an SSH cut) are not its outcome: they are counted apart.
+ANSWERS = {"ssh": ({"UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"}, True),
+           "hang": ({"HANG", "HANG_OVER"}, False),  # whom the watchdog names is judged by hang_named
+           "kill": ({"UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND", "HANG", "HANG_OVER"}, False),
+           "throttle": ({"STRAGGLER", "STRAGGLER_OVER"}, True)}
+
+
+def answers(fault: dict, notices: list[dict]) -> list[dict]:
+    """The notices in the fault's window that answer it."""
+    lo, hi = fault["at"], fault["until"] + SLACK_S
+    kinds, same_node = ANSWERS[fault["kind"]]
+    return [n for n in notices if lo <= float(n.get("at") or 0) <= hi and n.get("kind") in kinds
+            and (not same_node or n.get("node") == fault["node"])]
+
+
+def unanswering(faults: list[dict], notices: list[dict]) -> dict[str, int]:
+    """kind -> how many notices answered no fault: said while nothing was injected, or of another kind or
+    node than the fault on at the time (a warning of a healthy node)."""
+    used = {id(n) for f in faults for n in answers(f, notices)}
+    out: dict[str, int] = {}
+    for n in notices:
+        if id(n) not in used:
+            out[n.get("kind", "?")] = out.get(n.get("kind", "?"), 0) + 1
+    return out
+
+
 def classify(fault: dict, attempts: list[dict], notices: list[dict]) -> tuple[str, dict]:
     """(outcome, evidence): restarted or failed when an attempt ended in the fault's window (its `next` says
-    which), warned when a notice came, else survived unnoticed."""
-    lo, hi = fault["at"], fault["until"] + SLACK_S
-    said = [n for n in notices if lo <= float(n.get("at") or 0) <= hi]
+    which), warned when a notice answered it, else survived unnoticed."""
+    said = answers(fault, notices)
     ev = {"notices": [f"{n['kind']} n{n.get('node')}" for n in said]}
     ended = fault_window(fault, attempts)
     if ended:
@@ -41,15 +67,28 @@ def classify(fault: dict, attempts: list[dict], notices: list[dict]) -> tuple[st
     return ("warned" if said else "survived unnoticed"), ev
 
 
-def hang_named(fault: dict, notices: list[dict]) -> bool:
-    """A HANG notice in the fault's window names the stopped rank's node and the rank itself."""
+def naming_hang(fault: dict, notices: list[dict]) -> Optional[dict]:
+    """The HANG notice in the fault's window that names the stopped rank's node and the rank itself."""
     lo, hi = fault["at"], fault["until"] + SLACK_S
     rank = fault["detail"].get("rank")
     for n in notices:
         if n.get("kind") == "HANG" and lo <= float(n.get("at") or 0) <= hi and n.get("node") == fault["node"]:
             if rank in (n.get("details") or {}).get("culprits", []):
-                return True
-    return False
+                return n
+    return None
+
+
+def hang_named(fault: dict, notices: list[dict]) -> bool:
+    return naming_hang(fault, notices) is not None
+
+
+def stacks_answered(stacks_dir: Path) -> Optional[str]:
+    """"K/N": how many ranks left their stack in a hang's stacks directory (its summary.json), None without one."""
+    try:
+        summary = json.loads((stacks_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return f"{sum(1 for v in summary.values() if str(v).startswith('ok'))}/{len(summary)}"
 
 
 def justified(fault: Optional[dict], unreachable_bound: float) -> bool:
@@ -189,8 +228,17 @@ def totals(faults: list[dict], runs: list[dict], unreachable_bound: float) -> di
         "checkpoints": len(ck), "checkpoints_intact": sum(1 for v in ck if v is None),
         "orphans": sum(len(p) for r in runs for p in r["orphans"].values()),
         "runs": len(runs), "runs_ok": sum(1 for r in runs if r["status"] == "ok"),
+        "notices_answering_no_fault": _sum_counts(r["unanswering"] for r in runs),
         "unreachable_bound_s": unreachable_bound,
     }
+
+
+def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 COLUMNS = ("#", "kind", "node", "run", "at", "lasted", "outcome", "what the run did", "steps lost",
@@ -202,14 +250,17 @@ def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
     for i, f in enumerate(faults, 1):
         r = runs.get(f["run"], {})
         ck = r.get("checkpoints", {})
-        did = f["evidence"].get("cause") or ""
+        parts = []
         if f["kind"] == "hang":
-            did = ("named " if f.get("named") else "NOT named ") + f"rank {f['detail'].get('rank')}" + \
-                  (f" after {f['detail']['hang_after_s']:.0f} s" if f["detail"].get("hang_after_s") else "")
-        kinds = sorted({n.split()[0] for n in f["evidence"].get("notices", [])})
-        if kinds and f["kind"] != "hang":
-            did = ", ".join(([did] if did else []) + kinds)
-        out.append([str(i), f["kind"], str(f["node"]), f["run_no"], f"{f['at_s'] / 60:.0f}:{f['at_s'] % 60:02.0f}",
+            parts.append(("named " if f.get("named") else "NOT named ") + f"rank {f['detail'].get('rank')}"
+                         + (f" after {f['detail']['hang_after_s']:.0f} s" if f["detail"].get("hang_after_s") else "")
+                         + (f", stacks {f['detail']['stacks']}" if f["detail"].get("stacks") else ""))
+        else:
+            parts += list(dict.fromkeys(n.split()[0] for n in f["evidence"].get("notices", [])))  # in order said
+        if f["outcome"] in ("restarted", "failed"):
+            parts.append(f"attempt ended: {f['evidence'].get('cause') or 'node failed'}")
+        did = "; ".join(parts)
+        out.append([str(i), f["kind"], str(f["node"]), f["run_no"], f"{int(f['at_s'] // 60)}:{int(f['at_s'] % 60):02d}",
                     f"{f['duration']:.0f} s", f["outcome"], did or "-", str(f.get("steps_lost") or 0),
                     f"{sum(1 for v in ck.values() if v is None)}/{len(ck)}",
                     str(sum(len(p) for p in r.get("orphans", {}).values())) if r else "-"])
@@ -241,5 +292,6 @@ def totals_lines(t: dict) -> list[str]:
         f"hangs injected: {t['hangs_injected']}, named (node and rank): {t['hangs_named']}",
         f"steps trained again after relaunches: {t['steps_lost']}; checkpoints intact: "
         f"{t['checkpoints_intact']}/{t['checkpoints']}; orphans left: {t['orphans']}",
-        f"runs: {t['runs']} ({t['runs_ok']} finished ok)",
+        f"runs: {t['runs']} ({t['runs_ok']} finished ok); notices that answered no fault: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(t["notices_answering_no_fault"].items())) or "none"),
     ]

@@ -57,15 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seeds the faults, the nodes hit, the gaps and durations")
     p.add_argument("--faults", default=",".join(cf.KINDS),
                    help=f"the kinds to inject, comma-separated, of: {', '.join(cf.KINDS)}")
-    p.add_argument("--gap", type=float, nargs=2, default=(3.0, 15.0), metavar=("MIN", "MAX"),
+    p.add_argument("--gap", type=float, nargs=2, default=(2.0, 8.0), metavar=("MIN", "MAX"),
                    help="seconds between one fault's effects settling and the next fault")
     p.add_argument("--ssh-seconds", type=float, nargs=2, default=(10.0, 60.0), metavar=("MIN", "MAX"),
                    help="how long an SSH cut lasts")
     p.add_argument("--throttle-seconds", type=float, nargs=2, default=(20.0, 45.0), metavar=("MIN", "MAX"),
                    help="how long a CPU throttle lasts")
     p.add_argument("--throttle-percent", type=int, default=10, help="the throttled node's CPU cap, %% of one CPU")
-    p.add_argument("--steps", type=int, default=300, help="max_steps of each run")
-    p.add_argument("--save-steps", type=int, default=10, help="a checkpoint every this many steps")
+    p.add_argument("--steps", type=int, default=2000, help="max_steps of each run")
+    p.add_argument("--save-steps", type=int, default=20, help="a checkpoint every this many steps")
     p.add_argument("--restarts", type=int, default=5, help="training.restarts of each run (at least 2)")
     p.add_argument("--unreachable-timeout", type=int, default=45, help="monitor.unreachable_timeout, seconds")
     p.add_argument("--on-unreachable", choices=("stop", "keep"), default="stop", help="monitor.on_unreachable")
@@ -99,10 +99,23 @@ class Soak:
         self.a, self.field, self.evidence = args, field, evidence
         self.rng = random.Random(args.seed)
         self.stop = threading.Event()
+        self.done = threading.Event()  # the soak is over (ends keep_reachable)
         self.faults: list[dict] = []
         self.runs: list[dict] = []
         self.t0 = time.time()
         self.deadline = time.monotonic() + args.minutes * 60
+
+    def keep_reachable(self) -> None:
+        """Every second while the soak runs: the login user's search permission on the directories above this
+        Python, set again. field_run sets it at the start and restores the old modes at its end; another
+        FieldCluster on the same machine (a test run beside the soak) restores them at its own end, and
+        every node's next launch would then fail with "Permission denied" for a reason the soak did not inject."""
+        from field_run import _traversable
+
+        while not self.done.wait(1.0):
+            for path in (os.path.realpath(sys.executable), os.path.join(sys.base_prefix, "lib")):
+                for d, mode in _traversable(path).items():
+                    self.field._modes.setdefault(d, mode)
 
     def say(self, text: str) -> None:
         print(f"[{(time.time() - self.t0) / 60:5.1f} min] {text}", file=sys.stderr, flush=True)
@@ -116,7 +129,8 @@ class Soak:
                                  save_total_limit=None, restarts=a.restarts,
                                  monitor={"unreachable_timeout": a.unreachable_timeout,
                                           "on_unreachable": a.on_unreachable, "hang_timeout": a.hang_timeout,
-                                          "on_hang": a.on_hang})
+                                          "on_hang": a.on_hang},
+                                 env={"PYTHONPATH": str(ROOT)})  # the nodes run this checkout's worker
 
     # ------------------------------------------------------------ one fault
     def draw(self) -> dict:
@@ -198,7 +212,11 @@ class Soak:
         for f in mine:
             d = f.to_dict()
             d["outcome"], d["evidence"] = cr.classify(d, attempts, notices)
-            d["named"] = cr.hang_named(d, notices) if f.kind == "hang" else None
+            named = cr.naming_hang(d, notices) if f.kind == "hang" else None
+            d["named"] = None if f.kind != "hang" else named is not None
+            if named is not None:  # the stacks directory, as the notice names it (under the run directory)
+                where = Path(str((named.get("details") or {}).get("stacks") or ""))
+                d["detail"]["stacks"] = cr.stacks_answered(live.run_dir / "stacks" / where.name)
             nxt = d["evidence"].get("attempt")
             d["steps_lost"] = lost.get(nxt + 1, 0) if d["outcome"] == "restarted" and nxt else 0
             d["run_no"], d["at_s"] = str(k), d["at"] - self.t0
@@ -217,6 +235,7 @@ class Soak:
                "attempts": attempts, "steps_lost": lost, "checkpoints": checkpoints,
                "every_step_once": cr.every_step_once(attempts, metrics), "orphans": orphans,
                "healthy_killed": healthy_killed, "unexplained": unexplained,
+               "unanswering": cr.unanswering(fdicts, notices),
                "notices": [{k2: n.get(k2) for k2 in ("kind", "node", "at", "attempt", "text")} for n in notices]}
         self.faults += fdicts
         self.runs.append(run)
@@ -226,10 +245,16 @@ class Soak:
                  + (f"; DAMAGED checkpoints {bad}" if bad else "") + (f"; {healthy_killed}" if healthy_killed else ""))
 
     def run(self) -> None:
+        keeper = threading.Thread(target=self.keep_reachable, name="keep-reachable", daemon=True)
+        keeper.start()
         k = 0
-        while self.time_left():
-            k += 1
-            self.one_run(k)
+        try:
+            while self.time_left():
+                k += 1
+                self.one_run(k)
+        finally:
+            self.done.set()
+            keeper.join(10)
 
 
 def cf_no_job_left(cluster) -> dict:
