@@ -18,7 +18,7 @@ from .advice_core import (  # noqa: F401 - the names users of the advice import 
     NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix, Level,
     Rule, _gb, apply_fix, make_context, rule,
 )
-from .estimate import estimate_step, max_micro_batch
+from .estimate import estimate_step, max_micro_batch, nodes_worth_it
 from .facts import ClusterFacts
 from .preset import Preset
 
@@ -178,9 +178,7 @@ def ckpt_unneeded(c: Context) -> Iterable[Advice]:
     on, off = c.memory(), c.memory(gradient_checkpointing=False)
     if off.total > CKPT_OFF_HEADROOM * gib:
         return
-    kw = c.step_kwargs()
-    s_on = estimate_step(c.spec, c.t, c.nodes, c.gpus_per_node(), c.bandwidth_gbps, **kw)
-    s_off = estimate_step(c.spec, c.t, c.nodes, c.gpus_per_node(), c.bandwidth_gbps, gradient_checkpointing=False, **kw)
+    s_on, s_off = c.step_here(), c.step_here(gradient_checkpointing=False)
     yield Advice("info", "CKPT_UNNEEDED",
                  f"gradient checkpointing is on but {_gb(off.total)} of {_gb(gib)} would fit without it "
                  f"(now {_gb(on.total)}); off is ~{s_on.step_time_s / s_off.step_time_s - 1:.0%} faster per step",
@@ -193,16 +191,14 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
     between nodes; 0.95x plain DDP for 7B LoRA on one H200), CPU offload steps the optimizer on the host, ZeRO-2
     copies gradients into its partitions (0.98x). Where the model states fit every GPU without ZeRO, plain DDP is said only where the
     estimate, network included, has it clearly faster."""
-    if not _memory_rules_apply(c) or c.t.zero_stage is None:
-        return
+    if not _memory_rules_apply(c) or c.t.zero_stage is None or not c.speed_known:
+        return  # with the link between nodes or the GPU unknown, "faster" would be a guess
     gib = c.gpu_memory_gib
     assert gib is not None and c.spec is not None
     ddp_mem = c.memory(zero_stage=None, offload="none")
     if not ddp_mem.fits(gib) or ddp_mem.total > MEMORY_TIGHT * gib:
         return  # DeepSpeed's partitioning is what makes it fit (or leaves the headroom): keep it
-    kw, g = c.step_kwargs(), c.gpus_per_node()
-    ds = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, **kw)
-    ddp = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, zero_stage=None, offload="none", **kw)
+    ds, ddp = c.step_here(), c.step_here(zero_stage=None, offload="none")
     if ds.step_time_s < DDP_FASTER * ddp.step_time_s:
         return
     changes: dict[str, Any] = {"training.zero_stage": None}
@@ -216,23 +212,30 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
                  + ", "
                  f"yet without ZeRO the model fits each GPU ({_gb(ddp_mem.total)} of {_gb(gib)}): plain DDP is "
                  f"estimated ~{ds.step_time_s / ddp.step_time_s:.1f}x faster per step "
-                 f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s)",
+                 f"(~{ddp.tokens_per_second:,.0f} against ~{ds.tokens_per_second:,.0f} tokens/s"
+                 + (f"; {c.bandwidth_gbps:.3g} Gbit/s between nodes, {c.bandwidth.source}" if c.nodes > 1 else "")
+                 + ")",
                  Fix("Plain DDP (no ZeRO)", changes))
 
 
 # ---------------------------------------------------------------- network and scaling
 
+def _secs(x: float) -> str:
+    """A duration readable from a tiny model's milliseconds to a large one's seconds."""
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.1f} s"
+
+
 @rule
 def zero3_slow_link(c: Context) -> Iterable[Advice]:
-    if c.spec is None or c.t.zero_stage != 3 or c.nodes < 2 or c.bandwidth_gbps is None or c.cpu:
+    if c.spec is None or c.t.zero_stage != 3 or c.nodes < 2 or not c.bandwidth.known or c.cpu:
         return
-    kw, g = c.step_kwargs(), c.gpus_per_node()
-    z3 = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, **kw)
-    z2 = estimate_step(c.spec, c.t, c.nodes, g, c.bandwidth_gbps, zero_stage=2, **kw)
+    z3, z2 = c.step_here(), c.step_here(zero_stage=2)
     if z3.step_time_s < ZERO3_SLOWER * z2.step_time_s:
         return
-    msg = (f"ZeRO-3 across {c.nodes} nodes at {c.bandwidth_gbps:g} Gbit/s: ~{z3.step_time_s:.1f} s/step "
-           f"({z3.exposed_comm_s:.1f} s waiting on the network); ZeRO-2 would take ~{z2.step_time_s:.1f} s/step")
+    gpu = c.gpu.name if c.gpu else "GPUs of unknown type, figured as H100s"
+    msg = (f"ZeRO-3 across {c.nodes} nodes at {c.bandwidth_gbps:.3g} Gbit/s ({c.bandwidth.source}), {gpu}: "
+           f"~{_secs(z3.step_time_s)}/step ({_secs(z3.exposed_comm_s)} waiting on the network); ZeRO-2 would take "
+           f"~{_secs(z2.step_time_s)}/step")
     fix: Optional[Fix] = Fix("Use ZeRO-2", {"training.zero_stage": 2})
     if c.gpu_memory_gib is not None:
         m2 = c.memory(zero_stage=2)
@@ -262,10 +265,32 @@ def low_bandwidth(c: Context) -> Iterable[Advice]:
             fix = Fix("Let NCCL use InfiniBand", {"network.nccl_ib_disable": False})
         extra = ""
         if c.spec is not None and not c.cpu:
-            s = estimate_step(c.spec, c.t, c.nodes, c.gpus_per_node(), bw, **c.step_kwargs())
-            extra = f": {s.comm_bytes_per_gpu / 1e9:.2f} GB per GPU per step takes {s.comm_s:.1f} s"
+            s = estimate_step(c.spec, c.t, c.nodes, c.gpus_per_node(), bw, world_size=c.preset.world_size,
+                              **c.step_kwargs())
+            b = s.comm_bytes_per_gpu
+            size = f"{b / 1e9:.3g} GB" if b >= 1e9 else f"{b / 1e6:.3g} MB"
+            extra = f": {size} per GPU per step takes {_secs(s.comm_s)}"
         yield Advice("warning", "LOW_BANDWIDTH",
                      f"node {i} to the master measured {bw:g} Gbit/s, under {LOW_BANDWIDTH_GBPS:g}{extra}", fix, node=i)
+
+
+@rule
+def nodes_past_worth(c: Context) -> Iterable[Advice]:
+    """More nodes than the model says pay for themselves: past that count, a node's GPUs add less than half of
+    what each GPU does alone (estimate.nodes_worth_it), at the link's bandwidth and its source."""
+    if c.spec is None or c.cpu or c.nodes < 2 or not c.speed_known:
+        return
+    g = c.gpus_per_node()
+    worth = nodes_worth_it(c.spec, c.t, g, c.bandwidth_gbps, limit=c.nodes, **c.step_kwargs())
+    if worth is None or worth >= c.nodes:
+        return
+    yield Advice("warning", "NODES_PAST_WORTH",
+                 f"past {worth} node(s) each further node adds less than half its GPUs' worth at "
+                 f"{c.bandwidth_gbps:.3g} Gbit/s between nodes ({c.bandwidth.source}"
+                 + (", a lower bound" if c.bandwidth.lower_bound else "")
+                 + f"): {c.nodes} nodes are estimated at ~{c.step_here().tokens_per_second:,.0f} tokens/s",
+                 Fix(f"Use {worth} node(s)", hint=f"drop nodes past {worth}, or get a faster link between them "
+                     "(more NICs for NCCL, InfiniBand/RoCE)"))
 
 
 @rule

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Optional
 
 from .estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
+from .estimate_comm import Bandwidth, resolve_bandwidth
 from .facts import ClusterFacts, NodeFacts
 from .modelspec import ModelSpec, UnknownModel, resolve_model
 from .preset import Preset
@@ -71,9 +72,19 @@ class Context:
     gpu: Optional[GPUSpec]  # for FLOPs and intra-node bandwidth
     gpu_memory_gib: Optional[float]  # smallest GPU's memory; None = unknown
     gpu_memory_where: str
-    bandwidth_gbps: Optional[float]
+    bandwidth: Bandwidth  # between nodes: per-node bus bandwidth and its source (estimate_comm.resolve_bandwidth)
     efficiency: Optional[float]  # None: the worker path's (estimate.path_efficiency)
     cpu: bool
+    intra_node_gbs: Optional[float] = None  # NCCL bus bandwidth inside a node, GB/s (None: the GPU table's)
+
+    @property
+    def bandwidth_gbps(self) -> Optional[float]:
+        return self.bandwidth.gbps
+
+    @property
+    def speed_known(self) -> bool:
+        """Step time and tokens/s can be said for this cluster: a GPU type, and a link when there are nodes."""
+        return self.gpu is not None and not self.cpu and (self.nodes == 1 or self.bandwidth.known)
 
     @property
     def nodes(self) -> int:
@@ -94,18 +105,43 @@ class Context:
         return estimate_memory(self.spec, self.t, self.preset.world_size, **overrides)
 
     def step_kwargs(self) -> dict[str, Any]:
+        """The GPU's figures for estimate_step. With the GPU type unknown these are an H100's: a caller shows no
+        speed then (speed_known), and a rule compares two estimates only."""
         g = self.gpu or GPUS["H100"]
-        return dict(gpu_tflops=g.bf16_tflops, efficiency=self.efficiency, intra_node_gbs=g.intra_node_gbs,
-                    hbm_gbs=g.hbm_gbs)
+        return dict(gpu_tflops=g.bf16_tflops, efficiency=self.efficiency,
+                    intra_node_gbs=self.intra_node_gbs or g.intra_node_gbs, hbm_gbs=g.hbm_gbs)
+
+    def step_here(self, **overrides: Any):
+        """estimate_step for this preset's own cluster (its nodes, its real GPU count)."""
+        from .estimate import estimate_step
+
+        assert self.spec is not None
+        return estimate_step(self.spec, self.t, self.nodes, self.gpus_per_node(), self.bandwidth_gbps,
+                             world_size=self.preset.world_size, **{**self.step_kwargs(), **overrides})
 
     def gpus_per_node(self) -> int:
         return max(n.gpus for n in self.preset.cluster.nodes)
 
 
+def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> Optional[float]:
+    """The slowest node's GPU bus from its probed topology (NVSwitch, NVLink or PCIe: nodes/topology.py), in GB/s;
+    None where no node of several GPUs has a topology."""
+    from .nodes.topology import node_intra_bus
+
+    nodes = preset.cluster.nodes
+    buses = [node_intra_bus(nf, nodes[i].gpus) for i, nf in facts.nodes.items() if i < len(nodes)]
+    known = [b.gbs for b in buses if b is not None]
+    return min(known) if known else None
+
+
 def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: Optional[ModelSpec] = None,
                  gpu: Optional[str | GPUSpec] = None, gpu_memory_gib: Optional[float] = None,
                  bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
-                 base_dir: Optional[str] = None) -> Context:
+                 base_dir: Optional[str] = None, nic_gbps: Optional[float] = None, nics: Optional[int] = None,
+                 intra_node_gbs: Optional[float] = None) -> Context:
+    """What the rules look at. bandwidth_gbps: per-node bus bandwidth between nodes (overrides the facts);
+    nic_gbps x nics: the NICs NCCL uses, when no bus bandwidth is known; intra_node_gbs: NCCL bus bandwidth
+    inside a node in GB/s (from the node's GPU topology; default: the GPU table's)."""
     spec_error = None
     if spec is None:
         try:
@@ -120,17 +156,21 @@ def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: 
         probed = [(nf.gpu_memory_gib, i, nf) for i, nf in facts.nodes.items() if nf.gpus]
         if any(nf.gpus == [] for nf in facts.nodes.values()):
             cpu = True
-        if probed and mem is None:
-            mem, i, nf = min(probed, key=lambda x: x[0])
-            where = f"{nf.gpu_model} on node {i}"
-            if gspec is None:
+        if probed:
+            low, i, nf = min(probed, key=lambda x: x[0])
+            if mem is None:
+                mem, where = low, f"{nf.gpu_model} on node {i}"
+            if gspec is None:  # the probed type, also where the memory was given
                 gspec = gpu_spec(nf.gpu_model or "", nf.gpus[0].memory_total_mib)
     if mem is None and gspec is not None:
         mem, where = gspec.memory_gib, gspec.name
-    if bandwidth_gbps is None and facts is not None:
-        bandwidth_gbps = facts.min_bandwidth_gbps()
+    bw = resolve_bandwidth(facts, given_gbps=bandwidth_gbps, nic_gbps=nic_gbps, nics=nics,
+                           ib_disabled=bool(preset.network.nccl_ib_disable))
+    if intra_node_gbs is None and facts:
+        intra_node_gbs = probed_intra_node_gbs(preset, facts)
     return Context(preset=preset, facts=facts, spec=spec, spec_error=spec_error, gpu=gspec, gpu_memory_gib=mem,
-                   gpu_memory_where=where, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, cpu=cpu)
+                   gpu_memory_where=where, bandwidth=bw, efficiency=efficiency, cpu=cpu,
+                   intra_node_gbs=intra_node_gbs)
 
 
 def _gb(x: float) -> str:

@@ -177,7 +177,7 @@ EXAMPLES = {
     "show": "qwen-tui show presets/local-demo.yaml",
     "check": "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --bandwidth-seconds 5 --out facts.json",
     "keys": "qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml --accept-new-host-keys",
-    "estimate": "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100",
+    "estimate": "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100 --nic-gbps 400 --nics 8",
     "data": "qwen-tui data presets/local-demo.yaml",
     "merge": "qwen-tui merge runs/<id>",
     "chat": "qwen-tui chat runs/<id> --prompt 'What is the capital of Chile?'",

@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from .estimate import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS
-from .estimate_report import build_report
+from .estimate_comm import NIC_EFFICIENCY
+from .estimate_report import NODES_WORTH_LIMIT, build_report
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -22,11 +23,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU needed)")
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
-    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check (ClusterFacts.to_dict())")
+    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from `qwen-tui check --out FILE` (its rehearsal's all-reduce bandwidth, GPUs, "
+                   "InfiniBand ports, iperf3 links)")
     p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
                    help="GPU model when there are no probe facts (any case: h100 is H100)")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
-    p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s (overrides the facts)")
+    p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS",
+                   help="per-node bus bandwidth between nodes, Gbit/s: what NCCL's all-reduce reaches across the "
+                   "nodes (nccl-tests' busbw in GB/s, x 8), about the sum of the NICs NCCL uses on a node, not one "
+                   "link's speed (overrides the facts)")
+    p.add_argument("--nic-gbps", type=float, metavar="GBPS",
+                   help=f"line rate of one NIC NCCL uses between nodes (e.g. 400 for NDR), with --nics; the estimate "
+                   f"takes {NIC_EFFICIENCY} of rate x count as the bus bandwidth (used when no rehearsal measured it)")
+    p.add_argument("--nics", type=int, default=None, metavar="N", help="NICs per node NCCL uses (with --nic-gbps; "
+                   "default 1)")
+    p.add_argument("--intra-node-gbs", type=float, metavar="GBS",
+                   help="NCCL bus bandwidth inside a node, GB/s (default: the GPU type's, e.g. H100 NVLink 360; "
+                   "PCIe-only nodes ~25)")
     p.add_argument("--efficiency", type=float, default=None,
                    help=f"model FLOPs utilisation assumed for compute time (default: the worker's as measured on an "
                    f"H200: {FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
@@ -46,6 +59,10 @@ def gpu_name(text: str) -> str:
     return {name.lower(): name for name in GPUS}.get(text.strip().lower(), text)
 
 
+def _secs(x: float) -> str:
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.2f} s"
+
+
 def _yaml(v: Any) -> str:
     """A fix's value as the preset file spells it (null, true, 'none')."""
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v)
@@ -57,13 +74,17 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
 
     con = Console()
     gpu = report["gpu"]
+    bw = report["bandwidth"]
+    link = (f"between nodes {bw['gbps']:.4g} Gbit/s ({bw['detail']})" if bw["gbps"]
+            else "between nodes: not measured")
     if report["cpu"]:
         con.print(f"[bold]{preset_path}[/]: {report['world_size']} CPU process(es) on {report['nodes']} node(s); "
-                  "no step-time estimate (it models GPUs and their links only)")
+                  "no step-time estimate (it models GPUs and their links only)"
+                  + (f"; {link}" if bw["gbps"] else ""), highlight=False)
     else:
         con.print(f"[bold]{preset_path}[/]: {report['world_size']} GPU(s) on {report['nodes']} node(s); "
-                  f"GPU {gpu['name'] or '?'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'}); "
-                  f"link {str(report['bandwidth_gbps']) + ' Gbit/s' if report['link_measured'] else 'not measured'}")
+                  f"GPU {gpu['name'] or 'unknown'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'})"
+                  + (f"; {link}" if report["nodes"] > 1 or bw["gbps"] else ""), highlight=False)
     if report["error"]:
         con.print(f"[yellow]{report['error']}[/]")
     m = report["gpu_memory_gb"]
@@ -82,22 +103,32 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                       f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
     s = report["step"]
     if s is not None:
-        comm = (f"communication {s['comm_s']:.2f} s ({s['exposed_comm_s']:.2f} s not hidden)"
-                if report["link_measured"] or report["nodes"] == 1 else "communication between nodes not measured")
+        comm = f"communication {_secs(s['comm_s'])} ({_secs(s['exposed_comm_s'])} not hidden)"
         con.print(f"step: {report['tokens_per_step']:,} tokens, compute {s['compute_s']:.2f} s, {comm}, "
                   f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "
                   f"(efficiency {report['efficiency']} assumed)")
-        st = Table(title="Scaling (same micro-batch per GPU)")
+    elif not report["cpu"] and report["gpu_memory_gb"]:
+        con.print(f"step: {report['tokens_per_step']:,} tokens; s/step and tokens/s [yellow]unknown[/]",
+                  highlight=False)
+    if not report["cpu"] and report["gpu_memory_gb"]:
+        for why in report["speed_unknown"]:
+            con.print(f"[yellow]{why}[/]", highlight=False)
+    if report["scaling_efficiency"]:
+        st = Table(title="Scaling (same micro-batch per GPU)"
+                   + (f"; bandwidth between nodes from {bw['source']}" if bw["gbps"] else ""))
         for col in ("nodes", "s/step", "tokens/s", "efficiency", "no overlap"):
             st.add_column(col, justify="right")
-        pct = lambda x: "not measured" if x is None else f"{x:.0%}"  # noqa: E731
+        pct = lambda x: "unknown" if x is None else f"{x:.0%}"  # noqa: E731
         for p in report["scaling_efficiency"]:
-            st.add_row(str(p["nodes"]), f"{p['step_time_s']:.2f}", f"{p['tokens_per_second']:,.0f}",
+            st.add_row(str(p["nodes"]), "unknown" if p["step_time_s"] is None else f"{p['step_time_s']:.2f}",
+                       "unknown" if p["tokens_per_second"] is None else f"{p['tokens_per_second']:,.0f}",
                        pct(p["scaling_efficiency"]), pct(p["efficiency_no_overlap"]))
         con.print(st)
-        if not report["link_measured"]:
-            con.print("[yellow]link between nodes not measured:[/] efficiency past one node needs it: pass "
-                      "--bandwidth-gbps, or --facts from `qwen-tui check`", highlight=False)
+        worth = report["nodes_worth_it"]
+        if worth is not None:
+            con.print(f"worth it up to {worth} node(s)" + (" (the most checked)" if worth >= NODES_WORTH_LIMIT else "")
+                      + ": past that a node adds less than half its GPUs' worth", highlight=False)
+    if s is not None or report["scaling_efficiency"]:
         rec = report["recommended"]
         if rec["micro_batch"] is not None:
             con.print(f"recommended: micro-batch up to {rec['micro_batch']}, gradient checkpointing "
@@ -127,12 +158,23 @@ def run(args: argparse.Namespace) -> int:
     if args.facts:
         try:
             with open(args.facts, encoding="utf-8") as f:
-                facts = ClusterFacts.from_dict(json.load(f))
-        except (OSError, ValueError, TypeError) as e:
+                data = json.load(f)
+            # ClusterFacts.to_dict(), or the whole `qwen-tui check --json/--out` result that holds it
+            facts = ClusterFacts.from_dict(data["facts"] if isinstance(data.get("facts"), dict) else data)
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
             return 2
+    for name in ("bandwidth_gbps", "nic_gbps", "nics", "intra_node_gbs"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            print(f"qwen-tui: --{name.replace('_', '-')} must be positive, got {v:g}", file=sys.stderr)
+            return 2
+    if args.nics is not None and args.nic_gbps is None:
+        print("qwen-tui: --nics needs --nic-gbps (the rate of one NIC)", file=sys.stderr)
+        return 2
     report = build_report(preset, facts, gpu=args.gpu, gpu_memory_gib=args.gpu_memory_gib,
-                          bandwidth_gbps=args.bandwidth_gbps, efficiency=args.efficiency, max_nodes=args.max_nodes)
+                          bandwidth_gbps=args.bandwidth_gbps, efficiency=args.efficiency, max_nodes=args.max_nodes,
+                          nic_gbps=args.nic_gbps, nics=args.nics, intra_node_gbs=args.intra_node_gbs)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Optional
 
 from .advice import Advice, Fix, make_context
-from .estimate import estimate_step
+from .estimate_comm import MEASURE_HINT
 from .facts import ClusterFacts
 from .nodes.json_tool import run_json_tool
 from .nodes.transport import Transport
@@ -65,9 +65,13 @@ def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, g
         return None, "no speed estimate for CPU processes (the estimate models GPUs)"
     if c.spec is None:
         return None, f"no speed estimate: {c.spec_error}"
-    step = estimate_step(c.spec, preset.training, len(preset.cluster.nodes), c.gpus_per_node(), c.bandwidth_gbps,
-                         **c.step_kwargs())
-    return step.tokens_per_second, f"estimate on {(c.gpu.name if c.gpu else 'H100')} GPUs"
+    if c.gpu is None:
+        return None, "no speed estimate: GPU type unknown (pass --gpu, or probe the nodes)"
+    if not c.speed_known:
+        return None, "no speed estimate: link between nodes not measured (" + MEASURE_HINT + ")"
+    step = c.step_here()
+    where = f", {c.bandwidth.source} bandwidth between nodes" if c.nodes > 1 else ""
+    return step.tokens_per_second, f"estimate on {c.gpu.name} GPUs{where}"
 
 
 def build_report(counts: dict[str, Any], preset: Preset, tps: Optional[float], tps_source: str = "") -> dict[str, Any]:

@@ -86,22 +86,16 @@ Step time (`estimate_step`, `scaling`)
   run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
   tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
-  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters).
-- Communication per optimizer step (Rajbhandari et al. 2020, ZeRO, section 7;
-  NCCL's nccl-tests PERFORMANCE.md for bus bandwidth): all-reduce moves
-  2(N-1)/N x S bytes per rank, reduce-scatter and all-gather (N-1)/N x S, at the
-  bus bandwidth: the measured link between nodes when there are several nodes
-  (a ring crosses each node's link once per pass), NVLink/PCIe inside one.
-  DDP all-reduces the gradients once per step (no_sync while accumulating);
-  ZeRO-2 reduce-scatters the bf16 gradients every micro-batch and all-gathers the
-  updated bf16 weights once per step; ZeRO-3 all-gathers the bf16 weights in
-  forward and in backward (and again in the recompute with checkpointing) and
-  reduce-scatters the gradients, every micro-batch. LoRA communicates only the
-  adapters' gradients, except that ZeRO-3 still gathers the frozen base.
-- Overlap: DDP and ZeRO-2 gradient reduction overlaps the backward of the same
-  micro-batch, ZeRO-3's gathers overlap forward and backward (prefetch); what
-  does not fit under the compute is exposed. ZeRO-2's weight all-gather after
-  the optimizer step is always exposed. Without overlap every byte waits.
+  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters). A micro-batch never takes less
+  than its host needs to issue it (estimate_comm.host_floor_s): tiny models are host-bound.
+- Communication (qwen_tui/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
+  2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
+  reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
+  ZeRO-3 all-gathers the weights (as stored: a 4-bit base packed) in forward, backward and the recompute and
+  reduce-scatters the gradients, every micro-batch. LoRA reduces only the adapters' gradients. Time per
+  collective is NCCL's latency (growing with the rank count) plus bytes over the bus bandwidth between nodes
+  (its source named) or inside one; overlap hides what fits under compute except the last bucket, the first
+  gather and every latency; the step waits for its slowest GPU.
 - Scaling: weak scaling, micro-batch and accumulation per GPU fixed;
   efficiency(n) = tokens/s on n nodes / (n x tokens/s on 1 node).
 """
@@ -423,14 +417,18 @@ class StepEstimate:
     flops_per_token: float
     compute_s: float
     comm_bytes_per_gpu: float  # bytes each rank sends per optimizer step (algorithm bytes x ring factor)
-    comm_s: float  # all communication, back to back
-    exposed_comm_s: float  # what overlap cannot hide
+    comm_s: float  # all communication, back to back (latency included)
+    exposed_comm_s: float  # what overlap cannot hide (every collective's latency included)
     optimizer_s: float
     step_time_s: float  # with overlap
     step_time_no_overlap_s: float
     tokens_per_second: float
     bus_gbps: float  # bandwidth the collectives run at, Gbit/s
     strategy: str  # ddp | zero2 | zero3
+    world_size: int = 1
+    latency_s: float = 0.0  # collectives' latency per step (part of exposed_comm_s)
+    interference_s: float = 0.0  # compute slowed by the collectives that run beside it
+    link_known: bool = True  # False: several nodes and no bandwidth between them; the figures assume NVLink
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -479,29 +477,39 @@ def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> f
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
                   bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
                   efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
-                  hbm_gbs: float = GPUS["H100"].hbm_gbs, **overrides: Any) -> StepEstimate:
-    """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring.
+                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: Optional[int] = None,
+                  **overrides: Any) -> StepEstimate:
+    """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
+    estimate_comm's.
 
-    bandwidth_gbps: link between nodes in Gbit/s (None: as fast as inside a node).
+    bandwidth_gbps: per-node all-reduce bus bandwidth between nodes, Gbit/s (estimate_comm.resolve_bandwidth).
+    None with several nodes: unknown; the figures then take the link as fast as inside a node and say so
+    (`link_known` False): a caller shows them as unknown.
+    intra_node_gbs: NCCL bus bandwidth inside a node, GB/s (the GPU table's, or the node's measured topology).
+    world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
     """
+    from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
+
     run = RunShape.of(training, **overrides)
     nodes, g = max(1, nodes), max(1, gpus_per_node)
-    world = nodes * g
+    world = max(1, int(world_size)) if world_size else nodes * g
+    nodes = min(nodes, world)
     lora = run.method in ("lora", "qlora")
     P = spec.total_params
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
     eff = effective_efficiency(run, efficiency)
     fpt = flops_per_token(spec, run)
-    micro_compute = run.tokens * fpt / (gpu_tflops * 1e12 * eff)
+    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
+    micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum
     passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
-    bwd_window = micro_compute * (passes - 1) / passes  # backward (with its recompute) follows one forward
+    fwd_window = micro_compute / passes
+    bwd_window = micro_compute - fwd_window  # backward (with its recompute) follows one forward
 
     intra = intra_node_gbs * 8  # Gbit/s
-    bus = intra if nodes == 1 else min(intra, bandwidth_gbps if bandwidth_gbps else intra)
-    Bps = bus * 1e9 / 8
-    ring = (world - 1) / world if world > 1 else 0.0
+    link_known = nodes == 1 or bool(bandwidth_gbps)
+    bus = intra if nodes == 1 or not bandwidth_gbps else min(intra, bandwidth_gbps)
     ds = run.zero_stage is not None and run.half
     strategy = "ddp" if not ds else f"zero{run.zero_stage}"
     gb = 2 if run.half else 4
@@ -509,39 +517,41 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
         gb = 4  # peft keeps adapters (and their gradients) in fp32
     elif not ds and run.master_fp32 is not False:
         gb = 4
-    if strategy == "ddp":
-        per_step_overlappable = 2 * ring * Pt * gb  # one all-reduce per step, under the last backward
-        exposed = max(0.0, per_step_overlappable / Bps - bwd_window)
-        total_bytes = per_step_overlappable
-    elif strategy == "zero2":
-        micro = ring * Pt * 2  # reduce-scatter of bf16 gradients, every micro-batch
-        gather = ring * Pt * 2  # updated bf16 weights, once per step, exposed
-        exposed = run.grad_accum * max(0.0, micro / Bps - bwd_window) + gather / Bps
-        total_bytes = run.grad_accum * micro + gather
+    if strategy == "zero3":
+        # ZeRO-3 gathers every weight as the module stores it: a 4-bit base at its packed size (QUANT_BYTES) with
+        # the rest in the run's half dtype; a bf16 base at 2 bytes.
+        if run.method == "qlora":
+            quantized = spec.layers * spec.layer_linear_params
+            weight_bytes = quantized * QUANT_BYTES.get(spec.quant_bits or 4, 0.52) + (P - quantized) * 2 + 2 * Pt
+            layer_bytes = spec.layer_linear_params * QUANT_BYTES.get(spec.quant_bits or 4, 0.52)
+        else:
+            weight_bytes = 2 * (P + (Pt if lora else 0))
+            layer_bytes = 2 * spec.layer_params
     else:
-        gathers = 3 if run.gradient_checkpointing else 2
-        micro = ring * (gathers * P * 2 + Pt * 2)
-        exposed = run.grad_accum * max(0.0, micro / Bps - micro_compute)
-        total_bytes = run.grad_accum * micro
-    comm = total_bytes / Bps if world > 1 else 0.0
-    if world == 1:
-        exposed = 0.0
+        weight_bytes, layer_bytes = 2 * Pt, 0.0
+    gathers = (3 if run.gradient_checkpointing else 2) if strategy == "zero3" else 0
+    cm = step_comm(strategy, world=world, nodes=nodes, bus_Bps=bus * 1e9 / 8, intra=intra_kind(intra_node_gbs),
+                   grad_accum=run.grad_accum, layers=spec.layers, grad_bytes=Pt * gb, param_bytes=weight_bytes,
+                   layer_param_bytes=layer_bytes, gathers_per_micro=gathers, fwd_window=fwd_window,
+                   bwd_window=bwd_window)
 
-    # AdamW touches param, grad, m, v (read + write, fp32): 32 bytes per trainable parameter of this rank.
+    # AdamW touches param, grad, m, v (read + write, fp32): 32 bytes per trainable parameter of this rank. Without
+    # ZeRO every rank steps all of them: that part does not shrink with more GPUs.
     shard = Pt / world if ds else Pt
     opt = shard * 32 / (hbm_gbs * 1e9)
     if ds and run.offload != "none":
         opt = shard * g / CPU_ADAM_PARAMS_PER_S + shard * 4 / (PCIE_GBS * 1e9)
         if run.offload == "all" and run.zero_stage == 3:
             opt += run.grad_accum * (2 if run.gradient_checkpointing else 1) * 2 * P / world * 2 / (PCIE_GBS * 1e9)
-    step = compute + exposed + opt
-    step_no = compute + comm + opt
+    step = compute + cm.exposed_s + cm.interference_s + opt
+    step_no = compute + cm.total_s + opt
     tokens = run.tokens * run.grad_accum * world
     return StepEstimate(
         nodes=nodes, gpus_per_node=g, tokens_per_step=tokens, flops_per_token=fpt, compute_s=compute,
-        comm_bytes_per_gpu=total_bytes, comm_s=comm, exposed_comm_s=exposed, optimizer_s=opt,
+        comm_bytes_per_gpu=cm.bytes_per_gpu, comm_s=cm.total_s, exposed_comm_s=cm.exposed_s, optimizer_s=opt,
         step_time_s=step, step_time_no_overlap_s=step_no, tokens_per_second=tokens / step,
-        bus_gbps=bus, strategy=strategy,
+        bus_gbps=bus, strategy=strategy, world_size=world, latency_s=cm.latency_s,
+        interference_s=cm.interference_s, link_known=link_known,
     )
 
 
@@ -560,6 +570,25 @@ def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, 
                               step_time_no_overlap_s=s.step_time_no_overlap_s,
                               efficiency_no_overlap=tps_no / (n * base_no)))
     return out
+
+
+WORTH_SHARE = 0.5  # a node is worth adding while its GPUs add at least half of what each GPU does alone
+
+
+def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: Optional[float],
+                   limit: int = 64, **kwargs: Any) -> Optional[int]:
+    """The node count past which one more node adds less than WORTH_SHARE of a node's worth of tokens/s (its GPUs
+    at half their one-node speed), up to `limit` (returned when every node up to it is worth it). None when the
+    link between nodes is unknown."""
+    if not bandwidth_gbps:
+        return None
+    one = prev = estimate_step(spec, training, 1, gpus_per_node, bandwidth_gbps, **kwargs).tokens_per_second
+    for n in range(2, limit + 1):
+        tps = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs).tokens_per_second
+        if tps - prev < WORTH_SHARE * one:
+            return n - 1
+        prev = tps
+    return limit
 
 
 def round_sig(x: float, digits: int = 3) -> float:

@@ -9,9 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .advice import CKPT_OFF_HEADROOM, advise, make_context
-from .estimate import RunShape, effective_efficiency, estimate_memory, estimate_step, max_micro_batch, scaling
+from .estimate import RunShape, effective_efficiency, estimate_memory, max_micro_batch, nodes_worth_it, scaling
+from .estimate_comm import MEASURE_HINT
 from .facts import ClusterFacts
 from .preset import Preset
+
+
+NODES_WORTH_LIMIT = 64  # "how many nodes are worth it" is searched up to this many
 
 
 def _r(x: Optional[float], n: int = 3) -> Optional[float]:
@@ -21,22 +25,34 @@ def _r(x: Optional[float], n: int = 3) -> Optional[float]:
 def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = None,
                  gpu_memory_gib: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
                  efficiency: Optional[float] = None, max_nodes: Optional[int] = None,
-                 base_dir: Optional[str] = None) -> dict[str, Any]:
-    """The estimate as plain data (what --json prints)."""
+                 base_dir: Optional[str] = None, nic_gbps: Optional[float] = None, nics: Optional[int] = None,
+                 intra_node_gbs: Optional[float] = None) -> dict[str, Any]:
+    """The estimate as plain data (what --json prints). bandwidth_gbps: per-node bus bandwidth between nodes;
+    nic_gbps x nics: the NICs NCCL uses; intra_node_gbs: bus bandwidth inside a node, GB/s (topology facts)."""
     c = make_context(preset, facts, gpu=gpu, gpu_memory_gib=gpu_memory_gib, bandwidth_gbps=bandwidth_gbps,
-                     efficiency=efficiency, base_dir=base_dir)
+                     efficiency=efficiency, base_dir=base_dir, nic_gbps=nic_gbps, nics=nics,
+                     intra_node_gbs=intra_node_gbs)
     advice = advise(preset, facts, spec=c.spec, gpu=c.gpu, gpu_memory_gib=c.gpu_memory_gib,
-                    bandwidth_gbps=c.bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
+                    bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir, nic_gbps=nic_gbps,
+                    nics=nics, intra_node_gbs=intra_node_gbs)
     t, w = preset.training, preset.world_size
+    nodes = len(preset.cluster.nodes)
+    unknown = []
+    if not c.cpu and c.gpu is None:
+        unknown.append("GPU type unknown: pass --gpu, or --facts from `qwen-tui check`")
+    if not c.cpu and nodes > 1 and not c.bandwidth.known:
+        unknown.append("link between nodes not measured: " + MEASURE_HINT)
     report: dict[str, Any] = {
         "model": None, "error": None,
         "gpu": {"name": c.gpu.name if c.gpu else None, "memory_gib": _r(c.gpu_memory_gib),
                 "source": c.gpu_memory_where or None},
-        "world_size": w, "nodes": len(preset.cluster.nodes), "bandwidth_gbps": c.bandwidth_gbps, "cpu": c.cpu,
-        "link_measured": c.bandwidth_gbps is not None,
+        "world_size": w, "nodes": nodes, "bandwidth_gbps": _r(c.bandwidth_gbps), "cpu": c.cpu,
+        "link_measured": c.bandwidth.known,
+        "bandwidth": c.bandwidth.to_dict(),
+        "speed_unknown": unknown,
         "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
-        "step": None, "scaling_efficiency": [],
+        "step": None, "scaling_efficiency": [], "nodes_worth_it": None,
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
         "advice": [a.to_dict() for a in advice],
     }
@@ -52,23 +68,30 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
     if c.cpu:
         # The step-time model is one of GPU FLOPs and links: for CPU processes its figures would be fiction.
         return report
-    g = max(n.gpus for n in preset.cluster.nodes)
+    g = c.gpus_per_node()
     kw = c.step_kwargs()
-    n_max = max_nodes or max(4, len(preset.cluster.nodes))
-    points = scaling(spec, t, n_max, g, c.bandwidth_gbps, **kw)
-    step = estimate_step(spec, t, len(preset.cluster.nodes), g, c.bandwidth_gbps, **kw)
-    report["step"] = {k: (_r(v, 4) if isinstance(v, float) else v) for k, v in step.to_dict().items()}
-    report["step_time_s"] = _r(step.step_time_s)
-    report["tokens_per_second"] = round(step.tokens_per_second, 1)
-    report["tokens_per_step"] = step.tokens_per_step
-    report["scaling_efficiency"] = [{k: (_r(v) if isinstance(v, float) else v) for k, v in p.to_dict().items()}
-                                    for p in points]
-    if c.bandwidth_gbps is None:
-        # Unmeasured, the model takes the link as fast as inside a node: "100 % of linear" would be a guess
-        # dressed as a result. One node needs no link, so its point stays.
-        for p in report["scaling_efficiency"]:
-            if p["nodes"] > 1:
-                p["scaling_efficiency"] = p["efficiency_no_overlap"] = None
+    report["tokens_per_step"] = t.per_device_train_batch_size * t.model_max_length * t.gradient_accumulation_steps * w
+    if c.gpu is not None:
+        # Speed needs the GPU's FLOPs; past one node, the link too. Unknown stays unknown (speed_unknown says how
+        # to learn it): an H100 or NVLink taken for granted would print a firm figure nobody measured.
+        n_max = max_nodes or max(4, nodes)
+        points = scaling(spec, t, n_max, g, c.bandwidth_gbps, **kw)
+        report["scaling_efficiency"] = [{k: (_r(v) if isinstance(v, float) else v) for k, v in p.to_dict().items()}
+                                        for p in points]
+        if not c.bandwidth.known:
+            for p in report["scaling_efficiency"]:
+                if p["nodes"] > 1:
+                    for k in ("step_time_s", "tokens_per_second", "scaling_efficiency", "step_time_no_overlap_s",
+                              "efficiency_no_overlap"):
+                        p[k] = None
+        else:
+            report["nodes_worth_it"] = nodes_worth_it(spec, t, g, c.bandwidth_gbps, limit=NODES_WORTH_LIMIT, **kw)
+    if c.speed_known:
+        step = c.step_here()
+        report["step"] = {k: (_r(v, 4) if isinstance(v, float) else v) for k, v in step.to_dict().items()}
+        report["step_time_s"] = _r(step.step_time_s)
+        report["tokens_per_second"] = round(step.tokens_per_second, 1)
+        report["tokens_per_step"] = step.tokens_per_step
     if c.gpu_memory_gib and not c.cpu:
         off = estimate_memory(spec, t, w, gradient_checkpointing=False)
         ckpt = not off.total <= CKPT_OFF_HEADROOM * c.gpu_memory_gib
@@ -93,17 +116,26 @@ class Summary:
     scaling: Optional[float] = None
     cpu: bool = False  # CPU processes (device cpu, or a probe found no GPUs): no GPU figures apply
     link_measured: bool = True
+    bandwidth_gbps: Optional[float] = None  # between nodes (per-node bus bandwidth)
+    bandwidth_source: str = ""  # where it came from: given, rehearsal, nics, ib-ports, iperf3, unknown
+    bandwidth_lower_bound: bool = False
+    nodes_worth_it: Optional[int] = None
     notes: list[str] = field(default_factory=list)
 
 
 def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
-            gpu: Optional[str] = None) -> Summary:
+            gpu: Optional[str] = None, intra_node_gbs: Optional[float] = None) -> Summary:
     """build_report's figures for this cluster size (the same numbers `qwen-tui estimate --json` prints).
-    gpu: the GPU type to assume where no probe says (the CLI's --gpu)."""
+    gpu: the GPU type to assume where no probe says (the CLI's --gpu); intra_node_gbs: NCCL bus bandwidth inside
+    a node, GB/s, where the nodes' topology says (default: the GPU type's)."""
     est = Summary(effective_batch=preset.effective_batch_size, batch_formula=preset.batch_formula)
-    r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd())
+    r = build_report(preset, facts, gpu=gpu, base_dir=base_dir or os.getcwd(), intra_node_gbs=intra_node_gbs)
     est.smallest_gpu_gib = (r.get("gpu") or {}).get("memory_gib")
     est.cpu, est.link_measured = bool(r.get("cpu")), bool(r.get("link_measured", True))
+    bw = r.get("bandwidth") or {}
+    est.bandwidth_gbps, est.bandwidth_source = bw.get("gbps"), str(bw.get("source") or "")
+    est.bandwidth_lower_bound = bool(bw.get("lower_bound"))
+    est.nodes_worth_it = r.get("nodes_worth_it")
     if r.get("error"):
         est.notes.append(str(r["error"]))
         return est
@@ -117,4 +149,9 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
         est.scaling = here.get("scaling_efficiency")
     if preset.training.device == "cpu":
         est.notes.append("device cpu: GPU memory and speed figures do not apply")
+    else:  # the wizard's own ways to learn what the speed needs (the CLI's are in the report)
+        if not r.get("cpu") and (r.get("gpu") or {}).get("name") is None:
+            est.notes.append("speed unknown: pick a GPU type, or probe the nodes")
+        elif len(preset.cluster.nodes) > 1 and not est.link_measured:
+            est.notes.append("speed across nodes unknown: measure the link between them (Network, F3)")
     return est

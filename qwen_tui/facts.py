@@ -148,7 +148,9 @@ class ClusterFacts:
     master_port_free: Optional[bool] = None
     shared_storage: Optional[bool] = None  # measured: output_dir is one filesystem on all nodes
     rehearsal_ok: Optional[bool] = None
-    rehearsal_bandwidth_gbps: Optional[float] = None
+    rehearsal_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth (nccl-tests' busbw), Gbit/s
+    rehearsal_size_mb: Optional[float] = None  # the message it was measured at
+    rehearsal_nodes: Optional[int] = None  # nodes it spanned (1: a bandwidth inside one node, not between nodes)
 
     def min_bandwidth_gbps(self) -> Optional[float]:
         vals = [lk.bandwidth_gbps for lk in self.links.values() if lk.bandwidth_gbps is not None]
@@ -163,7 +165,8 @@ class ClusterFacts:
         out = ClusterFacts.from_dict(self.to_dict())
         out.nodes.update(new.nodes)
         out.links.update(new.links)
-        for k in ("master_port_free", "shared_storage", "rehearsal_ok", "rehearsal_bandwidth_gbps"):
+        for k in ("master_port_free", "shared_storage", "rehearsal_ok", "rehearsal_bandwidth_gbps",
+                  "rehearsal_size_mb", "rehearsal_nodes"):
             v = getattr(new, k)
             if v is not None:
                 setattr(out, k, v)
@@ -192,4 +195,6 @@ class ClusterFacts:
             shared_storage=d.get("shared_storage"),
             rehearsal_ok=d.get("rehearsal_ok"),
             rehearsal_bandwidth_gbps=d.get("rehearsal_bandwidth_gbps"),
+            rehearsal_size_mb=d.get("rehearsal_size_mb"),
+            rehearsal_nodes=d.get("rehearsal_nodes"),
         )

@@ -31,6 +31,7 @@ from .events import (AlreadyEnded, CheckProgress, CheckResult, Checked, Connecte
                      Snapshot, Stage, Started, Stopping)
 from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
+from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
@@ -373,7 +374,7 @@ def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, passw
         return
     status = state.get("status")
     if status in FINAL:
-        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")))
+        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
         return
     try:
         preset = load_preset(rd.path / "preset.yaml")

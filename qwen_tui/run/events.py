@@ -82,6 +82,7 @@ class AlreadyEnded:
     run_id: str
     status: str
     message: str
+    notices: tuple[Notice, ...] = ()  # what the monitor noticed while it ran (a hang and its stacks, ...)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def say_notices(notices, shown: int, console: Console) -> int:
     are printed now in all."""
     for n in notices[shown:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(n.at)) if n.at else "--:--:--"
-        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")))
+        # one line whatever its length (the terminal wraps it): a log of replay keeps each notice whole
+        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")), soft_wrap=True)
     return max(shown, len(notices))
 
 
@@ -279,6 +280,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
     try:
         for ev in api.attach(Path(run_dir), conns, consent=accept_new_host_keys):
             if isinstance(ev, api.AlreadyEnded):
+                say_notices(ev.notices, 0, console)
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)

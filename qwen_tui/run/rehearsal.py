@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+from qwen_tui.estimate_comm import REHEARSAL_BUCKET_MB
 from qwen_tui.facts import ClusterFacts
 from qwen_tui.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.ib import nccl_transport
@@ -33,10 +34,10 @@ from qwen_tui.preset import Preset
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
 SNIPPET = r'''
-import datetime, json, os, sys, time
+import datetime, json, math, os, sys, time
 t0 = time.time()
 import torch, torch.distributed as dist
-size_mb, timeout = float(sys.argv[1]), int(sys.argv[2])
+size_mb, timeout, budget = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 backend = os.environ["QT_BACKEND"]
 dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
 met = time.time()
@@ -44,20 +45,31 @@ rank, world = dist.get_rank(), dist.get_world_size()
 dev = "cpu"
 if backend == "nccl":
     dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"; torch.cuda.set_device(dev)
-x = torch.ones(max(1, int(size_mb * 2**20 / 4)), device=dev)
+def sync():
+    if backend == "nccl": torch.cuda.synchronize()
+# A small all-reduce first: a slow link would take minutes at the full size. The size shrinks (and is reported)
+# so that one all-reduce stays within the budget; every rank agrees on it (the slowest rank's probe decides).
+probe = torch.ones(max(1, int(1 * 2**20 / 4)), device=dev)
+dist.all_reduce(probe); sync()
+t = time.time(); dist.all_reduce(probe); sync()
+rate = torch.tensor([probe.numel() * 4 / max(time.time() - t, 1e-6)], device=dev)
+dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+fit_mb = float(rate[0]) * budget / 2**20
+mb = size_mb if fit_mb >= size_mb else max(1.0, 2 ** int(math.log2(max(fit_mb, 1.0))))
+x = torch.ones(max(1, int(mb * 2**20 / 4)), device=dev)
 dist.all_reduce(x)
 n = 3
-if backend == "nccl": torch.cuda.synchronize()
+sync()
 t = time.time()
 for _ in range(n):
     dist.all_reduce(x)
-if backend == "nccl": torch.cuda.synchronize()
+sync()
 dt = (time.time() - t) / n
 expect = float(world) ** (n + 1)
 ok = abs(float(x[0]) - expect) <= 1e-3 * expect
 busbw = 2 * (world - 1) / world * x.numel() * 4 * 8 / dt / 1e9 if world > 1 else None
 print("QT_REHEARSAL " + json.dumps({"rank": rank, "world": world, "meet_s": met - t0, "allreduce_s": dt,
-      "busbw_gbps": busbw, "correct": ok, "host": os.uname().nodename}), flush=True)
+      "busbw_gbps": busbw, "size_mb": mb, "correct": ok, "host": os.uname().nodename}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
 sys.exit(0 if ok else 3)
@@ -72,6 +84,7 @@ class RehearsalResult:
     wall_s: float
     meet_s: Optional[float] = None
     busbw_gbps: Optional[float] = None
+    size_mb: Optional[float] = None  # the all-reduce message busbw was measured at
     failed_node: Optional[int] = None
     diagnosis: Optional[Diagnosis] = None
     rcs: dict[int, Optional[int]] = field(default_factory=dict)
@@ -79,6 +92,9 @@ class RehearsalResult:
     left_running: list[int] = field(default_factory=list)  # nodes where a process survived the stop (never expected)
     transports: dict[int, Optional[str]] = field(default_factory=dict)  # node -> "IB" | "Socket" | ... (NCCL's word)
 
+
+# One timed all-reduce may take this long; a slower link is measured at a smaller message (the job says so).
+ALLREDUCE_BUDGET_S = 3.0
 
 # What the rehearsal needs NCCL to say: its INIT and NET lines name the network it chose.
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
@@ -97,18 +113,39 @@ def _tail(text: str, n: int = 15) -> list[str]:
     return [x for x in text.splitlines() if x.strip() and " NCCL INFO " not in x][-n:]
 
 
-def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int) -> list[str]:
+def rehearsal_size_mb(backend: str) -> float:
+    """The all-reduce message the rehearsal measures at: a bucket's size on GPUs (estimate_comm.REHEARSAL_BUCKET_MB),
+    or $QWEN_TUI_REHEARSAL_MB; gloo (CPU processes) 32 MB by default, where no bucket size is modelled."""
+    env = os.environ.get("QWEN_TUI_REHEARSAL_MB", "").strip()
+    if env:
+        try:
+            v = float(env)
+        except ValueError:
+            raise ValueError(f"QWEN_TUI_REHEARSAL_MB={env!r}: not a number of MB") from None
+        if v <= 0:
+            raise ValueError(f"QWEN_TUI_REHEARSAL_MB={env!r}: must be positive")
+        return v
+    return float(REHEARSAL_BUCKET_MB) if backend == "nccl" else 32.0
+
+
+def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int,
+                   budget_s: float = ALLREDUCE_BUDGET_S) -> list[str]:
     """The plan's torchrun argv with the training module replaced by the rehearsal."""
     try:
         cut = argv.index("training.finetune") - 1
     except ValueError:
         raise ValueError("the plan's argv does not run training.finetune; cannot derive a rehearsal") from None
-    return [*argv[:cut], "--no-python", python, "-c", SNIPPET, f"{size_mb:g}", str(timeout)]
+    return [*argv[:cut], "--no-python", python, "-c", SNIPPET, f"{size_mb:g}", str(timeout), f"{budget_s:g}"]
 
 
 def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
-             deadline_s: float = 60.0, size_mb: float = 16.0, collective_timeout: int = 30,
+             deadline_s: float = 60.0, size_mb: Optional[float] = None, collective_timeout: int = 30,
+             allreduce_budget_s: float = ALLREDUCE_BUDGET_S,
              facts: Optional[ClusterFacts] = None, poll: float = 0.3) -> RehearsalResult:
+    """The rehearsal on every node. size_mb: the all-reduce message (default rehearsal_size_mb(plan.backend)); on a
+    link too slow to move it within ALLREDUCE_BUDGET_S the job measures at a smaller power of two and says so."""
+    if size_mb is None:
+        size_mb = rehearsal_size_mb(plan.backend)
     rid = f"rehearsal-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     cmds = {c.rank: c for c in plan.nodes}
@@ -126,7 +163,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     def start(r: int) -> int:
         c = cmds[r]
         env = rehearsal_env(c.env, plan.backend)
-        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout), env=env,
+        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout,
+                                                      allreduce_budget_s), env=env,
                                        cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
     started = on_nodes(start, sorted(cmds), timeout=60)
@@ -173,9 +211,13 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         res.meet_s = max(x["meet_s"] for x in recs.values())
         bws = [x["busbw_gbps"] for x in recs.values() if x["busbw_gbps"] is not None]
         res.busbw_gbps = min(bws) if bws else None
+        res.size_mb = min(float(x.get("size_mb") or size_mb) for x in recs.values())
         res.message = (f"rendezvous in {res.meet_s:.1f}s, all-reduce bus bandwidth "
                        f"{res.busbw_gbps if res.busbw_gbps is None else round(res.busbw_gbps, 2)} Gbit/s "
-                       f"({plan.backend}, world {plan.world_size})")
+                       f"at {res.size_mb:g} MB ({plan.backend}, world {plan.world_size})")
+        if res.size_mb < size_mb:
+            res.message += (f"; the link was too slow for {size_mb:g} MB within {allreduce_budget_s:g} s, so the "
+                            "figure reads low for the run's buckets")
         if res.transports:
             res.message += "; NCCL network: " + ", ".join(
                 f"{labels[r]} {'NET/' + v if v else 'not reported'}" for r, v in sorted(res.transports.items()))
@@ -195,6 +237,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     if facts is not None:
         facts.rehearsal_ok = res.ok
         facts.rehearsal_bandwidth_gbps = res.busbw_gbps
+        facts.rehearsal_size_mb = res.size_mb if res.busbw_gbps is not None else None
+        facts.rehearsal_nodes = len(plan.nodes)
     return res
 
 

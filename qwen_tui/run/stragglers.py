@@ -3,8 +3,8 @@
 The worker's metrics record of each logged step carries every rank's compute and wait time per step
 (`rank_compute_s`, `rank_wait_s`, `rank_node`: training/heartbeat.py explains how they are measured).
 A node's compute time is its slowest rank's. A node slower than the median of the other nodes by
-`threshold` (0.2: 20%) in `steps` logged records in a row is a straggler; it stops being one after as
-many records in a row within the threshold.
+`threshold` (0.2: 20%) and by at least MIN_GAP_S in `steps` logged records in a row is a straggler; it stops
+being one after as many records in a row within the threshold.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
+
+# Below this a gap is the master's own bookkeeping (rank 0 writes the metrics and the log: ~10-20 ms a step on a
+# tiny CPU model), not a slow node; on real models a step takes a second or more and 20% of it is far above.
+MIN_GAP_S = 0.05
 
 
 def node_times(rec: dict) -> Optional[dict[int, tuple[float, float]]]:
@@ -65,7 +69,7 @@ class StragglerWatch:
                 continue
             for n, (c, _) in times.items():
                 others = statistics.median(v[0] for m, v in times.items() if m != n)
-                slow = others > 0 and c > others * (1 + self.threshold)
+                slow = others > 0 and c > others * (1 + self.threshold) and c - others >= MIN_GAP_S
                 if slow:
                     self._slow[n] = self._slow.get(n, 0) + 1
                     self._fine[n] = 0

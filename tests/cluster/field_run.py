@@ -100,7 +100,16 @@ class FieldCluster:
         return path
 
     def replay(self, preset: Path, log: Path, *extra: str) -> "Replay":
-        return Replay(self, preset, log, list(extra))
+        return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}")
+
+    def qwen_tui(self, log: Path, *argv: str, runs: Optional[Path] = None, bound: float = 120.0) -> str:
+        """Another qwen-tui command as the login user, run to its end: what it printed."""
+        rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs")
+        try:
+            rp.finish(bound)
+            return rp.text()
+        finally:
+            rp.close()
 
     def live_metrics(self, run_id: str) -> Path:
         """The worker's own metrics file on node 0 (replay's copy lags behind it)."""
@@ -134,11 +143,11 @@ class FieldCluster:
 
 
 class Replay:
-    """`qwen-tui replay` as the login user, in a process group of its own."""
+    """`qwen-tui replay` (or another command: argv) as the login user, in a process group of its own."""
 
-    def __init__(self, field: FieldCluster, preset: Path, log: Path, extra: list[str]):
+    def __init__(self, field: FieldCluster, preset: Optional[Path], log: Path, argv: list[str], runs: Path):
         self.field, self.log = field, log
-        self.runs = field.home / f"runs-{preset.stem}"  # each replay finds its own run directory, no other
+        self.runs = runs  # each replay finds its own run directory, no other
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(field.home), "USER": LOGIN,
                "LOGNAME": LOGIN, "PYTHONPATH": str(REPO), "COLUMNS": "200", "PYTHONUNBUFFERED": "1",
                "QWEN_TUI_RUNS": str(self.runs)}
@@ -153,7 +162,7 @@ class Replay:
                 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",
                 str(etc / "passwd"), str(etc / "group"),
                 "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", sys.executable, "-m",
-                "qwen_tui.cli", "replay", str(preset), *extra]
+                "qwen_tui.cli", *argv]
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                      cwd=str(field.home), start_new_session=True)

@@ -42,6 +42,16 @@ def test_check_matrix_on_the_healthy_cluster_with_rehearsal(cluster, sshdir, key
     assert sorted(f["node"] for f in cpu_only) == [0, 1, 2] and "CPU-only" in cpu_only[0]["message"]
     assert data["facts"]["rehearsal_ok"] is True
     assert data["facts"]["links"]["2"]["bandwidth_gbps"] > 0
+    # the rehearsal's all-reduce bus bandwidth lands in the facts, and the estimate takes it from there and says so
+    busbw = data["facts"]["rehearsal_bandwidth_gbps"]
+    assert busbw > 0 and data["facts"]["rehearsal_size_mb"] == 32  # gloo's default message (CPU processes)
+    r = _cli("estimate", str(p), "--facts", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    bw = json.loads(r.stdout)["bandwidth"]
+    assert bw["source"] == "rehearsal" and bw["gbps"] == round(busbw, 3) and "at 32 MB" in bw["detail"]
+    r = _cli("estimate", str(p), "--facts", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"between nodes {busbw:.4g} Gbit/s (rehearsal all-reduce bus bandwidth" in r.stdout, r.stdout
 
 
 def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, sshdir, keyed, tmp_path):

@@ -124,6 +124,9 @@ def test_a_stopped_rank_is_named_with_every_stack_and_the_run_restarts_from_its_
         assert state["attempts"][0]["cause"] == "HANG", state["attempts"][0]
         assert state["attempts"][1].get("resume_from"), state["attempts"][1]
         assert max(steps_of(rd / "metrics.jsonl")) == steps
+        # attach shows the finding and where the stacks are, as replay did
+        seen = field.qwen_tui(tmp_path / "attach.log", "attach", rd.name, runs=rd.parent)
+        assert "HANG:" in seen and "node 2 (node2), rank 2" in seen and str(stacks[0]) in seen, seen
     finally:
         for pid in frozen:
             try:

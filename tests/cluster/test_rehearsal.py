@@ -38,7 +38,25 @@ def test_rehearsal_passes_on_the_healthy_cluster(probed, cluster, tmp_path):
     assert res.meet_s is not None and 0 < res.meet_s < 30
     assert res.busbw_gbps and res.busbw_gbps > 0
     assert facts.rehearsal_ok is True and facts.rehearsal_bandwidth_gbps == res.busbw_gbps
+    assert res.size_mb == facts.rehearsal_size_mb == 32 and "at 32 MB" in res.message  # gloo's default message
+    assert facts.rehearsal_nodes == len(preset.cluster.nodes) == 3
     assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
+
+
+def test_rehearsal_measures_a_smaller_message_where_the_link_is_too_slow_and_says_so(probed, cluster, tmp_path):
+    """256 MB with a budget of 50 ms per all-reduce: no veth moves that, so the ranks agree on a smaller power of
+    two, the figure says which, and the estimate reads it as a lower bound."""
+    from qwen_tui.estimate_comm import resolve_bandwidth
+
+    preset, conns, facts = probed
+    facts = copy.deepcopy(facts)
+    res = rehearse(_plan(preset, facts, tmp_path), conns, facts=facts, size_mb=256, allreduce_budget_s=0.05,
+                   pythons={i: n.python for i, n in enumerate(preset.cluster.nodes)})
+    assert res.ok, (res.message, res.log_tails)
+    assert 1 <= res.size_mb < 256 and res.size_mb == facts.rehearsal_size_mb
+    assert "too slow for 256 MB" in res.message and res.wall_s < 30
+    bw = resolve_bandwidth(facts)
+    assert bw.source == "rehearsal" and bw.lower_bound and "reads low" in bw.detail
 
 
 def test_rehearsal_fails_fast_naming_the_node_with_a_wrong_interface(probed, cluster, tmp_path):

@@ -40,6 +40,10 @@ async def test_gpu_unknown_is_amber_and_a_gpu_type_checks_the_fit(tmp_path):
         text = estimate_text(scr)
         assert "GPU unknown: fit not checked" in text and "of " not in text.split("memory per GPU", 1)[1][:30]
         assert "not measured" in text and "% of linear" not in text  # 2 nodes, no link measured
+        # no GPU type and no link: speed is unknown with the way to learn it, never an assumed H100's figure
+        rows = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()}
+        assert "unknown" in rows["tokens/s"] and not any(ch.isdigit() for ch in rows["tokens/s"])
+        assert "unknown" in rows["step"] and "pick a GPU type, or probe the nodes" in text
         assert app.state.step_status("training") == WARN
         if not app.state.advice:
             assert "GPU unknown" in advice_text(scr) and "✔ no warnings" not in advice_text(scr)
@@ -53,6 +57,10 @@ async def test_gpu_unknown_is_amber_and_a_gpu_type_checks_the_fit(tmp_path):
         scr.query_one("#gpu-type", Select).value = "H200"
         await pilot.pause()
         assert "OOM" not in [a.code for a in app.state.advice]
+        # the GPU is known now, the link between the two nodes still is not
+        text = estimate_text(scr)
+        assert "measure the link between them (Network, F3)" in text and "between nodes" in text
+        assert app.state.estimate.tokens_per_s is None
         assert "140 GiB (smallest GPU)" in estimate_text(scr)
         assert app.state.step_status("training") in (OK, WARN)  # WARN only from real warnings now
         assert not app.state.gpu_unknown

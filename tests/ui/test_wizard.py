@@ -35,9 +35,10 @@ async def test_every_step_opens_from_its_key(tmp_path):
 
 
 async def test_zero3_warning_appears_and_disappears_on_a_slow_link(tmp_path):
-    """Two GPU nodes on a measured 2 Gbit/s link: ZeRO-3 warns at once, ZeRO-2 clears
-    it; the warning's fix applies with one key."""
-    app = WizardApp(str(DEMO), facts=slow_h200_facts(2.0), runs_root=str(tmp_path / "runs"), reattach=False)
+    """Two GPU nodes on a measured 0.2 Gbit/s link: ZeRO-3 warns at once, ZeRO-2 clears
+    it; the warning's fix applies with one key. (At 2 Gbit/s the demo's tiny model hides ZeRO-3's gathers under
+    its host-bound step: no warning is due there.)"""
+    app = WizardApp(str(DEMO), facts=slow_h200_facts(0.2), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
         await pilot.pause()
@@ -271,7 +272,8 @@ async def test_an_edit_a_fix_and_a_node_edit_keep_the_local_nodes_interpreter(tm
 
     from textual.widgets import Static
 
-    app = WizardApp(str(DEMO), facts=slow_h200_facts(2.0), runs_root=str(tmp_path / "runs"), reattach=False)
+    # 0.2 Gbit/s: where the ZeRO-3 warning is due for the demo's tiny model (see above)
+    app = WizardApp(str(DEMO), facts=slow_h200_facts(0.2), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
         await pilot.pause()

@@ -102,14 +102,16 @@ def test_a_cpu_run_gets_memory_but_no_gpu_speed_figures(capsys):
     assert main(["estimate", str(demo)]) == 0
     text = capsys.readouterr().out
     assert "2 CPU process(es)" in text and "Memory per process" in text and "tokens/s" not in text
-    gpu = run_json(capsys, PRESET_14B, "--gpu", "H100")
+    gpu = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "400")
     assert gpu["cpu"] is False and gpu["step_time_s"] > 0
 
 
 def test_the_shipped_7b_lora_presets_get_the_advice_the_readme_says(capsys):
-    ddp = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml", "--gpu", "H100")
+    ddp = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml", "--gpu", "H100",
+                   "--bandwidth-gbps", "400")
     assert ddp["advice"] == [] and ddp["gpu_memory_gb"]["fits"] is True
-    zero2 = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml", "--gpu", "H100")
+    zero2 = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml", "--gpu", "H100",
+                     "--bandwidth-gbps", "400")
     # ZeRO-2 keeps the worker's fast path (0.95x plain DDP measured): only the checkpointing is advised against
     codes = {a["code"] for a in zero2["advice"]}
     assert "CKPT_UNNEEDED" in codes and "ZERO_NOT_NEEDED" not in codes

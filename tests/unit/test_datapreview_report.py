@@ -56,8 +56,12 @@ def test_histogram_bars_and_summary():
 
 def test_speed_from_the_estimate_and_the_command():
     gpu = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml")
-    tps, where = tokens_per_second(gpu, gpu="H100")
-    assert tps and tps > 1000 and "H100" in where
+    tps, where = tokens_per_second(gpu, gpu="H100", bandwidth_gbps=400)
+    assert tps and tps > 1000 and "H100" in where and "given bandwidth" in where
+    # two nodes and no link measured, or no GPU type: no figure, and how to learn it
+    none, why = tokens_per_second(gpu, gpu="H100")
+    assert none is None and "qwen-tui check" in why
+    assert tokens_per_second(gpu, bandwidth_gbps=400)[0] is None
     cpu = load_preset(ROOT / "presets" / "local-demo.yaml")
     assert tokens_per_second(cpu)[0] is None
     argv, cwd = preview_command(cpu, base_dir="/base", local_python="/venv/bin/python")

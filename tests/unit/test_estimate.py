@@ -201,10 +201,14 @@ def test_zero2_beats_zero3_on_a_slow_link():
 
 def test_lora_scales_near_linearly():
     run = RunShape(method="lora", zero_stage=2, seq=2048, micro_batch=2, grad_accum=4, gradient_checkpointing=True)
-    points = scaling(SEVEN, run, 8, 8, SLOW_LINK_GBPS, **H100)
+    points = scaling(SEVEN, run, 8, 8, 100, **H100)
     assert [p.nodes for p in points] == list(range(1, 9))
     assert points[0].scaling_efficiency == pytest.approx(1.0)
     assert all(p.scaling_efficiency > 0.85 for p in points)
+    # on 25 GbE the adapters' gradients (one bucket, reduced at the end of every backward) cannot hide
+    slow = scaling(SEVEN, run, 8, 8, SLOW_LINK_GBPS, **H100)
+    assert all(s.scaling_efficiency < p.scaling_efficiency for s, p in zip(slow[1:], points[1:]))
+    points = slow
     full = scaling(SEVEN, RunShape(method="full", zero_stage=2, seq=2048, micro_batch=2, grad_accum=4), 8, 8,
                    SLOW_LINK_GBPS, **H100)
     assert full[-1].scaling_efficiency < points[-1].scaling_efficiency

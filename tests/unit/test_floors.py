@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, int]] = [
     ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
     ("shell", 1), ("ib", 1),
     ("plan", 2), ("estimate", 2), ("outputs", 2),
+    ("estimate_comm", 2),  # the step estimate's communication: bandwidth sources, collectives, overlap
     ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("datapreview", 3),
     ("estimate_report", 3),  # the estimate's figures and the advice, as one report
     ("wizard_state", 4),  # the wizard's model (preset, facts, connections, step colours): the faces draw it  # the preview runs on a node

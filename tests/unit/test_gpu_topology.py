@@ -284,3 +284,22 @@ def test_codes_are_documented():
     for code in ("P2P_PCIE", "P2P_UNSUPPORTED"):
         assert f"`{code}`" in docs and f"`{code}`" in readme
     assert "`GPU_TOPOLOGY`" in readme and "intra_node_bus" in docs
+
+
+def test_the_estimator_takes_the_slowest_nodes_probed_bus_inside_a_node():
+    from qwen_tui.advice_core import make_context
+    from qwen_tui.facts import ClusterFacts
+    from qwen_tui.preset import Preset
+
+    preset = Preset.model_validate({
+        "cluster": {"nodes": [{"host": "a", "gpus": 8}, {"host": "b", "gpus": 8}]},
+        "training": {"model": "Qwen/Qwen2.5-7B-Instruct", "data": "d.jsonl", "zero_stage": 3}})
+    gpus = [GPU(i, H100, 81559) for i in range(8)]
+    nvswitch = NodeFacts(gpus=gpus, topology=topo("h100-8x-nvswitch.txt"))
+    pcie = NodeFacts(gpus=gpus, topology=topo("rtx4090-8x-sys.txt"))
+    both = make_context(preset, ClusterFacts(nodes={0: nvswitch, 1: nvswitch}))
+    assert both.intra_node_gbs == node_intra_bus(nvswitch, 8).gbs > 300
+    slow = make_context(preset, ClusterFacts(nodes={0: nvswitch, 1: pcie}))
+    assert slow.intra_node_gbs == node_intra_bus(pcie, 8).gbs < 64  # the PCIe node sets the pace
+    assert make_context(preset, ClusterFacts(nodes={0: NodeFacts(gpus=gpus)})).intra_node_gbs is None  # the table's
+    assert make_context(preset, ClusterFacts(nodes={0: pcie}), intra_node_gbs=100.0).intra_node_gbs == 100.0

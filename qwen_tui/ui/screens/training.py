@@ -19,6 +19,7 @@ from textual.widgets import Input, Label, OptionList, Select, Static
 
 from ...advice import Advice
 from ...estimate import GPUS
+from ...estimate_report import NODES_WORTH_LIMIT
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
@@ -194,17 +195,28 @@ class TrainingScreen(StepScreen):
                 t.add_row("memory per GPU", Text("-", style="dim"))
             gpu_run = not est.cpu  # the estimator models GPUs only
             step = est.step_seconds
-            t.add_row("step time", Text(("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
-                                        if step is not None and gpu_run else "-"))
-            t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}" if est.tokens_per_s and gpu_run else "-"))
+            unknown = Text("unknown (see below)", style="yellow")
+            t.add_row("step time", Text("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
+                      if step is not None and gpu_run else unknown if gpu_run else Text("-"))
+            t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}") if est.tokens_per_s and gpu_run
+                      else unknown if gpu_run else Text("-"))
             if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
                 scaling = Text("not measured (link speed unknown)", style="yellow")
             else:
                 scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
             t.add_row("scaling", scaling)
-            bw = st.facts.min_bandwidth_gbps()
-            t.add_row("slowest link", Text(f"{bw:.1f} Gbit/s" if bw is not None else "not measured",
-                                           style="dim" if bw is None else ""))
+            if gpu_run and len(st.preset.cluster.nodes) > 1:
+                # the bandwidth the estimate uses between nodes, and where it came from (rehearsal, NICs, iperf3)
+                bw = (f"{est.bandwidth_gbps:.3g} Gbit/s ({est.bandwidth_source}"
+                      + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
+                t.add_row("between nodes", Text(bw or "not measured", style="" if bw else "yellow"))
+                if est.nodes_worth_it is not None:
+                    most = est.nodes_worth_it >= NODES_WORTH_LIMIT  # every node up to the limit pays
+                    t.add_row("worth up to", Text(f"{est.nodes_worth_it}{'+' if most else ''} node(s)"))
+            else:
+                slowest = st.facts.min_bandwidth_gbps()
+                t.add_row("slowest link", Text(f"{slowest:.1f} Gbit/s" if slowest is not None else "not measured",
+                                               style="dim" if slowest is None else ""))
             for n in est.notes:
                 t.add_row("", Text(n, style="dim italic"))
         self.query_one("#estimate", Static).update(t)
