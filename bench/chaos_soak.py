@@ -100,6 +100,7 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.stop = threading.Event()
         self.done = threading.Event()  # the soak is over (ends keep_reachable)
+        self.not_launched: list[dict] = []  # runs whose replay ended before the launch, and why
         self.faults: list[dict] = []
         self.runs: list[dict] = []
         self.t0 = time.time()
@@ -112,7 +113,7 @@ class Soak:
         every node's next launch would then fail with "Permission denied" for a reason the soak did not inject."""
         from field_run import _traversable
 
-        while not self.done.wait(1.0):
+        while not self.done.wait(0.2):
             for path in (os.path.realpath(sys.executable), os.path.join(sys.base_prefix, "lib")):
                 for d, mode in _traversable(path).items():
                     self.field._modes.setdefault(d, mode)
@@ -160,7 +161,15 @@ class Soak:
         mine: list[cf.Fault] = []
         live = None
         try:
-            rd = rp.run_dir(bound=180)
+            try:
+                rd = rp.run_dir(bound=180)
+            except AssertionError as e:  # replay ended before launching (its checks refused), or hung in them
+                self.say(f"run {k} not launched: {str(e).splitlines()[0]}; its log: {log}")
+                self.not_launched.append({"run": k, "why": str(e)[-3000:]})
+                if len(self.not_launched) >= 3:
+                    raise RuntimeError(f"{len(self.not_launched)} runs were not launched; the last one's log: "
+                                       f"{log}") from None
+                return
             live = cf.Live(self.field, rp, rd, self.stop.is_set)
             self.say(f"run {k} ({rd.name}) launched")
             if not live.wait(live.training, 300):
@@ -315,7 +324,10 @@ def write_results(soak: Soak, args: argparse.Namespace, load: tuple) -> tuple[Pa
     js.write_text(json.dumps({"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(soak.t0)),
                               "minutes": round((time.time() - soak.t0) / 60, 1), "config": config,
                               "load_average_start_end": load, "cpus": os.cpu_count(), "totals": t,
+                              "not_launched": soak.not_launched,
                               "faults": soak.faults, "runs": soak.runs}, indent=1, default=str))
+    lines = cr.totals_lines(t) + ([f"runs not launched (their checks refused): {len(soak.not_launched)}"]
+                                  if soak.not_launched else [])
     cmd = f"python bench/chaos_soak.py --minutes {args.minutes:g} --seed {args.seed}"
     md.write_text("\n".join([
         f"# Chaos soak, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(soak.t0))}", "",
@@ -324,10 +336,10 @@ def write_results(soak: Soak, args: argparse.Namespace, load: tuple) -> tuple[Pa
         f"unreachable_timeout {args.unreachable_timeout} s ({args.on_unreachable}), hang_timeout "
         f"{args.hang_timeout} s ({args.on_hang}); {os.cpu_count()} CPU cores, load average {load[0]:.1f} at the "
         f"start and {load[1]:.1f} at the end.", "",
-        cr.markdown_table(soak.faults, runs), "", *[f"- {ln}" for ln in cr.totals_lines(t)], ""]))
+        cr.markdown_table(soak.faults, runs), "", *[f"- {ln}" for ln in lines], ""]))
     print(cr.text_table(soak.faults, runs))
     print()
-    print("\n".join(cr.totals_lines(t)))
+    print("\n".join(lines))
     return js, md
 
 
@@ -340,7 +352,7 @@ def main(argv=None) -> int:
     evidence.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="qt-soak-"))
     load0 = os.getloadavg()[0]
-    cluster = field = soak = None
+    cluster = field = soak = error = None
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         cluster, field = bring_up(base)
@@ -356,7 +368,13 @@ def main(argv=None) -> int:
         for s in old:
             signal.signal(s, interrupted)
         soak.say(f"cluster up ({', '.join(n.addr for n in cluster.nodes)}); evidence in {evidence}")
-        soak.run()
+        try:
+            soak.run()
+        except (Exception, KeyboardInterrupt) as e:  # what was measured so far is still written
+            import traceback
+
+            traceback.print_exc()
+            error = f"{type(e).__name__}: {e}"
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -367,7 +385,9 @@ def main(argv=None) -> int:
         shutil.rmtree(base, ignore_errors=True)
     js, md = write_results(soak, args, (load0, os.getloadavg()[0]))
     print(f"\nwritten: {js} and {md}; run directories and replay logs in {evidence}")
-    return 0
+    if error:
+        print(f"the soak ended early: {error}", file=sys.stderr)
+    return 1 if error else 0
 
 
 if __name__ == "__main__":
