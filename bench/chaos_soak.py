@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--throttle-seconds", type=float, nargs=2, default=(20.0, 45.0), metavar=("MIN", "MAX"),
                    help="how long a CPU throttle lasts")
     p.add_argument("--throttle-percent", type=int, default=10, help="the throttled node's CPU cap, %% of one CPU")
-    p.add_argument("--steps", type=int, default=2000, help="max_steps of each run")
+    p.add_argument("--steps", type=int, default=1200, help="max_steps of each run")
     p.add_argument("--save-steps", type=int, default=20, help="a checkpoint every this many steps")
     p.add_argument("--restarts", type=int, default=5, help="training.restarts of each run (at least 2)")
     p.add_argument("--unreachable-timeout", type=int, default=45, help="monitor.unreachable_timeout, seconds")
