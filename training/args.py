@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile_step", type=int, default=0, metavar="N",
                    help="run optimizer step N under torch.profiler and write its most expensive kernels to "
                    "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
+    add_bool(s, "profile_trace",
+                   help="with --profile_step: also write the step's Chrome trace to OUTPUT_DIR/profile-stepN.json.gz "
+                   "(open it in chrome://tracing or Perfetto; bench/gpu_gaps.py lists where the GPU waited)")
     s.add_argument("--heartbeat_dir", default=None, metavar="DIR",
                    help="keep DIR/rank-<RANK>.json up to date for a monitor: the rank's step, the phase it is in "
                    "(start, data, forward, backward, optimizer, collective, eval, checkpoint, done) and since when, "
@@ -130,9 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory (default: none)")
     s.add_argument("--heartbeat_interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between two writes of the heartbeat file (default 2)")
-    add_bool(s, "profile_trace",
-                   help="with --profile_step: also write the step's Chrome trace to OUTPUT_DIR/profile-stepN.json.gz "
-                   "(open it in chrome://tracing or Perfetto; bench/gpu_gaps.py lists where the GPU waited)")
 
     f = p.add_argument_group(
         "fast path", "Each switch is decided automatically when not given (the start record of metrics.jsonl and the "

@@ -18,6 +18,7 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -36,7 +37,7 @@ class StackFile:
         self.path = os.path.join(directory, f"stack-rank-{rank}.txt")
         # Unbuffered and appending: faulthandler writes straight to the descriptor, and so do our own lines.
         self._f = open(self.path, "ab", buffering=0)
-        self._write(f"=== stacks of rank {rank} (pid {self.pid}, host {os.uname().nodename}) on SIGUSR1 from "
+        self._write(f"=== stacks of rank {rank} (pid {self.pid}, host {socket.gethostname()}) on SIGUSR1 from "
                     f"{_stamp()}; each dump ends with a line giving its time\n")
         self._seen = os.fstat(self._f.fileno()).st_size
         faulthandler.register(signal.SIGUSR1, file=self._f, all_threads=True)

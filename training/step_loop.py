@@ -5,8 +5,8 @@ StepLoop is the loop half of training.recipe.FinetuneRecipe, which sets up what 
 fast-path choices), device, model, loss_module, engine or ddp, optimizer, scheduler, scaler, loader, tokenizer,
 meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds, heartbeat (the
 phase the loop is in, training.heartbeat), timer and timing_group (each rank's compute and wait,
-training.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the supervised tokens of the whole
-step over all ranks (so accumulation and the number of processes do not change it).
+training.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the
+supervised tokens of the whole step over all ranks (so accumulation and the number of processes do not change it).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ The synchronising points measured:
     has only layer 0's own backward left (and the embedding's, in full fine-tuning); the rest is the last
     gradient buckets waiting for every rank. So (a) counts layer 0's backward as waiting: about 1/N of the
     backward of an N-layer model (a few percent for Qwen's 24-64 layers), the same on every rank. Without a
-    gradient at layer 0's output (nothing trainable at or below it), (a) is not measured.
+    gradient at layer 0's output (nothing trainable at or below it), (a) is not measured. With compiled layers
+    the forward hook is traced into layer 0's call, which then compiles a graph of its own; the hook is
+    registered before the memory probes, so that graph compiles there and not at a training step.
 (b) the step's explicit collectives: the all-reduce of the token counts (padded batches; packed steps agree on
     them a step ahead) and of the step's loss.
 (c) packed steps: the main thread waiting for the packing thread, as far as that thread was itself waiting in
@@ -29,8 +31,8 @@ the ranks up.
 Limits. Waits inside other work count as compute: under ZeRO-3 every layer gathers its weights from all ranks in
 forward and backward, in lockstep, so a slow rank holds the others at each gather and their compute grows towards
 the slow rank's; only the tail of the step (the final reductions, the explicit collectives) is seen as waiting.
-The figures then still rank the nodes, with smaller differences. ZeRO's all-gather of updated weights after the
-optimizer step likewise counts as compute.
+The slowest rank, which never waits, still shows the largest compute, by a smaller margin. ZeRO's all-gather of
+updated weights after the optimizer step likewise counts as compute.
 """
 
 from __future__ import annotations

@@ -404,5 +404,10 @@ class Launcher:
     def log_tail(self, rank: int, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
         """The last lines of a node's log, read on the node (only the tail crosses the wire)."""
         c = self.plan.nodes[rank]
-        res = self.transports[rank].run(["tail", "-c", str(max_bytes), c.log_path], timeout=15)
+        if self.monitor.health.unreachable(rank):  # a read would wait out its bound for nothing
+            return [f"(node {rank} is unreachable: its log cannot be read now)"]
+        try:
+            res = self.transports[rank].run(["tail", "-c", str(max_bytes), c.log_path], timeout=15)
+        except Exception as e:  # noqa: BLE001 - the node went away meanwhile: said in place of its log
+            return [f"(cannot read node {rank}'s log: {type(e).__name__}: {e})"]
         return res.stdout.splitlines()[-lines:] if res.ok else []

@@ -95,6 +95,8 @@ def test_metrics_jsonl_records(full_run):
         assert 0 < r["tokens"] and r["label_tokens"] < r["tokens"] <= 8 * 128
         assert r["tokens_per_second"] > 0 and r["step_time"] > 0 and math.isfinite(r["grad_norm"])
         assert "peak_memory_gib" not in r  # no GPU here
+        # One process waits for nobody: its whole step is compute.
+        assert r["rank_compute_s"] == [r["step_time"]] and r["rank_wait_s"] == [0.0] and r["rank_node"] == [0], r
     assert steps[0]["learning_rate"] < steps[1]["learning_rate"]  # warm-up
     assert steps[-1]["epoch"] == pytest.approx(12 / 50)
     times = [r["time"] for r in recs]
