@@ -169,6 +169,8 @@ def hang(live: Live, node: int, bound: float) -> Fault:
     try:
         got = live.wait(lambda: [n for n in live.notices(f.at) if n["kind"] == "HANG"], bound)
         f.detail["hang_after_s"] = round(time.monotonic() - t0, 1) if got else None
+        if not got:  # what every rank's heartbeat says at the bound: the phase the others wait in
+            f.detail["phases"] = heartbeat_phases(live)
         if got:  # with on_hang restart the next attempt comes; let the old rank be ended by it
             live.wait(lambda: live.attempt() > attempt, 90.0)
     finally:
@@ -177,6 +179,22 @@ def hang(live: Live, node: int, bound: float) -> Fault:
     live.settle()
     f.until = time.time()
     return f
+
+
+def heartbeat_phases(live: Live) -> dict[str, str]:
+    """global rank -> the phase its newest heartbeat file names, read from every node's run directory."""
+    out: dict[str, tuple[float, str]] = {}
+    for i in range(len(live.field.cluster.nodes)):
+        for p in (live.field.workdir(i) / ".qwen-tui" / "runs" / live.run_id).glob("**/heartbeat/rank-*.json"):
+            try:
+                b = json.loads(p.read_text())
+                at = p.stat().st_mtime
+            except (OSError, ValueError):
+                continue  # being replaced
+            r = str(b.get("rank"))
+            if r not in out or at > out[r][0]:
+                out[r] = (at, str(b.get("phase")))
+    return {r: ph for r, (_, ph) in sorted(out.items())}
 
 
 def _job_pids(live: Live, node: int) -> list[int]:

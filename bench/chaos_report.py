@@ -254,7 +254,8 @@ def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
         if f["kind"] == "hang":
             parts.append(("named " if f.get("named") else "NOT named ") + f"rank {f['detail'].get('rank')}"
                          + (f" after {f['detail']['hang_after_s']:.0f} s" if f["detail"].get("hang_after_s") else "")
-                         + (f", stacks {f['detail']['stacks']}" if f["detail"].get("stacks") else ""))
+                         + (f", stacks {f['detail']['stacks']}" if f["detail"].get("stacks") else "")
+                         + _phases_note(f))
         else:
             parts += list(dict.fromkeys(n.split()[0] for n in f["evidence"].get("notices", [])))  # in order said
         if f["outcome"] in ("restarted", "failed"):
@@ -265,6 +266,14 @@ def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
                     f"{sum(1 for v in ck.values() if v is None)}/{len(ck)}",
                     str(sum(len(p) for p in r.get("orphans", {}).values())) if r else "-"])
     return out
+
+
+def _phases_note(f: dict) -> str:
+    """For a hang not named: the phase the other ranks' heartbeats were in at the bound (a checkpoint gets the
+    watchdog's longer bound)."""
+    ph = {r: p for r, p in (f["detail"].get("phases") or {}).items() if r != str(f["detail"].get("rank"))}
+    common = sorted(set(ph.values()))
+    return f" (the others in phase {'/'.join(common)})" if common and not f.get("named") else ""
 
 
 def text_table(faults: list[dict], runs: dict[str, dict]) -> str:

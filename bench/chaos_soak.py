@@ -10,8 +10,8 @@ and runs `qwen-tui replay` as a login user over SSH to every node, the master to
 model on CPU over gloo with training.restarts, a checkpoint every few steps and short monitor bounds; runs
 follow one another until the time is up. Everything it made is torn down at the end, on Ctrl-C too.
 
-Faults, one at a time, seeded (the same seed draws the same faults, gaps and durations; what the run makes
-of them varies with the machine's load):
+Faults, one at a time, each kind once per round of four in a seeded order (the same seed draws the same
+faults, nodes, gaps and durations; what the run makes of them varies with the machine's load):
   ssh       every packet to one node's sshd dropped for 10-60 s (port 22 only: training traffic untouched)
   hang      one rank stopped (SIGSTOP) until the watchdog names it, then let go
   kill      one node's torchrun agent and ranks SIGKILLed
@@ -47,7 +47,6 @@ sys.path[:0] = [str(ROOT / "tests" / "cluster"), str(ROOT), str(ROOT / "bench")]
 import chaos_faults as cf  # noqa: E402
 import chaos_report as cr  # noqa: E402
 
-WEIGHTS = {"ssh": 0.35, "hang": 0.2, "kill": 0.2, "throttle": 0.25}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -100,6 +99,7 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.stop = threading.Event()
         self.done = threading.Event()  # the soak is over (ends keep_reachable)
+        self.bag: list[str] = []  # the kinds left to inject in this round
         self.not_launched: list[dict] = []  # runs whose replay ended before the launch, and why
         self.faults: list[dict] = []
         self.runs: list[dict] = []
@@ -137,7 +137,9 @@ class Soak:
     def draw(self) -> dict:
         """Every random figure of one fault, drawn in one fixed order whatever the fault turns out to be."""
         a, r = self.a, self.rng
-        return {"gap": r.uniform(*a.gap), "kind": r.choices(a.kinds, [WEIGHTS[k] for k in a.kinds])[0],
+        if not self.bag:  # every kind once per round, in a seeded order: a short soak still sees each one
+            self.bag = r.sample(a.kinds, len(a.kinds))
+        return {"gap": r.uniform(*a.gap), "kind": self.bag.pop(),
                 "node": r.randrange(len(self.field.cluster.nodes)), "ssh_s": r.uniform(*a.ssh_seconds),
                 "throttle_s": r.uniform(*a.throttle_seconds)}
 

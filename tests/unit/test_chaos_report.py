@@ -147,3 +147,11 @@ def test_the_stacks_a_hang_collected_are_counted_from_its_summary(tmp_path):
                                                        "(process stopped: state T)", "2": "ok (py-spy)"}))
     assert cr.stacks_answered(tmp_path) == "2/3"
     assert cr.stacks_answered(tmp_path / "none") is None
+
+
+def test_a_hang_not_named_says_which_phase_the_other_ranks_waited_in():
+    fault = {"kind": "hang", "node": 1, "run": "1", "run_no": "1", "at": 10.0, "at_s": 10.0, "until": 140.0,
+             "duration": 125.0, "detail": {"rank": 1, "phases": {"0": "checkpoint", "1": "forward", "2": "checkpoint"}},
+             "outcome": "survived unnoticed", "evidence": {"notices": []}, "named": False, "steps_lost": 0}
+    table = cr.text_table([fault], {})
+    assert "NOT named rank 1 (the others in phase checkpoint)" in table
