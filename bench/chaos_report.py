@@ -63,7 +63,12 @@ def classify(fault: dict, attempts: list[dict], notices: list[dict]) -> tuple[st
         a = ended[0]
         ev.update(attempt=a.get("attempt"), cause=a.get("cause"), failed_node=a.get("failed_node"),
                   next=a.get("next"), message=a.get("message"))
-        return ("restarted" if a.get("next") == "restart" else "failed"), ev
+        if len(ended) > 1:
+            ev["later_attempts_failed"] = [b.get("attempt") for b in ended[1:]]
+        # the run ended failed in the window (the first relaunch may have failed again): failed
+        if any(b.get("status") == "failed" and str(b.get("next") or "").startswith("none") for b in ended):
+            return "failed", ev
+        return "restarted", ev
     return ("warned" if said else "survived unnoticed"), ev
 
 
@@ -98,6 +103,27 @@ def justified(fault: Optional[dict], unreachable_bound: float) -> bool:
     if fault is None:
         return False
     return fault["kind"] in ("kill", "hang") or (fault["kind"] == "ssh" and fault["duration"] >= unreachable_bound)
+
+
+def failures_unexplained(faults: list[dict], attempts: list[dict], unreachable_bound: float,
+                         first: int = 1) -> tuple[list[dict], list[dict]]:
+    """(healthy attempts the monitor ended, other failures no fault explains). A fault that should end an attempt
+    (justified) explains the first attempt that failed in its window, not the relaunches after it: those failed
+    on their own. `first`: the number of faults[0] in the soak's table."""
+    explained: set[int] = set()
+    healthy_killed, unexplained = [], []
+    for a in attempts:
+        if a.get("status") != "failed" or not isinstance(a.get("ended"), (int, float)):
+            continue
+        i, hit = next(((i, f) for i, f in enumerate(faults) if f["at"] <= a["ended"] <= f["until"] + SLACK_S),
+                      (None, None))
+        if i is not None and i not in explained and justified(hit, unreachable_bound):
+            explained.add(i)
+            continue
+        entry = {"attempt": a.get("attempt"), "cause": a.get("cause"), "message": a.get("message"),
+                 "fault": None if i is None else i + first}
+        (healthy_killed if a.get("cause") in MONITOR_CAUSES else unexplained).append(entry)
+    return healthy_killed, unexplained
 
 
 # ------------------------------------------------------------------ steps
@@ -260,6 +286,8 @@ def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
             parts += list(dict.fromkeys(n.split()[0] for n in f["evidence"].get("notices", [])))  # in order said
         if f["outcome"] in ("restarted", "failed"):
             parts.append(f"attempt ended: {f['evidence'].get('cause') or 'node failed'}")
+            if f["evidence"].get("later_attempts_failed"):
+                parts.append(f"relaunches failed: attempts {', '.join(map(str, f['evidence']['later_attempts_failed']))}")
         did = "; ".join(parts)
         out.append([str(i), f["kind"], str(f["node"]), f["run_no"], f"{int(f['at_s'] // 60)}:{int(f['at_s'] % 60):02d}",
                     f"{f['duration']:.0f} s", f["outcome"], did or "-", str(f.get("steps_lost") or 0),

@@ -174,7 +174,7 @@ class Soak:
                 return
             live = cf.Live(self.field, rp, rd, self.stop.is_set)
             self.say(f"run {k} ({rd.name}) launched")
-            if not live.wait(live.training, 300):
+            if not live.wait(live.training, 300) and not self.stop.is_set():
                 self.say(f"run {k}: no step within 300 s (ended: {live.ended()})")
             while self.time_left() and not live.ended():
                 d = self.draw()
@@ -232,16 +232,8 @@ class Soak:
             d["steps_lost"] = lost.get(nxt + 1, 0) if d["outcome"] == "restarted" and nxt else 0
             d["run_no"], d["at_s"] = str(k), d["at"] - self.t0
             fdicts.append(d)
-        healthy_killed, unexplained = [], []
-        for a in attempts:
-            if a.get("status") != "failed" or not isinstance(a.get("ended"), (int, float)):
-                continue
-            hit = next((f for f in fdicts if f["at"] <= a["ended"] <= f["until"] + cr.SLACK_S), None)
-            if cr.justified(hit, self.a.unreachable_timeout):
-                continue
-            entry = {"attempt": a.get("attempt"), "cause": a.get("cause"), "message": a.get("message"),
-                     "fault": None if hit is None else fdicts.index(hit) + len(self.faults) + 1}
-            (healthy_killed if a.get("cause") in cr.MONITOR_CAUSES else unexplained).append(entry)
+        healthy_killed, unexplained = cr.failures_unexplained(fdicts, attempts, self.a.unreachable_timeout,
+                                                              first=len(self.faults) + 1)
         run = {"run": k, "id": live.run_id, "status": st.get("status"), "replay_rc": rc,
                "attempts": attempts, "steps_lost": lost, "checkpoints": checkpoints,
                "every_step_once": cr.every_step_once(attempts, metrics), "orphans": orphans,

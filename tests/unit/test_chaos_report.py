@@ -155,3 +155,21 @@ def test_a_hang_not_named_says_which_phase_the_other_ranks_waited_in():
              "outcome": "survived unnoticed", "evidence": {"notices": []}, "named": False, "steps_lost": 0}
     table = cr.text_table([fault], {})
     assert "NOT named rank 1 (the others in phase checkpoint)" in table
+
+
+def test_a_fault_explains_the_attempt_it_ended_not_the_relaunches_that_failed_after_it():
+    fault = {"kind": "ssh", "node": 1, "at": 100.0, "until": 300.0, "duration": 56.0, "detail": {}}
+    attempts = [
+        {"attempt": 1, "started": 0.0, "ended": 150.0, "status": "failed", "cause": "UNREACHABLE", "next": "restart"},
+        {"attempt": 2, "started": 151.0, "ended": 170.0, "status": "failed", "cause": None, "next": "restart",
+         "message": "node 0 (node0) failed: exited with code 1"},
+        {"attempt": 3, "started": 171.0, "ended": 190.0, "status": "failed", "cause": None,
+         "next": "none: no restart left (training.restarts: 2)", "message": "node 0 (node0) failed: exited with code 1"},
+    ]
+    outcome, ev = cr.classify(fault, attempts, [])
+    assert outcome == "failed" and ev["later_attempts_failed"] == [2, 3]
+    healthy, other = cr.failures_unexplained([fault], attempts, 45, first=8)
+    assert healthy == [] and [(u["attempt"], u["fault"]) for u in other] == [(2, 8), (3, 8)]
+    short = {**fault, "duration": 30.0}  # under the bound: the monitor ended a healthy attempt
+    healthy, _ = cr.failures_unexplained([short], attempts[:1], 45)
+    assert [h["attempt"] for h in healthy] == [1]
