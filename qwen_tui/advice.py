@@ -20,6 +20,7 @@ from .advice_core import (  # noqa: F401 - the names users of the advice import 
 )
 from .estimate import estimate_step, max_micro_batch, nodes_worth_it
 from .facts import ClusterFacts
+from .longcontext import is_long
 from .preset import Preset
 
 
@@ -116,7 +117,8 @@ def lora_batch_range(c: Context) -> Iterable[Advice]:
 # ---------------------------------------------------------------- memory (GPU runs only)
 
 def _memory_rules_apply(c: Context) -> bool:
-    return c.spec is not None and not c.cpu and c.gpu_memory_gib is not None
+    # Long rows are the long-row rules' (advice_longcontext): the worker runs them on another path than estimated here
+    return c.spec is not None and not c.cpu and c.gpu_memory_gib is not None and not is_long(c.t)
 
 
 def _oom_fix(c: Context) -> Optional[Fix]:
@@ -333,6 +335,8 @@ def timeouts(c: Context) -> Iterable[Advice]:
 
 
 from . import advice_cluster  # noqa: E402,F401 - registers the rules about the nodes' facts, after these
+from . import advice_moe  # noqa: E402,F401 - registers the mixture-of-experts rules
+from . import advice_longcontext  # noqa: E402,F401 - and those about long records and sequence parallelism
 
 
 # ---------------------------------------------------------------- entry point

@@ -149,10 +149,14 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
     got = {i: getattr(nf, what) for i, nf in c.node_facts() if getattr(nf, what) is not None}
     code = what.upper()
     for i, ff in got.items():
-        if not ff.exists:
+        if not ff.exists and (i == 0 or (0 in got and not got[0].exists)):  # nowhere to copy it from
+            yield Advice("error", f"{code}_MISSING", f"{path} is missing on node {i}",
+                         Fix(f"Correct training.{what}", hint=f"put the {what} at {path} on node 0 (the master), or "
+                             f"set training.{what} to where it is"), node=i)
+        elif not ff.exists:
             yield Advice("error", f"{code}_MISSING", f"{path} is missing on node {i}",
                          Fix(f"Copy the {what} to node {i}", hint=f"rsync it to the same path on node {i}, or put it "
-                             "on shared storage"), node=i)
+                             "on shared storage (qwen-tui check --sync copies it from the master)"), node=i)
     sums = {i: ff.sha256 for i, ff in got.items() if ff.exists and ff.sha256}
     sizes = {i: ff.size_bytes for i, ff in got.items() if ff.exists}
     differ = len(set(sums.values())) > 1 or (not sums and len(set(sizes.values())) > 1)

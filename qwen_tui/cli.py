@@ -39,7 +39,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,
-                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0)
+                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -51,7 +52,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
-                              max_seconds=args.max_seconds, verbose=args.verbose > 0)
+                              max_seconds=args.max_seconds, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
 
 
 def _runs_root(args: argparse.Namespace) -> Path:
@@ -91,16 +93,37 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {root}")
         return 0
-    t = Table(title=f"runs in {root}", title_justify="left")
-    for col in ("run", "preset", "state", "nodes", "started", "step", "last loss"):
-        t.add_column(col, justify="right" if col in ("step", "last loss") else "left")
+    width = shutil.get_terminal_size().columns
+    # The run id is what `attach` needs: it is never cut or wrapped; the other columns give way to it,
+    # the least needed first, so the table fits the terminal rather than forcing one of 120 columns.
+    cols = ["run", "state", "step", "last loss", "preset", "started", "nodes"]
+    rows = []
     for r in runs:
         nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         state = r.state if r.attempt == 1 else f"{r.state} (attempt {r.attempt})"
-        t.add_row(r.run_id, r.preset or "-", state, nodes, started, "-" if r.step is None else str(r.step),
-                  "-" if r.last_loss is None else f"{r.last_loss:.4f}")
-    Console(width=max(120, shutil.get_terminal_size().columns)).print(t)
+        rows.append({"run": r.run_id, "preset": str(r.preset or "-"), "state": state, "nodes": nodes, "started": started,
+                     "step": "-" if r.step is None else str(r.step),
+                     "last loss": "-" if r.last_loss is None else f"{r.last_loss:.4f}"})
+
+    def need(names: list[str]) -> int:  # the table's width with these columns unwrapped (borders, padding)
+        return 1 + sum(max(len(c), *(len(row[c]) for row in rows)) + 3 for c in names)
+
+    shown = [c for c in cols if c in ("run", "state")]
+    for c in cols[2:]:
+        if need(shown + [c]) <= width:
+            shown.append(c)
+    shown = [c for c in ("run", "preset", "state", "nodes", "started", "step", "last loss") if c in shown]
+    t = Table(title=f"runs in {root}", title_justify="left")
+    for col in shown:
+        t.add_column(col, justify="right" if col in ("step", "last loss") else "left", no_wrap=col == "run",
+                     min_width=len(max((row[col] for row in rows), key=len)) if col == "run" else None)
+    for row in rows:
+        t.add_row(*(row[c] for c in shown))
+    Console(width=max(width, need(["run"]))).print(t)
+    hidden = [c for c in cols if c not in shown]
+    if hidden:
+        print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)")
     return 0
 
 
@@ -138,10 +161,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print the validated preset (defaults filled) as YAML."""
-    from .preset import dump_preset
+    """Print the validated preset as YAML with every field, defaults included (the saved form leaves them out)."""
+    import yaml
 
-    sys.stdout.write(dump_preset(_load(args.preset)))
+    preset = _load(args.preset)
+    data = {"version": preset.version, **preset.model_dump(mode="json")}
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False))
     return 0
 
 
@@ -198,8 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dry-run", action="store_true", help="print each node's command and environment; launch nothing")
         sp.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
         sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
+        sp.add_argument("--overwrite-output", action="store_true",
+                        help="launch although training.output_dir holds another run's checkpoints or model (they "
+                             "stay, except files the new run writes under the same names)")
 
-    r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view")
+    r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view",
+                       description="Run a preset headless: checks, plan, launch, live view. In the live view Ctrl-C "
+                       "stops the run on every node; d (or Ctrl-\\) detaches and leaves it running "
+                       "(qwen-tui attach finds it again).")
     r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     launch_opts(r)
     r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
@@ -215,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory",
-                       description="Watch (or stop) a run started earlier. With training.restarts, a failed attempt "
+                       description="Watch (or stop) a run started earlier. Ctrl-C, d or Ctrl-\\ detach: the run goes "
+                       "on (--stop stops it). With training.restarts, a failed attempt "
                        "is relaunched by the replay or wizard that launched the run; when that one is gone (killed, or the "
                        "wizard quit), attach relaunches it and follows it to the end.")
     a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
@@ -294,6 +326,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         rc = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
         return rc
+    except KeyboardInterrupt:  # Ctrl-C where nothing runs yet (connecting, checking): no traceback
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `qwen-tui estimate --json | head`: the reader left; stop quietly as Unix tools do, and keep Python
         # from failing again on the final flush

@@ -9,25 +9,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
 
 
+# as `attach` takes it (run.runs.resolve_run)
+RUN_HELP = "a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' for the newest run, or a run directory"
+RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
+
+
 def add_parser(subparsers: Any) -> None:
     m = subparsers.add_parser("merge", help="merge a finished run's LoRA adapter into its base: OUTPUT_DIR/merged, "
                               "checked by reloading")
-    m.add_argument("run_dir", help="the run directory (runs/<id>)")
+    m.add_argument("run_dir", metavar="RUN", help=RUN_HELP)
     m.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                    help="dtype of the merged weights (default: the base model's own)")
     m.add_argument("--force", action="store_true", help="replace an existing OUTPUT_DIR/merged")
     m.add_argument("--timeout", type=float, default=MERGE_TIMEOUT_S, help=f"seconds (default {MERGE_TIMEOUT_S:g})")
     m.add_argument("--json", action="store_true", help="print the merge report as JSON")
     m.add_argument("--accept-new-host-keys", action="store_true", help="trust a remote master's new host key")
+    m.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     m.set_defaults(func=run_merge)
 
     c = subparsers.add_parser("chat", help="talk to a finished run's model (merged, or the adapter on its base)")
-    c.add_argument("run_dir", help="the run directory (runs/<id>)")
+    c.add_argument("run_dir", metavar="RUN", help=RUN_HELP)
     c.add_argument("--prompt", default=None, help="one user message: print the reply and exit (without it: a chat "
                    "on the terminal, one message a line; an empty line or end of input ends it)")
     c.add_argument("--system", default=None, help="a system message before the prompt")
@@ -37,6 +44,7 @@ def add_parser(subparsers: Any) -> None:
     c.add_argument("--timeout", type=float, default=CHAT_TIMEOUT_S, help=f"seconds (default {CHAT_TIMEOUT_S:g})")
     c.add_argument("--json", action="store_true", help="print the reply as JSON (reply, tokens, model)")
     c.add_argument("--accept-new-host-keys", action="store_true", help="trust a remote master's new host key")
+    c.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     c.set_defaults(func=run_chat)
 
 
@@ -44,8 +52,15 @@ def _with_master(args: argparse.Namespace, work) -> int:
     from .nodes.connect import transport_for
     from .nodes.transport import TransportError
 
+    from .run.rundir import default_runs_root
+    from .run.runs import RunNotFound, resolve_run
+
+    root = Path(args.runs_dir).absolute() if args.runs_dir else default_runs_root()
     try:
-        res = locate(args.run_dir)
+        res = locate(resolve_run(args.run_dir, root))
+    except RunNotFound as e:
+        print(f"qwen-tui: {e}", file=sys.stderr)
+        return 2
     except AfterRunError as e:
         print(f"qwen-tui: {e}", file=sys.stderr)
         return 1

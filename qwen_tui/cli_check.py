@@ -190,8 +190,12 @@ def run(args: argparse.Namespace) -> int:
         cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in COLUMNS)]
         t.add_row(Text(f"{i} {printable(lab)}"), *cells)
     console.print(t)
+    said: set = set()
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"
+        if (f.level, f.code, who, f.message, f.fix) in said:  # two nodes on one machine: the same words once
+            continue
+        said.add((f.level, f.code, who, f.message, f.fix))
         # messages carry user values (paths, hosts): escaped, never read as markup or terminal codes
         console.print(f"[{COLOURS.get(f.level, '')}]{f.level:7}[/] {escape(printable(who)):12} {f.code}: "
                       f"{escape(printable(f.message))}", markup=True, highlight=False)
@@ -208,6 +212,10 @@ def run_keys(args: argparse.Namespace) -> int:
 
     preset = load_preset(args.preset)
     console = Console()
+    if all(n.is_local for n in preset.cluster.nodes):  # no SSH anywhere: never make a key pair nobody asked for
+        console.print(f"every node of {printable(args.preset)} is this machine: no SSH key is needed, nothing to do",
+                      markup=False, highlight=False)
+        return 0
     password = getpass.getpass("SSH password for the nodes (used once, kept in memory only): ") \
         if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .estimate import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS
 from .estimate_comm import NIC_EFFICIENCY
-from .estimate_report import NODES_WORTH_LIMIT, build_report
+from .estimate_report import NODES_WORTH_LIMIT, build_report, model_line
 from .facts import ClusterFacts
 from .preset import load_preset
 
@@ -90,7 +90,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
     m = report["gpu_memory_gb"]
     if m:
         mdl = report["model"]
-        con.print(f"model {mdl['name']}: {mdl['params'] / 1e9:.2f} B parameters, {mdl['trainable_params'] / 1e6:,.1f} M trained")
+        con.print(f"model {mdl['name']}: {model_line(mdl)}, {mdl['trainable_params'] / 1e6:,.1f} M trained")
         tb = Table(title=f"Memory per {'process' if report['cpu'] else 'GPU'} (GiB) at the peak: {m['phase']}")
         for col in ("weights", "gradients", "optimizer", "activations", "logits", "overhead", "total"):
             tb.add_column(col, justify="right")

@@ -10,7 +10,8 @@ epoch and per run, and the rules that warn about the data.
 `--json` keys (stable): records, usable, dropped, truncated, tokens,
 supervised_tokens, length_percentiles {p50, p90, p99, max}, tokens_per_epoch,
 epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch,
-total_steps, padding_waste, tokens_per_second, run_seconds, advice.
+total_steps, padding_waste, tokens_per_second, run_seconds, advice; where the GPU and the model are known,
+longest_trainable (the longest record one GPU trains, qwen_tui.longcontext) and longer_than (the records past it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Optional
 from .advice import Advice, Fix, make_context
 from .estimate_comm import MEASURE_HINT
 from .facts import ClusterFacts
+from .longcontext import LONG_ROW_TOKENS, longest_record
 from .nodes.json_tool import run_json_tool
 from .nodes.transport import Transport
 from .plan import make_plan
@@ -37,7 +39,7 @@ class DataPreviewError(RuntimeError):
 
 
 def preview_command(preset: Preset, *, base_dir: str = ".", local_python: Optional[str] = None,
-                    bins: int = 16) -> tuple[list[str], str]:
+                    bins: int = 16, longer_than: Optional[int] = None) -> tuple[list[str], str]:
     """(argv, cwd) of the preview on the master: its python and workdir, the worker's flags from the plan."""
     plan = make_plan(preset, run_id="data-preview", local_run_dir=os.path.join(base_dir, ".data-preview"),
                      base_dir=base_dir, local_python=local_python or sys.executable)
@@ -45,14 +47,18 @@ def preview_command(preset: Preset, *, base_dir: str = ".", local_python: Option
     at = master.argv.index("training.finetune")
     device = "cpu" if preset.training.device == "cpu" else "cuda"
     argv = [master.argv[0], "-m", "training.datapreview", "--world_size", str(plan.world_size),
-            "--device", device, "--bins", str(bins), "--", *master.argv[at + 1:]]
+            "--device", device, "--bins", str(bins)]
+    if longer_than:
+        argv += ["--longer_than", str(longer_than)]
+    argv += ["--", *master.argv[at + 1:]]
     return argv, master.workdir
 
 
 def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: Optional[str] = None,
-               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16) -> dict[str, Any]:
+               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16, longer_than: Optional[int] = None) -> dict[str, Any]:
     """The worker-side counts (training.datapreview's JSON), run on the master through `transport`."""
-    argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins)
+    argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins,
+                                longer_than=longer_than)
     return run_json_tool(transport, argv, cwd=cwd, timeout=timeout, what="data preview", error=DataPreviewError)
 
 
@@ -74,10 +80,23 @@ def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, g
     return step.tokens_per_second, f"estimate on {c.gpu.name} GPUs{where}"
 
 
-def build_report(counts: dict[str, Any], preset: Preset, tps: Optional[float], tps_source: str = "") -> dict[str, Any]:
-    """The counts with the timing (tokens per epoch at `tps`, stretched by the padding the batches carry) and
-    the advice about the data."""
+def trainable_limit(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
+                    base_dir: Optional[str] = None) -> tuple[Optional[int], str]:
+    """The longest record one GPU trains for this preset (qwen_tui.longcontext) and on which GPU, or (None, why
+    not): it needs the model's shape and the GPU's memory."""
+    c = make_context(preset, facts, gpu=gpu, base_dir=base_dir)
+    if c.cpu or c.spec is None or c.gpu_memory_gib is None:
+        return None, "no GPU memory or model shape to estimate from"
+    return longest_record(c.spec, preset.training, preset.world_size, c.gpu_memory_gib), c.gpu_memory_where
+
+
+def build_report(counts: dict[str, Any], preset: Preset, tps: Optional[float], tps_source: str = "",
+                 limit: Optional[int] = None, limit_where: str = "") -> dict[str, Any]:
+    """The counts with the timing (tokens per epoch at `tps`, stretched by the padding the batches carry), the
+    longest record a GPU trains (`limit`, on `limit_where`) and the advice about the data."""
     r = dict(counts)
+    r["longest_trainable"] = limit
+    r["longest_trainable_where"] = limit_where if limit is not None else None
     r["supervised_share"] = round(r["supervised_tokens"] / r["tokens"], 4) if r["tokens"] else 0.0
     r["tokens_per_second"] = round(tps, 1) if tps else None
     r["tokens_per_second_source"] = tps_source
@@ -113,6 +132,17 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
                           f"{r['dropped']} record(s) have no assistant token left after the cut and are skipped",
                           Fix(f"raise model_max_length to {r['length_percentiles']['max']}",
                               {"training.model_max_length": r["length_percentiles"]["max"]})))
+    over = r.get("longer_than")
+    if over and over["records"]:
+        n, lim = over["records"], over["tokens"]
+        sp = t.sequence_parallel_size
+        where = r.get("longest_trainable_where") or "the GPU"
+        out.append(Advice("error", "DATA_TOO_LONG_FOR_GPU",
+                          f"{n} record(s) are longer than the {lim:,} tokens one GPU trains ({where}"
+                          f"{f', {sp} GPUs a row' if sp > 1 else ''}); the longest has {over['longest']:,}: its row "
+                          "would run out of memory",
+                          Fix(f"model_max_length {lim:,} (cuts them)", {"training.model_max_length": lim},
+                              hint="or spread each row over more GPUs: training.sequence_parallel_size")))
     waste = r.get("padding_waste")
     if waste is not None and waste > WASTE_MAX:
         if r.get("packing"):
@@ -132,13 +162,15 @@ def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] 
             tokens_per_second_override: Optional[float] = None, timeout: float = DEFAULT_TIMEOUT_S,
             local_python: Optional[str] = None, bins: int = 16) -> dict[str, Any]:
     """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
-    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins)
+    limit, limit_where = trainable_limit(preset, facts, gpu=gpu, base_dir=base_dir)
+    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins,
+                        longer_than=limit)
     if tokens_per_second_override:
         tps, source = tokens_per_second_override, "as given"
     else:
         tps, source = tokens_per_second(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency,
                                         base_dir=base_dir)
-    return build_report(counts, preset, tps, source)
+    return build_report(counts, preset, tps, source, limit, limit_where)
 
 
 # ------------------------------------------------------------------ text (CLI and the wizard's panel)
@@ -184,6 +216,10 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     waste = r.get("padding_waste")
     if waste is not None:
         lines.append(f"padding {waste:.1%} of computed tokens ({'packed rows' if r.get('packing') else 'padded batches'})")
+    over, lim = r.get("longer_than"), r.get("longest_trainable")
+    if lim is not None and over and (over["records"] or over["longest"] >= LONG_ROW_TOKENS):
+        lines.append(f"longest record one GPU trains: {lim:,} tokens ({r['longest_trainable_where']}); "
+                     f"{over['records']:,} longer, the longest has {over['longest']:,}")
     if r["epoch_seconds"] is not None:
         lines.append(f"time: {_duration(r['epoch_seconds'])} an epoch, {_duration(r['run_seconds'])} the run at "
                      f"{r['tokens_per_second']:,.0f} tokens/s ({r['tokens_per_second_source']})")

@@ -256,7 +256,7 @@ class MemoryEstimate:
 
 def _layer_act_bytes(spec: ModelSpec, run: RunShape, a: int, r: int) -> float:
     """Bytes autograd saves per token in one decoder layer (see the module docstring)."""
-    h, q, k, i = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
+    h, q, k, i = spec.hidden, spec.q_dim, spec.kv_dim, spec.act_intermediate  # MoE: the k experts a token runs
     if run.method == "full":
         b = 2 * (4 + r + a) * h + a * (q + 2 * k) + 2 * a * q + 4 * a * i
         if spec.qk_norm:
@@ -449,11 +449,11 @@ class ScalePoint:
 
 def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
     """Training FLOPs per token: forward x (3 full, 2 LoRA) + the decoder layers' forward again with
-    checkpointing."""
-    fwd = 2 * spec.matmul_params + 4 * spec.layers * run.seq * spec.q_dim
+    checkpointing. A mixture of experts counts the parameters a token runs (its k experts), not all of them."""
+    fwd = 2 * spec.active_matmul_params + 4 * spec.layers * run.seq * spec.q_dim
     lora = run.method in ("lora", "qlora")
     if lora:
-        fwd += 2 * spec.lora_params(run.lora_r, list(run.lora_targets))
+        fwd += 2 * spec.lora_params(run.lora_r, list(run.lora_targets), active=True)
     mult = 2.0 if lora else 3.0
     # Checkpointing recomputes the decoder layers' forward, not the LM head's (it sits outside the checkpoints).
     recompute = fwd - 2 * spec.vocab * spec.hidden if run.gradient_checkpointing else 0.0

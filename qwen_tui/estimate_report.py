@@ -12,6 +12,7 @@ from .advice import CKPT_OFF_HEADROOM, advise, make_context
 from .estimate import RunShape, effective_efficiency, estimate_memory, max_micro_batch, nodes_worth_it, scaling
 from .estimate_comm import MEASURE_HINT
 from .facts import ClusterFacts
+from .longcontext import is_long, longest_record, row_memory
 from .preset import Preset
 
 
@@ -54,17 +55,28 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [], "nodes_worth_it": None,
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
+        "long_context": None,
         "advice": [a.to_dict() for a in advice],
     }
     if c.spec is None:
         report["error"] = c.spec_error
         return report
     spec = c.spec
-    report["model"] = {"name": t.model, "params": spec.total_params,
+    report["model"] = {"name": t.model, "params": spec.total_params, "active_params": spec.active_params,
                        "trainable_params": spec.total_params if t.method == "full"
-                       else spec.lora_params(t.lora_r, t.lora_target_modules)}
+                       else spec.lora_params(t.lora_r, t.lora_target_modules),
+                       "moe": {"experts": spec.experts, "experts_per_token": spec.experts_per_token,
+                               "moe_intermediate_size": spec.moe_intermediate,
+                               "shared_expert_intermediate_size": spec.shared_intermediate,
+                               "moe_layers": spec.moe_layers} if spec.is_moe else None}
     mem = estimate_memory(spec, t, w)
     report["gpu_memory_gb"] = {**mem.to_dict(), "fits": mem.fits(c.gpu_memory_gib) if c.gpu_memory_gib else None}
+    if not c.cpu:
+        row = row_memory(spec, t, w, t.model_max_length)
+        report["long_context"] = {
+            "long_rows": is_long(t), "sequence_parallel_size": t.sequence_parallel_size,
+            "row_memory_gib": _r(row.total), "tiled_mlp": row.tiled,
+            "longest_record": longest_record(spec, t, w, c.gpu_memory_gib) if c.gpu_memory_gib else None}
     if c.cpu:
         # The step-time model is one of GPU FLOPs and links: for CPU processes its figures would be fiction.
         return report
@@ -120,7 +132,19 @@ class Summary:
     bandwidth_source: str = ""  # where it came from: given, rehearsal, nics, ib-ports, iperf3, unknown
     bandwidth_lower_bound: bool = False
     nodes_worth_it: Optional[int] = None
+    model: str = ""  # parameters (a mixture of experts: total, active and experts)
     notes: list[str] = field(default_factory=list)
+
+
+def model_line(m: dict) -> str:
+    """'30.5 B parameters, 3.4 B active a token (8 of 128 experts)' from a report's model entry."""
+    line = f"{m['params'] / 1e9:.2f} B parameters"
+    if m.get("moe"):
+        moe = m["moe"]
+        shared = ", + a shared expert" if moe.get("shared_expert_intermediate_size") else ""
+        line += (f", {m['active_params'] / 1e9:.2f} B active a token ({moe['experts_per_token']} of "
+                 f"{moe['experts']} experts{shared})")
+    return line
 
 
 def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
@@ -139,9 +163,13 @@ def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
     if r.get("error"):
         est.notes.append(str(r["error"]))
         return est
+    est.model = model_line(r["model"])
     mem = r.get("gpu_memory_gb") or {}
     est.memory_gib = mem.get("total")
     est.memory_note = str(mem.get("phase") or "")
+    lc = r.get("long_context") or {}
+    if lc.get("long_rows"):  # the worker's long-row path, not the stock estimate (qwen_tui.longcontext)
+        est.memory_gib, est.memory_note = lc["row_memory_gib"], "one long row"
     est.step_seconds = r.get("step_time_s")
     est.tokens_per_s = r.get("tokens_per_second")
     here = next((p for p in r.get("scaling_efficiency") or [] if p.get("nodes") == len(preset.cluster.nodes)), None)

@@ -81,6 +81,36 @@ def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
     return None
 
 
+_RULE = re.compile(r"^\s*={20,}\s*$")
+
+
+def without_agent_report(lines: list[str]) -> list[str]:
+    """A node's log lines without torchrun's own account of a failed worker: its ChildFailedError traceback
+    and the "Root Cause ... error_file: <N/A>" block after it say only that a rank exited, and pushed the
+    worker's own error line (e.g. "error: chat.jsonl: data file not found") out of the tail a user sees."""
+    out = list(lines)
+    while True:
+        at = next((i for i, ln in enumerate(out) if "ChildFailedError" in ln), None)
+        if at is None:
+            return out
+        start = at
+        for i in range(at, -1, -1):  # back to the traceback it ends
+            if out[i].startswith("Traceback (most recent call last)"):
+                start = i
+                break
+        rules = [i for i in range(at + 1, len(out)) if _RULE.match(out[i])]
+        end = rules[1] if len(rules) > 1 else (rules[0] if rules else at)  # the report is framed by two rules
+        del out[start:end + 1]
+
+
+def worker_error(lines: list[str]) -> Optional[str]:
+    """The worker's own one-line error (bad input: it prints `error: ...` and exits 2), if the log holds one."""
+    for ln in reversed(lines):
+        if ln.startswith("error: "):
+            return ln[len("error: "):].strip()[:300]
+    return None
+
+
 def explain(label: str, log_text: str, *, python: str = "python3", tail: int = 15) -> str:
     """A paragraph for the user: the node, cause and fix, then its last log lines."""
     d = diagnose(log_text, python)

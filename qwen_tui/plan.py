@@ -127,6 +127,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
             a.append("--q_lora")
         if t.merge_lora:
             a.append("--merge_lora")
+    if t.sequence_parallel_size > 1:
+        a += ["--sequence_parallel_size", str(t.sequence_parallel_size)]
     if t.zero_stage is not None:
         name = f"zero{t.zero_stage}" + ("" if t.offload == "none" else f"_offload_{t.offload}")
         a += ["--deepspeed", f"builtin:{name}"]

@@ -119,6 +119,9 @@ class Training(_Strict):
     lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
     weight_decay: float = Field(default=0.0, ge=0)
     gradient_checkpointing: bool = True
+    sequence_parallel_size: int = Field(default=1, ge=1, le=1024, description="ranks that share every packed row "
+                                        "(DeepSpeed's Ulysses attention): records that many times longer fit; "
+                                        "1: off")
     lora_r: int = Field(default=64, ge=1, le=4096)
     lora_alpha: int = Field(default=16, ge=1)
     lora_dropout: float = Field(default=0.05, ge=0, lt=1)
@@ -132,7 +135,7 @@ class Training(_Strict):
     lazy_preprocess: bool = False
     tokenized_cache_dir: Optional[str] = Field(
         default=None, description="where each node caches the tokenized data (the worker's default: "
-        "~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
+        "$XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
     merge_lora: bool = False
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
         default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
@@ -226,6 +229,16 @@ class Preset(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _sequence_parallel_fits(self) -> "Preset":
+        from .seqparallel import sequence_parallel_problem
+
+        problem = sequence_parallel_problem(self.training.sequence_parallel_size, self.world_size,
+                                            self.training.model)
+        if problem:
+            raise ValueError(f"training.sequence_parallel_size: {problem}")
+        return self
+
+    @model_validator(mode="after")
     def _hang_restart_needs_restarts(self) -> "Preset":
         if self.monitor.on_hang == "restart" and not self.training.restarts:
             raise ValueError("monitor.on_hang: restart relaunches through training.restarts, which is 0 "
@@ -252,7 +265,12 @@ class Preset(_Strict):
     @property
     def effective_batch_size(self) -> int:
         t = self.training
-        return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world_size
+        # the ranks of a sequence-parallel group share their records: one replica of the data per group
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.data_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return max(1, self.world_size // self.training.sequence_parallel_size)
 
     @property
     def batch_formula(self) -> str:
@@ -260,6 +278,9 @@ class Preset(_Strict):
         t, nodes = self.training, self.cluster.nodes
         gpus = [n.gpus for n in nodes]
         head = f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
+        if t.sequence_parallel_size > 1:
+            return (f"{head} x {self.data_parallel_size} sequence-parallel groups ({self.world_size} GPUs / "
+                    f"{t.sequence_parallel_size} a group) = {self.effective_batch_size}")
         if len(set(gpus)) != 1:
             return f"{head} x {self.world_size} GPUs in all = {self.effective_batch_size}"
         return f"{head} x {gpus[0]} GPUs per node x {len(nodes)} nodes = {self.effective_batch_size}"

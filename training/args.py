@@ -39,7 +39,8 @@ def _switch(group, name: str, on: str, off: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.finetune",
-        description="Fine-tune a Qwen2/2.5/3 chat model (full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
+        description="Fine-tune a Qwen2/2.5/3 chat model, dense or mixture-of-experts (Qwen3-MoE, Qwen2-MoE) "
+        "(full, LoRA or Q-LoRA; DDP or DeepSpeed ZeRO-2/3). "
         "Run under torchrun for several processes or nodes.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model_name_or_path", required=True,
                    help="local model directory or hub id (Qwen2, Qwen2.5, Qwen3; GPTQ/AWQ -Int4 checkpoints for Q-LoRA); "
-                   "'builtin:tiny' is a tiny offline Qwen2 built on first use")
+                   "'builtin:tiny' is a tiny offline Qwen2 built on first use ('builtin:tiny-moe', "
+                   "'builtin:tiny-qwen2-moe': tiny mixture-of-experts ones)")
 
     add_bool(m, "random_init",
                    help="build the model from its config.json with random weights instead of loading them "
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the tokenized data is cached, keyed by the data's checksum, the tokenizer, the chat "
                    "template and --model_max_length: local rank 0 of each node (one rank in all when every node "
                    "sees DIR) tokenizes, the other ranks load it, a later run reuses it; 'none' tokenizes on every "
-                   "rank (default $QWEN_TUI_TOKENIZED_CACHE, else ~/.cache/qwen-tui/tokenized)")
+                   "rank (default $QWEN_TUI_TOKENIZED_CACHE, else $XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized)")
     d.add_argument("--tokenize_timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="how long a rank waits for another rank's tokenized cache before it gives up (default 3600)")
     d.add_argument("--dataloader_num_workers", type=int, default=0,
@@ -101,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
                    "optionally with _offload_optimizer or _offload_all (ZeRO-3); its 'auto' fields are filled from "
                    "these flags; the ZeRO stage comes from it")
+    t.add_argument("--sequence_parallel_size", type=int, default=1, metavar="N",
+                   help="spread every packed row over N consecutive ranks (DeepSpeed's Ulysses attention): each "
+                   "holds 1/N of the row's tokens, so records N times longer fit; N divides the number of "
+                   "processes, and the model's attention heads divide among N ranks (default 1: off)")
+    add_bool(t, "tiled_mlp", default=None,
+             help="compute every layer's MLP in tiles of --tiled_mlp_tokens tokens, forward and backward "
+             "(DeepSpeed's TiledMLP): long records need a tile's MLP activations, not a row's, for one more MLP "
+             "forward a step. Default: on where a rank's share of --model_max_length is over 32768 tokens (one "
+             "process, ZeRO-1/2, or ZeRO-3 with sequence parallelism over all ranks)")
+    t.add_argument("--tiled_mlp_tokens", type=int, default=8192, metavar="N",
+                   help="tokens of one MLP tile with --tiled_mlp (default 8192; rows no longer run untiled)")
     add_bool(t, "use_cpu", help="train on CPU with gloo (chosen automatically without CUDA)")
     t.add_argument("--ddp_timeout", type=int, default=int(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800),
                    help="seconds a process waits for the others (process-group set-up and collectives); "
@@ -222,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="module names to adapt, comma- or space-separated (Qwen's finetune.py takes a list) "
                     f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
     add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
+
+    moe = p.add_argument_group("mixture of experts (Qwen3-MoE, Qwen2-MoE)")
+    moe.add_argument("--router_aux_loss_coef", type=float, default=None, metavar="COEF",
+                     help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
+                     "(logged as aux_loss in metrics.jsonl); 0 leaves it out. Default: the model config's "
+                     "router_aux_loss_coef (0.001 in Qwen's releases)")
+    add_bool(moe, "train_router",
+             help="train the routers (each sparse MoE block's gate): with LoRA they are saved with the adapter "
+             "(peft modules_to_save). Default: the routers stay frozen, whatever the method")
     add_hf_flags(p)
     return p
 
@@ -263,6 +285,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--lora_target_modules is empty")
     if args.merge_lora and not args.use_lora:
         raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
+    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
+        raise InputError(f"--router_aux_loss_coef must be 0 or more, got {args.router_aux_loss_coef:g}")
     if args.packing_tokens is not None and args.packing_tokens < args.model_max_length:
         raise InputError(f"--packing_tokens {args.packing_tokens} is less than --model_max_length "
                          f"{args.model_max_length}: the longest record must fit in one packed row")
@@ -276,6 +300,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
     if args.tokenize_timeout <= 0:
         raise InputError(f"--tokenize_timeout must be positive, got {args.tokenize_timeout:g}")
+    if args.sequence_parallel_size < 1:
+        raise InputError(f"--sequence_parallel_size must be at least 1, got {args.sequence_parallel_size}")
     if args.heartbeat_interval <= 0:
         raise InputError(f"--heartbeat_interval must be positive, got {args.heartbeat_interval:g}")
     if args.model_max_length < 8:

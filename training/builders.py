@@ -157,10 +157,14 @@ def build_optimization(args, env, model, loss_module, fast, ds_config: dict | No
         # With our loss, DDP wraps model + loss, so the forward that DDP sees is the one that runs.
         # No broadcast of buffers before each step's first forward: a Qwen model's only buffers are the rotary
         # frequencies, which every rank computes alike; the broadcast was one more wait for all ranks each step,
-        # hidden inside the forward (training.step_timing would count it as compute).
+        # hidden inside the forward (training.step_timing would count it as compute). Experts kept as one module
+        # each (transformers 4) get no gradient on a rank whose tokens none chose.
+        from training.moe import expert_layout
+
         opt.ddp = DistributedDataParallel(loss_module if loss_module is not None else model,
                                           device_ids=[device.index] if device.type == "cuda" else None,
-                                          broadcast_buffers=False)
+                                          broadcast_buffers=False,
+                                          find_unused_parameters=expert_layout(model) == "modules")
     return opt
 
 

@@ -128,15 +128,26 @@ def publish(tmp: Path, final: Path) -> None:
         os.rename(tmp, final)
 
 
-def rotate(output_dir: str, limit: int | None) -> list[Path]:
-    """Deletes the oldest complete checkpoints beyond `limit`; returns what it deleted."""
+def rotate(output_dir: str, limit: int | None, lineage: str | None = None) -> list[Path]:
+    """Deletes the oldest complete checkpoints beyond `limit`; returns what it deleted. With `lineage`, only this
+    run's checkpoints count (their state names the lineage: written by this run or the runs it resumed): another
+    run's in the same directory are never deleted, and their higher steps never push out this run's own."""
     if not limit or limit <= 0:
         return []
     found = complete_checkpoints(output_dir)
+    if lineage is not None:
+        found = [(s, p) for s, p in found if _lineage(p) == lineage]
     doomed = [p for _, p in found[:-limit]]
     for p in doomed:
         shutil.rmtree(p)
     return doomed
+
+
+def _lineage(ckpt: Path) -> str | None:
+    try:
+        return json.loads((state_file(ckpt) or ckpt / STATE_FILE).read_text(encoding="utf-8")).get("lineage")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None  # unreadable: not provably this run's, so never deleted
 
 
 def move_contents(src: Path, dst: Path) -> None:

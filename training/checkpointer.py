@@ -98,7 +98,7 @@ class Checkpointer:
         dist.barrier()
         if self.is_saver:
             ckpt.publish(tmp, final)
-            for gone in ckpt.rotate(a.output_dir, a.save_total_limit):
+            for gone in ckpt.rotate(a.output_dir, a.save_total_limit, state.get("lineage")):
                 log.info("deleted %s (--save_total_limit %d)", gone, a.save_total_limit)
         dist.barrier()
         log.info("saved %s", final)

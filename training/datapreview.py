@@ -84,7 +84,8 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
 
     mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
     capacity = args.packing_tokens or mb * args.model_max_length
-    pad_multiple = 128 if cuda else 8  # the recipe's row widths (FinetuneRecipe._pad_multiple)
+    base = 128 if cuda else 8  # the recipe's row widths (FinetuneRecipe._pad_multiple), a multiple of the SP size
+    pad_multiple = base * args.sequence_parallel_size // math.gcd(base, args.sequence_parallel_size)
     collate_multiple = 8 if cuda else 1  # the recipe's Collator for unpacked micro-batches
     steps = min(steps_per_epoch, WASTE_STEPS)
     samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, args.seed, steps)) for r in range(world_size)]
@@ -111,7 +112,7 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
             "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
 
 
-def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
+def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
     from training.data import EagerDataset
     from training.model import load_tokenizer, resolve_model_source
     from training.records import load_conversations
@@ -124,13 +125,15 @@ def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
     s = ds.stats
     full = sorted(enc.full_lengths)
     used = [len(e.input_ids) for e in ds.items]
-    global_batch = world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    # The ranks of a sequence-parallel group share their records: the sampler deals to the groups.
+    data_world = max(1, world_size // args.sequence_parallel_size)
+    global_batch = data_world * args.per_device_train_batch_size * args.gradient_accumulation_steps
     steps_per_epoch = len(ds) // global_batch
     total_steps = (args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch))
     records_per_epoch = steps_per_epoch * global_batch
     # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
     tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
-    waste = padding_waste(used, args, world_size, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
+    waste = padding_waste(used, args, data_world, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
         else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
         "data": args.data_path, "model": args.model_name_or_path, "model_max_length": args.model_max_length,
@@ -142,6 +145,10 @@ def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS) -> dict:
         "histogram": histogram(full, bins),
         "world_size": world_size, "global_batch_size": global_batch, "steps_per_epoch": steps_per_epoch,
         "total_steps": total_steps, "records_per_epoch": records_per_epoch, "tokens_per_epoch": tokens_per_epoch,
+        "sequence_parallel_size": args.sequence_parallel_size,
+        # records (as cut to model_max_length) longer than the caller's limit: the longest a GPU trains
+        "longer_than": ({"tokens": longer_than, "records": sum(1 for n in used if n > longer_than),
+                         "longest": max(used, default=0)} if longer_than else None),
         **waste, "seconds": round(time.monotonic() - t0, 3),
     }
 
@@ -155,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
                    help="where the run trains: sets the row and batch padding multiples (default cuda)")
     p.add_argument("--bins", type=int, default=HIST_BINS, help=f"histogram bins (default {HIST_BINS})")
+    p.add_argument("--longer_than", type=int, default=None, metavar="TOKENS",
+                   help="also count the records (as cut to --model_max_length) longer than this")
     mine = p.parse_args(ours)
     if mine.world_size < 1 or mine.bins < 1:
         print("training.datapreview: --world_size and --bins must be positive", file=sys.stderr)
@@ -169,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(worker)
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone (a model build may print)
-            report = preview(args, mine.world_size, mine.device == "cuda" and "--use_cpu" not in worker, mine.bins)
+            report = preview(args, mine.world_size, mine.device == "cuda" and "--use_cpu" not in worker, mine.bins,
+                             mine.longer_than)
     except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
         return report_failure(e)
     json.dump(report, sys.stdout)

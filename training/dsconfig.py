@@ -87,7 +87,13 @@ def _set(path: str, cfg: dict, section: dict, key: str, value) -> None:
 
 
 def layer_numel(model_config: dict) -> int:
-    """Parameters of one decoder layer of a Qwen2/2.5/3 config (projections; norms and biases are noise here)."""
+    """Parameters of one decoder layer of a Qwen2/2.5/3 config (projections; norms and biases are noise here);
+    of a mixture-of-experts layer, every expert's (training.moe)."""
+    from training.moe import layer_numel as moe_layer_numel
+
+    moe = moe_layer_numel(model_config)
+    if moe is not None:
+        return moe
     h = int(model_config.get("hidden_size") or 4096)
     heads = int(model_config.get("num_attention_heads") or 32)
     kv = int(model_config.get("num_key_value_heads") or heads) * int(model_config.get("head_dim") or h // heads)

@@ -333,8 +333,10 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
             self.labels = list(self.input_ids)
 
     def run(tokens: int):
-        row = to_device(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0, max_segment=max_segment),
-                        device)
+        from training.sequence_parallel import local
+
+        row = to_device(local(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0,
+                                   max_segment=max_segment)), device)
         if engine is not None:
             engine.set_gradient_accumulation_boundary(False)
             s, _ = engine(row)

@@ -39,6 +39,9 @@ def _setup_logging() -> None:
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    from training import quiet
+
+    quiet.install()  # library messages that say nothing about the run (training/quiet.py)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # avoids fork warnings with loader workers
 
@@ -69,6 +72,9 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from training import quiet
+
+    quiet.cpu_run(bool(args.use_cpu))
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         for line in args.flag_warnings:  # HF flags accepted from a copied command that change nothing here

@@ -105,7 +105,9 @@ class Heartbeat:
         if self._broken:
             return
         try:
-            with open(self._tmp, "w", encoding="utf-8") as f:
+            # 0600, as every file of the run directory it lives in
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(json.dumps(self.snapshot()))
             os.replace(self._tmp, self.path)
         except OSError as e:
@@ -144,7 +146,7 @@ def from_args(args, tick=None) -> Heartbeat | NoHeartbeat:
     if not args.heartbeat_dir:
         return NoHeartbeat()
     try:
-        os.makedirs(args.heartbeat_dir, exist_ok=True)
+        os.makedirs(args.heartbeat_dir, mode=0o700, exist_ok=True)
     except OSError as e:
         log.warning("--heartbeat_dir %s cannot be made (%s): no heartbeat", args.heartbeat_dir, e)
         return NoHeartbeat()

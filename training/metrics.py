@@ -29,7 +29,9 @@ class MetricsWriter:
             return
         if self._f is None:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self._f = open(self.path, "a", encoding="utf-8")
+            # 0600, as every file of a run directory (it lives there when qwen-tui launched the run)
+            self._f = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a",
+                                encoding="utf-8")
         rec = {k: _clean(v) for k, v in record.items()}
         rec.setdefault("time", time.time())
         self._f.write(json.dumps(rec, ensure_ascii=False) + "\n")

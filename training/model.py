@@ -26,13 +26,16 @@ HALF_NAMES = {"bfloat16", "float16"}
 
 
 def resolve_model_source(name_or_path: str, local_rank: int) -> str:
-    """`builtin:tiny` -> the cached tiny model; a local directory must hold a config.json."""
-    if name_or_path == "builtin:tiny":
+    """`builtin:tiny` (or tiny-moe, tiny-qwen2-moe) -> the cached tiny model; a local directory must hold a
+    config.json."""
+    from training.tiny import BUILTINS
+
+    if name_or_path in BUILTINS:
         from training.tiny import ensure_builtin_tiny
 
-        return str(ensure_builtin_tiny(local_rank))
+        return str(ensure_builtin_tiny(local_rank, name_or_path))
     if name_or_path.startswith("builtin:"):
-        raise InputError(f"unknown built-in model {name_or_path!r}; known: builtin:tiny")
+        raise InputError(f"unknown built-in model {name_or_path!r}; known: {', '.join(BUILTINS)}")
     p = Path(name_or_path).expanduser()
     looks_local = p.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_local:
@@ -82,6 +85,8 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
         raise InputError(f"{args.model_name_or_path}: the checkpoint is {quant}-quantized; "
                          "only --q_lora can train it (LoRA on the frozen quantized base)")
     if not args.q_lora:
+        if args.use_lora:
+            _check_expert_lora(args, config)
         return "lora" if args.use_lora else "full"
     if stage == 3 and quant:
         raise InputError(f"--q_lora on a {quant.upper()}-quantized checkpoint does not work with ZeRO-3 (its packed "
@@ -100,7 +105,28 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
         return "qlora"
     if importlib.util.find_spec("bitsandbytes") is None:
         raise InputError("--q_lora needs the bitsandbytes package for 4-bit nf4 quantization")
+    from training.moe import layout_of_config, moe_shape
+
+    if moe_shape(config) and layout_of_config(config) == "fused":
+        raise InputError(f"--q_lora: {args.model_name_or_path} is a mixture-of-experts model, and this transformers "
+                         "stores its experts fused as 3-D tensors, which bitsandbytes cannot quantize (it "
+                         "quantizes nn.Linear layers only): nearly all of the weights would stay in 16 bits. Use "
+                         "--use_lora (a 16-bit base, sharded by ZeRO-3 across GPUs) instead")
+    _check_expert_lora(args, config)
     return "qlora"
+
+
+def _check_expert_lora(args, config: dict) -> None:
+    """LoRA reaches fused experts through peft's target_parameters, which refuses dropout: said before loading."""
+    from training.moe import MLP_NAMES, layout_of_config, moe_shape
+
+    asked = [m for m in args.lora_target_modules if m in MLP_NAMES]
+    if not (asked and args.lora_dropout > 0 and moe_shape(config)) or layout_of_config(config) != "fused":
+        return
+    raise InputError(f"--lora_target_modules {','.join(asked)} adapt the experts of {args.model_name_or_path}, "
+                     "stored fused as 3-D tensors, through peft's target_parameters, which does not support "
+                     f"--lora_dropout (got {args.lora_dropout:g}): give --lora_dropout 0, or adapt the attention "
+                     "only: --lora_target_modules q_proj,k_proj,v_proj,o_proj")
 
 
 def load_tokenizer(source: str):
@@ -137,6 +163,7 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         with torch.device(device):  # built where it trains: no copy of random weights through the host
             model = AutoModelForCausalLM.from_config(config, dtype=load_dtype)
         model.config.use_cache = False
+        model.config.output_router_logits = False
         setattr(model, SAVE_DTYPE_ATTR, save_dtype)
         return model
     if method == "qlora":
@@ -154,6 +181,8 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         kwargs["device_map"] = {"": "cpu" if sharded else device}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
+    # The worker adds the routers' load-balancing loss itself (training.moe), on every path, once.
+    model.config.output_router_logits = False
     setattr(model, SAVE_DTYPE_ATTR, save_dtype)
     return model
 
@@ -208,19 +237,35 @@ def apply_method(args, model, method: str):
         )
     elif args.gradient_checkpointing:
         checkpointing(model, True)
+    from training import moe
+
+    routers = moe.sparse_blocks(model)
     if method == "full":
+        if routers:
+            moe.set_router_trainable(model, bool(getattr(args, "train_router", False)))
+            log.info("mixture of experts: %d routers %s", len(routers),
+                     "train (--train_router)" if getattr(args, "train_router", False) else "frozen (--train_router "
+                     "trains them)")
         return model
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    unknown = [m for m in args.lora_target_modules if m not in present]
+    modules, params, unknown = moe.lora_targets(model, args.lora_target_modules)
     if unknown:
         raise InputError(f"--lora_target_modules: the model has no modules named {', '.join(unknown)}")
+    extra = {}
+    if params:
+        extra["target_parameters"] = params  # fused experts: peft's LoRA on 3-D parameters
+    if routers and getattr(args, "train_router", False):
+        extra["modules_to_save"] = [moe.ROUTER_KEY]  # trained in full and saved with the adapter
     cfg = LoraConfig(
         r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-        target_modules=args.lora_target_modules, bias="none", task_type="CAUSAL_LM",
+        target_modules=modules, bias="none", task_type="CAUSAL_LM", **extra,
     )
     model = get_peft_model(model, cfg)
+    if routers:
+        log.info("mixture of experts (%s experts): LoRA on %s; routers %s", moe.expert_layout(model),
+                 ", ".join(modules + params), "trained (--train_router)" if extra.get("modules_to_save")
+                 else "frozen")
     # ZeRO-3 partitions the base while it loads: a partitioned weight holds 0 elements here, ds_numel of them.
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

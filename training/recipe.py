@@ -23,10 +23,11 @@ import gc
 import logging
 import math
 import os
+import uuid
 
 import torch
 
-from training import builders, dist, dsconfig, fast_setup, fastpath, shared_output
+from training import builders, dist, dsconfig, fast_setup, fastpath, long_context, sequence_parallel, shared_output
 from training.heartbeat import NoHeartbeat
 from training.step_timing import StepTimer
 from training import checkpoint as ckpt
@@ -61,6 +62,9 @@ class FinetuneRecipe(StepLoop):
         self._retries_warned = 0  # allocator retries already warned about
         self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
         self.base_partition = None  # ZeRO-3: how much of the frozen base each rank holds
+        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.moe)
+        self.last_ce = None  # the last micro-batch's cross-entropy part of its loss
+        self.aux_sum = None  # and its load-balancing loss x real tokens (mixture of experts)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -82,6 +86,10 @@ class FinetuneRecipe(StepLoop):
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
         self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
+        sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
+        sequence_parallel.check_fast_path(a, self.fast)
+        long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
+        self.data_env = sequence_parallel.data_env(env, a.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
@@ -89,16 +97,23 @@ class FinetuneRecipe(StepLoop):
         self.train_ds = build_dataset(train_convs, encoder, a.lazy_preprocess)
         self.eval_ds = build_dataset(eval_convs, encoder, a.lazy_preprocess) if eval_convs else None
         self._log_data_stats()
-        self.global_batch = env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
+        self.global_batch = self.data_env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
         self.steps_per_epoch = len(self.train_ds) // self.global_batch
         if self.steps_per_epoch == 0:
+            who = "processes" if a.sequence_parallel_size == 1 else "sequence-parallel groups"
             raise InputError(f"{a.data_path}: {len(self.train_ds)} usable records, fewer than one global batch of "
-                             f"{self.global_batch} (= {env.world_size} processes x {a.per_device_train_batch_size} "
-                             f"x {a.gradient_accumulation_steps} accumulation)")
+                             f"{self.global_batch} (= {self.data_env.world_size} {who} x "
+                             f"{a.per_device_train_batch_size} x {a.gradient_accumulation_steps} accumulation)")
         self.total_steps = a.max_steps if a.max_steps > 0 else math.ceil(a.num_train_epochs * self.steps_per_epoch)
         if self.resume_state:
             self._check_resume_compatible()
             self.step = int(self.resume_state["step"])
+        # Which checkpoints are this run's (rotation deletes only those): kept across resumes, new for a fresh start.
+        self.lineage = (self.resume_state or {}).get("lineage") or uuid.uuid4().hex
+        if self.resume_state and env.is_main:  # never silently: `auto` may find a checkpoint the user forgot
+            st = self.resume_state
+            log.info("resuming from %s (step %d%s)", self.resume_dir, self.step,
+                     f", saved by run {st['run_id']}" if st.get("run_id") else "")
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
         self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu",
@@ -123,8 +138,15 @@ class FinetuneRecipe(StepLoop):
         self.model, self._hf_ds_config = builders.build_model(
             a, self.source, self.method, self.device, self._load_dtype(), self.quant, self.stage, self.fast,
             self.resume_dir, self.ds_config)
+        self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
+            sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
+                                      env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
+        if a.tiled_mlp:
+            log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, a.tiled_mlp_tokens),
+                     a.tiled_mlp_tokens)
         # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
         self.timer = StepTimer(self.device, self.model, env.world_size > 1)
         if not a.deepspeed:
@@ -137,7 +159,7 @@ class FinetuneRecipe(StepLoop):
             self.base_partition = builders.place_shards(self.model, self.method, self.device, env.is_main)
         if a.deepspeed:
             self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
-        loading = builders.build_loader(a, env, self.train_ds, self.tokenizer.pad_token_id, self.device,
+        loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
                                         self.fast.packing, self.total_steps, self.step)
         self.collator, self.sampler, self.loader = loading.collator, loading.sampler, loading.loader
         self.checkpointer = Checkpointer(a, env, self.stage, self.method, self.model, self.tokenizer, self.source)
@@ -149,7 +171,8 @@ class FinetuneRecipe(StepLoop):
         os.makedirs(a.output_dir, exist_ok=True)
         self.metrics = MetricsWriter(a.metrics_file, enabled=env.is_main)
         self.metrics.write({
-            "event": "start", "world_size": env.world_size, "method": self.method, "zero_stage": self.stage,
+            "event": "start", "world_size": env.world_size,
+            "sequence_parallel_size": a.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
             "total_steps": self.total_steps, "start_step": self.step, "steps_per_epoch": self.steps_per_epoch,
             "global_batch_size": self.global_batch, "micro_batch_size": a.per_device_train_batch_size,
             "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,
@@ -164,6 +187,10 @@ class FinetuneRecipe(StepLoop):
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
             "lazy_preprocess": a.lazy_preprocess, "fast_path": self.fast.record(),
             "base_partition": self.base_partition,
+            "moe": None if self.router is None else {
+                "experts": self.router.shape.num_experts, "experts_per_token": self.router.shape.top_k,
+                "moe_layers": self.router.layers, "router_aux_loss_coef": self.router.coef,
+                "shared_expert": self.router.shape.shared_expert, "train_router": bool(a.train_router)},
         })
         self.started = True
         if env.is_main:
@@ -210,6 +237,26 @@ class FinetuneRecipe(StepLoop):
             return half  # DeepSpeed keeps its own fp32 master copy; a LoRA base is frozen
         return torch.float32  # plain full fine-tuning: fp32 weights, autocast for the compute
 
+    def _router_aux(self):
+        """RouterAux for a mixture-of-experts model (None for a dense one): the config's coefficient unless
+        --router_aux_loss_coef gives one; 0 collects nothing."""
+        from training import moe
+
+        shape = moe.moe_shape(self.model_config)
+        if shape is None:
+            if self.args.router_aux_loss_coef is not None or self.args.train_router:
+                log.warning("--router_aux_loss_coef and --train_router apply to mixture-of-experts models only; "
+                            "%s is dense", self.args.model_name_or_path)
+            return None
+        coef = shape.aux_coef if self.args.router_aux_loss_coef is None else float(self.args.router_aux_loss_coef)
+        router = moe.RouterAux(self.model, shape, coef)
+        if self.env.is_main:
+            log.info("mixture of experts: %d MoE layers of %d experts, %d a token%s; load-balancing loss x %g%s",
+                     router.layers, shape.num_experts, shape.top_k, " + a shared expert" if shape.shared_expert
+                     else "", coef, " (--router_aux_loss_coef)" if self.args.router_aux_loss_coef is not None
+                     else " (the model config's router_aux_loss_coef)")
+        return router
+
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -233,8 +280,26 @@ class FinetuneRecipe(StepLoop):
             return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
         return contextlib.nullcontext()
 
-    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
-        """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own."""
+    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True,
+                      num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own. With num_tokens (the real
+        tokens of the optimizer step over all ranks / world size) a mixture-of-experts model adds its routers'
+        load-balancing loss weighted by this micro-batch's share of them (training.moe). For metrics: self.last_ce
+        is the cross-entropy part, self.aux_sum the micro-batch's aux x its real tokens (None without)."""
+        self.aux_sum = None
+        if self.router is not None and num_tokens is not None and self.router.coef > 0:
+            from training.moe import real_token_mask
+
+            with self.router.collecting():
+                self.last_ce = self._forward_ce(batch, num_items, train)
+            mask, real = real_token_mask(batch)
+            aux = self.router.aux(mask)
+            self.aux_sum = aux.detach().double() * real
+            return self.last_ce + self.router.coef * aux * (real / num_tokens)
+        self.last_ce = self._forward_ce(batch, num_items, train)
+        return self.last_ce
+
+    def _forward_ce(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
         if self.loss_module is not None:
             # DDP or the DeepSpeed engine wraps the loss module; evaluation goes around DDP (no gradient sync), and
             # through the engine (ZeRO-3 gathers the weights in its hooks).
@@ -279,6 +344,7 @@ class FinetuneRecipe(StepLoop):
             "step": self.step, "epoch": self.step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
             "zero_stage": self.stage, "seed": a.seed, "model": a.model_name_or_path,
+            "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
             self.metrics.write({"event": "checkpoint", "step": self.step, "path": str(final)})

@@ -36,7 +36,7 @@ class StackFile:
         self.rank, self.pid = rank, os.getpid()
         self.path = os.path.join(directory, f"stack-rank-{rank}.txt")
         # Unbuffered and appending: faulthandler writes straight to the descriptor, and so do our own lines.
-        self._f = open(self.path, "ab", buffering=0)
+        self._f = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0)
         self._write(f"=== stacks of rank {rank} (pid {self.pid}, host {socket.gethostname()}) on SIGUSR1 from "
                     f"{_stamp()}; each dump ends with a line giving its time\n")
         self._seen = os.fstat(self._f.fileno()).st_size
@@ -73,7 +73,7 @@ def register(heartbeat_dir: str | None, rank: int) -> StackFile | None:
     stderr. Returns the StackFile (whose check() the heartbeat calls) or None."""
     if heartbeat_dir:
         try:
-            os.makedirs(heartbeat_dir, exist_ok=True)
+            os.makedirs(heartbeat_dir, mode=0o700, exist_ok=True)  # in the run directory: 0700 as it is
             return StackFile(heartbeat_dir, rank)
         except OSError as e:
             log.warning("cannot open a stack file in --heartbeat_dir %s (%s): SIGUSR1 dumps stacks to stderr",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from training import dist, fastpath, profiling, step_timing, trackers
+from training import dist, fastpath, profiling, sequence_parallel, step_timing, trackers
 from training.data import IGNORE_INDEX
 from training.fast import allocator
 
@@ -98,6 +98,9 @@ class StepLoop:
                     # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
                     num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
                     loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                    # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.moe)
+                    aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                    num_tokens = self._device_scalar(max(n_tokens, 1.0) / env.world_size)
                     lr = self._current_lr()
                 for i, batch in enumerate(micro):
                     last = i == len(micro) - 1
@@ -109,7 +112,7 @@ class StepLoop:
                     with sync:
                         hb.phase("forward")
                         with mark("step: forward"):
-                            loss = self._forward_loss(batch, num_items)
+                            loss = self._forward_loss(batch, num_items, num_tokens=num_tokens)
                         hb.phase("backward")
                         if last:  # the micro-batch whose backward waits for every rank's gradients
                             timer.arm()
@@ -131,7 +134,9 @@ class StepLoop:
                         if last:
                             hb.phase("optimizer")
                         self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
-                    loss_sum += loss.detach().double() * num_items.double()
+                    loss_sum += self.last_ce.detach().double() * num_items.double()
+                    if self.aux_sum is not None:
+                        aux_sum += self.aux_sum
                 hb.phase("optimizer")
                 with mark("step: optimizer"):
                     grad_norm = self._optimizer_step()
@@ -139,7 +144,7 @@ class StepLoop:
                 hb.step = self.step
                 hb.phase("collective")
                 started = timer.start()
-                loss_sum = dist.all_reduce_sum(loss_sum)
+                loss_sum = dist.all_reduce_sum(torch.stack([loss_sum, aux_sum]))  # one collective for both
                 timer.end(self.step, started)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
                 due_eval = self.eval_ds is not None and self._eval_due()
@@ -170,7 +175,7 @@ class StepLoop:
         """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
         step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
         a = self.args
-        loss_sum = q.loss_sum.item()
+        loss_sum, aux_sum = q.loss_sum.tolist()
         grad_norm = float(q.grad_norm)
         if seconds is None:
             seconds = time.perf_counter() - q.t0
@@ -182,6 +187,7 @@ class StepLoop:
         w = self._window
         w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
         w.wait += self.timer.take(q.step)
+        w.aux_sum += aux_sum
         w.micro_batches += q.micro_batches
         w.empty_rows += int(q.n_empty)
         if q.step % a.logging_steps == 0 or q.step == self.total_steps:
@@ -211,6 +217,7 @@ class StepLoop:
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
         rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
         counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
@@ -221,14 +228,15 @@ class StepLoop:
         ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
         gather_s = time.perf_counter() - started
         most = int(max(r[3] for r in ranks))
-        totals = [sum(r[i] for r in ranks) for i in range(3)]
+        # The ranks of a sequence-parallel group ran the same records: each is counted once.
+        totals = [sum(r[i] for r in ranks) / sequence_parallel.size() for i in range(3)]
         return rows, totals + [most * len(ranks) - sum(r[3] for r in ranks)], most, gather_s
 
     @property
     def _pad_multiple(self) -> int:
         # Rows are as wide as their records rounded up to this: tile-friendly widths on CUDA with at most 127 tokens
         # of padding a row (the compiled layers are shape-dynamic, so widths cost no recompiles).
-        return 128 if self.device.type == "cuda" else 8
+        return sequence_parallel.pad_multiple(128 if self.device.type == "cuda" else 8)
 
     def _packed_step(self, packed: tuple[list[dict], list[float], int, float]) -> tuple[list[dict], torch.Tensor]:
         """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
@@ -236,8 +244,8 @@ class StepLoop:
         f, a = self.fast, self.args
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
-            filler = fastpath.empty_row(min(self._pad_multiple, f.packing_tokens), self.tokenizer.pad_token_id,
-                                        a.model_max_length)
+            filler = sequence_parallel.local(fastpath.empty_row(min(self._pad_multiple, f.packing_tokens),
+                                                                self.tokenizer.pad_token_id, a.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
@@ -285,6 +293,9 @@ class StepLoop:
             "step_time": w.seconds / w.steps,
         }
         rec.update(self._rank_times(w, rec["step_time"]))
+        if self.router is not None and self.router.coef > 0:
+            # the load-balancing loss per real token (the objective adds router_aux_loss_coef x this to the loss)
+            rec["aux_loss"] = w.aux_sum / max(w.tokens, 1.0)
         if self.fast.packing:
             rec["micro_batches"] = w.micro_batches  # packed rows each process ran, empty ones included
             rec["empty_rows"] = w.empty_rows  # rows of padding, over all processes, so all ran as many
@@ -338,7 +349,7 @@ class StepLoop:
 class _Queued:
     """A finished optimizer step whose loss and gradient norm may still be on the device."""
     step: int
-    loss_sum: torch.Tensor
+    loss_sum: torch.Tensor  # [summed token loss, summed aux loss x real tokens], over all ranks
     grad_norm: torch.Tensor | float
     lr: float
     n_labels: float
@@ -353,7 +364,7 @@ class _Window:
     """Sums over the optimizer steps between two metrics records."""
 
     def __init__(self):
-        self.loss_sum = self.labels = self.tokens = self.seconds = self.wait = 0.0
+        self.loss_sum = self.labels = self.tokens = self.seconds = self.wait = self.aux_sum = 0.0
         self.steps = self.micro_batches = self.empty_rows = 0
 
     def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:

@@ -35,14 +35,31 @@ class StopRequested(Exception):
     """The worker was asked to stop (SIGTERM)."""
 
 
+# Where a stop that lands inside an import looks again (see StopSignal._raise_when_safe).
+_IMPORT_FRAMES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+RETRY_S = 0.05
+
+
+def _in_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename in _IMPORT_FRAMES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StopSignal:
     """Installed first thing, unarmed: a signal while the worker still imports torch is only noted (an exception
     raised inside a C extension's import leaves it half-built, and the process may crash later), and `arm()`
-    raises it at the first safe point. Armed, the signal raises StopRequested where the worker is."""
+    raises it at the first safe point. Armed, the signal raises StopRequested where the worker is, unless that is
+    inside an import: the model's classes are imported lazily during set-up, and an exception thrown through a C
+    extension's import there aborted the rank (SIGABRT, a torchrun traceback, no stop line). Then the stop waits,
+    looking again every RETRY_S (SIGALRM), until the import is done."""
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self.armed = False
+        self._deferred = False
 
     @property
     def requested(self) -> bool:
@@ -58,12 +75,25 @@ class StopSignal:
         if self.signum is not None:
             raise StopRequested(f"stopped by signal {signal.Signals(self.signum).name}")
 
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _handle(self, signum, frame) -> None:
         if self.signum is not None:
-            return  # already unwinding: a second signal must not break the clean exit
+            return  # already unwinding (or waiting for an import to end): a second signal changes nothing
         self.signum = signum
         if self.armed:
-            raise StopRequested(f"stopped by signal {signal.Signals(signum).name}")
+            self._raise_when_safe(frame)
+
+    def _raise_when_safe(self, frame) -> None:
+        if _in_import(frame):
+            if not self._deferred:
+                self._deferred = True
+                signal.signal(signal.SIGALRM, lambda _s, f: self._raise_when_safe(f))
+            signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+            return
+        if self._deferred:
+            self._deferred = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        raise StopRequested(f"stopped by signal {signal.Signals(self.signum or signal.SIGTERM).name}")
 
     def await_stop(self, seconds: float) -> bool:
         """Wait up to `seconds` for a SIGTERM (True when one came): a rank whose collective failed because a

@@ -1,7 +1,9 @@
-"""A tiny Qwen2 model and tokenizer, built offline in about a second.
+"""A tiny Qwen2 model and tokenizer, built offline in about a second (and two tiny mixture-of-experts ones).
 
-    python -m training.tiny OUT_DIR          # build (idempotent)
+    python -m training.tiny OUT_DIR [KIND]   # build (idempotent); KIND qwen2 (default), qwen3_moe or qwen2_moe
     --model_name_or_path builtin:tiny        # the worker builds it on first use
+    --model_name_or_path builtin:tiny-moe    # Qwen3-MoE: 8 experts, 2 a token, no shared expert
+    --model_name_or_path builtin:tiny-qwen2-moe   # Qwen2-MoE: 8 experts, 2 a token, plus a gated shared expert
 
 It is what the local demo and the tests train: hidden 64, 2 layers, 4 heads
 (2 KV heads), a byte-level BPE of at most 1k tokens (750 today) trained on the demo chat data with
@@ -22,6 +24,8 @@ import time
 from pathlib import Path
 
 BUILTIN_TINY = "builtin:tiny"
+# builtin name -> architecture of the tiny model (the MoE ones share the tokenizer and the attention shape)
+BUILTINS = {"builtin:tiny": "qwen2", "builtin:tiny-moe": "qwen3_moe", "builtin:tiny-qwen2-moe": "qwen2_moe"}
 VOCAB_SIZE = 1024  # BPE vocabulary including the 3 special tokens
 SEED = 1234
 LM_HEAD_STD = 0.2
@@ -88,19 +92,41 @@ def _build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def _build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+MOE_SHAPE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                 router_aux_loss_coef=0.001, decoder_sparse_step=1, output_router_logits=False)
 
-    config = Qwen2Config(
+
+def _config(kind: str, **common):
+    """The tiny config of an architecture: the dense model's attention and vocabulary for all three."""
+    if kind == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(intermediate_size=128, tie_word_embeddings=False, **common)  # untied as in Qwen2.5-7B
+    if kind == "qwen3_moe":  # like Qwen3-30B-A3B: top-k probabilities renormalised, untied head, no q/k/v bias
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(intermediate_size=128, head_dim=16, tie_word_embeddings=False, **MOE_SHAPE, **common)
+    if kind == "qwen2_moe":  # like Qwen2-57B-A14B: a shared expert beside the routed ones, q/k/v biases
+        from transformers import Qwen2MoeConfig
+
+        shape = {**MOE_SHAPE, "norm_topk_prob": False}
+        return Qwen2MoeConfig(intermediate_size=128, shared_expert_intermediate_size=64, tie_word_embeddings=False,
+                              **shape, **common)
+    raise ValueError(f"unknown tiny model kind {kind!r}; known: {', '.join(sorted(set(BUILTINS.values())))}")
+
+
+def _build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int, kind: str = "qwen2") -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _config(
+        kind,
         vocab_size=vocab_size,
         hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,
-        tie_word_embeddings=False,  # as in Qwen2.5-7B; see the lm_head note below
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -108,7 +134,12 @@ def _build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
         use_cache=True,
     )
     torch.manual_seed(SEED)
-    model = Qwen2ForCausalLM(config)
+    if kind == "qwen2":
+        from transformers import Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         # With every weight at std 0.02 the logits of a 64-wide model can barely move unless the
         # output layer itself trains, so LoRA (which freezes it) would hardly lower the loss. A
@@ -119,7 +150,7 @@ def _build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
     model.save_pretrained(out)
 
 
-def build_tiny(out_dir: str | os.PathLike) -> Path:
+def build_tiny(out_dir: str | os.PathLike, kind: str = "qwen2") -> Path:
     """Builds the tiny model into out_dir unless a complete one is already there.
 
     Writes into a temporary sibling directory and renames it into place, so a
@@ -138,8 +169,8 @@ def build_tiny(out_dir: str | os.PathLike) -> Path:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tmp)
-        _build_model(tmp, len(tok), tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id)
-        (tmp / "BUILT_BY").write_text("training.tiny: tiny offline Qwen2 for tests and the demo\n")
+        _build_model(tmp, len(tok), tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id, kind)
+        (tmp / "BUILT_BY").write_text(f"training.tiny: tiny offline {kind} for tests and the demo\n")
         if out.exists() and not any(out.iterdir()):
             out.rmdir()  # an empty target (e.g. made by mkdtemp in a test) is ours to fill
         try:
@@ -154,16 +185,19 @@ def build_tiny(out_dir: str | os.PathLike) -> Path:
     return out
 
 
-def default_cache_dir() -> Path:
-    root = os.environ.get("QWEN_TUI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qwen-tui")
-    return Path(root) / "tiny-qwen2"
+def default_cache_dir(kind: str = "qwen2") -> Path:
+    from training.cachedir import cache_root
+
+    return cache_root() / ("tiny-qwen2" if kind == "qwen2" else f"tiny-{kind.replace('_', '-')}")
 
 
-def ensure_builtin_tiny(local_rank: int) -> Path:
-    """Resolves `builtin:tiny`: local rank 0 builds it, the other ranks wait for the rename."""
-    out = default_cache_dir()
+def ensure_builtin_tiny(local_rank: int, name: str = BUILTIN_TINY) -> Path:
+    """Resolves `builtin:tiny` (or another of BUILTINS): local rank 0 builds it, the other ranks wait for the
+    rename."""
+    kind = BUILTINS[name]
+    out = default_cache_dir(kind)
     if local_rank == 0:
-        return build_tiny(out)
+        return build_tiny(out, kind)
     deadline = time.monotonic() + BUILD_WAIT_S
     while not (out / "config.json").is_file():
         if time.monotonic() > deadline:
@@ -174,10 +208,11 @@ def ensure_builtin_tiny(local_rank: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m training.tiny OUT_DIR", file=sys.stderr)
+    kinds = sorted(set(BUILTINS.values()))
+    if len(argv) not in (1, 2) or argv[0] in ("-h", "--help") or (len(argv) == 2 and argv[1] not in kinds):
+        print(f"usage: python -m training.tiny OUT_DIR [{'|'.join(kinds)}]", file=sys.stderr)
         return 2
-    out = build_tiny(argv[0])
+    out = build_tiny(argv[0], argv[1] if len(argv) == 2 else "qwen2")
     print(json.dumps({"model_dir": str(out)}))
     return 0
 

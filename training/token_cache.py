@@ -56,11 +56,13 @@ _settings = Settings(directory=None)
 
 
 def default_dir() -> Path:
-    """$QWEN_TUI_TOKENIZED_CACHE, else $QWEN_TUI_CACHE/tokenized, else ~/.cache/qwen-tui/tokenized."""
+    """$QWEN_TUI_TOKENIZED_CACHE, else the cache root's tokenized/ ($QWEN_TUI_CACHE, else $XDG_CACHE_HOME/qwen-tui,
+    else ~/.cache/qwen-tui)."""
+    from training.cachedir import cache_root
+
     if os.environ.get("QWEN_TUI_TOKENIZED_CACHE"):
         return Path(os.environ["QWEN_TUI_TOKENIZED_CACHE"]).expanduser()
-    root = os.environ.get("QWEN_TUI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "qwen-tui")
-    return Path(root) / "tokenized"
+    return cache_root() / "tokenized"
 
 
 def configure(directory: str | None, timeout_s: float) -> Settings:

@@ -181,6 +181,11 @@ class Trackers:
                 values.update(self.gpu_feed.since_last())
         elif event == "eval":
             values = {"eval/loss": record["eval_loss"], "eval/tokens": float(record.get("eval_tokens") or 0)}
+        elif event == "end" and self.gpu_feed is not None:
+            # what the monitor wrote since the last logging step (a short run may end before its next flush)
+            values = self.gpu_feed.since_last()
+            if not values:
+                return
         else:
             return
         self.log(values, int(step))

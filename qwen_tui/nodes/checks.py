@@ -31,8 +31,9 @@ MIN_SHM = 1 << 30  # Docker's default /dev/shm is 64 MB: NCCL's shared-memory tr
 MIN_OPEN_FILES = 4096
 
 
-def limit_findings(i: int, lab: str, f: NodeFacts) -> list[Finding]:
-    """/dev/shm size, memlock and open-file limits, as a job started over SSH gets them."""
+def limit_findings(i: int, lab: str, f: NodeFacts, pins_memory: bool = True) -> list[Finding]:
+    """/dev/shm size, memlock and open-file limits, as a job started over SSH gets them. `pins_memory`: false for
+    a CPU run over gloo, which pins nothing, so memlock does not matter there."""
     out = []
     # pinned memory and RDMA need memlock; on a CPU-only node it is only worth a note
     lvl = WARNING if f.gpus or f.ib_devices else INFO
@@ -41,7 +42,7 @@ def limit_findings(i: int, lab: str, f: NodeFacts) -> list[Finding]:
                            "shared memory and DataLoader workers need at least 1 GiB",
                            "in a container: docker run --shm-size=16g (or --ipc=host); on a host: "
                            "mount -o remount,size=16G /dev/shm", i, "limits"))
-    if f.memlock_bytes is not None and f.memlock_bytes != -1:
+    if pins_memory and f.memlock_bytes is not None and f.memlock_bytes != -1:
         out.append(Finding(lvl, "MEMLOCK_LIMITED", f"{lab}: locked memory is limited to "
                            f"{f.memlock_bytes / 2**20:.0f} MiB (ulimit -l); NCCL pins memory for GPU and RDMA transfers",
                            "ulimit -l unlimited (/etc/security/limits.conf: * - memlock unlimited; "
@@ -151,7 +152,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
             out.append(Finding(WARNING, "LOW_DISK", f"{lab}: {f.disk_free_bytes / 2**30:.1f} GiB free for "
                                f"{preset.training.output_dir}", "free space or point training.output_dir elsewhere",
                                i, "disk"))
-        out += limit_findings(i, lab, f)
+        out += limit_findings(i, lab, f, pins_memory=want_gpu and preset.network.backend != "gloo")
         out += ib_findings(i, lab, f)
         if "iperf3" in f.missing_tools:
             out.append(Finding(WARNING, "IPERF3_MISSING", f"{lab}: iperf3 is not installed", FIXES["iperf3"],
@@ -188,8 +189,11 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
                 continue
             lab = nodes[i].label
             if not x.exists:
+                on_master = r is not None and r.exists and i != ref_i
                 out.append(Finding(ERROR, f"{kind.upper()}_MISSING", f"{lab}: {kind} {x.path} is missing",
-                                   "copy it from the master: qwen-tui check --sync", i, kind))
+                                   "copy it from the master: qwen-tui check --sync" if on_master else
+                                   f"the master lacks it too: put it at {x.path} on node {ref_i}, or correct "
+                                   f"training.{kind} in the preset", i, kind))
             elif r is not None and r.exists and i != ref_i and x.sha256 != r.sha256:
                 out.append(Finding(ERROR, f"{kind.upper()}_DIFFERS",
                                    f"{lab}: {kind} {x.path} differs from the master's "

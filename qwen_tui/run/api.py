@@ -144,6 +144,32 @@ def local_port_free(port: int, host: str = "") -> Optional[str]:
     return None
 
 
+def local_files_missing(preset: Preset) -> list:
+    """On one machine the probe is skipped, but a missing data file or model is still an error before launch,
+    not a worker's failure after it: each path as the worker will open it, from its node's workdir."""
+    import os
+
+    from ..advice_core import Advice, Fix
+    from ..nodes.probe import local_path
+
+    out: list = []
+    for kind, spec in (("data", preset.training.data), ("model", preset.training.model)):
+        rel = local_path(spec)
+        if rel is None:  # builtin: or a hub id (fetched by the worker, or by check --sync)
+            continue
+        for i, n in enumerate(preset.cluster.nodes):
+            path = os.path.abspath(os.path.join(os.path.expanduser(n.workdir), os.path.expanduser(rel)))
+            if not os.path.exists(path):
+                where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
+                    f"workdir {n.workdir})"
+                out.append(Advice("error", f"{kind.upper()}_MISSING",
+                                  f"training.{kind}: {spec} is not there on this machine{where}",
+                                  Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
+                                      f"training.{kind} to where it is"), node=i))
+                break  # one machine: said once
+    return out
+
+
 T = TypeVar("T")
 
 
@@ -186,7 +212,9 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
     nodes = preset.cluster.nodes
     if all(n.is_local for n in nodes) and not on_one_machine:
         facts = ClusterFacts(master_port_free=local_port_free(preset.network.master_port) is None)
-        yield Checked(CheckResult(facts, list(advise(preset, facts))))
+        advice = list(advise(preset, facts))
+        said = {a.code for a in advice}
+        yield Checked(CheckResult(facts, advice + [a for a in local_files_missing(preset) if a.code not in said]))
         return
     from ..nodes.checks import run_checks
     from .rehearsal import add_rehearsal
@@ -316,6 +344,8 @@ class LaunchRequest:
     facts: Optional[ClusterFacts] = None
     consent: Consent = False
     password: Optional[str] = None
+    # refuse an output directory that holds another run's checkpoints or model (replay and demo; the wizard asks)
+    guard_output: bool = False
 
 
 def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
@@ -345,6 +375,15 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
             return
     pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
               facts=facts)
+    if req.guard_output:
+        from .output_guard import FIX, guard
+
+        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0])
+        if refusal is not None:
+            yield Failure("output", refusal, FIX)
+            return
+        if note is not None:
+            yield Stage("output", note)
     yield Planned(pl)
     yield Stage("launch", f"starting {pl.nnodes} node(s)…")
     try:

@@ -57,6 +57,11 @@ def render_sh(plan: LaunchPlan, cmd: NodeCommand) -> str:
     return "\n".join(lines)
 
 
+def on_cpu(plan: LaunchPlan) -> bool:
+    """A CPU run (training.device: cpu): its processes are CPU processes, not GPUs to ask the scheduler for."""
+    return "--use_cpu" in plan.nodes[0].argv
+
+
 def render_slurm(plan: LaunchPlan) -> str:
     head = plan.nodes[0]
     gpus = head.nproc
@@ -66,7 +71,7 @@ def render_slurm(plan: LaunchPlan) -> str:
         f"#SBATCH --job-name=qwen-tui-{plan.run_id}",
         f"#SBATCH --nodes={plan.nnodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={gpus}",
+        *([f"#SBATCH --gpus-per-node={gpus}"] if not on_cpu(plan) else []),
         f"#SBATCH --cpus-per-task={max(4, 8 * gpus)}",
         *_header(plan),
         "set -euo pipefail",
@@ -94,7 +99,8 @@ def render_pbs(plan: LaunchPlan) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"#PBS -N qwen-tui-{plan.run_id}"[:240],
-        f"#PBS -l select={plan.nnodes}:ngpus={gpus}:mpiprocs=1",
+        f"#PBS -l select={plan.nnodes}:" + (f"ncpus={max(4, 8 * gpus)}" if on_cpu(plan) else f"ngpus={gpus}")
+        + ":mpiprocs=1",
         "#PBS -j oe",
         *_header(plan),
         "set -euo pipefail",

@@ -26,6 +26,7 @@ from .gpumon import GpuMonitor, NodeSample
 
 SERIES_NAME = "gpus.jsonl"
 FLUSH_S = 5.0
+FIRST_LOOK_S = 0.25
 
 
 def series_path(metrics_file: str) -> str:
@@ -118,7 +119,9 @@ class GpuSeriesWriter:
             return 0
         data = "".join(json.dumps(rec) + "\n" for rec in lines).encode()
         try:
-            res = self.transport.run(["sh", "-c", 'cat >> "$1"', "sh", self.path], timeout=self.timeout, input=data)
+            # umask 077: a new file is 0600, as every file of the run directory
+            res = self.transport.run(["sh", "-c", 'umask 077; cat >> "$1"', "sh", self.path], timeout=self.timeout,
+                                     input=data)
         except Exception as e:  # the master may be unreachable for a moment: this window is dropped
             self.last_error = f"{type(e).__name__}: {e}"
             return 0
@@ -133,11 +136,26 @@ class GpuSeriesWriter:
         self._thread.start()
 
     def _loop(self) -> None:
-        # The first window is short: the worker's first logging steps then already have every node's load.
-        wait = min(1.0, self.interval)
-        while not self._stop.wait(wait):
+        # Until every node has been written once, a node's first samples go out as soon as they come (a look every
+        # FIRST_LOOK_S): the worker's first logging steps then have every node's load. With one short first window
+        # instead, a node whose sampler started a moment later missed it, and a run of a few seconds logged that
+        # node's load never (seen once in CI: cpu/node1 absent from TensorBoard).
+        written: set[int] = set()
+        expected = set(self.labels)
+        waited = 0.0
+        while not self._stop.wait(FIRST_LOOK_S):
+            waited += FIRST_LOOK_S
+            with self._lock:
+                new = {r for r, w in self._windows.items() if w.samples} - written
+            if new or waited >= self.interval:
+                with self._lock:
+                    written |= {r for r, w in self._windows.items() if w.samples}
+                self.flush()
+                waited = 0.0
+            if expected and written >= expected:
+                break
+        while not self._stop.wait(self.interval):
             self.flush()
-            wait = self.interval
 
     def stop(self, timeout: float = 20.0, flush_last: bool = True) -> None:
         """Ends the flush thread (bounded) and writes what is left (not when the worker has ended anyway)."""

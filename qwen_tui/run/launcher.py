@@ -83,6 +83,11 @@ def _attempt_of(state: dict) -> int:
 # the stop's grace leaves it that and a margin before anything of the job gets a signal of its own.
 WORKER_STOP_BOUND_S = 5.0 + 3.0
 STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
+# A worker stopped while it still imports torch and its libraries ends only once those imports are done (an
+# exception inside a C extension's import can crash it: training/stop.py), which took 9 s on a loaded 2-core
+# machine; killed at the usual grace, its log lost the stop line to torchrun's traceback. Before training has
+# started the stop waits this much longer for the workers to end on their own.
+STARTING_EXTRA_S = 20.0
 
 
 class Launcher:
@@ -216,11 +221,16 @@ class Launcher:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
+            from ..failures import worker_error
+
             first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
             self.stop_all()
             why = first.error or (f"exited with code {first.rc}" if first.rc is not None
                                   else "failed (seen first by another view of this run)")
             msg = f"node {first.rank} ({first.label}) failed: {why}"
+            said = worker_error(tail)
+            if said is not None and diag is None:  # the worker refused its input: its own words say what
+                msg += f": {said}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
             if tail:
@@ -293,18 +303,19 @@ class Launcher:
     def _root_cause(self, bad: list[NodeState]):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
         beats nodes that only saw a peer go away (connection reset, timeouts)."""
-        from ..failures import CONSEQUENTIAL, diagnose
+        from ..failures import CONSEQUENTIAL, diagnose, without_agent_report
 
         found = []
         for st in bad:
             try:
-                tail = self.log_tail(st.rank, lines=40)
+                raw = self.log_tail(st.rank, lines=80)
             except Exception:  # an unreachable node has no readable log; it is still named
-                tail = []
-            d = diagnose("\n".join(tail), python=self.plan.nodes[st.rank].argv[0])
+                raw = []
+            d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
-            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in tail)
+            killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
+            tail = without_agent_report(raw)[-40:]  # what the user reads: the worker's words, not torchrun's report
             secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
@@ -369,7 +380,9 @@ class Launcher:
         """Stop every node, record the run as stopped; also the ranks where something survived."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
         self.run_dir.write_state(stop_requested=time.time())
-        left = [r for r, gone in self.stop_all().items() if not gone]
+        # a stop asked for before training started (as of the last look) waits for the workers' imports
+        extra = STARTING_EXTRA_S if self.metrics.progress.start is None else 0.0
+        left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
         msg = ("stopped by the user; every node's processes were ended" if not left
                else f"stopped by the user, but processes survive on node(s) {left}")
         out = RunOutcome("stopped", msg, None, self.nodes)
@@ -377,8 +390,10 @@ class Launcher:
         return out, left
 
     # ------------------------------------------------------------ stop
-    def stop_all(self) -> dict[int, bool]:
-        """Stop every node's process group in parallel. rank -> True when nothing is left."""
+    def stop_all(self, grace: Optional[float] = None) -> dict[int, bool]:
+        """Stop every node's process group in parallel (`grace`: how long the workers may take to end on their
+        own; default the launcher's stop_grace). rank -> True when nothing is left."""
+        grace = self.stop_grace if grace is None else grace
         with self._lock:
             with self._phases_lock:
                 self._phases = {c.rank: "stopping" for c in self.plan.nodes}
@@ -389,7 +404,7 @@ class Launcher:
                     self._phase(c.rank, "stopped (nothing was running)")
                     return True
                 # only processes that prove they are this run's job are signalled
-                gone = stop_job(self.transports[c.rank], ref, grace=self.stop_grace,
+                gone = stop_job(self.transports[c.rank], ref, grace=grace,
                                 on_phase=lambda text: self._phase(c.rank, text))
                 if self.nodes[c.rank].status == RUNNING:
                     self.nodes[c.rank].status = STOPPED

@@ -4,9 +4,11 @@ table, the plan, a live view of node states and the master's loss, the outcome."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Optional
@@ -96,16 +98,95 @@ def say_stop_phases(ev: api.Stopping, said: dict[int, str], console: Console) ->
             console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}", style="yellow"))
 
 
+class Detached(Exception):
+    """The user detached from a run it follows (the run goes on): `qwen-tui attach RUN` finds it again."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+DETACH_KEY = "d"  # and Ctrl-\ (SIGQUIT), which works where keys cannot be read (no terminal on stdin)
+
+
+def watch_keys(on_key) -> contextlib.AbstractContextManager:
+    """While following on a terminal: read single keys from stdin (cbreak: no echo, Ctrl-C still a signal) and
+    hand each to `on_key`; the terminal's mode comes back on exit. Elsewhere (stdin a pipe or a file) nothing
+    is read: Ctrl-\ still detaches."""
+
+    @contextlib.contextmanager
+    def cm():
+        try:
+            fd = sys.stdin.fileno()
+            # in the terminal's foreground only: a background job that changes the terminal's mode is stopped
+            interactive = os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+        except (AttributeError, OSError, ValueError):
+            interactive = False
+        if not interactive:
+            yield
+            return
+        import select
+        import termios
+        import tty
+
+        saved = termios.tcgetattr(fd)
+        done = threading.Event()
+
+        def read() -> None:
+            while not done.is_set():
+                if select.select([fd], [], [], 0.2)[0]:
+                    try:
+                        ch = os.read(fd, 1).decode(errors="replace")
+                    except OSError:
+                        return
+                    if not ch:
+                        return
+                    on_key(ch)
+
+        tty.setcbreak(fd)
+        reader = threading.Thread(target=read, name="follow-keys", daemon=True)
+        reader.start()
+        try:
+            yield
+        finally:
+            done.set()
+            reader.join(timeout=1.0)
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+    return cm()
+
+
 def follow(la: Launcher, console: Optional[Console] = None, *, interval: float = 0.5,
-           max_seconds: Optional[float] = None) -> RunOutcome:
-    """Watch until the run ends (api.follow). Ctrl-C or SIGTERM stops every node of the run."""
+           max_seconds: Optional[float] = None, ctrl_c: str = "stop") -> RunOutcome:
+    """Watch until the run ends (api.follow). `ctrl_c`: "stop" (replay, which launched the run: Ctrl-C or SIGTERM
+    stops every node of the run, and says so) or "detach" (attach: they leave the run going, as `tail -f` and
+    `kubectl logs -f` do). `d` or Ctrl-\ always detaches: Detached is raised and the run goes on."""
     console = console or Console()
+    detach = threading.Event()
+    by_signal: list[str] = []  # what stopped the run from here, said once the stop begins
 
     def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-        la.request_stop()
+        if signum == signal.SIGQUIT or ctrl_c == "detach":
+            detach.set()
+        elif not la.stop_requested:
+            by_signal.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+            la.request_stop()
 
-    old_int = signal.signal(signal.SIGINT, _on_signal)
-    old_term = signal.signal(signal.SIGTERM, _on_signal)
+    def _on_key(ch: str) -> None:
+        if ch.lower() == DETACH_KEY:
+            detach.set()
+
+    run_id = la.plan.run_id
+    # how `attach` finds it: the id in the default runs root, else the directory
+    ref = run_id if la.run_dir.path.parent == default_runs_root() else str(la.run_dir.path)
+    if ctrl_c == "detach":
+        hint = (f"Ctrl-C, {DETACH_KEY} or Ctrl-\\ detaches (the run goes on); "
+                f"qwen-tui attach {ref} --stop stops it")
+    else:
+        hint = (f"Ctrl-C stops the run on every node; {DETACH_KEY} or Ctrl-\\ detaches (the run goes on: "
+                f"qwen-tui attach {ref})")
+    hint_text = Text(hint, style="dim")
+    old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
     out: Optional[RunOutcome] = None
     # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
     watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
@@ -114,27 +195,36 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     try:
         said: dict[int, str] = {}  # each node's stop phase, printed as it changes
         shown = 0  # notices printed so far
-        with Live(render(la), console=console, refresh_per_second=4, transient=False) as live:
-            for ev in api.follow(la, interval=interval, max_seconds=max_seconds):
+        with watch_keys(_on_key), \
+                Live(Group(render(la), hint_text), console=console, refresh_per_second=4, transient=False) as live:
+            for ev in api.follow(la, interval=interval, max_seconds=max_seconds, cancelled=detach.is_set):
                 if isinstance(ev, api.Stopping):  # a stop takes seconds: say where each node is
+                    if by_signal:
+                        console.print(Text(f"{by_signal.pop()}: stopping run {run_id} on every node (it was "
+                                           f"launched here; {DETACH_KEY} or Ctrl-\\ would have left it running)",
+                                           style="bold yellow"))
                     say_stop_phases(ev, said, console)
                     live.update(Group(render(la), Text(ev.text, style="yellow")))
                     continue
                 if isinstance(ev, api.Snapshot):
                     shown = say_notices(ev.notices, shown, console)
-                live.update(render(la))
+                live.update(Group(render(la), hint_text) if not isinstance(ev, api.Ended) else render(la))
                 if isinstance(ev, api.Ended):
                     out = ev.outcome
         console.print()
     finally:
         if watch is not None:
             watch.stop(flush_last=False)
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if out is None and detach.is_set():
+        console.print(Text(f"detached from run {run_id}; it goes on. qwen-tui attach {ref} follows it again, "
+                           f"qwen-tui attach {ref} --stop stops it", style="bold"))
+        raise Detached(run_id)
     assert out is not None  # follow() ends with Ended unless cancelled, and nothing cancels it here
     style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
     console.print(Text(out.message, style=style))
-    if out.failed_rank is not None:
+    if out.failed_rank is not None and "last log lines" not in out.message:  # the outcome has them already
         console.print(f"last lines of node {out.failed_rank} ({la.plan.nodes[out.failed_rank].label}):")
         for ln in la.log_tail(out.failed_rank, 15):
             console.print("  " + ln, markup=False, highlight=False)
@@ -211,7 +301,7 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False, verbose: bool = False) -> int:
+                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
     every relaunch that training.restarts allows (run/restarts.py)."""
     console = Console(stderr=False)
@@ -219,19 +309,34 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
-                            consent=accept_new_host_keys)
+                            consent=accept_new_host_keys, guard_output=not overwrite_output)
     if dry_run:
         print_plan(api.plan(preset, run_id=req.run_id, root=root, base_dir=req.base_dir,
                             local_python=req.local_python), console)
         return 0
     conns = api.Connections()
+    # Ctrl-C (or SIGTERM) before the live view: while connecting and checking nothing runs yet, so it ends here
+    # at once; once the nodes start, it is noted and the run is stopped as soon as it is known (follow()'s own
+    # handler takes over from there). Without this a Ctrl-C between the start and the live view left the run going.
+    early: dict = {"starting": False, "la": None, "signal": None}
+
+    def _early(signum, frame):  # noqa: ARG001 - signal handler signature
+        if not early["starting"]:
+            raise KeyboardInterrupt
+        early["signal"] = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if early["la"] is not None:
+            early["la"].request_stop()
+
+    old = {sig: signal.signal(sig, _early) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         la, labels = None, {}
         for ev in api.launch(req, conns):
             if isinstance(ev, api.Connected):
                 labels = ev.labels
-            elif isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal"):
+            elif isinstance(ev, api.Stage) and ev.name in ("check", "rehearsal", "output"):
                 console.print(ev.text)
+            elif isinstance(ev, api.Stage) and ev.name == "launch":
+                early["starting"] = True
             elif isinstance(ev, api.CheckProgress) and ev.node is not None:
                 # each node's outcome as it comes: checks of a slow cluster take tens of seconds
                 console.print(f"  {escape(ev.check)}: node {ev.node} ({escape(str(labels.get(ev.node, '?')))}): "
@@ -244,16 +349,29 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
                 print_failure(ev, console)
                 return 1
             elif isinstance(ev, api.Started):
-                la = ev.launcher
+                la = early["la"] = ev.launcher
         assert la is not None  # launch() ends with Started or a Failure
+        if early["signal"] is not None:
+            la.request_stop()
+            console.print(Text(f"{early['signal']} while starting: stopping run {la.plan.run_id} on every node",
+                               style="bold yellow"))
         console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
         from .restarts import Restarts, run_facts
 
         rs = Restarts(preset, la.transports, run_facts(la.run_dir),
                       exclude_failed=exclude_failed or preset.training.exclude_failed,
                       base_dir=req.base_dir, local_python=req.local_python, say=console.print)
-        return rs.follow(la, lambda a, left: follow(a, console, max_seconds=left), max_seconds=max_seconds).exit_code
+        try:
+            return rs.follow(la, lambda a, left: follow(a, console, max_seconds=left),
+                             max_seconds=max_seconds).exit_code
+        except Detached:
+            return 0
+    except KeyboardInterrupt:
+        console.print(Text("Ctrl-C before launch: nothing was started", style="yellow"))
+        return 130
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         conns.close()
 
 
@@ -269,7 +387,10 @@ def take_over(la: Launcher, out: RunOutcome, console: Console) -> int:
         driver.release(la.run_dir)
         console.print(Text(f"cannot relaunch run {la.plan.run_id}: {printable(str(e))}", style="bold red"))
         return out.exit_code
-    return rs.take_over(la, out, lambda a, left: follow(a, console, max_seconds=left)).exit_code
+    try:
+        return rs.take_over(la, out, lambda a, left: follow(a, console, max_seconds=left, ctrl_c="detach")).exit_code
+    except Detached:
+        return 0
 
 
 def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
@@ -291,7 +412,10 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
             if isinstance(ev, api.Started):
                 la = ev.launcher
                 if not stop:
-                    out = follow(la, console)
+                    try:
+                        out = follow(la, console, ctrl_c="detach")
+                    except Detached:
+                        return 0
                     if out.status == "failed":
                         from .restarts import next_or_take_over
 

@@ -33,8 +33,10 @@ def _text(panel: DataPanel) -> str:
     from rich.console import Console
 
     out = io.StringIO()
-    Console(file=out, width=120, color_system=None).print(panel.content)  # what the panel was last given
-    return out.getvalue()
+    # what the panel was last given, each line whole: at a fixed width a long path (pytest's temp dirs differ in
+    # length from one machine to the next) wrapped the message the tests look for
+    Console(file=out, width=100_000, color_system=None).print(panel.content)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 async def test_f9_previews_the_data_and_a_change_makes_it_stale(tmp_path):
@@ -73,7 +75,8 @@ async def test_a_bad_data_path_shows_the_error_not_a_crash(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f4")
         await pilot.pause()
-        app.screen.query_one("#training-data", Input).value = str(tmp_path / "missing.jsonl")
+        deep = tmp_path / ("d" * 150)  # longer than any line: the message wraps on a screen, whatever tmp_path is
+        app.screen.query_one("#training-data", Input).value = str(deep / "missing.jsonl")
         await pilot.pause()
         await pilot.press("f9")
         panel = app.screen.query_one(DataPanel)

@@ -61,15 +61,15 @@ async def palette(pilot, app, query: str) -> None:
 
 
 async def test_palette_goes_to_a_step_applies_a_fix_saves_and_changes_theme(tmp_path, demo_copy):
-    path = demo_copy()
+    path = demo_copy(per_device_train_batch_size=2)
     app = WizardApp(str(path), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
         await palette(pilot, app, "Go to step 4")
         assert app.screen.STEP == "training"
-        assert "LORA_BATCH_RANGE" in [a.code for a in app.state.advice]  # the demo: batch 16 under LoRA
+        assert "LORA_BATCH_RANGE" in [a.code for a in app.state.advice]  # the demo at batch 4 under LoRA
         await palette(pilot, app, "Apply fix: Effective batch")
         assert "LORA_BATCH_RANGE" not in [a.code for a in app.state.advice]
-        assert app.state.preset.effective_batch_size >= 64 and app.state.dirty
+        assert app.state.preset.effective_batch_size >= 8 and app.state.dirty
         # the form shows the fixed values
         t = app.state.preset.training
         assert app.screen.query_one("#training-gradient_accumulation_steps", Input).value == \

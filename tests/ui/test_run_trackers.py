@@ -32,6 +32,7 @@ async def test_run_screen_hands_every_nodes_load_to_tensorboard(tmp_path, demo_c
         assert app.state.run_status == "ok", str(run.query_one("#run-status").render())
         run_id = run.launcher.plan.run_id
         assert (runs / run_id / "gpus.jsonl").stat().st_size > 0  # the monitor's series, beside metrics.jsonl
+        assert (runs / run_id / "gpus.jsonl").stat().st_mode & 0o077 == 0  # 0600, as the run directory's files
         await pilot.press("ctrl+q")
     assert run_processes(run_id) == []
 

@@ -107,7 +107,7 @@ def test_new_preset_to_two_finished_runs(tmp_path):
         keys(session, "Tab", "Enter", "Down", "Down", "Enter")  # device auto -> CPU
         keys(session, "Tab", "Tab")  # GPU type stays; -> sequence length
         type_into(session, "128")
-        keys(session, "Tab")
+        keys(session, "Tab", "Tab")  # GPUs a sequence spans stays; -> batch per GPU
         type_into(session, "4")  # batch per GPU
         keys(session, "Tab")
         type_into(session, "1")  # accumulation

@@ -318,13 +318,16 @@ def test_int4_needs_qlora():
 
 
 def test_lora_batch_range():
-    low = preset(per_device_train_batch_size=1, gradient_accumulation_steps=1)  # 16
+    low = preset(nodes=1, gpus=2, per_device_train_batch_size=1, gradient_accumulation_steps=2)  # 4
     adv = [a for a in advise(low) if a.code == "LORA_BATCH_RANGE"][0]
-    assert "16" in adv.message
-    assert 64 <= apply_fix(low, adv.fix).effective_batch_size <= 256
+    assert "effective batch 4 " in adv.message
+    assert 8 <= apply_fix(low, adv.fix).effective_batch_size <= 256
     high = preset(per_device_train_batch_size=32, gradient_accumulation_steps=4)  # 2048
     adv = [a for a in advise(high) if a.code == "LORA_BATCH_RANGE"][0]
-    assert 64 <= apply_fix(high, adv.fix).effective_batch_size <= 256
+    assert 8 <= apply_fix(high, adv.fix).effective_batch_size <= 256
+    assert "LORA_BATCH_RANGE" not in codes(preset(nodes=1, gpus=1))  # a new preset's 1 x 8 on one GPU
+    assert "LORA_BATCH_RANGE" not in codes(preset(nodes=2, gpus=1, per_device_train_batch_size=8,
+                                                  gradient_accumulation_steps=1))  # the demo's 16
     assert "LORA_BATCH_RANGE" not in codes(preset())  # 128
     assert "LORA_BATCH_RANGE" not in codes(preset(method="full", gradient_accumulation_steps=1))
 

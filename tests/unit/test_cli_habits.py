@@ -98,8 +98,9 @@ def test_verbose_run_writes_its_log_into_the_run_directory(tmp_path):
     assert f"logging to {run_dir / 'qwen-tui.log'}" in log, (log, res.stderr[-2000:])
     assert "INFO" in res.stderr  # and on stderr
     quiet_runs = tmp_path / "quiet"
-    qwen_tui("replay", str(ROOT / "presets" / "local-demo.yaml"), "--max-seconds", "1", cwd=tmp_path,
-             env_extra={"QWEN_TUI_RUNS": str(quiet_runs)}, timeout=300)
+    # the same output directory as the first run: whatever that one left there is this one's to overwrite
+    qwen_tui("replay", str(ROOT / "presets" / "local-demo.yaml"), "--max-seconds", "1", "--overwrite-output",
+             cwd=tmp_path, env_extra={"QWEN_TUI_RUNS": str(quiet_runs)}, timeout=300)
     (quiet_dir,) = quiet_runs.iterdir()
     assert not (quiet_dir / "qwen-tui.log").exists()  # no -v, no log
 

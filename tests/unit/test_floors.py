@@ -23,10 +23,11 @@ PKG = Path(__file__).resolve().parents[2] / "qwen_tui"
 FLOORS: list[tuple[str, int]] = [
     ("", 1), ("atomic", 1), ("facts", 1), ("failures", 1), ("logsetup", 1), ("modelspec", 1),
     ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
-    ("shell", 1), ("ib", 1),
-    ("plan", 2), ("estimate", 2), ("outputs", 2),
+    ("shell", 1), ("ib", 1), ("seqparallel", 1),
+    ("plan", 2), ("estimate", 2), ("outputs", 2), ("longcontext", 2),
     ("estimate_comm", 2),  # the step estimate's communication: bandwidth sources, collectives, overlap
-    ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("datapreview", 3),
+    ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("advice_moe", 3),
+    ("datapreview", 3), ("advice_longcontext", 3),
     ("estimate_report", 3),  # the estimate's figures and the advice, as one report
     ("wizard_state", 4),  # the wizard's model (preset, facts, connections, step colours): the faces draw it  # the preview runs on a node
     ("run", 4), ("run.*", 4),

@@ -81,7 +81,8 @@ def test_writer_thread_flushes_on_its_own_and_at_stop(tmp_path):
     import time
 
     deadline = time.monotonic() + 10
-    while not path.exists() and time.monotonic() < deadline:
+    # the file exists as soon as `cat >>` opens it, before its line is written: wait for the line
+    while not (path.exists() and path.read_text().endswith("\n")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert path.read_text().count("\n") == 1
     w.add(NodeSample(rank=0, cpu_util_pct=7.0))
@@ -95,3 +96,28 @@ def test_which_runs_get_the_series():
     assert not reports_to_tracker(["--report_to", "none"])
     assert not reports_to_tracker(["--output_dir", "x"])
     assert series_path("/w/.qwen-tui/runs/r1/metrics.jsonl") == "/w/.qwen-tui/runs/r1/gpus.jsonl"
+
+
+def test_a_nodes_first_samples_go_out_at_once_even_when_they_come_after_the_first_flush(tmp_path):
+    # node 1's sampler started a moment after node 0's: with one short first window its samples waited for the
+    # next full interval, and a run of a few seconds never logged node 1's load (cpu/node1 absent in TensorBoard)
+    import time
+
+    path = tmp_path / "gpus.jsonl"
+    w = GpuSeriesWriter(LocalTransport(), str(path), {0: "cpu-a", 1: "cpu-b"}, interval=30.0)
+    w.start()
+    try:
+        w.add(NodeSample(rank=0, cpu_util_pct=5.0))
+        time.sleep(1.5)  # past the old first window
+        w.add(NodeSample(rank=1, cpu_util_pct=9.0))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5.0:
+            nodes = {json.loads(ln)["node"] for ln in path.read_text().splitlines()} if path.exists() else set()
+            if nodes == {0, 1}:
+                break
+            time.sleep(0.05)
+        assert nodes == {0, 1} and time.monotonic() - t0 < 2.0, nodes
+        feed = NodeGpuFeed(str(path))
+        assert feed.since_last() == {"cpu/node0/util": 5.0, "cpu/node1/util": 9.0}
+    finally:
+        w.stop(flush_last=False)

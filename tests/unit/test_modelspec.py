@@ -91,9 +91,11 @@ def test_unknown_models_raise_unknownmodel(name):
         resolve_model(name)
 
 
-def test_moe_and_other_architectures_are_unknown():
-    with pytest.raises(UnknownModel):
+def test_other_architectures_and_incomplete_moe_configs_are_unknown():
+    with pytest.raises(UnknownModel):  # no num_experts_per_tok / moe_intermediate_size (test_moe_estimate: complete)
         spec_from_config(_config(model_type="qwen2_moe", num_experts=8))
+    with pytest.raises(UnknownModel):  # experts in a dense model type
+        spec_from_config(_config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16))
     with pytest.raises(UnknownModel):
         spec_from_config(_config(model_type="llama"))
     with pytest.raises(UnknownModel):

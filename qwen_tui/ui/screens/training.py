@@ -15,16 +15,21 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Select, Static
 
 from ...advice import Advice
 from ...estimate import GPUS
 from ...estimate_report import NODES_WORTH_LIMIT
+from ...modelspec import known_hub_ids
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from .base import StepScreen
 
+# What the model field completes as one types: the built-in tiny models and the known releases (dense, then the
+# mixture-of-experts sizes), whose shapes the live estimate knows offline.
+MODEL_SUGGESTIONS = ["builtin:tiny", "builtin:tiny-moe", "builtin:tiny-qwen2-moe", *known_hub_ids()]
 # (dotted path, label, kind); kind: "text", "opt" (empty = None), or a list of Select choices
 ON_OFF = [("on", True), ("off", False)]
 FIELDS: list[tuple[str, str, Any]] = [
@@ -41,6 +46,7 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
     ("training.device", "device", [("auto", "auto"), ("GPU (cuda)", "cuda"), ("CPU", "cpu")]),
     ("training.model_max_length", "sequence length", "text"),
+    ("training.sequence_parallel_size", "GPUs a sequence spans", "text"),
     ("training.per_device_train_batch_size", "batch per GPU", "text"),
     ("training.gradient_accumulation_steps", "accumulation", "text"),
     ("training.gradient_checkpointing", "gradient checkpointing", ON_OFF),
@@ -88,6 +94,9 @@ class TrainingScreen(StepScreen):
                         if isinstance(kind, list):
                             yield Select(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
                                          compact=True)
+                        elif path == "training.model":  # completes the known releases, MoE sizes included
+                            yield Input(value=_shown(v), id=_wid(path), compact=True,
+                                        suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
                         else:
                             yield Input(value=_shown(v), id=_wid(path), compact=True)
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
@@ -180,6 +189,8 @@ class TrainingScreen(StepScreen):
         t.add_column(style="bold", min_width=16)
         t.add_column()
         if est is not None:
+            if est.model:
+                t.add_row("model", Text(est.model))
             t.add_row("effective batch", Text(str(est.effective_batch), style="bold cyan"))
             t.add_row("", Text(est.batch_formula, style="dim"))
             if est.memory_gib is not None and st.gpu_unknown:  # green here would read as "it fits"

@@ -1,0 +1,231 @@
+"""The worker trains the tiny mixture-of-experts Qwen (builtin:tiny-moe's shape: Qwen3-MoE, 8 experts, 2 a token;
+and Qwen2-MoE's, with a shared expert) for real: its loss is transformers' own, the routers' load-balancing loss
+included, on the fast path and off it; ZeRO-2 and ZeRO-3 over 2 processes reproduce one process; a LoRA adapter
+on the experts saves, reloads and merges with the loss it was evaluated at.
+
+The load-balancing loss is a function of each micro-batch's tokens (not a sum over them), so the multi-process
+runs keep every micro-batch the same as the single process's: records of 65 to 128 tokens in packed rows of 128
+(one record a row), or padded micro-batches that the step sampler hands out alike.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker_helpers import ROOT, assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+COEF = 0.5  # large enough that a dropped or mis-weighted load-balancing term shows in loss and gradient norm
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    from training.tiny import build_tiny
+
+    d = tmp_path_factory.mktemp("moe")
+    return {"qwen3_moe": str(build_tiny(d / "tiny-qwen3-moe", "qwen3_moe")),
+            "qwen2_moe": str(build_tiny(d / "tiny-qwen2-moe", "qwen2_moe"))}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, moe_models):
+    from transformers import AutoTokenizer
+
+    from training.data import ChatEncoder
+    from training.records import load_conversations
+
+    d = tmp_path_factory.mktemp("moe-data")
+    recs = demo_records()
+    train = write_jsonl(d / "train.jsonl", recs)
+    enc = ChatEncoder(AutoTokenizer.from_pretrained(moe_models["qwen3_moe"]), 10_000)
+    lengths = [len(enc.encode(c).input_ids) for c in load_conversations(str(train))]
+    mid = [r for r, n in zip(recs, lengths) if 64 < n <= 128]
+    assert len(mid) >= 48, len(mid)
+    return {"train": str(train), "mid": str(write_jsonl(d / "mid.jsonl", mid)),
+            "eval": str(write_jsonl(d / "eval.jsonl", recs[-32:]))}
+
+
+def common(model, *extra):
+    return ["--model_name_or_path", model, "--model_max_length", "128", "--logging_steps", "1", "--seed", "7",
+            "--save_strategy", "no", "--router_aux_loss_coef", str(COEF), *extra]
+
+
+def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_router: bool) -> dict:
+    """transformers' own loss (cross-entropy + coef x load-balancing loss, output_router_logits) and gradient norm
+    on the records of the worker's first step (its step sampler, seed 7), padded as one batch."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.data import ChatEncoder, Collator, StepSampler, build_dataset
+    from training.records import load_conversations
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ds = build_dataset(load_conversations(data_path), ChatEncoder(tok, 128), lazy=False)
+    idx = next(iter(StepSampler(len(ds), 1, 0, batch, 1, seed=7, total_steps=1)))
+    b = Collator(tok.pad_token_id)([ds[i] for i in idx])
+    out = {}
+    for with_aux in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.router_aux_loss_coef = coef if with_aux else 0.0
+        model.train()
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.requires_grad_(train_router)
+        res = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"],
+                    output_router_logits=True, use_cache=False)
+        res.loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float("inf"))
+        key = "aux" if with_aux else "plain"
+        out[key] = {"loss": res.loss.item(), "aux_loss": res.aux_loss.item(), "grad_norm": norm.item()}
+    return out
+
+
+@pytest.mark.parametrize("arch,flags", [
+    ("qwen3_moe", []),  # the fast path: packed rows, our fused loss
+    ("qwen3_moe", ["--no_packing"]),  # our loss on a padded batch
+    ("qwen3_moe", ["--no_packing", "--fused_ce", "off"]),  # transformers' own loss module
+    ("qwen3_moe", ["--compile"]),  # compiled decoder layers: the routers' hooks traced inside them
+    # recomputed layers: the hooks keep nothing in the backward's recompute
+    ("qwen3_moe", ["--gradient_checkpointing", "--no_packing", "--fused_ce", "off"]),
+    ("qwen2_moe", []),  # a shared expert beside the routed ones
+], ids=["fast", "padded", "hf", "fast-compiled", "hf-checkpointed", "qwen2-moe-fast"])
+def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, monkeypatch, moe_models, data, arch, flags):
+    """The first step's objective (logged loss + coef x aux_loss) and gradient norm are transformers' own with
+    output_router_logits, and both differ from what they would be without the load-balancing term. Compiled
+    layers go through Dynamo and AOTAutograd as on a GPU (aot_eager: no C++ build on CPU)."""
+    monkeypatch.setenv("TRAINING_COMPILE_BACKEND", "aot_eager")
+    run = run_worker(tmp_path / "out", *common(moe_models[arch], "--data_path", data["train"], "--max_steps", "1",
+                                               "--per_device_train_batch_size", "4", "--train_router", *flags))
+    assert_ok(run)
+    start, (step,) = run.records[0], run.steps
+    assert start["moe"]["experts"] == 8 and start["moe"]["experts_per_token"] == 2
+    assert start["moe"]["router_aux_loss_coef"] == COEF and start["moe"]["shared_expert"] is (arch == "qwen2_moe")
+    assert start["fast_path"]["packing"] is ("--no_packing" not in flags)
+    assert start["fast_path"]["compile"] is ("--compile" in flags)
+    ref = hf_step_one(moe_models[arch], data["train"], 4, COEF, train_router=True)
+    assert step["aux_loss"] == pytest.approx(ref["aux"]["aux_loss"], rel=1e-5)
+    assert step["loss"] + COEF * step["aux_loss"] == pytest.approx(ref["aux"]["loss"], rel=1e-5)
+    assert step["grad_norm"] == pytest.approx(ref["aux"]["grad_norm"], rel=1e-4)
+    # Without the term transformers' figures differ by several times the tolerances above: they would see it.
+    assert abs(ref["plain"]["loss"] - ref["aux"]["loss"]) > 0.5
+    assert abs(ref["plain"]["grad_norm"] - ref["aux"]["grad_norm"]) > 3e-4 * ref["aux"]["grad_norm"]
+
+
+FULL = ["--learning_rate", "1e-3", "--max_steps", "6", "--warmup_ratio", "0.1"]
+LORA = ["--use_lora", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0", "--learning_rate", "3e-3",
+        "--max_steps", "6"]
+# 4 records a step, each alone in a packed row of 128 tokens, the same rows however many processes
+PACKED = ["--packing_tokens", "128", "--per_device_train_batch_size", "2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, moe_models, data):
+    """Plain single-process runs (no DeepSpeed): 2 micro-batches of 2 records a step."""
+    runs = {}
+    for name, method in (("full", FULL), ("lora", LORA)):
+        run = run_worker(tmp_path_factory.mktemp(f"ref-{name}") / "out",
+                         *common(moe_models["qwen3_moe"], *method, "--data_path", data["mid"]), *PACKED,
+                         "--gradient_accumulation_steps", "2")
+        assert_ok(run)
+        runs[name] = run
+    return runs
+
+
+@pytest.mark.parametrize("config,method", [("ddp", "full"), ("ddp", "lora"), ("zero2", "full"), ("zero3", "full"),
+                                           ("zero2", "lora"), ("zero3", "lora")])
+def test_two_processes_reproduce_one_process(tmp_path, moe_models, data, reference, config, method):
+    """DDP, ZeRO-2 and ZeRO-3 over 2 processes (one micro-batch of 2 records each) follow the single process's loss,
+    load-balancing loss and gradient norm step by step; under ZeRO-3 each sparse MoE block is a leaf module. LoRA
+    adapts the attention and every expert (peft's target_parameters on the fused weights)."""
+    ds = [] if config == "ddp" else ["--deepspeed", f"builtin:{config}"]
+    run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], *(FULL if method == "full" else LORA),
+                                               "--data_path", data["mid"]), *PACKED, *ds, nproc=2)
+    assert_ok(run)
+    start = run.records[0]
+    stage = 0 if config == "ddp" else int(config[-1])
+    assert start["world_size"] == 2 and start["zero_stage"] == stage and start["method"] == method
+    assert start["fast_path"]["packing"] is True and start["global_batch_size"] == 4
+    ref = reference[method]
+    assert start["trainable_parameters"] == ref.records[0]["trainable_parameters"]
+    for a, b in zip(run.steps, ref.steps, strict=True):
+        assert a["tokens"] == b["tokens"] and a["label_tokens"] == b["label_tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), (a, b)
+        assert a["aux_loss"] == pytest.approx(b["aux_loss"], rel=1e-4), (a, b)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3), (a, b)
+    if config == "zero3":
+        assert "Qwen3MoeSparseMoeBlock" in run.stderr  # named in the log of ZeRO-3's leaf modules
+
+
+def test_lora_on_experts_saves_reloads_and_merges_with_the_same_eval_loss(tmp_path, moe_models, data):
+    """LoRA on attention and the fused experts (peft's target_parameters), routers trained (--train_router, saved
+    with the adapter): the adapter on its base, the worker's merged model and `python -m training.merge` all give
+    the eval loss the run logged."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir = moe_models["qwen3_moe"]
+    run = run_worker(tmp_path / "out", *common(base_dir, *LORA, "--data_path", data["train"]),
+                     "--per_device_train_batch_size", "4", "--eval_data_path", data["eval"], "--train_router",
+                     "--merge_lora")
+    assert_ok(run)
+    assert "mlp.experts.gate_up_proj" in run.stderr and "routers trained" in run.stderr
+    adapter_cfg = json.loads((run.out / "adapter_config.json").read_text())
+    assert sorted(adapter_cfg["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+    assert adapter_cfg["modules_to_save"] == ["mlp.gate"]
+    (ev,) = run.event("eval")
+    tok = AutoTokenizer.from_pretrained(run.out)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), run.out)
+    assert eval_loss_of(adapted, tok, data["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-5)
+    base = eval_loss_of(AutoModelForCausalLM.from_pretrained(base_dir), tok, data["eval"], 128)
+    assert base > ev["eval_loss"] + 0.05  # the adapter carries the learning
+    merged = AutoModelForCausalLM.from_pretrained(run.out / "merged")
+    assert eval_loss_of(merged, tok, data["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
+    out = tmp_path / "merged-cli"
+    res = subprocess.run([sys.executable, "-m", "training.merge", str(run.out), "--base", base_dir, "--out", str(out),
+                          "--check_data", data["eval"], "--model_max_length", "128"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    again = AutoModelForCausalLM.from_pretrained(out)
+    assert eval_loss_of(again, tok, data["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
+
+
+def test_lora_dropout_on_fused_experts_is_refused_before_loading(tmp_path, moe_models, data):
+    """peft's LoRA on 3-D parameters has no dropout: the worker says so (exit 2) instead of peft's traceback, and
+    the attention alone trains with dropout."""
+    run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
+                                               "--data_path", data["train"], "--max_steps", "1"))
+    assert run.rc == 2, run.stderr[-2000:]
+    assert "does not support --lora_dropout (got 0.05)" in run.stderr and "Traceback" not in run.stderr
+    ok = run_worker(tmp_path / "attn", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
+                                               "--lora_target_modules", "q_proj,k_proj,v_proj,o_proj",
+                                               "--data_path", data["train"], "--max_steps", "2"))
+    assert_ok(ok)
+    # r 64 on q, k, v, o of 2 layers (hidden 64, 2 KV heads of 16): nothing on the experts
+    assert ok.records[0]["trainable_parameters"] == 2 * 64 * ((64 + 64) * 2 + (64 + 32) * 2)
+
+
+def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data):
+    run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], "--q_lora", "--data_path", data["train"],
+                                               "--max_steps", "1"))
+    assert run.rc == 2, run.stderr[-2000:]
+    assert "fused as 3-D tensors, which bitsandbytes cannot quantize" in run.stderr
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_expert_layout_is_read_from_the_config_on_the_meta_device(moe_models):
+    """What the Q-LoRA and LoRA-dropout refusals decide on, before any weight loads: transformers 5 fuses the experts
+    (3-D weights); a first layer with a dense MLP does not hide them; a config with no sparse layer has none."""
+    from training.moe import layout_of_config, moe_shape
+
+    for arch, path in moe_models.items():
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        assert moe_shape(cfg).num_experts == 8 and moe_shape(cfg).shared_expert is (arch == "qwen2_moe")
+        assert layout_of_config(cfg) == "fused"
+        assert layout_of_config({**cfg, "mlp_only_layers": [0]}) == "fused"
+        assert layout_of_config({**cfg, "mlp_only_layers": [0, 1]}) == "none"
