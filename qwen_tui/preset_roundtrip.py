@@ -9,7 +9,9 @@ The caller checks that the text it gets reads back as the same preset.
 
 from __future__ import annotations
 
+import difflib
 import io
+import re
 from typing import Optional
 
 from ruamel.yaml import YAML
@@ -87,7 +89,29 @@ def merged_text(original: str, old: dict, new: dict, sparse: dict) -> Optional[s
     y.width = 4096  # never re-wrap a long line the user wrote
     mapping, offset = guess_indent(original)
     y.indent(mapping=mapping, sequence=offset + 2, offset=offset)
+    # ruamel writes None as nothing (`zero_stage:`); `null` is what safe_dump and our presets write
+    y.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
     out = io.StringIO()
     y.dump(doc, out)
-    return out.getvalue()
+    return keep_null_spellings(original, out.getvalue())
+
+
+# `key: null` / `key: ~` / `key:` (a comment may follow): the value is YAML's null in any of its spellings
+_NULL_LINE = re.compile(r"^(\s*(?:- )?[^#:]+:)\s*(?:null|Null|NULL|~)?\s*(#.*)?$")
+
+
+def keep_null_spellings(original: str, dumped: str) -> str:
+    """`dumped` with every line that differs from `original` only in how it spells null (`~`, `null`,
+    nothing) taken back from `original`: a value the user did not touch keeps its text."""
+    old, new = original.splitlines(keepends=True), dumped.splitlines(keepends=True)
+    out: list[str] = []
+    for op, a0, a1, b0, b1 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if op == "replace" and a1 - a0 == b1 - b0:
+            for o, n in zip(old[a0:a1], new[b0:b1]):
+                mo, mn = _NULL_LINE.match(o.rstrip("\n")), _NULL_LINE.match(n.rstrip("\n"))
+                same = mo and mn and mo.group(1) == mn.group(1) and (mo.group(2) or "") == (mn.group(2) or "")
+                out.append(o if same else n)
+        else:
+            out.extend(new[b0:b1])
+    return "".join(out)
 

@@ -21,6 +21,7 @@ TITLES = {"nodes": "Nodes", "ssh": "SSH", "network": "Network", "training": "Tra
 
 # step status: "ok" (green), "todo" (not checked yet), "warn" (yellow), "bad" (red)
 OK, TODO, WARN, BAD = "ok", "todo", "warn", "bad"
+LIVE = "live"  # the Run step while a run starts or runs
 
 
 def new_preset() -> Preset:
@@ -97,6 +98,15 @@ class WizardState:
     field_errors: dict[str, tuple[Any, str]] = field(default_factory=dict)
     gpu: Optional[str] = None  # the GPU type to assume where no probe says (the CLI's --gpu); not in the preset
 
+    def forget_results(self) -> None:
+        """Another preset was opened: what the checks learned (probe, SSH, network, keys) was about the
+        one before, and must not be shown as this one's."""
+        self.conns.close()
+        self.nodes.clear()
+        self.facts = ClusterFacts()
+        self.findings, self.net_findings, self.net_checked, self.key_report = [], [], False, None
+        self.field_errors.clear()  # what was typed was for the preset now closed
+
     def node(self, i: int) -> NodeStatus:
         return self.nodes.setdefault(i, NodeStatus())
 
@@ -163,5 +173,6 @@ class WizardState:
                 return TODO
             return WARN if self.dirty or WARN in before else OK
         if step == "run":
-            return {None: TODO, "starting": WARN, "running": WARN, "ok": OK, "stopped": WARN}.get(self.run_status, BAD)
+            # a healthy run is under way, not a warning: the stepper shows it with its own mark
+            return {None: TODO, "starting": LIVE, "running": LIVE, "ok": OK, "stopped": WARN}.get(self.run_status, BAD)
         raise ValueError(step)

@@ -83,10 +83,15 @@ def decide(args, fast, world_size: int, stage: int | None, deepspeed: bool) -> N
 
 class _SeededTiles:
     """The MLP forward of one tiled call, tile i drawing its random numbers from seed + i, in the forward and
-    again in the backward's recomputation (TiledMLP calls it for tiles 0..n-1, then 0..n-1 again)."""
+    again in the backward's recomputation (TiledMLP calls it for tiles 0..n-1, then 0..n-1 again). The
+    recomputation also runs under the forward's autocast: the backward runs with autocast off, and bf16 inputs
+    would then meet the adapters' fp32 weights (a dtype error on CUDA, where the worker trains under autocast)."""
 
-    def __init__(self, forward, seed: int, tiles: int):
+    def __init__(self, forward, seed: int, tiles: int, device_type: str):
         self.forward, self.seed, self.tiles, self.calls = forward, seed, tiles, 0
+        self.device_type = device_type
+        self.autocast = torch.is_autocast_enabled(device_type)
+        self.autocast_dtype = torch.get_autocast_dtype(device_type) if self.autocast else None
 
     def __call__(self, mlp, x):
         i = self.calls % self.tiles
@@ -96,7 +101,8 @@ class _SeededTiles:
             torch.manual_seed(self.seed + i)
             if x.is_cuda:
                 torch.cuda.manual_seed(self.seed + i)
-            return self.forward(mlp, x)
+            with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast):
+                return self.forward(mlp, x)
 
 
 def _tile_count(width: int, tile_tokens: int) -> int:
@@ -129,7 +135,7 @@ def tile_mlps(model, tile_tokens: int) -> int:
             tiles = _tile_count(width, tile_tokens)
             seed = int(torch.randint(0, 2**62, (1,)).item())  # the CPU generator: no device read
             params = [p for p in self.parameters() if p.requires_grad]
-            return TiledMLP.apply(_SeededTiles(_plain, seed, tiles), self, x, tiles, params)
+            return TiledMLP.apply(_SeededTiles(_plain, seed, tiles, x.device.type), self, x, tiles, params)
 
         mlp.forward = types.MethodType(tiled, mlp)
         n += 1

@@ -11,20 +11,54 @@ from typing import Any
 KINDS = ("hostfile", "slurm", "ssh_config")
 
 
+# A host as ssh and torchrun take it: a DNS name, an ssh_config alias, an IPv4 or IPv6 address (`%zone` kept)
+_HOST = re.compile(r"[A-Za-z0-9_:](?:[A-Za-z0-9_.:%-]*[A-Za-z0-9_.])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
+_SLOTS = ("slots", "max_slots", "max-slots")
+
+
+def host_problem(host: str) -> str:
+    """Why `host` cannot be a node's host ("" when it can): what the wizard says as it is typed and what a
+    hostfile import names per line, before any connection is tried."""
+    if not host:
+        return "is empty"
+    if any(c.isspace() for c in host):
+        return f"{host!r} holds a space: one host per node"
+    if "@" in host:
+        return f"{host!r} holds a user: put the user in its own field"
+    if host.startswith("-"):
+        return f"{host!r} starts with '-': ssh would read it as an option"
+    if not _HOST.fullmatch(host):
+        bad = sorted({c for c in host if not (c.isalnum() or c in "_.:%-[]")})
+        return (f"{host!r} is not a host name or address" +
+                (f" (it holds {' '.join(repr(c) for c in bad)})" if bad else ""))
+    return ""
+
+
 def parse_hostfile(text: str) -> list[dict[str, Any]]:
-    """`host slots=N` lines (DeepSpeed/OpenMPI); `#` comments; slots default to 1."""
-    out = []
-    for ln in text.splitlines():
-        ln = ln.split("#", 1)[0].strip()
+    """`host slots=N` lines (DeepSpeed/OpenMPI); `#` comments; slots default to 1. A line that is not one
+    of these raises ValueError naming every such line and its problem: nothing is imported by halves."""
+    out, problems = [], []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        ln = raw.split("#", 1)[0].strip()
         if not ln:
             continue
         host, *opts = ln.split()
         node: dict[str, Any] = {"host": host}
+        why = host_problem(host)
         for o in opts:
-            k, _, v = o.partition("=")
-            if k in ("slots", "max_slots", "max-slots") and v.isdigit():
+            k, eq, v = o.partition("=")
+            if k not in _SLOTS or not eq:
+                why = why or f"{o!r} is not slots=N"
+            elif not v.isdigit() or not 1 <= int(v) <= 64:
+                why = why or f"slots must be a whole number from 1 to 64, got {v!r}"
+            elif k == "slots" or "gpus" not in node:
                 node["gpus"] = int(v)
-        out.append(node)
+        if why:
+            problems.append(f"line {n}: {raw.strip()}: {why}")
+        else:
+            out.append(node)
+    if problems:
+        raise ValueError("\n".join(["not a hostfile line (host slots=N):", *problems]))
     return out
 
 

@@ -19,12 +19,15 @@ from textual.worker import Worker
 
 from ..advice import Advice, apply_fix
 from ..facts import ClusterFacts
-from ..preset import Preset, PresetError, load_preset, save_preset
+from ..field_words import plain_message
+from ..preset import Preset, PresetError, save_preset
+from ..preset_lenient import load_preset_keeping_known
 from ..run.api import CONSENT_WAIT_S
 from ..wizard_state import STEPS, TITLES, WizardState, new_preset
 from .launch_guard import LaunchGuard
 from .messages import ChangePreset, StateChanged
 from .modals import Confirm, Form, Notice, host_key_question
+from .screens.base import MIN_SIZE
 
 
 def _screens() -> dict[str, Any]:
@@ -47,9 +50,13 @@ class WizardApp(LaunchGuard, App[int]):
         *[Binding(f"f{i + 1}", f"goto('{s}')", TITLES[s], show=False) for i, s in enumerate(STEPS)],
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "open", "Open"),
-        Binding("f10,question_mark", "help", "Help", key_display="F10/?"),
+        Binding("f10", "help", "Help", show=False),  # each step shows it first in its footer (StepScreen)
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
+    # Below 100 columns or 30 rows the steps reflow (app.tcss: Screen.-narrow, Screen.-short); below the
+    # minimum (MIN_SIZE) a step shows a "terminal too small" notice instead of a clipped screen.
+    HORIZONTAL_BREAKPOINTS = [(0, "-tiny-w"), (MIN_SIZE[0], "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-tiny-h"), (MIN_SIZE[1], "-short"), (30, "-tall")]
 
     def __init__(self, preset_path: Optional[str] = None, *, preset: Optional[Preset] = None,
                  facts: Optional[ClusterFacts] = None, runs_root: Optional[str] = None,
@@ -57,6 +64,7 @@ class WizardApp(LaunchGuard, App[int]):
                  local_python: Optional[str] = None) -> None:
         super().__init__()
         self.load_error: Optional[str] = None
+        self.unknown_keys: list[str] = []  # the opened file's keys qwen-tui does not know (left out, file kept)
         path = Path(preset_path) if preset_path else None
         self.new_path = False  # a path that names no file yet: a new preset that ctrl+s saves there
         if preset is None and path is not None:
@@ -66,7 +74,7 @@ class WizardApp(LaunchGuard, App[int]):
                     preset = new_preset().with_changes({"name": path.stem})
             else:
                 try:
-                    preset = load_preset(path)
+                    preset, self.unknown_keys = load_preset_keeping_known(path)
                 except PresetError as e:
                     self.load_error = str(e)
                     # ctrl+s must not write the defaults over the file that failed to open
@@ -89,11 +97,19 @@ class WizardApp(LaunchGuard, App[int]):
             self.push_screen(Notice("The preset could not be opened", self.load_error + "\n\nThe wizard starts "
                                     "from a new preset; ctrl+s asks where to save it (the file above is left "
                                     "as it is)."))
+        elif self.unknown_keys:
+            self._say_unknown_keys()
         elif self.new_path:
             self.notify(f"{self.state.path} does not exist yet: a new preset; ctrl+s saves it there",
                         title="New preset")
         if self.reattach:
             self.call_after_refresh(self._reattach_if_running)
+
+    def _say_unknown_keys(self) -> None:
+        self.push_screen(Notice("Keys qwen-tui does not know", "\n".join(self.unknown_keys) + "\n\nThe rest of the "
+                                "preset is open. The file is left as it is: fix the key there and open it again "
+                                "(ctrl+o), or go on here; saving over the file asks first, since those lines "
+                                "would go."))
 
     def _reattach_if_running(self) -> None:
         from ..run.rundir import default_runs_root, find_running
@@ -111,7 +127,8 @@ class WizardApp(LaunchGuard, App[int]):
         except (PresetError, KeyError, IndexError) as e:
             errors = getattr(e, "field_errors", [])
             for path, value in msg.changes.items():
-                why = "; ".join(f.message for f in errors if f.path == path or f.path.startswith(path + "."))
+                why = "; ".join(plain_message(f.message) for f in errors
+                                if f.path == path or f.path.startswith(path + "."))
                 self.state.field_errors[path] = (value, why or str(e))
             screen = self.screen
             if hasattr(screen, "show_field_errors"):
@@ -195,10 +212,25 @@ class WizardApp(LaunchGuard, App[int]):
         self.push_screen(HelpPanel(TITLES.get(step, "qwen-tui"), body, keys))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The command palette (ctrl+p): Textual's own (theme, keys, quit) and the wizard's."""
-        yield from super().get_system_commands(screen)
+        """The command palette (ctrl+p): the wizard's steps, every key any step's footer offers (so
+        "launch", "probe", "stop", "data" find their step's action), its own help as "Keys", and
+        Textual's theme and screenshot. Textual's "Keys" (the focused widget's bindings) is left out."""
+        for cmd in super().get_system_commands(screen):
+            if cmd.title not in ("Keys", "Quit"):  # ours below: the wizard's keys; quit that asks first
+                yield cmd
+        yield SystemCommand("Keys", "every key of this step and the wizard's (F10 or ?)",
+                            self.action_help)
+        yield SystemCommand("Quit", "ctrl+q: leave qwen-tui (a run keeps running; reopening re-attaches)",
+                            self.action_quit)
         for i, step in enumerate(STEPS):
             yield SystemCommand(f"Go to step {i + 1}: {TITLES[step]}", f"F{i + 1}", partial(self.action_goto, step))
+        steps = _screens()
+        for i, step in enumerate(STEPS):
+            for b in steps[step].BINDINGS:
+                if isinstance(b, Binding) and b.show and b.description and not b.action.startswith("app."):
+                    key = b.key_display or b.key.split(",")[0]
+                    yield SystemCommand(f"{TITLES[step]}: {b.description}", f"key {key} on step {i + 1} "
+                                        f"(F{i + 1})", partial(self._run_step_action, step, b.action))
         yield SystemCommand("Help for this step", "F10 or ?", self.action_help)
         yield SystemCommand("Open preset", "ctrl+o: load a preset YAML file", self.action_open)
         yield SystemCommand("Save preset", "ctrl+s: write the preset to its file", self.action_save)
@@ -207,6 +239,14 @@ class WizardApp(LaunchGuard, App[int]):
             if a.fix is not None:
                 yield SystemCommand(f"Apply fix: {a.fix.label}", f"{a.code}: {a.message}",
                                     partial(self._fix_from_palette, a))
+
+    def _run_step_action(self, step: str, action: str) -> None:
+        """A footer key chosen from the palette: go to its step, then act there as the key would."""
+        if self.screen.is_modal:
+            return
+        if getattr(self.screen, "STEP", "") != step:
+            self.switch_screen(step)
+        self.call_after_refresh(lambda: self.run_action(action, self.get_screen(step)))
 
     def _fix_from_palette(self, item: Advice) -> None:
         if self.apply_fix(item) and hasattr(self.screen, "fill_from_preset"):
@@ -240,11 +280,23 @@ class WizardApp(LaunchGuard, App[int]):
                              lambda yes: self._save_to(answer, old_values_ok=True) if yes else None)
             return
         path = Path(os.path.expanduser(answer["path"]))
+        if self.unknown_keys and self.state.path is not None and path.absolute() == self.state.path.absolute() \
+                and not answer.get("unknown_ok"):
+            self.push_screen(Confirm("Save over a file with unknown keys?",
+                                     "\n".join(self.unknown_keys) + f"\n\nSaving writes the preset to {path} "
+                                     "without these lines. No goes back: fix the key in the file and open it again, "
+                                     "or save under another name (ctrl+p: Save preset as).",
+                                     yes="Save without them", no="Go back", danger=True),
+                             lambda yes: self._save_to({**answer, "unknown_ok": True}, old_values_ok=True)
+                             if yes else None)
+            return
         try:
             save_preset(self.state.preset, path)
         except (OSError, PresetError) as e:
             self.push_screen(Notice("Not saved", str(e)))
             return
+        if self.state.path is None or path.absolute() == self.state.path.absolute():
+            self.unknown_keys = []  # written without them: the file now reads as it is shown
         self.state.path, self.state.dirty = path, False
         self.notify(f"saved {path}", title="Preset")
         self.screen.post_message(StateChanged())
@@ -267,15 +319,17 @@ class WizardApp(LaunchGuard, App[int]):
             return
         path = Path(os.path.expanduser(answer["path"]))
         try:
-            preset = load_preset(path)
+            preset, unknown = load_preset_keeping_known(path)
         except PresetError as e:
             self.push_screen(Notice("The preset could not be opened", str(e)))
             return
-        self.state.path = path
-        self.state.field_errors.clear()  # what was typed was for the preset now closed
+        self.state.path, self.unknown_keys = path, unknown
+        self.state.forget_results()  # probe, SSH and network results were the previous preset's
         self.set_preset(preset, dirty=False)
         self.state.dirty = False
         self.notify(f"opened {path}", title="Preset")
+        if unknown:
+            self._say_unknown_keys()
 
     async def action_quit(self) -> None:
         if self.state.dirty:

@@ -42,9 +42,10 @@ STEP_HELP = {
            "c chats with the trained model once the run has finished.",
 }
 
-GLOBAL_KEYS = ("F1-F6 go to a step (the bar on top shows each step's state: ✔ done, ! warning, ✘ problem); "
-               "ctrl+p opens the command palette (go to a step, apply a fix, open or save a preset, theme); "
-               "ctrl+s saves, ctrl+o opens a preset, ctrl+q quits; Tab moves between fields.")
+GLOBAL_KEYS = ("F1-F6 go to a step (the bar on top shows each step's state: ✔ done, ! warning, ✘ problem, "
+               "▶ running); F10 or ? opens this help; ctrl+p opens the command palette (every key of every step, "
+               "go to a step, apply a fix, open or save a preset, theme); ctrl+s saves, ctrl+o opens a preset, "
+               "ctrl+q quits (a run keeps running; reopening re-attaches); Tab moves between fields.")
 
 
 def keys_text(bindings: list[Binding]) -> Text:

@@ -3,7 +3,7 @@ import, a path. Each returns its answer through `dismiss`."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -47,6 +47,36 @@ def host_key_question(label: str, host: str, key_type: str, fingerprint: str) ->
                    f"Accept it and record it in known_hosts?", yes="Accept", no="Refuse")
 
 
+class Choose(ModalScreen[Optional[str]]):
+    """One of a few answers, each a button with its own key; Escape answers None (go back)."""
+
+    BINDINGS = [Binding("escape", "pick('')", "Cancel")]
+
+    def __init__(self, title: str, body: str, options: list[tuple[str, str, str]]) -> None:
+        # options: (answer, button label, key)
+        super().__init__(classes="modal")
+        self.title_text, self.body, self.options = title, body, options
+        self.AUTO_FOCUS = f"#c-{options[0][0]}" if options else None
+        for answer, _, key in options:
+            self._bindings.bind(key, f"pick('{answer}')", show=False)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(self.body, classes="dialog-body", markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                for i, (answer, label, key) in enumerate(self.options):
+                    yield Button(f"{label} ({key})", id=f"c-{answer}", variant="primary" if i == 0 else "default")
+                yield Button("Cancel (esc)", id="c-")
+
+    def on_button_pressed(self, ev: Button.Pressed) -> None:
+        self.action_pick((ev.button.id or "c-")[2:])
+
+    def action_pick(self, answer: str) -> None:
+        self.dismiss(answer or None)
+
+
 class PasswordPrompt(ModalScreen[Optional[str]]):
     """Asked once; the answer lives in memory only and is never shown."""
 
@@ -77,16 +107,21 @@ class PasswordPrompt(ModalScreen[Optional[str]]):
 
 class Form(ModalScreen[Optional[dict[str, Any]]]):
     """A few labelled inputs. Answers {name: text}; the caller validates through the core.
-    A field named in `choices` is a select of (label, value) instead (its answer: the value)."""
+    A field named in `choices` is a select of (label, value) instead (its answer: the value).
+    `checks`: name -> a function of the text that says what is wrong with it ("" when nothing), run as it
+    is typed: the problem shows under the fields at once, and OK waits until it is fixed."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "OK")]
 
     def __init__(self, title: str, fields: list[tuple[str, str, str]], error: str = "",
-                 choices: Optional[dict[str, list[tuple[str, str]]]] = None) -> None:
+                 choices: Optional[dict[str, list[tuple[str, str]]]] = None,
+                 checks: Optional[dict[str, Callable[[str], str]]] = None) -> None:
         # fields: (name, label, initial text)
         super().__init__(classes="modal")
         self.title_text, self.fields, self.error = title, fields, error
         self.choices = choices or {}
+        self.checks = checks or {}
+        self.problems: dict[str, str] = {}  # what the checks say of the text as it is now
         self.AUTO_FOCUS = f"#f-{fields[0][0]}" if fields else None  # typing goes to the first field
 
     def compose(self) -> ComposeResult:
@@ -113,6 +148,19 @@ class Form(ModalScreen[Optional[dict[str, Any]]]):
     def on_input_submitted(self, ev: Input.Submitted) -> None:
         self.action_ok()
 
+    def on_input_changed(self, ev: Input.Changed) -> None:
+        name = (ev.input.id or "").removeprefix("f-")
+        check = self.checks.get(name)
+        if check is None:
+            return
+        why = check(ev.value.strip())
+        label = next((lbl for n, lbl, _ in self.fields if n == name), name)
+        self.problems.pop(name, None)
+        if why:
+            self.problems[name] = f"{label}: {why}"
+        ev.input.set_class(bool(why), "-invalid")
+        self.query_one("#form-error", Static).update("\n".join(self.problems.values()) or self.error)
+
     def on_button_pressed(self, ev: Button.Pressed) -> None:
         if ev.button.id == "ok":
             self.action_ok()
@@ -120,6 +168,9 @@ class Form(ModalScreen[Optional[dict[str, Any]]]):
             self.dismiss(None)
 
     def action_ok(self) -> None:
+        if self.problems:  # said under the fields already: OK waits for the fix
+            self.app.bell()
+            return
         self.dismiss(self.values())
 
     def action_cancel(self) -> None:

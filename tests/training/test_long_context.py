@@ -73,6 +73,36 @@ def test_lora_dropout_in_a_recomputed_tile_uses_the_forwards_masks(tiny_model):
         torch.testing.assert_close(mlp(x), plain(mlp, x))
 
 
+def test_a_tile_recomputed_in_the_backward_runs_under_the_forwards_autocast(tiny_model):
+    """Under autocast an fp32 layer takes the bf16 hidden states of the layer before; the backward runs with autocast
+    off, so a recomputed tile outside the forward's autocast met bf16 inputs with fp32 weights (a dtype error on the
+    GPU from 64k-token records on). On CPU's bf16 autocast the same mix must train, with the untiled gradients."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                            target_modules=["gate_proj", "up_proj", "down_proj"]))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    mlp = model.get_base_model().model.layers[0].mlp
+    plain = type(mlp).forward
+    x = torch.randn(1, 48, base.config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    params = [p for p in mlp.parameters() if p.requires_grad]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.autograd.grad(plain(mlp, x).float().sum(), [x, *params])
+    assert long_context.tile_mlps(model, 16) == base.config.num_hidden_layers
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mlp(x)
+    out.float().sum().backward()
+    for got, ref in zip([x.grad, *[p.grad for p in params]], want):
+        # bf16 sums tile by tile in another order: the same gradient to bf16's precision, not bit for bit
+        err = (got.float() - ref.float()).norm() / ref.float().norm()
+        assert got.dtype == ref.dtype and err < 2e-2, (got.shape, float(err))
+
+
 def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
     from worker_helpers import decide_for
 

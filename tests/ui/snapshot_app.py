@@ -59,6 +59,7 @@ async def show_synthetic_run(app: WizardApp) -> None:
     run = app.get_screen("run")
     app.state.run_status = "running"
     await run.show_panels([(0, "localhost"), (1, "localhost")])
+    app.facts_changed()  # as a real start does: the bar marks the Run step as running
 
     def later() -> None:
         from rich.text import Text

@@ -35,4 +35,6 @@ async def test_the_host_import_offers_hosts_of_included_files(tmp_path, demo_cop
         assert "gpu3" in app.screen.query_one("#text").text
         await pilot.press("ctrl+s")
         await pilot.pause()
+        await pilot.press("r")  # replace the nodes there (it asks: replace or add after)
+        await pilot.pause()
         assert [n.host for n in app.state.preset.cluster.nodes] == ["gpu1", "gpu2", "gpu3", "bastion"]

@@ -39,7 +39,8 @@ async def test_training_and_network_fields_reach_the_saved_preset(tmp_path, demo
         rdzv = app.screen.query_one("#rdzv_timeout", Input)
         rdzv.value = "0"
         await pilot.pause()
-        assert "rdzv_timeout" in str(app.screen.query_one("#field-errors", Static).render())
+        assert str(app.screen.query_one("#field-errors", Static).render()) == \
+            "rendezvous timeout: must be at least 1, got 0"
         rdzv.value = "120"
         await pilot.pause()
         await pilot.press("ctrl+s")
@@ -84,6 +85,8 @@ async def test_import_dialog_shows_each_format_with_an_example(tmp_path, demo_co
         assert "gpu[01-04,07]" in shown()
         dlg.query_one("#text").text = "gpu[01-02]"
         await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("r")  # replace the nodes there (it asks: replace or add after)
         await pilot.pause()
         assert [n.host for n in app.state.preset.cluster.nodes] == ["gpu01", "gpu02"]
     assert set(IMPORT_FORMATS) == {"hostfile", "slurm", "ssh_config"}

@@ -82,7 +82,8 @@ async def test_a_refused_value_stays_marks_the_step_and_saving_asks(tmp_path, de
         keep.value = "often"
         await pilot.pause()
         err = app.screen.query_one("#err-training-save_steps", Static)
-        assert "integer" in str(err.render()).lower()
+        # in plain words, naming the field as the form labels it (not pydantic's "Input should be a valid integer")
+        assert str(err.render()) == "save every N steps: must be a whole number, got 'often'"
         await pilot.pause()
         assert on_screen(app, err), "the error scrolled out of sight"
         assert app.state.preset.training.save_steps != "often"
@@ -96,7 +97,8 @@ async def test_a_refused_value_stays_marks_the_step_and_saving_asks(tmp_path, de
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert "Save with the old values?" in str(app.screen.query_one(".dialog-title").render())
-        assert "training.save_steps: 'often'" in str(app.screen.query_one(".dialog-body").render())
+        assert "training.save_steps: 'often' (must be a whole number)" in \
+            str(app.screen.query_one(".dialog-body").render())
         await pilot.press("n")
         await pilot.pause()
         assert path.read_text() == before
@@ -106,3 +108,46 @@ async def test_a_refused_value_stays_marks_the_step_and_saving_asks(tmp_path, de
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert "save_steps: 7" in path.read_text()
+
+
+@pytest.mark.parametrize("key,step", [("f1", "nodes"), ("f2", "ssh"), ("f3", "network"), ("f4", "training"),
+                                      ("f5", "review"), ("f6", "run")])
+async def test_every_step_reflows_at_80x24_and_its_help_closes(tmp_path, demo_copy, key, step):
+    """80x24, the smallest size: all six steps on top, Help, the step's keys and Quit in the footer (ctrl+s and
+    ctrl+o still work, the palette and help list them), the help dialog with its Close button in sight."""
+    from qwen_tui.ui.help import HelpPanel
+
+    app = WizardApp(str(demo_copy()), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(key)
+        await pilot.pause()
+        text = app.screen.query_one(Stepper).render().plain
+        assert len(text.rstrip()) <= 80 and all(f"F{i} " in text for i in range(1, 7)), text
+        shown = {k.description for k in app.screen.query(FooterKey) if on_screen(app, k)}
+        want = {b.description for b in type(app.screen).BINDINGS} | {"Help", "Quit"}
+        assert want <= shown, f"cut off: {want - shown}"
+        body = app.screen.query_one("#body")
+        assert body.region.right <= 80 and all(w.region.right <= 80 for w in body.query("*") if w.display)
+        await pilot.press("f10")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpPanel) and on_screen(app, app.screen.query_one("#close", Button))
+        await pilot.press("escape")
+        await pilot.pause()
+        app.state.dirty = True
+        await pilot.press("ctrl+s")  # not in the footer, still saves
+        await pilot.pause()
+        assert not app.state.dirty
+
+
+@pytest.mark.parametrize("size", [(79, 24), (80, 23), (60, 15)])
+async def test_below_80x24_a_step_says_the_terminal_is_too_small(tmp_path, size):
+    app = WizardApp(str(DEMO), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        notice = app.screen.query_one("#too-small", Static)
+        assert notice.display and not app.screen.query_one("#body").display
+        assert str(notice.render()).startswith(f"Terminal too small: {size[0]}x{size[1]}.")
+        await pilot.resize_terminal(100, 30)  # made larger: the step is back
+        await pilot.pause()
+        assert not notice.display and app.screen.query_one("#body").display

@@ -1,6 +1,7 @@
-"""Snapshots of every screen (pytest-textual-snapshot), each at 160x48 and at 100x30
-(the small terminal must keep every step, key and button). Regenerate after an
-intended change: pytest tests/ui/test_snapshots.py --snapshot-update"""
+"""Snapshots of every screen (pytest-textual-snapshot), each at 160x48, 100x30 and 80x24
+(the small terminals must keep every step, key and button: below 100x30 the steps reflow),
+and the "terminal too small" notice below 80x24. Regenerate after an intended change:
+pytest tests/ui/test_snapshots.py --snapshot-update"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .snapshot_app import make_app, show_synthetic_run
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=[(160, 48), (100, 30)], ids=["160x48", "100x30"])
+@pytest.fixture(params=[(160, 48), (100, 30), (80, 24)], ids=["160x48", "100x30", "80x24"])
 def SIZE(request):
     return request.param
 
@@ -126,3 +127,9 @@ def test_training_without_a_gpu_type(snap_compare, SIZE):
         pilot.app.facts_changed()
         pilot.app.screen.query_one("#training-device", Select).value = "auto"
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=goto("f4", gpu_run))
+
+
+@pytest.mark.parametrize("size", [(79, 24), (100, 20)], ids=["79x24", "100x20"])
+def test_terminal_too_small(snap_compare, size):
+    """Below 80x24 (either way) every step says so, with the size it has and the one it needs."""
+    assert snap_compare(make_app(), terminal_size=size, run_before=goto("f4"))

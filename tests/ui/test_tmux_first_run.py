@@ -48,6 +48,22 @@ def type_into(session: str, text: str) -> None:
     time.sleep(0.3)
 
 
+def choose(session: str, options: tuple[str, ...], moves: tuple[str, ...], picked: str) -> None:
+    """Open the focused Select (Enter), wait until its options are on screen, move and pick, then wait until
+    it shows `picked` closed: keys sent before the overlay opens would land on the closed select (under
+    load that once left the device at "GPU (cuda)")."""
+    keys(session, "Enter")
+    wait_for(session, *options)
+    keys(session, *moves, "Enter")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        s = screen(session)
+        if picked in s and not all(o in s for o in options):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the select did not close on {picked!r}:\n{screen(session)}")
+
+
 def run_dir_on_screen(session: str, runs: Path, timeout: float) -> str:
     """The run id of the run the Run screen shows (its header names the run directory)."""
     s = wait_for(session, f"run dir {runs}/", timeout=timeout)
@@ -73,7 +89,9 @@ def test_new_preset_to_two_finished_runs(tmp_path):
     port = free_port()
     env = f"PYTHONPATH={shlex.quote(str(ROOT))} QWEN_TUI_RUNS={shlex.quote(str(runs))}"
     # stty: the pty's size for the app from its first frame (a detached tmux may start it at 80x24)
-    cmd = (f"stty cols 160 rows 48; cd {shlex.quote(str(ROOT))} && {env} {shlex.quote(str(exe))} {shlex.quote(str(preset))}; "
+    # COLUMNS/LINES (pytest exports them) would override the size the app reads (shutil's rule)
+    cmd = (f"unset COLUMNS LINES; stty cols 160 rows 48; "
+           f"cd {shlex.quote(str(ROOT))} && {env} {shlex.quote(str(exe))} {shlex.quote(str(preset))}; "
            "echo EXITED=$?; sleep 60")
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", cmd)
     t0 = time.monotonic()
@@ -102,9 +120,11 @@ def test_new_preset_to_two_finished_runs(tmp_path):
         keys(session, "F4")
         wait_for(session, "model (hub id or path)", "builtin:tiny")
         keys(session, *["Tab"] * 8)  # -> ZeRO stage
-        keys(session, "Enter", "Up", "Enter")  # ZeRO-2 -> none (DDP)
-        keys(session, "Tab", "Enter", "Down", "Down", "Enter")  # precision bf16 -> fp32
-        keys(session, "Tab", "Enter", "Down", "Down", "Enter")  # device auto -> CPU
+        choose(session, ("none (DDP)", "ZeRO-2", "ZeRO-3"), ("Up",), "none (DDP)")  # ZeRO-2 -> none (DDP)
+        keys(session, "Tab")
+        choose(session, ("bf16", "fp16", "fp32"), ("Down", "Down"), "fp32")  # precision bf16 -> fp32
+        keys(session, "Tab")
+        choose(session, ("auto", "GPU (cuda)", "CPU"), ("Down", "Down"), "CPU")  # device auto -> CPU
         keys(session, "Tab", "Tab")  # GPU type stays; -> sequence length
         type_into(session, "128")
         keys(session, "Tab", "Tab")  # GPUs a sequence spans stays; -> batch per GPU

@@ -139,6 +139,8 @@ async def test_nodes_add_edit_remove_import_and_save(tmp_path, demo_copy):
         app.screen.query_one("#text").text = "worker-1 slots=8\nworker-2 slots=8\n"
         await pilot.press("ctrl+s")
         await pilot.pause()
+        await pilot.press("r")  # replace the nodes there (it asks: replace or add after)
+        await pilot.pause()
         assert [(n.host, n.gpus) for n in app.state.preset.cluster.nodes] == [("worker-1", 8), ("worker-2", 8)]
         assert app.state.dirty
         await pilot.press("ctrl+s")  # save back to the opened preset (atomic, header kept)

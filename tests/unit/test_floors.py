@@ -24,6 +24,7 @@ FLOORS: list[tuple[str, int]] = [
     ("", 1), ("atomic", 1), ("facts", 1), ("failures", 1), ("logsetup", 1), ("modelspec", 1),
     ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
     ("shell", 1), ("ib", 1), ("seqparallel", 1),
+    ("preset_lenient", 1), ("field_words", 1),  # opening a preset with unknown keys; refusals in plain words
     ("plan", 2), ("estimate", 2), ("outputs", 2), ("longcontext", 2),
     ("estimate_comm", 2),  # the step estimate's communication: bandwidth sources, collectives, overlap
     ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("advice_moe", 3),

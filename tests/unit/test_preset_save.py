@@ -88,3 +88,16 @@ def test_an_added_section_holds_only_what_was_set(tmp_path):
     text = p.read_text()
     assert "network:\n  master_port: 29600\n" in text and "backend" not in text
     assert load_preset(p).network.master_port == 29600
+
+
+def test_untouched_nulls_keep_their_spelling_and_a_new_null_says_null(tmp_path):
+    """`zero_stage: null` once came back as `zero_stage:` after an edit elsewhere; `~` and a bare key likewise."""
+    text = USER.replace("  zero_stage: 2\n", "  zero_stage: null   # plain DDP\n") + \
+        "network:\n  interface: ~\n  nccl_ib_disable:\n"
+    p, out, edited = edit_and_save(tmp_path, text, learning_rate=1e-4)
+    assert "  zero_stage: null   # plain DDP\n" in out
+    assert "  interface: ~\n" in out and "  nccl_ib_disable:\n" in out
+    assert [ln for ln in out.splitlines() if "learning_rate" not in ln] == \
+        [ln for ln in text.splitlines() if "learning_rate" not in ln]
+    p, out, edited = edit_and_save(tmp_path, USER, zero_stage=None)  # set to null by the edit: written as null
+    assert "  zero_stage: null\n" in out and load_preset(p) == edited

@@ -22,6 +22,7 @@ from ..messages import ActionDone, NodeProgress
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
 from ...wizard_state import BAD, MARKS, WARN, finding_line
+from ..widgets.field_input import FieldInput
 from .base import StepScreen
 
 
@@ -66,15 +67,15 @@ class NetworkScreen(StepScreen):
         yield Label("Network: workers reach the master on one port; collectives need bandwidth.", classes="intro")
         with Horizontal(classes="row"):
             yield Label("master port", classes="field-label")
-            yield Input(id="master_port", type="integer", classes="short")
+            yield FieldInput(id="master_port", type="integer", classes="short")
             yield Label("interface", classes="field-label")
-            yield Input(id="interface", placeholder="auto (from the probe)", classes="short")
+            yield FieldInput(id="interface", placeholder="auto (from the probe)", classes="short")
         with Horizontal(classes="row"):
             yield Label("backend", classes="field-label")
             yield Select([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")], id="backend",
                          allow_blank=False, value=self.state.preset.network.backend, classes="short")
             yield Label("rendezvous timeout (s)", classes="field-label")
-            yield Input(id="rdzv_timeout", type="integer", classes="short")
+            yield FieldInput(id="rdzv_timeout", type="integer", classes="short")
         yield Static(id="field-errors", classes="field-error")
         yield Static(id="net-progress")
         yield DataTable(id="net-table", cursor_type="row")
@@ -117,8 +118,12 @@ class NetworkScreen(StepScreen):
         self.change(path, value)
 
     def show_field_errors(self, errors, changes) -> None:
+        from ...field_words import plain
+
+        labels = {"network.master_port": "master port", "network.interface": "interface",
+                  "network.rdzv_timeout": "rendezvous timeout", "network.backend": "backend"}
         self.query_one("#field-errors", Static).update(
-            Text("\n".join(f"{e.path}: {e.message}" for e in errors), style="red"))
+            Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style="red"))
 
     def refresh_state(self) -> None:
         st = self.state

@@ -17,12 +17,41 @@ from ...nodes.sshconfig import ssh_config_import_text
 from ...preset import PresetError
 from ...run import api
 from ..messages import ActionDone, ChangePreset, NodeProgress
-from ..modals import Confirm, Form, ImportNodes, Notice
+from ...field_words import plain
+from ..modals import Choose, Confirm, Form, ImportNodes, Notice
 from ...wizard_state import MARKS, connection_fix, finding_line
 from .base import StepScreen
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
                 ("workdir", "workdir"), ("python", "python"), ("name", "label")]
+_LABELS = dict(_NODE_FIELDS)
+
+
+def _whole(lo: int, hi: int, empty_ok: bool = True):
+    def check(text: str) -> str:
+        if not text:
+            return "" if empty_ok else "is required"
+        if not text.isdigit() or not lo <= int(text) <= hi:
+            return f"must be a whole number from {lo} to {hi}, got {text!r}"
+        return ""
+    return check
+
+
+def _path_check(text: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return "holds a control character"
+    return "holds a space at its start or end" if text != text.strip() else ""
+
+
+def _user_check(text: str) -> str:
+    if any(c.isspace() or c in "@:/" for c in text):
+        return f"{text!r} is not a user name (no spaces, @, : or /)"
+    return ""
+
+
+# what the node form checks as it is typed, before any connection is tried
+NODE_CHECKS = {"host": lambda t: hostlists.host_problem(t) if t else "is required", "user": _user_check,
+               "port": _whole(1, 65535), "gpus": _whole(1, 64), "workdir": _path_check, "python": _path_check}
 
 
 def _status_text(status: str) -> Text:
@@ -105,15 +134,19 @@ class NodesScreen(StepScreen):
                 nodes[index] = node
             try:
                 self.state.preset.with_changes({"cluster.nodes": nodes})
-            except PresetError as e:  # show the form again, with the problem next to it
-                self._form(title, ans, index, error=str(e))
+            except PresetError as e:  # show the form again, with the problem next to it, in plain words
+                errs = getattr(e, "field_errors", [])
+                words = "\n".join(plain(f.path, f.message, labels=_LABELS) for f in errs) or str(e)
+                self._form(title, ans, index, error=words)
                 return
             self.post_message(ChangePreset({"cluster.nodes": nodes}))
 
-        self.app.push_screen(Form(title, fields, error), done)
+        self.app.push_screen(Form(title, fields, error, checks=NODE_CHECKS), done)
 
     def action_add(self) -> None:
-        self._form("Add node", {"host": "", "port": 22, "gpus": 8}, None)
+        # as many GPUs as the nodes already there (the last one's): a new node of a cluster is usually alike
+        gpus = self.state.preset.cluster.nodes[-1].gpus
+        self._form("Add node", {"host": "", "port": 22, "gpus": gpus}, None)
 
     def action_edit(self) -> None:
         i = self.query_one(DataTable).cursor_row
@@ -161,11 +194,38 @@ class NodesScreen(StepScreen):
             try:
                 new = hostlists.parse(kind, body)
             except ValueError as e:
-                self.app.push_screen(Notice("Nothing imported", str(e)))
+                self.app.push_screen(Notice("Nothing imported", f"{e}\n\nFix these lines and import again (i); "
+                                            "the nodes are as they were."))
                 return
-            self.post_message(ChangePreset({"cluster.nodes": new}, note=f"imported {len(new)} nodes from a {kind}"))
+            self._replace_or_append(kind, new)
 
         self.app.push_screen(ImportNodes(text), done)
+
+    def _replace_or_append(self, kind: str, new: list[dict[str, Any]]) -> None:
+        """The import never drops the nodes there without asking: replace them, or add the new ones after."""
+        have = self.state.preset.cluster.nodes
+        listed = ", ".join(f"{n['host']} ({n.get('gpus', 1)} GPU(s))" for n in new[:6]) + \
+            (f" and {len(new) - 6} more" if len(new) > 6 else "")
+
+        def answer(how: Optional[str]) -> None:
+            if how is None:
+                return
+            nodes = new if how == "replace" else self._node_dicts() + new
+            try:
+                self.state.preset.with_changes({"cluster.nodes": nodes})
+            except PresetError as e:
+                errs = getattr(e, "field_errors", [])
+                why = "\n".join(plain(f.path, f.message, labels=_LABELS) for f in errs) or str(e)
+                self.app.push_screen(Notice("Nothing imported", f"{why}\n\nThe nodes are as they were."))
+                return
+            verb = "replaced the nodes with" if how == "replace" else "added"
+            self.post_message(ChangePreset({"cluster.nodes": nodes}, note=f"{verb} {len(new)} node(s) from a {kind}"))
+
+        self.app.push_screen(Choose(f"Import {len(new)} node(s)", f"From the {kind}: {listed}.\n\nThe preset has "
+                                    f"{len(have)} node(s) now ({', '.join(n.label for n in have[:6])}). Replace "
+                                    "them (node 0, the master, becomes the first imported one), or add the imported "
+                                    "ones after them?",
+                                    [("replace", "Replace", "r"), ("append", "Add after", "a")]), answer)
 
     # ---------------------------------------------------------------- probe
     def action_probe(self) -> None:

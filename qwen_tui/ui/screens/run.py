@@ -103,7 +103,9 @@ class RunScreen(StepScreen):
         self.outcome = None
         self._stop_wanted = False
         self._checking = None
+        self._forget_last_run()
         self.state.run_status = "starting"
+        self.wizard.facts_changed()  # the bar marks the Run step as under way (▶) from the start
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
         self._launch_worker(force)
 
@@ -264,13 +266,22 @@ class RunScreen(StepScreen):
         self.app.push_screen(Notice(title, f.message))
         self.wizard.facts_changed()
 
+    def _forget_last_run(self) -> None:
+        """A new run (launched here, or re-attached): the last one's log, curve and snapshot go."""
+        self.query_one(LogPane).clear()
+        self.query_one(LossChart).show(None)
+        self.last_snapshot = None
+
     async def on_run_started(self, msg: RunStarted) -> None:
         from ...run.gpuseries import NodeWatch
 
         la = msg.launcher
+        if self.launcher is not None and self.launcher.run_dir.path != la.run_dir.path:
+            self._forget_last_run()  # a relaunch of the same run keeps its log; another run does not
         self.launcher = la
         self.state.run_status = "running"
         self.state.run_dir = la.run_dir.path
+        self.wizard.facts_changed()  # before the panels mount: the first snapshot may be queued behind them
         await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
         status = Text("running · ", style="green")
         if la.attempt_note:  # a relaunch after a failure: which attempt, why, and where it resumed
@@ -316,7 +327,7 @@ class RunScreen(StepScreen):
         self.query_one(LogPane).show(snap.log_rank, snap.log)
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
-        self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})  ·  n: next node")
+        self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})")  # n: the footer says
 
     def _show_notices(self, notices: tuple) -> None:
         """The monitor's notices above the log: the last few, each new one also popped up."""
@@ -353,6 +364,13 @@ class RunScreen(StepScreen):
         if self.monitor is not None:
             self.monitor.stop(flush_last=False)  # the worker has ended: nobody reads a last window
             self.monitor = None
+        for p in self.query(GpuPanel):
+            # a run stopped elsewhere ends with its workers' clean exits: "ok" would say it finished
+            healthy = p.status in ("ok", "running", "pending", "stopping")
+            p.end((out.status if out.status in ("ok", "stopped") else "stopped") if healthy else p.status)
+        if self.last_snapshot is not None:  # the curve stays; the ETA goes
+            self.query_one(LossChart).show(self.last_snapshot.progress, ended=True,
+                                           width=max(20, self.query_one(LossChart).size.width - 12))
         style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
         status = Text(f"{out.status}: {out.message}", style=style)
         ev = self.launcher.metrics.progress.last_eval if self.launcher is not None else None  # the follower is done

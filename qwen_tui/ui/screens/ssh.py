@@ -19,6 +19,7 @@ from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import PasswordPrompt
 from ...wizard_state import connection_fix
+from ..widgets.field_input import FieldInput
 from .base import StepScreen
 
 
@@ -58,7 +59,7 @@ class SSHScreen(StepScreen):
                     classes="intro")
         with Horizontal(classes="row"):
             yield Label("private key", classes="field-label")
-            yield Input(placeholder="~/.ssh/id_ed25519 (made if missing)", id="identity")
+            yield FieldInput(placeholder="~/.ssh/id_ed25519 (made if missing)", id="identity")
         yield DataTable(id="ssh-table", cursor_type="row")
         yield Static(id="ssh-failures")
         yield Static(id="pairs")

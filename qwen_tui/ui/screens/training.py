@@ -18,13 +18,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Select, Static
 
+import os
+
 from ...advice import Advice
 from ...estimate import GPUS
 from ...estimate_report import NODES_WORTH_LIMIT
 from ...modelspec import known_hub_ids
+from ...field_words import plain
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
+from ..widgets.field_input import FieldInput
 from .base import StepScreen
 
 # What the model field completes as one types: the built-in tiny models and the known releases (dense, then the
@@ -61,6 +65,8 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.resume_from_checkpoint", "resume from", "opt"),
 ]
 PATHS = {p for p, _, _ in FIELDS}
+LABELS = {p: label for p, label, _ in FIELDS}
+LOCAL_FILES = ("training.data", "training.eval_data", "training.model")  # checked on this machine as typed
 
 
 # The GPU type to assume where no probe says (as the CLI's --gpu): kept by the wizard, not in the preset.
@@ -98,15 +104,15 @@ class TrainingScreen(StepScreen):
                             yield Input(value=_shown(v), id=_wid(path), compact=True,
                                         suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
                         else:
-                            yield Input(value=_shown(v), id=_wid(path), compact=True)
+                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True)
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
                     if path == "training.device":
                         with Horizontal(classes="form-row"):
                             yield Label("GPU type", classes="field-label")
                             yield Select(GPU_CHOICES, id="gpu-type", allow_blank=False,
                                          value=self.state.gpu or NO_GPU_TYPE, compact=True)
-            with Vertical(id="live"):
-                yield Label("Live estimate", classes="section")
+            with VerticalScroll(id="live"):
+                yield Label("Live estimate", classes="section", id="estimate-title")
                 yield Static(id="estimate")
                 yield Label("Advice", classes="section")
                 yield AdviceList(id="advice")
@@ -167,14 +173,30 @@ class TrainingScreen(StepScreen):
     def show_field_errors(self, errors: list, changes: dict[str, Any]) -> None:
         for path in changes:
             if path in PATHS:
-                msg = "; ".join(e.message for e in errors if e.path == path or e.path.startswith(path + "."))
-                if errors and not msg:
-                    msg = "; ".join(f"{e.path}: {e.message}" for e in errors)
+                mine = [e for e in errors if e.path == path or e.path.startswith(path + ".")] or errors
+                # in plain words, naming the field as the form labels it (not pydantic's own text)
+                msg = "; ".join(plain(e.path, e.message, changes[path] if e.path == path else None, LABELS)
+                                for e in mine)
+                text = Text(msg, style="red") if msg else self._path_note(path, changes[path])
                 w = self.query_one(f"#err-{_wid(path)}", Static)
-                w.update(Text(msg, style="red"))
-                w.set_class(bool(msg), "-shown")
+                w.update(text)
+                w.set_class(bool(text.plain), "-shown")
                 if msg:  # a small terminal may have scrolled it out of sight
                     self.call_after_refresh(w.scroll_visible, animate=False)
+
+    def _path_note(self, path: str, value: Any) -> Text:
+        """A data or model path that node 0 (this machine) does not have, said as it is typed: not refused
+        (it may be copied there before the launch), but not left for the launch to find out."""
+        nodes = self.state.preset.cluster.nodes
+        if path not in LOCAL_FILES or not value or not nodes[0].is_local or str(value).startswith("builtin:"):
+            return Text("")
+        text = str(value)
+        if path == "training.model" and not text.startswith(("/", ".", "~")):
+            return Text("")  # a hub id (Qwen/Qwen2.5-7B-Instruct) is not a path
+        where = os.path.join(self.wizard.base_dir, os.path.expanduser(text))
+        if os.path.exists(where):
+            return Text("")
+        return Text(f"{LABELS[path]}: {text} does not exist on this machine (node 0) yet", style="yellow")
 
     # ---------------------------------------------------------------- panel
     def refresh_state(self) -> None:
@@ -185,8 +207,16 @@ class TrainingScreen(StepScreen):
         gpu_select.disabled = probed
         gpu_select.tooltip = "the probe found the nodes' GPUs (Nodes step)" if probed else None
         est = st.estimate
+        refused = [LABELS[p] for p in st.field_errors if p in LABELS]
+        title = self.query_one("#estimate-title", Label)
+        if refused:  # what it shows is of the old values, not of what the form holds
+            title.update(Text(f"Live estimate: stale, {', '.join(refused)} refused (old value used)",
+                              style="bold yellow"))
+        else:
+            title.update("Live estimate")
+        title.set_class(bool(refused), "-stale")
         t = Table.grid(padding=(0, 1))
-        t.add_column(style="bold", min_width=16)
+        t.add_column(style="bold", min_width=10, max_width=16)
         t.add_column()
         if est is not None:
             if est.model:

@@ -23,11 +23,19 @@ class GpuPanel(Static):
         self.sample: Optional[NodeSample] = None
         self.status, self.error = "pending", None
         self.note: Optional[str] = None  # where its stop is, while the run stops
+        self.ended = False  # the run is over: no sample describes the node any more
         self.border_title = f"node {rank}: {label}"
 
     def set_sample(self, s: NodeSample) -> None:
+        if self.ended:  # a sample taken before the end, arriving after it
+            return
         self.sample = s
         self._redraw()
+
+    def end(self, status: str) -> None:
+        """The run ended: its outcome, and no last sample that would read as the node's load now."""
+        self.ended, self.sample = True, None
+        self.set_status(status, self.error)
 
     def set_status(self, status: str, error: Optional[str], note: Optional[str] = None) -> None:
         self.status, self.error, self.note = status, error, note
@@ -44,7 +52,9 @@ class GpuPanel(Static):
         if self.error:
             rows.append(Text(self.error[-300:], style="red"))
         s = self.sample
-        if s is None:
+        if s is None and self.ended:
+            rows.append(Text("not watched: the run has ended", style="dim"))
+        elif s is None:
             rows.append(Text("waiting for the first sample…", style="dim"))
         elif s.error and not s.gpus:
             rows.append(Text(f"monitor: {s.error}", style="yellow"))

@@ -53,6 +53,12 @@ class LogPane(VerticalScroll, can_focus=True):
         # where a scroll is going counts: End pressed a moment ago is at the tail even while it animates
         return self.scroll_target_y >= self.max_scroll_y
 
+    def clear(self) -> None:
+        """A new run: nothing of the last one's log stays."""
+        self.rank, self.lines, self._followed = None, [], True
+        self.query_one("#log-text", Static).update("")
+        self.scroll_home(animate=False)
+
     def show(self, rank: Optional[int], tail: list[str]) -> None:
         """The latest tail of node `rank`'s log: a new node starts afresh at the bottom."""
         if rank != self.rank:

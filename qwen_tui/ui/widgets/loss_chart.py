@@ -54,10 +54,10 @@ LABEL_COLUMNS = 10  # the value / "lr" / "eval" labels left of the plot, and a s
 class LossChart(Static):
     _shown: Optional[tuple] = None
 
-    def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6) -> None:
+    def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6, ended: bool = False) -> None:
         """Draw `prog`; the plot never runs wider than the widget (a terminal made smaller, a 100-column
         one) and is drawn again at the new width on every resize."""
-        self._shown = (prog, width, height)
+        self._shown = (prog, width, height, ended)
         if self.size.width:
             width = max(10, min(width, self.size.width - LABEL_COLUMNS))
         if prog is None or not prog.steps:
@@ -79,7 +79,8 @@ class LossChart(Static):
             info.append(f"   lr {lr:.2e}")
         if tps is not None:
             info.append(f"   {tps:,.0f} tokens/s")
-        info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
+        if not ended:  # a run that stopped has no time left to tell
+            info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
         self.summary = info.plain  # what tests and screen readers can check
         lrs = [s.get("learning_rate", s.get("lr")) for s in prog.steps]
         lrs = [v for v in lrs if isinstance(v, (int, float))]
@@ -93,5 +94,5 @@ class LossChart(Static):
 
     def on_resize(self, _: Resize) -> None:
         if self._shown is not None:
-            prog, _width, height = self._shown
-            self.show(prog, self.size.width - LABEL_COLUMNS, height)
+            prog, _width, height, ended = self._shown
+            self.show(prog, self.size.width - LABEL_COLUMNS, height, ended)

@@ -10,9 +10,9 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
-from ...wizard_state import BAD, OK, STEPS, TITLES, WARN
+from ...wizard_state import BAD, LIVE, OK, STEPS, TITLES, WARN
 
-_MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), BAD: ("✘", "bold red")}
+_MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), BAD: ("✘", "bold red"), LIVE: ("▶", "cyan")}
 SHORT = {"nodes": "Nodes", "ssh": "SSH", "network": "Net", "training": "Train", "review": "Review", "run": "Run"}
 
 
@@ -34,9 +34,9 @@ def stepper_text(current: str, statuses: dict[str, str], title: str, short: bool
 class Stepper(Static):
     _last: Optional[tuple[str, dict[str, str], str]] = None
 
-    def show(self, current: str, statuses: dict[str, str], title: str = "") -> None:
+    def show(self, current: str, statuses: dict[str, str], title: str = "", width: Optional[int] = None) -> None:
         self._last = (current, dict(statuses), title)
-        width = self.size.width or self.app.size.width
+        width = width or self.app.size.width
         short_title = title.removeprefix("qwen-tui · ")
         for text in (stepper_text(current, statuses, title, False),
                      stepper_text(current, statuses, short_title, False),
@@ -47,6 +47,11 @@ class Stepper(Static):
             text = stepper_text(current, statuses, "", True)
             text.append(f" {short_title}", style="bold")
         self.update(text)
+
+    def show_again(self, width: int) -> None:
+        """The terminal is `width` columns now."""
+        if self._last is not None:
+            self.show(*self._last, width=width)
 
     def on_resize(self, _: Resize) -> None:
         if self._last is not None:
