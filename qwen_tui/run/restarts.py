@@ -81,6 +81,14 @@ def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str) -> list[st
     return r.stdout.split()
 
 
+def _attempt_heartbeats(c: NodeCommand, attempt: int) -> None:
+    """The worker's --heartbeat_dir moved under attempt-K/ with the node's run directory: the monitor reads the
+    heartbeats and stacks at c.heartbeat_dir (under c.run_dir), and a relaunch must not find the last attempt's."""
+    i = c.argv.index("--heartbeat_dir") + 1
+    head, name = posixpath.split(c.argv[i])
+    c.argv[i] = posixpath.join(head, f"attempt-{attempt}", name)
+
+
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
@@ -248,8 +256,9 @@ class Restarts:
         attempt = la.attempt + 1
         next_plan = make_plan(new, run_id=plan.run_id, local_run_dir=str(rd.path), base_dir=self.base_dir,
                               facts=facts, local_python=self.local_python)
-        for c in next_plan.nodes:  # this attempt's logs and exit codes apart from the last one's
+        for c in next_plan.nodes:  # this attempt's logs, exit codes and heartbeats apart from the last one's
             c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
+            _attempt_heartbeats(c, attempt)
         keep_at = self._metrics_keep_at(rd, la, next_plan, keep)
 
         if not (rd.path / "preset.first.yaml").exists():

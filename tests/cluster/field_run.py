@@ -69,8 +69,9 @@ class FieldCluster:
     def workdir(self, i: int) -> Path:
         return self.root / f"n{i}" / "work"
 
-    def preset(self, name: str, monitor: Optional[dict] = None, **training) -> Path:
-        """A preset for every node over SSH as the login user; written where that user can read it."""
+    def preset(self, name: str, monitor: Optional[dict] = None, env: Optional[dict] = None, **training) -> Path:
+        """A preset for every node over SSH as the login user; written where that user can read it. env: more
+        of network.env (every rank's environment)."""
         c = self.cluster
         out = self.shared / name
         d = {
@@ -85,7 +86,7 @@ class FieldCluster:
             },
             "network": {"master_addr": c.nodes[0].addr, "master_port": 29500, "backend": "gloo",
                         "rdzv_timeout": 30, "interface": "eth0",
-                        "env": {"OMP_NUM_THREADS": "1"}},  # three CPU "nodes" share two cores
+                        "env": {"OMP_NUM_THREADS": "1", **(env or {})}},  # three CPU "nodes" share two cores
             "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "method": "lora",
                          "zero_stage": None, "precision": "fp32", "device": "cpu",
                          "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,

@@ -150,6 +150,11 @@ def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_pa
         assert (rd / "node-1.rc").read_text().strip() not in ("", "0")
         assert (rd / "attempt-2" / "node-1.rc").read_text().strip() == "0"
         assert (rd / "attempt-2" / "node-0.log").stat().st_size > 0
+        # and its heartbeats where the monitor reads them (the hang watchdog of a relaunched attempt)
+        node1 = json.loads((rd / "plan.json").read_text())["nodes"][1]
+        beats = node1["argv"][node1["argv"].index("--heartbeat_dir") + 1]
+        assert beats == str(rd / "attempt-2" / "heartbeat"), beats
+        assert json.loads((rd / "attempt-2" / "heartbeat" / "rank-1.json").read_text())["step"] == MAX_STEPS
         recs = _records(rd / "metrics.jsonl")
         starts = [r for r in recs if r.get("event") == "start"]
         assert [s["start_step"] for s in starts] == [0, resumed] and starts[1]["gradient_accumulation_steps"] == 1
