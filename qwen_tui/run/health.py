@@ -36,6 +36,7 @@ class Reach:
     next_try: float = 0.0
     given_up: bool = False
     episodes: int = 0  # how many times the node was unreachable in this run
+    last_failed_read: Optional[float] = None  # when the last failed read began
 
 
 @dataclass
@@ -57,8 +58,14 @@ class Health:
         return f"node {rank} ({self.labels.get(rank, '?')})"
 
     def due(self, rank: int) -> bool:
-        """Whether a read of the node should be tried now (always, while it is reachable)."""
-        return self.clock() >= self.nodes[rank].next_try
+        """Whether a read of the node should be tried now: always while it is reachable; after a backoff while
+        it is not, and at once when the bound has passed and no read since has failed (the last word before
+        giving up is a fresh read, not one tried seconds before the link came back)."""
+        r = self.nodes[rank]
+        if r.since is not None and not r.given_up and self.clock() - r.since > self.bound and \
+                (r.last_failed_read or 0.0) - r.since <= self.bound:
+            return True
+        return self.clock() >= r.next_try
 
     def unreachable(self, rank: int) -> bool:
         return self.nodes[rank].since is not None
@@ -83,6 +90,7 @@ class Health:
         r.failures += 1
         r.last_error = error
         r.next_try = now + backoff(r.failures)
+        r.last_failed_read = started if started is not None else now
         if r.since is None:
             r.since = started if started is not None else now
             r.episodes += 1
@@ -105,6 +113,8 @@ class Health:
         for rank, r in self.nodes.items():
             if r.since is None or r.given_up or self.clock() - r.since <= self.bound:
                 continue
+            if (r.last_failed_read or 0.0) - r.since <= self.bound:
+                continue  # no read begun past the bound has failed yet: one is tried first (due)
             r.given_up = True
             act = ("every node is stopped (monitor.on_unreachable: stop)" if self.on_bound == "stop" else
                    "training goes on and qwen-tui keeps trying (monitor.on_unreachable: keep)")

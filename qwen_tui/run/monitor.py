@@ -132,6 +132,14 @@ class RunMonitor:
         for rank in self.health.past_bound():
             if self.health.on_bound == "stop" and la.nodes[rank].status == "running":
                 st = la.nodes[rank]
+                end = la.metrics.progress.end
+                if end and end.get("status") == "ok":
+                    # training finished on the master (its end record comes after every rank's last step): the
+                    # node's exit code is only unread, and a relaunch would find nothing left to train
+                    st.status, st.rc = "ok", None
+                    st.error = (f"exit code not read: unreachable for more than {self.health.bound:g} s after "
+                                "training finished")
+                    continue
                 st.status = "lost"
                 st.error = (f"unreachable for more than {self.health.bound:g} s (monitor.unreachable_timeout): "
                             f"{self.health.nodes[rank].last_error}")
@@ -151,7 +159,7 @@ class RunMonitor:
             self._silent.discard(key)
             e = fut.exception()
             if e is not None:
-                self.health.failed(node, f"{type(e).__name__}: {e}")
+                self.health.failed(node, f"{type(e).__name__}: {e}", started=started)
                 self.la.transports[node].reset()
                 continue
             if key.startswith("beats"):
@@ -232,7 +240,12 @@ class RunMonitor:
     # ------------------------------------------------------------ stragglers
     def _watch_stragglers(self) -> None:
         la = self.la
-        new, over = self.stragglers.feed(la.metrics.progress.steps)
+        prog = la.metrics.progress
+        # this attempt's records only: a relaunch's follower reads the run's metrics from the start
+        began = prog.start.get("time") if prog.start else None
+        steps = prog.steps if not isinstance(began, (int, float)) else \
+            [r for r in prog.steps if not isinstance(r.get("time"), (int, float)) or r["time"] >= began]
+        new, over = self.stragglers.feed(steps)
         for s in new:
             if s.node in la.transports and not self.health.unreachable(s.node):
                 self._evidence[s.node] = self._run(node_evidence, la.transports[s.node], self._link(s.node))

@@ -109,6 +109,9 @@ class HangWatch:
             self.progress_at = now  # not started yet, or finished: nothing can hang
             return None
         bound = self.bound(step_times, phases)
+        if self._stale(beats, now) and len(self._stale(beats, now)) < len(beats):
+            # a stopped process is no slow checkpoint: the others wait for it whatever phase they are in
+            bound = self.bound(step_times, [])
         stalled = now - self.progress_at
         if self.fired or stalled <= bound:
             return None
@@ -123,11 +126,15 @@ class HangWatch:
         """After a verdict: whether a step has finished since (the hang was not one, or it cleared)."""
         return bool(beats) and max(b["step"] for b in beats.values()) > self.best_step
 
-    def _culprits(self, beats: dict[int, dict], now: float) -> tuple[list[int], str]:
+    def _stale(self, beats: dict[int, dict], now: float) -> list[int]:
+        """Ranks whose heartbeat has not changed for STALE_MIN_S (and 3 write intervals) of the monitor's clock."""
         interval = max((float(b.get("interval", 2.0) or 2.0) for b in beats.values()), default=2.0)
         stale_after = max(STALE_MIN_S, 3 * interval)
+        return sorted(r for r in beats if now - self._seen[r][1] > stale_after)
+
+    def _culprits(self, beats: dict[int, dict], now: float) -> tuple[list[int], str]:
         ages = {r: now - self._seen[r][1] for r in beats}
-        stale = sorted(r for r, a in ages.items() if a > stale_after)
+        stale = self._stale(beats, now)
         if stale and len(stale) < len(beats):
             return stale, (f"its heartbeat stopped {max(ages[r] for r in stale):.0f} s ago while the other ranks' "
                            "go on: the process is stopped, frozen or swapping")

@@ -48,19 +48,28 @@ def test_one_failed_read_makes_a_node_unreachable_not_lost_and_the_next_good_rea
     assert not h.unreachable(1) and h.note(1) is None and h.due(1)
 
 
-def test_past_the_bound_a_node_is_given_up_once_and_only_stop_acts_on_it():
+def test_past_the_bound_a_node_is_given_up_once_after_a_fresh_read_fails_and_only_stop_acts_on_it():
     clock = Clock()
     h, said = _health(clock, bound=120, on_bound="keep")
     h.failed(0, "no answer for 9 s", started=clock.t - 9)
     clock.t += 111
     assert h.past_bound() == []  # 120 s since the read that went unanswered began: not yet past it
     clock.t += 1
+    assert h.due(0)  # past the bound: one more read first, whatever the backoff says
+    assert h.past_bound() == []  # nothing is given up on a read tried before the bound
+    h.failed(0, "Unreachable: connect timed out", started=clock.t)
     assert h.past_bound() == [0] and h.past_bound() == []
     assert said[-1].kind == "UNREACHABLE_BOUND" and "keeps trying" in said[-1].text
-    assert h.note(0).endswith("training goes on (no answer for 9 s)")
+    assert h.note(0).endswith("training goes on (Unreachable: connect timed out)")
     h2, said2 = _health(clock, bound=10, on_bound="stop")
     h2.failed(1, "boom")
     clock.t += 11
+    assert h2.due(1) and h2.past_bound() == []
+    h2.ok(1)  # the link came back just before the bound's read: the node is back, never given up
+    assert said2[-1].kind == "REACHABLE" and h2.past_bound() == []
+    h2.failed(1, "boom")
+    clock.t += 11
+    h2.failed(1, "boom again")
     assert h2.past_bound() == [1] and "every node is stopped" in said2[-1].text
 
 
@@ -99,6 +108,23 @@ def test_a_stopped_rank_is_named_by_its_heartbeat_that_no_longer_changes():
     assert w.observe({0: _beat(0, 5, t=50)}, []) is None and w.fired
     w.observe({0: _beat(0, 6, t=51)}, [])  # a step finished: the stall is over
     assert not w.fired
+
+
+def test_a_stopped_rank_is_named_within_the_normal_bound_while_the_others_wait_in_a_checkpoint():
+    clock = Clock()
+    w = HangWatch(bound_s=20, clock=clock)
+    w.observe({r: _beat(r, 8, "checkpoint", t=0.0) for r in range(3)}, [])
+    v = None
+    for k in range(1, 8):  # ranks 0 and 1 wait in the checkpoint's collective; rank 2 stopped in it
+        clock.t += 5
+        v = v or w.observe({0: _beat(0, 8, "checkpoint", t=k), 1: _beat(1, 8, "checkpoint", t=k),
+                            2: _beat(2, 8, "checkpoint", t=0.0)}, [])
+    assert v is not None and v.culprits == [2] and v.bound == 20  # not the 600 s a checkpoint may take
+    w2 = HangWatch(bound_s=20, clock=clock)  # every rank still writing: a slow checkpoint, not a hang
+    w2.observe({r: _beat(r, 8, "checkpoint", t=0.0) for r in range(3)}, [])
+    for k in range(1, 30):
+        clock.t += 5
+        assert w2.observe({r: _beat(r, 8, "checkpoint", t=k) for r in range(3)}, []) is None
 
 
 def test_without_a_stopped_heartbeat_the_rank_behind_then_the_odd_phase_is_named():
