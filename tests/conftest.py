@@ -1,7 +1,8 @@
 """Session-wide test settings shared by every test package.
 
 - One cache for the tiny model (`builtin:tiny`) and DeepSpeed's compiled CPU ops,
-  so the whole session builds each once.
+  so the whole session builds each once; one tiny model directory (`tiny_model`) for
+  every test that reads one.
 - In CI (CI=true) a skipped test fails the run: tests that need root, sshd or
   network namespaces must run there, not quietly skip.
 """
@@ -36,3 +37,12 @@ def pytest_terminal_summary(terminalreporter):
     if os.environ.get("CI") and _skipped:
         terminalreporter.write_line(
             f"CI: {len(_skipped)} test(s) skipped; in CI every test must run: " + ", ".join(_skipped[:10]), red=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny Qwen2 model and tokenizer, built once per test session for every folder (read it, never change it:
+    copy it first)."""
+    from training.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")

@@ -82,15 +82,18 @@ def test_firewall_drop_check_names_node_and_port_and_launch_refuses(cluster, ssh
         cluster.reset_firewall(2)
 
 
-def test_replay_on_the_healthy_cluster_checks_rehearses_trains_and_stores_the_checks(cluster, sshdir, keyed,
-                                                                                    tmp_path):
+def test_replay_on_the_healthy_cluster_checks_rehearses_trains_and_stores_the_checks_then_merges_and_chats(
+        cluster, sshdir, keyed, tmp_path):
     """The headless face end to end over SSH: checks and rehearsal pass, three nodes train,
-    the loss falls, and the run directory holds the check matrix beside the plan."""
-    p = _write_preset(cluster, sshdir, tmp_path / "r.yaml", max_steps=12, learning_rate=0.003, logging_steps=2)
+    the loss falls, and the run directory holds the check matrix beside the plan. Then the merge and chat of
+    that run run on its remote master (node 0's Python, workdir and copy of the model), as users follow a run."""
+    p = _write_preset(cluster, sshdir, tmp_path / "r.yaml", max_steps=12, learning_rate=0.003, logging_steps=2,
+                      eval_data="builtin:demo-chat")
     runs = tmp_path / "runs"
     r = _cli("replay", str(p), "--runs-dir", str(runs), "--max-seconds", "240")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "rehearsal: rendezvous and all-reduce" in r.stdout
+    assert "last eval loss" in r.stdout
     import re
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+) over", r.stdout).groups())
     assert last < first, (first, last)
@@ -106,3 +109,12 @@ def test_replay_on_the_healthy_cluster_checks_rehearses_trains_and_stores_the_ch
         assert c["env"]["GLOO_SOCKET_IFNAME"] == facts["nodes"][str(c["rank"])]["route_interface"]
     assert all(cluster.job_pids(i) == [] for i in range(len(cluster.nodes)))
     assert json.loads((rd / "state.json").read_text())["status"] == "ok"
+
+    # merge and chat with the remote master, on the run just finished
+    r = _cli("merge", str(rd), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["merged_dir"] == str(tmp_path / "out" / "merged") and rep["check"]["relative_diff"] < 1e-4
+    r = _cli("chat", str(rd), "--prompt", "-- hello?", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["model"] == str(tmp_path / "out" / "merged")

@@ -24,10 +24,9 @@ from qwen_tui.run.rundir import RunDir
 
 from fakehub import fake_hub_cache
 
-def test_the_master_downloads_once_and_the_sync_serves_the_other_node(cluster, sshdir, keyed, tmp_path):
-    from training.tiny import build_tiny
-
-    src = build_tiny(tmp_path / "tiny-src")
+def test_the_master_downloads_once_and_the_sync_serves_the_other_node(cluster, sshdir, keyed, tmp_path,
+                                                                      tiny_model):
+    src = tiny_model
     hub0 = cluster.nodes[0].home / ".cache" / "huggingface" / "hub"
     made = fake_hub_cache(hub0, "acme/tiny", src).parents[1]
     work = []

@@ -1,81 +1,44 @@
 """After the demo: `qwen-tui chat` and `qwen-tui merge` on a run directory, as users run them (subprocesses of
-the CLI), for a LoRA run and a full fine-tuning run."""
+the CLI), for a LoRA run (the demo with eval data, trained once for the session: tests/launch/conftest.py) and a
+full fine-tuning run."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from .demo_run import EVAL_STEPS, demo_run, qwen_tui
+
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def qwen_tui(*args: str, cwd: Path, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "qwen_tui.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env, input=input)
-
-
-def demo_run(tmp: Path, **training) -> Path:
-    """The demo preset, shortened, replayed for real; returns its run directory (replay's output in replay.out)."""
-    data = yaml.safe_load(DEMO.read_text())
-    data["network"]["master_port"] = _free_port()
-    data["training"].update({"output_dir": str(tmp / "out"), **training})
-    preset = tmp / "demo.yaml"
-    preset.write_text(yaml.safe_dump(data))
-    res = qwen_tui("replay", str(preset), "--runs-dir", str(tmp / "runs"), cwd=tmp)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    (run,) = [d for d in (tmp / "runs").iterdir() if d.is_dir()]
-    (tmp / "replay.out").write_text(res.stdout)
-    return run
-
-
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory) -> Path:
-    return demo_run(tmp_path_factory.mktemp("lora"), max_steps=30, save_steps=100, eval_data="builtin:demo-chat",
-                    eval_steps=10)
-
-
-def test_replay_with_eval_reports_the_eval_loss(lora_run):
-    """The demo with eval_data and eval_steps: eval records every 10 steps, and replay's end summary gives the
-    last eval loss."""
-    recs = [json.loads(ln) for ln in (lora_run / "metrics.jsonl").read_text().splitlines()]
+def test_replay_with_eval_reports_the_eval_loss(demo_eval_run):
+    """The demo with eval_data and eval_steps: eval records every EVAL_STEPS steps, and replay's end summary gives
+    the last eval loss."""
+    recs = [json.loads(ln) for ln in (demo_eval_run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in recs if r.get("event") == "eval"]
-    assert [e["step"] for e in evals][:3] == [10, 20, 30]
+    assert [e["step"] for e in evals][:3] == [EVAL_STEPS, 2 * EVAL_STEPS, 3 * EVAL_STEPS]
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # training lowers the eval loss too
-    out = (lora_run.parent.parent / "replay.out").read_text()
+    out = (demo_eval_run.parent.parent / "replay.out").read_text()
     assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in out
 
 
-def test_chat_merge_chat_and_the_merged_loss(lora_run):
-    out = lora_run.parent.parent / "out"
-    got = qwen_tui("chat", str(lora_run), "--prompt", "What is the capital of Chile?", "--json", cwd=lora_run)
+def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
+    out = demo_eval_run.parent.parent / "out"
+    got = qwen_tui("chat", str(demo_eval_run), "--prompt", "What is the capital of Chile?", "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     before = json.loads(got.stdout)
     assert before["reply"].strip() and before["model"] == str(out)  # the adapter on its base
 
-    got = qwen_tui("merge", str(lora_run), "--json", cwd=lora_run)
+    got = qwen_tui("merge", str(demo_eval_run), "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     rep = json.loads(got.stdout)
     assert rep["merged_dir"] == str(out / "merged") and (out / "merged" / "config.json").is_file()
     assert not (out / "merged.tmp").exists()
     assert rep["check"]["data"] == "builtin:demo-chat" and rep["check"]["records"] > 0
 
-    got = qwen_tui("chat", str(lora_run), "--prompt", "What is the capital of Chile?", cwd=lora_run)
+    got = qwen_tui("chat", str(demo_eval_run), "--prompt", "What is the capital of Chile?", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.strip() == before["reply"].strip()  # greedy: the merged model answers as the adapter did
 
@@ -95,11 +58,11 @@ def test_chat_merge_chat_and_the_merged_loss(lora_run):
     assert lm < base_loss  # the merge kept what training learnt
 
     # Without --prompt: a conversation on the terminal, one message a line, the same greedy reply first.
-    got = qwen_tui("chat", str(lora_run), cwd=lora_run, input="What is the capital of Chile?\nAnd of Peru?\n")
+    got = qwen_tui("chat", str(demo_eval_run), cwd=demo_eval_run, input="What is the capital of Chile?\nAnd of Peru?\n")
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.count("model> ") == 2 and f"model> {before['reply'].strip()}" in got.stdout
 
-    again = qwen_tui("merge", str(lora_run), cwd=lora_run)
+    again = qwen_tui("merge", str(demo_eval_run), cwd=demo_eval_run)
     assert again.returncode == 1 and "already exists; --force replaces it" in again.stderr
 
 

@@ -23,11 +23,9 @@ from qwen_tui.preset import Preset
 
 from fakehub import fake_hub_cache
 
-@pytest.fixture(scope="module")
-def tiny_src(tmp_path_factory) -> Path:
-    from training.tiny import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+@pytest.fixture
+def tiny_src(tiny_model) -> Path:
+    return tiny_model  # the session's tiny model (tests/conftest.py)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""Fixtures for the worker's tests: one tiny model per session, data files, and a runner.
+"""Fixtures for the worker's tests: the real Qwen vocabulary as a tokenizer.
 
 Training runs go through subprocesses (`python -m training.finetune` or
 torchrun), as users and the launcher run them; they share the tiny model built
-once here and DeepSpeed's compiled CPU op (TORCH_EXTENSIONS_DIR).
+once per session (`tiny_model`, tests/conftest.py) and DeepSpeed's compiled CPU
+op (TORCH_EXTENSIONS_DIR).
 """
 
 from __future__ import annotations
@@ -19,14 +20,6 @@ _CACHE = Path(os.environ.get("QWEN_TUI_TEST_CACHE") or Path(tempfile.gettempdir(
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_CACHE / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """The tiny Qwen2 model and tokenizer, built once per test session."""
-    from training.tiny import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,11 @@ import sys, time, pathlib
 from qwen_tui.run import driver
 from qwen_tui.run.rundir import RunDir
 go, done = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+print("ready", flush=True)  # imported: from here a claim takes milliseconds
+bound = time.monotonic() + 120
 while not go.exists():
+    if time.monotonic() > bound:
+        sys.exit("no go within 120 s")
     time.sleep(0.001)
 print(driver.claim(RunDir(pathlib.Path(sys.argv[1]))), flush=True)
 end = time.monotonic() + 60
@@ -104,7 +108,8 @@ def test_claims_that_race_have_one_winner(tmp_path):
         procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, str(rd.path), str(go), str(done)],
                                   stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
         try:
-            time.sleep(1.5)  # every claimer imported and waiting
+            for p in procs:  # every claimer imported and waiting (a claimer exits within 120 s: readline ends)
+                assert p.stdout.readline().strip() == "ready"
             go.touch()
             answers = []
             for p in procs:
