@@ -245,7 +245,8 @@ class CpuThrottle:
 
     def __init__(self, name: str, percent: int):
         v2 = Path("/sys/fs/cgroup")
-        if "cpu" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
+        controllers = (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else []
+        if "cpu" in controllers:
             self.dir = v2 / name
             self.dir.mkdir()
             (self.dir / "cpu.max").write_text(f"{percent * 1000} 100000")

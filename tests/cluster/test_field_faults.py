@@ -144,7 +144,8 @@ def test_a_throttled_node_is_named_a_straggler(field, tmp_path):
     try:
         rd = rp.run_dir()
         rp.wait_step(rd.name, 2)
-        cg = CpuThrottle(f"qt-slow-{os.getpid()}", percent=15)
+        # 3% of one CPU: a tiny-model rank needs only ~15% of one, so a gentler cap may not bite on an idle machine
+        cg = CpuThrottle(f"qt-slow-{os.getpid()}", percent=3)
         for pid in field.rank_pids(1):
             cg.add(pid)
         rp.wait_for("a STRAGGLER warning", lambda: "STRAGGLER:" in rp.text(), 180)
