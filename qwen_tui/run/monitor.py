@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
@@ -180,11 +181,14 @@ class RunMonitor:
             self._harvest()
 
     # ------------------------------------------------------------ hang
-    def _all_beats(self) -> dict[int, dict]:
-        return {r: b for node in self.beats.values() for r, b in node.items()}
-
     def _watch_hang(self) -> None:
-        beats = self._all_beats()
+        end = self.la.metrics.progress.end
+        if end and end.get("status") == "ok":
+            return  # training finished: ranks on their way out are no hang
+        # An unreachable node's last heartbeats are old news, not a stopped rank: only the nodes read now count,
+        # and a stall while a node cannot be read is blamed on that node.
+        away = sorted(n for n in self.beats if self.health.unreachable(n) and self.beats[n])
+        beats = {r: b for n, node in self.beats.items() if n not in away for r, b in node.items()}
         was = self.hang.fired
         v = self.hang.observe(beats, [s.get("step_time") for s in self.la.metrics.progress.steps])
         if was and not self.hang.fired:
@@ -193,6 +197,11 @@ class RunMonitor:
                             "hung", attempt=self.la.attempt))
         if v is None:
             return
+        if away:
+            node = away[0]
+            v = replace(v, culprits=sorted(self.beats[node]), node=node, phase="unknown",
+                        reason=f"its ranks cannot be read: the node has been unreachable for "
+                               f"{self.health.seconds_unreachable(node):.0f} s")
         self.verdict = v
         dest, said = self._collect(v)
         act = {"alert": "the run goes on (monitor.on_hang: alert)",

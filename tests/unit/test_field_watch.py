@@ -209,3 +209,44 @@ def test_notices_round_trip_through_the_run_directory_and_a_damaged_line_is_skip
     assert [(n.kind, n.node, n.attempt) for n in got] == [("HANG", 1, 2), ("REACHABLE", 0, 1)]
     assert got[0].details == {"stacks": "/x"} and got[0].level == "error"
     assert (tmp_path / "notices.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def _monitor(tmp_path, clock, nodes=3):
+    from types import SimpleNamespace
+
+    from qwen_tui.run.metrics import TrainingProgress
+    from qwen_tui.run.monitor import RunMonitor
+
+    plan = SimpleNamespace(nodes=[SimpleNamespace(rank=i, label=f"n{i}") for i in range(nodes)],
+                           monitor={"hang_timeout": 20, "on_hang": "alert"})
+    la = SimpleNamespace(plan=plan, nodes={}, transports={}, run_dir=SimpleNamespace(path=tmp_path),
+                         metrics=SimpleNamespace(progress=TrainingProgress()), attempt=1, _ref=lambda r: None)
+    mon = RunMonitor(la)
+    mon.hang = HangWatch(bound_s=20, clock=clock)
+    mon.health.clock = clock
+    return mon
+
+
+def test_an_unreachable_nodes_old_heartbeats_are_no_stopped_rank_and_a_finished_run_no_hang(tmp_path):
+    clock = Clock()
+    mon = _monitor(tmp_path, clock)
+    mon._collect = lambda v: (tmp_path / "stacks", "not collected in this test")
+    for k in range(8):  # node 1 cannot be read: its last heartbeat stays as it was; nodes 0 and 2 go on stepping
+        mon.beats = {0: {0: _beat(0, 10 + k, t=k)}, 1: {1: _beat(1, 10, t=0.0)}, 2: {2: _beat(2, 10 + k, t=k)}}
+        if k == 1:
+            mon.health.failed(1, "no answer for 9 s")
+        mon._watch_hang()
+        clock.t += 5
+    assert mon.verdict is None and [n.kind for n in mon.notices] == ["UNREACHABLE"]
+    for k in range(8):  # now the run stalls too: the node nobody can read is blamed, not a "stopped" rank
+        mon._watch_hang()
+        clock.t += 5
+    assert mon.verdict is not None and mon.verdict.node == 1 and "cannot be read" in mon.verdict.reason
+    assert mon.notices[-1].kind == "HANG"
+    done = _monitor(tmp_path, clock)
+    done.la.metrics.progress.add({"event": "end", "status": "ok", "step": 17})
+    for k in range(10):  # every rank still "in backward" by its last heartbeat, but the master said it ended ok
+        done.beats = {0: {0: _beat(0, 17, t=0.0)}}
+        done._watch_hang()
+        clock.t += 5
+    assert done.verdict is None and done.notices == []
