@@ -101,8 +101,8 @@ class TrainingScreen(StepScreen):
                             yield Select(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
                                          compact=True)
                         elif path == "training.model":  # completes the known releases, MoE sizes included
-                            yield Input(value=_shown(v), id=_wid(path), compact=True,
-                                        suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
+                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
+                                            suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
                         else:
                             yield FieldInput(value=_shown(v), id=_wid(path), compact=True)
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
