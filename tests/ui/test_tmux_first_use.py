@@ -145,10 +145,10 @@ def test_first_use_at_80x24(tmp_path):
         assert "ETA" not in s and "│ stopped" in s and "│ ok" not in s
         assert state_of(runs)[first] == "stopped"
 
-        # relaunch a short run: 6 steps (the max steps field is 18 fields after the model)
+        # relaunch a short run: 6 steps (the max steps field is 19 fields after the model)
         keys(session, "F4")
         wait_for(session, "model (hub id or path)")
-        keys(session, *["Tab"] * 18, pause=0.15)
+        keys(session, *["Tab"] * 19, pause=0.15)
         type_into(session, "6")
         wait_re(session, r"max steps \(-1: epochs\)\s+6\s", timeout=20)
         keys(session, "F6")
