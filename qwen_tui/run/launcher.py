@@ -21,6 +21,7 @@ from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport import Transport
 from ..plan import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
+from .monitor import RunMonitor
 from .rundir import RunDir
 
 RUNNING, OK, FAILED, STOPPED, LOST = "running", "ok", "failed", "stopped", "lost"
@@ -112,8 +113,6 @@ class Launcher:
         self._lock = threading.Lock()
         self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
         self._phases_lock = threading.Lock()
-        from .monitor import RunMonitor
-
         self.monitor = RunMonitor(self)
 
     # ------------------------------------------------------------ start / attach
