@@ -163,9 +163,19 @@ def build_optimization(args, env, model, loss_module, fast, ds_config: dict | No
 
         opt.ddp = DistributedDataParallel(loss_module if loss_module is not None else model,
                                           device_ids=[device.index] if device.type == "cuda" else None,
-                                          broadcast_buffers=False,
-                                          find_unused_parameters=expert_layout(model) == "modules")
+                                          find_unused_parameters=expert_layout(model) == "modules",
+                                          **no_per_step_buffer_sync(DistributedDataParallel))
     return opt
+
+
+def no_per_step_buffer_sync(ddp_class) -> dict:
+    """DDP's keyword for "no buffer broadcast before each forward". Newer torch names it forward_sync_buffers and
+    warns on broadcast_buffers; its one sync at init is harmless here (every rank's rotary buffers are alike)."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def place_shards(model, method: str, device, is_main: bool) -> dict:

@@ -112,7 +112,7 @@ DETACH_KEY = "d"  # and Ctrl-\ (SIGQUIT), which works where keys cannot be read 
 def watch_keys(on_key) -> contextlib.AbstractContextManager:
     """While following on a terminal: read single keys from stdin (cbreak: no echo, Ctrl-C still a signal) and
     hand each to `on_key`; the terminal's mode comes back on exit. Elsewhere (stdin a pipe or a file) nothing
-    is read: Ctrl-\ still detaches."""
+    is read: Ctrl-\\ still detaches."""
 
     @contextlib.contextmanager
     def cm():
@@ -160,7 +160,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
            max_seconds: Optional[float] = None, ctrl_c: str = "stop") -> RunOutcome:
     """Watch until the run ends (api.follow). `ctrl_c`: "stop" (replay, which launched the run: Ctrl-C or SIGTERM
     stops every node of the run, and says so) or "detach" (attach: they leave the run going, as `tail -f` and
-    `kubectl logs -f` do). `d` or Ctrl-\ always detaches: Detached is raised and the run goes on."""
+    `kubectl logs -f` do). `d` or Ctrl-\\ always detaches: Detached is raised and the run goes on."""
     console = console or Console()
     detach = threading.Event()
     by_signal: list[str] = []  # what stopped the run from here, said once the stop begins
