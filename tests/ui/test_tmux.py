@@ -4,6 +4,7 @@ ctrl+q quits cleanly."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,9 @@ def wait_for(session: str, *texts: str, timeout: float = 20.0) -> str:
 def test_first_two_steps_in_a_real_terminal(tmp_path):
     session = f"qt-{uuid.uuid4().hex[:8]}"
     exe = Path(sys.executable).with_name("qwen-tui")
-    cmd = f"cd {ROOT} && QWEN_TUI_RUNS={tmp_path}/runs {exe} presets/local-demo.yaml; echo EXITED=$?; sleep 30"
+    # COLUMNS/LINES (pytest exports them) would pin the size the app reads instead of the pane's (shutil's rule)
+    cmd = (f"unset COLUMNS LINES; cd {shlex.quote(str(ROOT))} && QWEN_TUI_RUNS={shlex.quote(str(tmp_path / 'runs'))} "
+           f"{shlex.quote(str(exe))} presets/local-demo.yaml; echo EXITED=$?; sleep 30")
     tmux("new-session", "-d", "-s", session, "-x", "140", "-y", "44", cmd)
     try:
         wait_for(session, "Nodes: the machines of this run", "localhost", "F2 SSH")
