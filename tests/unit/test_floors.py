@@ -21,18 +21,11 @@ PKG = Path(__file__).resolve().parents[2] / "qwen_tui"
 
 # module (without the "qwen_tui." prefix; "" is the package itself) -> floor; first match wins
 FLOORS: list[tuple[str, int]] = [
-    ("", 1), ("atomic", 1), ("facts", 1), ("failures", 1), ("logsetup", 1), ("modelspec", 1),
-    ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
-    ("shell", 1), ("ib", 1), ("seqparallel", 1),
-    ("preset_lenient", 1), ("field_words", 1),  # opening a preset with unknown keys; refusals in plain words
-    ("plan", 2), ("estimate", 2), ("outputs", 2), ("longcontext", 2),
-    ("estimate_comm", 2),  # the step estimate's communication: bandwidth sources, collectives, overlap
-    ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("advice_moe", 3),
-    ("datapreview", 3), ("advice_longcontext", 3),
-    ("estimate_report", 3),  # the estimate's figures and the advice, as one report
-    ("wizard_state", 4),  # the wizard's model (preset, facts, connections, step colours): the faces draw it  # the preview runs on a node
-    ("run", 4), ("run.*", 4),
-    ("cli", 5), ("cli_*", 5), ("__main__", 5), ("ui", 5), ("ui.*", 5),
+    ("", 0), ("base", 0), ("base.*", 0), ("model", 1), ("model.*", 1),
+    ("preset", 2), ("preset.*", 2), ("cluster", 2), ("cluster.*", 2),
+    ("plan", 3), ("plan.*", 3), ("nodes", 4), ("nodes.*", 4), ("advice", 5), ("advice.*", 5),
+    ("run", 6), ("run.*", 6), ("wizard", 7), ("wizard.*", 7),
+    ("cli", 8), ("cli.*", 8), ("__main__", 8), ("ui", 8), ("ui.*", 8),
 ]
 
 
@@ -145,7 +138,7 @@ def test_no_circles():
 def test_the_wizard_state_and_the_launch_api_are_core():
     """The wizard's model and the launch API sit below the faces: nothing under them imports ui/ or a cli."""
     g = graph()
-    for m in ("wizard_state", "run.api", "run.live", "nodes.hostlists", "estimate_report"):
+    for m in ("wizard.state", "run.api", "run.live", "nodes.hostlists", "advice.report"):
         assert m in g, f"qwen_tui.{m} is gone"
         assert not {d for d in g[m] if d.startswith("ui") or d.startswith("cli")}, (m, g[m])
 
@@ -181,6 +174,6 @@ def test_ui_holds_only_textual_code():
 
 def test_the_checker_sees_an_upward_import_and_a_circle():
     """The rules above catch what they claim to (on a made-up graph)."""
-    g = {"plan": {"nodes.transport"}, "nodes.transport": {"nodes.jobs"}, "nodes.jobs": {"nodes.transport"}}
-    assert [(m, d) for m, ds in g.items() for d in ds if floor(d) > floor(m)] == [("plan", "nodes.transport")]
+    g = {"plan.launch": {"nodes.transport"}, "nodes.transport": {"nodes.jobs"}, "nodes.jobs": {"nodes.transport"}}
+    assert [(m, d) for m, ds in g.items() for d in ds if floor(d) > floor(m)] == [("plan.launch", "nodes.transport")]
     assert circles(g) == [{"nodes.transport", "nodes.jobs"}]
