@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-CORE = ["qwen_tui.preset.schema", "qwen_tui.plan.launch", "qwen_tui.cluster.facts", "qwen_tui.cli.main", "qwen_tui.run.launcher",
-        "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
+CORE = ["qwen_tui.preset.schema", "qwen_tui.plan.launch", "qwen_tui.cluster.facts", "qwen_tui.cli.main",
+        "qwen_tui.run.launcher", "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
 HEAVY = ["textual", "torch", "transformers", "deepspeed", "peft"]
 
 
