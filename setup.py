@@ -14,7 +14,7 @@ class BuildPyWithPresets(build_py):
     def run(self):
         super().run()
         if getattr(self, "editable_mode", False):
-            return  # an editable install reads ROOT/presets itself (qwen_tui.presets_dir)
+            return  # an editable install reads ROOT/presets itself (qwen_tui.preset.shipped)
         target = Path(self.build_lib) / "qwen_tui" / "presets"
         self.mkpath(str(target))
         for preset in sorted((ROOT / "presets").glob("*.yaml")):

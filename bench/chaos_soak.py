@@ -283,7 +283,7 @@ def bring_up(base: Path):
 
     from cluster_helpers import preset_dict
     from qwen_tui.nodes.keys import setup_keys
-    from qwen_tui.preset import Preset
+    from qwen_tui.preset.schema import Preset
 
     password = secrets.token_urlsafe(18)  # in memory only; the nodes keep its hash
     cluster = NetnsCluster(base / "nodes", 3, password=password)

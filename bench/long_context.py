@@ -12,7 +12,7 @@ from 32k tokens the tiled MLP (chosen automatically; the result records the work
 step is untimed where the records are short enough for a second one to fit the budget; throughput is real tokens
 over the timed steps' time. A length that runs out of memory ends the climb (longer ones would too).
 
-Beside each measurement: the worker's peak allocated memory (metrics.jsonl) and what qwen_tui.longcontext
+Beside each measurement: the worker's peak allocated memory (metrics.jsonl) and what qwen_tui.plan.longcontext
 predicts for that row (the model behind `qwen-tui estimate`'s long-context limit and the LONG_RECORD_OOM advice),
 and the longest record it predicts for the GPU. --budget-s bounds the whole call: a length whose predicted time
 (from the last one's step time, quadratic in the length) would not fit what is left is skipped and said so.
@@ -42,15 +42,15 @@ OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FA
 
 
 def _training(length: int):
-    """The run as qwen_tui.longcontext sees it (a preset's training section)."""
+    """The run as qwen_tui.plan.longcontext sees it (a preset's training section)."""
     return SimpleNamespace(method="lora", zero_stage=None, offload="none", precision="bf16", model_max_length=length,
                            per_device_train_batch_size=1, gradient_accumulation_steps=1, gradient_checkpointing=True,
                            lora_r=64, lora_dropout=0.05, lora_target_modules=None, sequence_parallel_size=1)
 
 
 def predicted(length: int, gpu_gib: float | None) -> dict:
-    from qwen_tui.longcontext import longest_record, row_memory
-    from qwen_tui.modelspec import known_spec
+    from qwen_tui.plan.longcontext import longest_record, row_memory
+    from qwen_tui.model.spec import known_spec
 
     spec = known_spec("Qwen/Qwen2.5-7B-Instruct")
     row = row_memory(spec, _training(length), 1, length)

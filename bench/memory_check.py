@@ -10,7 +10,7 @@ their public config.json built directly on the GPU, sdpa attention, random token
 `backward()`, clip_grad_norm_(1.0), fused AdamW, zero_grad(set_to_none=True), 3 optimizer steps,
 no accumulation. LoRA: peft r=64, alpha 16, on all seven projections. Each configuration runs in
 its own process so the allocator starts clean. Memory from torch.cuda.max_memory_allocated /
-max_memory_reserved, GiB; the estimate is qwen_tui.estimate's `peak_allocated` (what torch
+max_memory_reserved, GiB; the estimate is qwen_tui.plan.estimate's `peak_allocated` (what torch
 allocates) and `total` (plus CUDA context and fragmentation), so the ratios compare like with like.
 
 Results go to bench/results/memory_check-DATE-GPU.json with the machine and versions.
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qwen_tui.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
-from qwen_tui.modelspec import resolve_model  # noqa: E402
+from qwen_tui.plan.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
+from qwen_tui.model.spec import resolve_model  # noqa: E402
 
 # name: (hub id for the shape, method, seq, micro-batch, checkpointing, pure bf16 weights, lora dropout)
 CONFIGS = {

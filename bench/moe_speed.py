@@ -19,7 +19,7 @@ ours   `python -m training.finetune --random_init` with its automatic fast path 
 
 MFU counts active parameters: FLOPs per real token = 4 x N_active + 12 x L x q_dim x s (LoRA: no weight gradients
 for the frozen base), N_active = the parameters a token multiplies (attention, its 8 experts, routers, LM head;
-qwen_tui.modelspec's active_matmul_params), s = the token-weighted mean record length, against 989 TFLOP/s.
+qwen_tui.model.spec's active_matmul_params), s = the token-weighted mean record length, against 989 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def make_records(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], lis
 
 def flops_per_token(shape: str, seq: float) -> tuple[float, int]:
     """(LoRA training FLOPs per real token on active parameters, N_active)."""
-    from qwen_tui.modelspec import spec_from_config
+    from qwen_tui.model.spec import spec_from_config
 
     spec = spec_from_config({"model_type": "qwen3_moe", **SHAPES[shape]}, shape)
     n = spec.active_matmul_params

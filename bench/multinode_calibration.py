@@ -21,9 +21,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen_tui.estimate import GPUS, RunShape, estimate_step, flops_per_token  # noqa: E402
-from qwen_tui.estimate_comm import NIC_EFFICIENCY  # noqa: E402
-from qwen_tui.modelspec import ModelSpec  # noqa: E402
+from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, flops_per_token  # noqa: E402
+from qwen_tui.plan.estimate_comm import NIC_EFFICIENCY  # noqa: E402
+from qwen_tui.model.spec import ModelSpec  # noqa: E402
 
 LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md")
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
@@ -145,7 +145,7 @@ def table() -> str:
 
 def time_per_call(n: int = 2000) -> float:
     """Seconds per estimate_step call on a 7B shape across 4 nodes (what the wizard calls on every edit)."""
-    from qwen_tui.modelspec import resolve_model
+    from qwen_tui.model.spec import resolve_model
 
     spec = resolve_model("Qwen/Qwen2.5-7B")
     run = RunShape(method="full", zero_stage=3, seq=2048, micro_batch=2, grad_accum=4)

@@ -2,7 +2,7 @@
 
 import sys
 
-from qwen_tui.cli import main
+from qwen_tui.cli.main import main
 
 if __name__ == "__main__":  # importing the module (pkgutil.walk_packages) must not start the app
     sys.exit(main())

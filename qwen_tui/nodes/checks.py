@@ -9,14 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from qwen_tui.facts import ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
 from qwen_tui.nodes.ibcheck import ib_findings
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
 from qwen_tui.nodes.topology import topology_findings
 from qwen_tui.nodes.transport import Transport
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports", "firewall",
            "bandwidth", "rehearsal"]
@@ -204,8 +204,8 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
 
 def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Finding]:
     """Per node: where the checkpoints and the final model will live, and whether the node has room for them."""
-    from .. import outputs
-    from ..modelspec import UnknownModel, resolve_model
+    from ..plan import outputs
+    from ..model.spec import UnknownModel, resolve_model
 
     try:
         spec = resolve_model(preset.training.model)

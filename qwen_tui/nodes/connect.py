@@ -26,7 +26,7 @@ from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
 from qwen_tui.nodes.sshconfig import SSHConfigLookup
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
-from qwen_tui.preset import Node, Preset
+from qwen_tui.preset.schema import Node, Preset
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from qwen_tui.facts import ClusterFacts, NodeFacts
-from qwen_tui.ib import active_ports, describe
+from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
+from qwen_tui.cluster.ib import active_ports, describe
 from qwen_tui.nodes.findings import INFO, WARNING, Finding
 
 PORTS_FIX = ("bring the port up (ibstat / ibv_devinfo show its state; check the cable and the subnet manager, "

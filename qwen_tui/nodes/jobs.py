@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from ..shell import JOB_MARK, RUN_MARK  # the marks live with the job wrapper that sets them
+from ..base.shell import JOB_MARK, RUN_MARK  # the marks live with the job wrapper that sets them
 
 MARKS = (JOB_MARK, RUN_MARK)
 

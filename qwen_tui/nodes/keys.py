@@ -29,7 +29,7 @@ from qwen_tui.nodes.hostkeys import Consent, known_hosts_line
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.ssh import SSHTransport
 from qwen_tui.nodes.transport import Transport, TransportError
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 # Append line "$2" to file "$1" (under ~/.ssh, private) unless present.
 # Prints "added" or "present". Lines travel as arguments, never inside the script.

@@ -20,12 +20,12 @@ import threading
 import time
 from typing import Optional
 
-from qwen_tui.facts import ClusterFacts, LinkFacts
-from qwen_tui.ib import active_ports, nccl_ib_env
+from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
+from qwen_tui.cluster.ib import active_ports, nccl_ib_env
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import CommandResult, Transport
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 WARN_BELOW_GBPS = 10.0
 IPERF_PORT = 5201

@@ -16,14 +16,14 @@ import re
 import sys
 from typing import Optional
 
-from qwen_tui.facts import GPU, FileFact, NodeFacts
-from qwen_tui.ib import SYSFS_READER, parse_ibv_devinfo, ports_from_probe
+from qwen_tui.cluster.facts import GPU, FileFact, NodeFacts
+from qwen_tui.cluster.ib import SYSFS_READER, parse_ibv_devinfo, ports_from_probe
 from qwen_tui.nodes.digests import DIGESTS
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import Transport
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]
 VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes", "liger-kernel",

@@ -29,7 +29,7 @@ import paramiko
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
 from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, Proc, env_script, parse_marks, parse_stat
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
-from qwen_tui.shell import job_argv, quote_argv
+from qwen_tui.base.shell import job_argv, quote_argv
 
 log = logging.getLogger(__name__)
 

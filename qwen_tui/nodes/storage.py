@@ -14,7 +14,7 @@ import posixpath
 import secrets
 from typing import Optional
 
-from ..preset import Preset
+from ..preset.schema import Preset
 from .results import on_nodes
 from .transport import Transport
 

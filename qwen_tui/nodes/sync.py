@@ -13,12 +13,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from qwen_tui.facts import ClusterFacts
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.digests import DIGESTS
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 # path -> {"exists", "dir", "sha256", "size", "files": [[rel, size, sha256]]}; the
 # same digest as the probe's (a file's sha256, or sha256 of the JSON file list).

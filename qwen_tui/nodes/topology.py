@@ -28,11 +28,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from qwen_tui.facts import GPULink, GPUTopology, NodeFacts
+from qwen_tui.cluster.facts import GPULink, GPUTopology, NodeFacts
 
 if TYPE_CHECKING:
     from qwen_tui.nodes.findings import Finding
-    from qwen_tui.preset import Preset
+    from qwen_tui.preset.schema import Preset
 
 PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from ..nodes.json_tool import run_json_tool
 from ..nodes.transport import Transport
-from ..preset import Preset, load_preset
+from ..preset.schema import Preset, load_preset
 from .rundir import RunDir
 
 MERGE_TIMEOUT_S = 3600.0  # a 72B merge on CPU takes a while; still bounded

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
-from ..facts import ClusterFacts, NodeFacts
+from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
-from ..plan import LaunchPlan, make_plan
-from ..preset import Preset, load_preset, save_preset
+from ..plan.launch import LaunchPlan, make_plan
+from ..preset.schema import Preset, load_preset, save_preset
 from .events import (AlreadyEnded, CheckProgress, CheckResult, Checked, Connected, Ended, Event, Failure, Planned,
                      Snapshot, Stage, Started, Stopping)
 from .launcher import LaunchError, Launcher, RunOutcome
@@ -149,7 +149,7 @@ def local_files_missing(preset: Preset) -> list:
     not a worker's failure after it: each path as the worker will open it, from its node's workdir."""
     import os
 
-    from ..advice_core import Advice, Fix
+    from ..advice.core import Advice, Fix
     from ..nodes.probe import local_path
 
     out: list = []
@@ -207,7 +207,7 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
     `connect_errors`: the nodes that could not be connected (reported as unreachable, not checked).
     The advice rules and the checks overlap (a missing data file is both); each (code, node) is
     said once."""
-    from ..advice import advise
+    from ..advice.rules import advise
 
     nodes = preset.cluster.nodes
     if all(n.is_local for n in nodes) and not on_one_machine:

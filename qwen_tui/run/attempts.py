@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from ..preset import Preset
+from ..preset.schema import Preset
 
 MAX_ACCUMULATION = 4096  # the preset's bound on gradient_accumulation_steps
 CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")

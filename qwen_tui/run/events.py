@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
-from ..facts import ClusterFacts
-from ..plan import LaunchPlan
+from ..cluster.facts import ClusterFacts
+from ..plan.launch import LaunchPlan
 from .launcher import Launcher, RunOutcome
 from .metrics import TrainingProgress
 from .notices import Notice

@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
-from ..plan import LaunchPlan, NodeCommand
-from ..redact import is_secret
+from ..plan.launch import LaunchPlan, NodeCommand
+from ..base.redact import is_secret
 
 FORMATS = ("slurm", "pbs", "sh")
 

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport import Transport
-from ..plan import LaunchPlan, NodeCommand
+from ..plan.launch import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
 from .monitor import RunMonitor
 from .rundir import RunDir
@@ -47,7 +47,7 @@ class RunOutcome:
     message: str
     failed_rank: Optional[int] = None
     nodes: dict[int, NodeState] = field(default_factory=dict)
-    cause: Optional[str] = None  # the diagnosis code of the failed node's log (failures.py), if one matched
+    cause: Optional[str] = None  # the diagnosis code of the failed node's log (cluster/failures.py), if one matched
 
     @property
     def exit_code(self) -> int:
@@ -220,7 +220,7 @@ class Launcher:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
         if bad:
-            from ..failures import worker_error
+            from ..cluster.failures import worker_error
 
             first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
             self.stop_all()
@@ -302,7 +302,7 @@ class Launcher:
     def _root_cause(self, bad: list[NodeState]):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
         beats nodes that only saw a peer go away (connection reset, timeouts)."""
-        from ..failures import CONSEQUENTIAL, diagnose, without_agent_report
+        from ..cluster.failures import CONSEQUENTIAL, diagnose, without_agent_report
 
         found = []
         for st in bad:

@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..plan import LaunchPlan
-from ..preset import load_preset
-from ..redact import printable, shown_env
+from ..plan.launch import LaunchPlan
+from ..preset.schema import load_preset
+from ..base.redact import printable, shown_env
 from . import api
 from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
@@ -268,7 +268,7 @@ def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
         console.print(printable(f"  model {flag('--model_name_or_path')}, data {flag('--data_path')}"),
                       markup=False, highlight=False)
         console.print("  (each node's environment and command: add -v, or replay --dry-run)", style="dim")
-    from ..outputs import plan_places
+    from ..plan.outputs import plan_places
 
     console.rule("checkpoints and final model")
     for rank, label, where in plan_places(plan):

@@ -21,10 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from ..facts import ClusterFacts
+from ..cluster.facts import ClusterFacts
 from ..nodes.jobs import JobRef
 from ..nodes.transport import Transport
-from ..plan import LaunchPlan
+from ..plan.launch import LaunchPlan
 from .evidence import node_evidence
 from .health import SILENT_S, Health
 from .notices import HANG, HANG_OVER, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices

@@ -11,7 +11,7 @@ import re
 from typing import Optional
 
 from ..nodes.transport import Transport, TransportError
-from ..plan import LaunchPlan
+from ..plan.launch import LaunchPlan
 
 LOOK_TIMEOUT_S = 10.0
 _CKPT = re.compile(r"^checkpoint-(\d+)$")

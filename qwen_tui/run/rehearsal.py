@@ -20,17 +20,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from qwen_tui.estimate_comm import REHEARSAL_BUCKET_MB
-from qwen_tui.facts import ClusterFacts
-from qwen_tui.failures import CONSEQUENTIAL, Diagnosis, diagnose
-from qwen_tui.ib import nccl_transport
+from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
+from qwen_tui.cluster.facts import ClusterFacts
+from qwen_tui.cluster.failures import CONSEQUENTIAL, Diagnosis, diagnose
+from qwen_tui.cluster.ib import nccl_transport
 from qwen_tui.nodes.checks import CheckReport
 from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
-from qwen_tui.plan import LaunchPlan
-from qwen_tui.preset import Preset
+from qwen_tui.plan.launch import LaunchPlan
+from qwen_tui.preset.schema import Preset
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
 SNIPPET = r'''
@@ -249,7 +249,7 @@ def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckRe
     other checks passed."""
     import os
 
-    from qwen_tui.plan import make_plan
+    from qwen_tui.plan.launch import make_plan
 
     plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
                      local_python=local_python)

@@ -32,10 +32,10 @@ import sys
 import time
 from typing import Callable, Optional
 
-from ..facts import ClusterFacts
+from ..cluster.facts import ClusterFacts
 from ..nodes.transport import Transport, TransportError
-from ..plan import LaunchPlan, NodeCommand, make_plan
-from ..preset import Preset, load_preset, save_preset
+from ..plan.launch import LaunchPlan, NodeCommand, make_plan
+from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
 from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
                        without_nodes)

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from ..logsetup import log_to_run_dir
-from ..plan import LaunchPlan
+from ..base.logsetup import log_to_run_dir
+from ..plan.launch import LaunchPlan
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from ..nodes.jobs import JobRef, members
 from ..nodes.transport import Transport
-from ..plan import NodeCommand
+from ..plan.launch import NodeCommand
 
 STACK_WAIT_S = 6.0  # how long ranks get to write their dump after SIGUSR1 (the end line follows within a heartbeat)
 # the worker closes each dump with this line (training/stacks.py); what came before it since our last look is the dump

@@ -1,4 +1,4 @@
-"""The wizard's App: wiring only. It owns the wizard's state (qwen_tui.wizard_state: the
+"""The wizard's App: wiring only. It owns the wizard's state (qwen_tui.wizard.state: the
 one in-memory Preset, its facts and connections), applies the changes screens ask for
 through Preset.with_changes, and switches between steps. Each step lives in its own
 file under screens/."""
@@ -17,13 +17,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker
 
-from ..advice import Advice, apply_fix
-from ..facts import ClusterFacts
-from ..field_words import plain_message
-from ..preset import Preset, PresetError, save_preset
-from ..preset_lenient import load_preset_keeping_known
+from ..advice.rules import Advice, apply_fix
+from ..cluster.facts import ClusterFacts
+from ..base.field_words import plain_message
+from ..preset.schema import Preset, PresetError, save_preset
+from ..preset.lenient import load_preset_keeping_known
 from ..run.api import CONSENT_WAIT_S
-from ..wizard_state import STEPS, TITLES, WizardState, new_preset
+from ..wizard.state import STEPS, TITLES, WizardState, new_preset
 from .launch_guard import LaunchGuard
 from .messages import ChangePreset, StateChanged
 from .modals import Confirm, Form, Notice, host_key_question
@@ -346,7 +346,7 @@ class WizardApp(LaunchGuard, App[int]):
     def worker_failed(self, worker: Worker) -> None:
         """Workers run with exit_on_error=False: their errors land here (via the
         screen that owns them), never crash the app."""
-        from ..failures import describe_exception
+        from ..cluster.failures import describe_exception
         from ..nodes.keys import KeyLocked
         from ..nodes.transport import TransportError
 

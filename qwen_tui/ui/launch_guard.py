@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from textual.worker import Worker, WorkerState
 
-from ..plan import make_plan
+from ..plan.launch import make_plan
 from .modals import Confirm
 
 LOOK_TIMEOUT_S = 10.0

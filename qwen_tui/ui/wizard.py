@@ -8,8 +8,8 @@ from typing import Any, Optional, Protocol
 
 from textual.worker import Worker
 
-from ..preset import Preset
-from ..wizard_state import WizardState
+from ..preset.schema import Preset
+from ..wizard.state import WizardState
 
 
 class Wizard(Protocol):

@@ -12,7 +12,7 @@ import pytest
 
 from cluster_helpers import N_NODES, PASSWORD, preset_dict
 from netns import NetnsCluster
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 
 def pytest_collection_modifyitems(config, items):

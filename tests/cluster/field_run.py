@@ -18,7 +18,7 @@ from typing import Optional
 from cluster_helpers import REPO
 from login_user import LOGIN, UID, LoginUser
 
-from qwen_tui.preset import Preset, save_preset
+from qwen_tui.preset.schema import Preset, save_preset
 
 
 def _own(path: Path) -> None:

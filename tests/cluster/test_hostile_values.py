@@ -10,7 +10,7 @@ from cluster_helpers import preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.transport import stop_group
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 
 def _payloads(tag: str) -> tuple[list[str], list[Path]]:

@@ -13,8 +13,8 @@ from cluster_helpers import preset_dict
 from netns import sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import Preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import Preset
 from test_limits import _node_mount_ns_pid
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"

@@ -16,7 +16,7 @@ from cluster_helpers import PASSWORD, REPO, preset_dict
 from qwen_tui.nodes.connect import _ssh_config, resolve_target
 from qwen_tui.nodes.ssh import AuthFailed, SSHTransport
 from qwen_tui.nodes.transport import TransportError
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 PASSPHRASE = "open sesame, 'quoted' $(not run)"
 

@@ -7,7 +7,7 @@ import os
 
 from cluster_helpers import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 
 def test_sftp_put_never_writes_through_a_planted_part_link(cluster, sshdir, keyed, tmp_path):

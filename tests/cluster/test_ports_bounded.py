@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from qwen_tui.facts import ClusterFacts
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.netcheck import check_ports
 
@@ -22,7 +22,7 @@ def conns(preset):
 
 
 def _facts(cluster) -> ClusterFacts:
-    from qwen_tui.facts import NodeFacts
+    from qwen_tui.cluster.facts import NodeFacts
 
     f = ClusterFacts()
     for n in cluster.nodes:

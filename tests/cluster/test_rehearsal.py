@@ -9,13 +9,13 @@ import pytest
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.run.rehearsal import rehearse
-from qwen_tui.plan import make_plan
+from qwen_tui.plan.launch import make_plan
 
 
 @pytest.fixture(scope="module")
 def probed(cluster, sshdir, keyed):
     from cluster_helpers import preset_dict
-    from qwen_tui.preset import Preset
+    from qwen_tui.preset.schema import Preset
 
     preset = Preset.model_validate(preset_dict(cluster, sshdir))
     conns = connect_all(preset)
@@ -46,7 +46,7 @@ def test_rehearsal_passes_on_the_healthy_cluster(probed, cluster, tmp_path):
 def test_rehearsal_measures_a_smaller_message_where_the_link_is_too_slow_and_says_so(probed, cluster, tmp_path):
     """256 MB with a budget of 50 ms per all-reduce: no veth moves that, so the ranks agree on a smaller power of
     two, the figure says which, and the estimate reads it as a lower bound."""
-    from qwen_tui.estimate_comm import resolve_bandwidth
+    from qwen_tui.plan.estimate_comm import resolve_bandwidth
 
     preset, conns, facts = probed
     facts = copy.deepcopy(facts)

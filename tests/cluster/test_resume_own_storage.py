@@ -10,8 +10,8 @@ import shutil
 
 from cluster_helpers import REPO, preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import Preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
 

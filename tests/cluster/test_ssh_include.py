@@ -12,7 +12,7 @@ from cluster_helpers import preset_dict
 from login_user import LOGIN, LoginUser
 from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.connect import _ssh_config, close_all, connect_all, resolve_target
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 PORT = 2202
 

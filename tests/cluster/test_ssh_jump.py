@@ -11,7 +11,7 @@ from cluster_helpers import preset_dict
 from qwen_tui.nodes.connect import _ssh_config, connect_all, resolve_target, transport_for
 from qwen_tui.nodes.hostkeys import UnknownHostKey
 from qwen_tui.nodes.ssh import SSHTransport, Unreachable
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 
 def _config_with(sshdir, tmp_path, **extra_by_host) -> str:

@@ -4,11 +4,11 @@ in to a home of its own."""
 
 from __future__ import annotations
 
-from qwen_tui.advice import advise
-from qwen_tui.facts import ClusterFacts
+from qwen_tui.advice.rules import advise
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.storage import detect_shared_storage
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 from cluster_helpers import preset_dict
 

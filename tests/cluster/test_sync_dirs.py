@@ -17,7 +17,7 @@ from cluster_helpers import REPO, preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.sync import sync
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 
 def _tree(root: Path) -> dict[str, bytes]:

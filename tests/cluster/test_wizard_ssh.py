@@ -10,7 +10,7 @@ import time
 import pytest
 from textual.widgets import Input
 
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, PasswordPrompt
 

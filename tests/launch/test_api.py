@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from procs import run_processes
-from qwen_tui.preset import Preset, load_preset
+from qwen_tui.preset.schema import Preset, load_preset
 from qwen_tui.run import api
 from qwen_tui.run.rundir import RunDir
 

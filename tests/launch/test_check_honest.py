@@ -14,7 +14,7 @@ import yaml
 
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "presets" / "local-demo.yaml"

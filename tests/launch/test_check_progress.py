@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.preset import load_preset
+from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
-from qwen_tui.facts import ClusterFacts, NodeFacts
+from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import Preset, save_preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import Preset, save_preset
 from qwen_tui.run import driver
 from qwen_tui.run.launcher import FAILED, Launcher, RunOutcome
 from qwen_tui.run.restarts import Restarts

@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from qwen_tui.facts import ClusterFacts
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.netcheck import check_bandwidth, iperf_pair
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.preset import parse_preset
+from qwen_tui.preset.schema import parse_preset
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 program")
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import Preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run.attempts import attempt_note
 from qwen_tui.run.launcher import FAILED, LOST, Launcher, RunOutcome
 from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
@@ -168,7 +168,7 @@ def test_two_processes_updating_one_state_lose_no_key(tmp_path):
 
 
 def test_qwen_tui_runs_shows_the_attempt(tmp_path, capsys, monkeypatch):
-    from qwen_tui.cli import main
+    from qwen_tui.cli.main import main
 
     _, la, rd = _launcher(tmp_path, restarts=1)
     rd.write_state(status="running", attempt=2, restarts=1, attempts=[

@@ -9,10 +9,10 @@ import stat
 import sys
 from pathlib import Path
 
-from qwen_tui.facts import ClusterFacts
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.probe import probe_node
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "topo"
 QUERY = ("index, name, uuid, memory.total [MiB], driver_version\n"

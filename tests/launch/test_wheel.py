@@ -76,7 +76,7 @@ def test_wheel_ships_the_presets_and_one_version(installed):
 
 def test_installed_package_is_the_wheel_not_the_checkout(installed):
     res = run(installed, str(installed["py"]), "-c",
-              "import qwen_tui, training, qwen_tui.presets_dir as p; print(qwen_tui.__file__); print(p.presets_dir())")
+              "import qwen_tui, training, qwen_tui.preset.shipped as p; print(qwen_tui.__file__); print(p.presets_dir())")
     assert res.returncode == 0, res.stderr
     module, presets = res.stdout.split()
     assert module.startswith(str(installed["site"])) and presets.startswith(str(installed["site"]))

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qwen_tui.plan import worker_args
-from qwen_tui.preset import load_preset, save_preset
+from qwen_tui.plan.launch import worker_args
+from qwen_tui.preset.schema import load_preset, save_preset
 from tests.training.worker_helpers import ROOT, assert_ok, run_worker
 
 KEYS = {"records", "usable", "dropped", "truncated", "tokens", "supervised_tokens", "length_percentiles",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from procs import run_processes  # noqa: F401  (re-exported for the tests here)
-from qwen_tui.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "presets" / "local-demo.yaml"

@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import Select, Static
 
 from qwen_tui.ui.app import WizardApp
-from qwen_tui.wizard_state import OK, WARN
+from qwen_tui.wizard.state import OK, WARN
 from qwen_tui.ui.widgets.advice_list import AdviceList
 
 from .conftest import ROOT

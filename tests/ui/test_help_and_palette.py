@@ -114,7 +114,7 @@ async def test_training_opens_with_its_first_field_focused(tmp_path):
 async def test_f8_on_advice_without_automatic_fix_shows_what_to_do(tmp_path):
     """Two nodes that disagree on torch: the advice says to install the same version; F8 shows
     that instruction (it changes nothing), never 'applied'."""
-    from qwen_tui.facts import ClusterFacts, NodeFacts
+    from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 
     facts = ClusterFacts(nodes={0: NodeFacts(versions={"torch": "2.11.0"}, gpus=[]),
                                 1: NodeFacts(versions={"torch": "2.9.0"}, gpus=[])})

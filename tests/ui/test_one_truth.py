@@ -11,7 +11,7 @@ from textual.widgets import Static
 from qwen_tui.nodes.findings import Finding
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.screens.network import verdict
-from qwen_tui.wizard_state import BAD, TODO, WARN
+from qwen_tui.wizard.state import BAD, TODO, WARN
 
 from .conftest import DEMO, free_port, slow_h200_facts
 
@@ -136,9 +136,9 @@ async def test_k_with_no_node_reachable_says_it_made_a_key(tmp_path, demo_copy):
 
 def test_step_levels_agree_with_check(tmp_path):
     """The colour a finding gives its step is the colour `qwen-tui check` prints it in."""
-    from qwen_tui.cli_check import COLOURS
-    from qwen_tui.facts import LinkFacts
-    from qwen_tui.wizard_state import OK
+    from qwen_tui.cli.check import COLOURS
+    from qwen_tui.cluster.facts import LinkFacts
+    from qwen_tui.wizard.state import OK
 
     app = WizardApp(str(DEMO), facts=slow_h200_facts(25.0), runs_root=str(tmp_path / "runs"), reattach=False)
     st = app.state

@@ -15,7 +15,7 @@ from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.log_pane import LogPane
 from qwen_tui.ui.widgets.loss_chart import LossChart
 from qwen_tui.ui.widgets.stepper import Stepper
-from qwen_tui.wizard_state import LIVE
+from qwen_tui.wizard.state import LIVE
 
 from .snapshot_app import make_app, show_synthetic_run, synthetic_progress
 

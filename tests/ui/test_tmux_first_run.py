@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.preset import load_preset
+from qwen_tui.preset.schema import load_preset
 
 from .conftest import free_port, run_processes
 from .test_tmux import ROOT, tmux, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Input, Select
 
-from qwen_tui.preset import load_preset
+from qwen_tui.preset.schema import load_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.advice_list import AdviceList
 
@@ -210,7 +210,7 @@ def test_connect_returns_nodes_connected_earlier_too(tmp_path):
 
 
 def test_one_network_check_replaces_only_its_own_findings():
-    from qwen_tui.facts import ClusterFacts
+    from qwen_tui.cluster.facts import ClusterFacts
     from qwen_tui.nodes.checks import NETWORK_CHECKS, replace_findings, run_network_check
     from qwen_tui.nodes.findings import Finding
 
@@ -250,7 +250,7 @@ async def test_review_masks_secret_environment_values(tmp_path):
     screenshot or a shared terminal would otherwise carry it), while the saved preset keeps the value."""
     from textual.widgets import Static
 
-    from qwen_tui.preset import save_preset
+    from qwen_tui.preset.schema import save_preset
 
     preset = load_preset(DEMO)
     preset.network.env = {"HF_TOKEN": "hf_very_secret_value", "NCCL_DEBUG": "INFO"}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from qwen_tui.advice import RULES, Advice, Fix, advise, apply_fix
-from qwen_tui.facts import GPU, ClusterFacts, FileFact, LinkFacts, NodeFacts
-from qwen_tui.preset import Preset
+from qwen_tui.advice.rules import RULES, Advice, Fix, advise, apply_fix
+from qwen_tui.cluster.facts import GPU, ClusterFacts, FileFact, LinkFacts, NodeFacts
+from qwen_tui.preset.schema import Preset
 
 
 def preset(nodes=2, gpus=8, **training):
@@ -78,7 +78,7 @@ def test_oom_uses_smallest_gpu_from_facts():
 
 def test_memory_tight():
     p = preset(method="lora", per_device_train_batch_size=4, gradient_checkpointing=True, model_max_length=4096)
-    from qwen_tui.advice import make_context
+    from qwen_tui.advice.rules import make_context
 
     total = make_context(p, gpu="H100").memory().total
     assert "MEMORY_TIGHT" in codes(p, gpu_memory_gib=total / 0.95)
@@ -115,7 +115,7 @@ def test_zero_not_needed_where_ddp_fits_and_is_faster():
     # full fine-tuning of 7B needs ZeRO's partitioning on 80 GiB: no advice to drop it
     assert "ZERO_NOT_NEEDED" not in codes(preset(method="full", zero_stage=3), f)
     # nor where DDP would fit only just (above 90% of the GPU), nor without a known GPU, nor on CPU
-    from qwen_tui.advice import make_context
+    from qwen_tui.advice.rules import make_context
 
     ddp_total = make_context(apply_fix(p, adv[0].fix), f).memory().total
     assert "ZERO_NOT_NEEDED" not in codes(p, f, gpu_memory_gib=ddp_total / 0.95)
@@ -368,8 +368,8 @@ def test_apply_fix_keeps_unset_fields_unset_so_local_nodes_keep_our_python(tmp_p
     local node instead of qwen-tui's own interpreter), nor any other field the preset left out."""
     from pathlib import Path
 
-    from qwen_tui.plan import make_plan
-    from qwen_tui.preset import load_preset
+    from qwen_tui.plan.launch import make_plan
+    from qwen_tui.preset.schema import load_preset
 
     demo = load_preset(Path(__file__).resolve().parents[2] / "presets" / "local-demo.yaml")
     fixed = apply_fix(demo, Fix("Lower the learning rate", {"training.learning_rate": 1e-3}))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.cli import main
-from qwen_tui.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.cli.main import main
+from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET_14B = REPO / "presets" / "qwen2.5-14b-full-4node-zero3.yaml"
@@ -139,8 +139,8 @@ def test_without_a_gpu_type_it_says_which_advice_was_not_checked(capsys):
     """No --gpu: not a green "no advice" that reads as "it fits", but which advice needs a GPU type."""
     import inspect
 
-    from qwen_tui import advice
-    from qwen_tui.cli_estimate import NEEDS_GPU_MEMORY
+    from qwen_tui.advice import rules as advice
+    from qwen_tui.cli.estimate import NEEDS_GPU_MEMORY
 
     assert main(["estimate", str(PRESET_14B)]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
@@ -169,6 +169,6 @@ def test_an_unmeasured_link_is_not_measured_never_linear(capsys):
 
 
 def test_data_gpu_in_any_case():
-    from qwen_tui.cli import build_parser
+    from qwen_tui.cli.main import build_parser
 
     assert build_parser().parse_args(["data", "p.yaml", "--gpu", "h200"]).gpu == "H200"

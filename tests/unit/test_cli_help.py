@@ -7,7 +7,7 @@ import argparse
 import re
 import shlex
 
-from qwen_tui.cli import EXAMPLES, build_parser
+from qwen_tui.cli.main import EXAMPLES, build_parser
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:

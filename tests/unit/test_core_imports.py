@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-CORE = ["qwen_tui.preset", "qwen_tui.plan", "qwen_tui.facts", "qwen_tui.cli", "qwen_tui.run.launcher",
-        "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
+CORE = ["qwen_tui.preset.schema", "qwen_tui.plan.launch", "qwen_tui.cluster.facts", "qwen_tui.cli.main",
+        "qwen_tui.run.launcher", "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
 HEAVY = ["textual", "torch", "transformers", "deepspeed", "peft"]
 
 
@@ -20,7 +20,7 @@ def test_core_imports_no_textual_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.splitlines()[-1])
-    assert "qwen_tui.cli" in res["mods"]
+    assert "qwen_tui.cli.main" in res["mods"]
     assert res["heavy"] == [], f"core imported {res['heavy']}"
 
 

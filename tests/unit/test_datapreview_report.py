@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from qwen_tui.datapreview import build_report, histogram_lines, preview_command, summary_lines, tokens_per_second
-from qwen_tui.preset import load_preset
+from qwen_tui.advice.datapreview import build_report, histogram_lines, preview_command, summary_lines, tokens_per_second
+from qwen_tui.preset.schema import load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.estimate import (
+from qwen_tui.plan.estimate import (
     GIB, GPUS, RunShape, estimate_memory, estimate_step, gpu_spec, max_micro_batch, scaling,
 )
-from qwen_tui.modelspec import resolve_model, spec_from_config
+from qwen_tui.model.spec import resolve_model, spec_from_config
 
 # copied from shared/fixtures (measured on an H200; see tests/fixtures/README.md)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -19,7 +19,7 @@ H200_GIB = 143771 / 1024
 
 
 def test_core_imports_no_torch():
-    code = ("import sys, qwen_tui.estimate, qwen_tui.advice, qwen_tui.modelspec, qwen_tui.cli_estimate;"
+    code = ("import sys, qwen_tui.plan.estimate, qwen_tui.advice.rules, qwen_tui.model.spec, qwen_tui.cli.estimate;"
             "bad = [m for m in ('torch', 'textual', 'transformers', 'deepspeed') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

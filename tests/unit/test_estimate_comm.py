@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.cli import main
-from qwen_tui.estimate import GPUS, RunShape, estimate_step, nodes_worth_it, scaling
-from qwen_tui.estimate_comm import (
+from qwen_tui.cli.main import main
+from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, nodes_worth_it, scaling
+from qwen_tui.plan.estimate_comm import (
     NIC_EFFICIENCY, REHEARSAL_BUCKET_MB, latency_s, port_gbps, resolve_bandwidth, step_comm,
 )
-from qwen_tui.facts import GPU, ClusterFacts, IBPort, LinkFacts, NodeFacts
-from qwen_tui.modelspec import resolve_model
+from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, LinkFacts, NodeFacts
+from qwen_tui.model.spec import resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN = resolve_model("Qwen/Qwen2.5-7B")
@@ -144,7 +144,7 @@ def test_uneven_preset_report(tmp_path, capsys):
     t = out["step"]
     assert out["world_size"] == 3 and t["world_size"] == 3
     assert out["tokens_per_step"] == t["tokens_per_step"]
-    from qwen_tui.preset import load_preset
+    from qwen_tui.preset.schema import load_preset
 
     tr = load_preset(path).training
     assert out["tokens_per_step"] == tr.per_device_train_batch_size * tr.model_max_length * \
@@ -160,9 +160,9 @@ def test_zero3_gathers_a_4bit_base_at_its_packed_size():
 
 
 def test_a_new_preset_shows_no_absurd_speed(capsys):
-    from qwen_tui.estimate_report import summary
-    from qwen_tui.facts import ClusterFacts as CF
-    from qwen_tui.wizard_state import new_preset
+    from qwen_tui.advice.report import summary
+    from qwen_tui.cluster.facts import ClusterFacts as CF
+    from qwen_tui.wizard.state import new_preset
 
     p = new_preset()
     est = summary(p, CF())
@@ -224,8 +224,8 @@ def test_nodes_worth_it_follows_the_link():
 
 
 def test_advice_names_the_bandwidth_source():
-    from qwen_tui.advice import advise
-    from qwen_tui.preset import Preset
+    from qwen_tui.advice.rules import advise
+    from qwen_tui.preset.schema import Preset
 
     p = Preset.model_validate({
         "cluster": {"nodes": [{"host": f"gpu{i}", "gpus": 8} for i in range(8)], "shared_storage": True},

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from qwen_tui.plan import worker_args
-from qwen_tui.preset import PresetError, load_preset
+from qwen_tui.plan.launch import worker_args
+from qwen_tui.preset.schema import PresetError, load_preset
 from qwen_tui.run.metrics import TrainingProgress
 
 ROOT = Path(__file__).resolve().parents[2]

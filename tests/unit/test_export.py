@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import load_preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import load_preset
 from qwen_tui.run.export import FORMATS, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,8 +1,8 @@
-"""Log signatures -> cause and fix (qwen_tui.failures), on lines real runs print."""
+"""Log signatures -> cause and fix (qwen_tui.cluster.failures), on lines real runs print."""
 
 import pytest
 
-from qwen_tui.failures import diagnose, explain
+from qwen_tui.cluster.failures import diagnose, explain
 
 CASES = [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "CUDA_OOM"),

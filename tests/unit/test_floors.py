@@ -1,186 +1,91 @@
-"""The house plan's floors (/work/shared/ARCHITECTURE.md, "Floors"), read from the code:
-every import of every module under qwen_tui/ (lazy ones inside functions and
-TYPE_CHECKING ones included) points to its own floor or one below, and no modules
-import each other in a circle. A new module must be given a floor here: that is
-the moment to decide where it lives.
-
-    5  faces      cli*.py, ui/ (Textual only)
-    4  run/       launch API, launcher, live view, exports, run directories
-    3  nodes/     transports, keys, probe, network checks; advice.py
-    2  plan.py, estimate.py
-    1  preset.py, facts.py, modelspec.py, failures.py, shell.py (quoting), ...
-"""
+"""The floors (docs/architecture.md), read from the code: the import-linter contracts in pyproject.toml hold
+(each package of qwen_tui/ imports only those below it, no circles, no Textual below the faces, no torch in the
+tool, training/ never imports qwen_tui), and they fail when someone breaks them."""
 
 from __future__ import annotations
 
 import ast
-import fnmatch
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "qwen_tui"
+import grimp
 
-# module (without the "qwen_tui." prefix; "" is the package itself) -> floor; first match wins
-FLOORS: list[tuple[str, int]] = [
-    ("", 1), ("atomic", 1), ("facts", 1), ("failures", 1), ("logsetup", 1), ("modelspec", 1),
-    ("preset", 1), ("preset_roundtrip", 1), ("preset_yaml", 1), ("presets_dir", 1), ("redact", 1),
-    ("shell", 1), ("ib", 1), ("seqparallel", 1),
-    ("preset_lenient", 1), ("field_words", 1),  # opening a preset with unknown keys; refusals in plain words
-    ("plan", 2), ("estimate", 2), ("outputs", 2), ("longcontext", 2),
-    ("estimate_comm", 2),  # the step estimate's communication: bandwidth sources, collectives, overlap
-    ("nodes", 3), ("nodes.*", 3), ("advice", 3), ("advice_core", 3), ("advice_cluster", 3), ("advice_moe", 3),
-    ("datapreview", 3), ("advice_longcontext", 3),
-    ("estimate_report", 3),  # the estimate's figures and the advice, as one report
-    ("wizard_state", 4),  # the wizard's model (preset, facts, connections, step colours): the faces draw it  # the preview runs on a node
-    ("run", 4), ("run.*", 4),
-    ("cli", 5), ("cli_*", 5), ("__main__", 5), ("ui", 5), ("ui.*", 5),
-]
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "qwen_tui"
 
 
-
-def modules() -> dict[str, Path]:
-    out = {}
-    for f in sorted(PKG.rglob("*.py")):
-        parts = list(f.relative_to(PKG).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = f
-    return out
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    """`lint-imports` on the tree at `cwd` (its pyproject.toml), with that tree first on the path."""
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(cwd)})
 
 
-def floor(mod: str) -> int:
-    for pat, n in FLOORS:
-        if fnmatch.fnmatchcase(mod, pat):
-            return n
-    raise AssertionError(f"qwen_tui.{mod} has no floor: add it to FLOORS in {__file__}")
+def test_the_import_contracts_hold():
+    res = lint_imports(ROOT)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "6 kept, 0 broken" in res.stdout, res.stdout[-2000:]
 
 
-def imports(mod: str, path: Path, known: set[str]) -> set[str]:
-    """The qwen_tui modules `mod` imports (relative to the package, "" for qwen_tui itself)."""
-    is_pkg = path.name == "__init__.py"
-    here = ["qwen_tui"] + (mod.split(".") if mod else [])
-    if not is_pkg:
-        here = here[:-1]
-    out: set[str] = set()
+def test_breaking_the_floors_breaks_the_contracts(tmp_path):
+    """A scratch copy with an upward import, a circle, Textual in the core and the worker importing the tool:
+    lint-imports fails and names each broken contract (and keeps the rest)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "demo_data")
+    for tree in ("qwen_tui", "training"):
+        shutil.copytree(ROOT / tree, tmp_path / tree, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
 
-    def add(full: str) -> None:
-        if full == "qwen_tui" or full.startswith("qwen_tui."):
-            out.add(full.removeprefix("qwen_tui").lstrip("."))
+    def append(rel: str, line: str) -> None:
+        p = tmp_path / rel
+        p.write_text(p.read_text() + "\n" + line + "\n")
 
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                add(a.name)
-        elif isinstance(node, ast.ImportFrom):
-            base = (".".join(here[:len(here) - (node.level - 1)]) if node.level else "")
-            target = ".".join(p for p in (base, node.module or "") if p)
-            for a in node.names:  # `from . import core` imports the module qwen_tui.ui.core
-                sub = f"{target}.{a.name}".removeprefix("qwen_tui").lstrip(".")
-                if target.startswith("qwen_tui") and sub in known:
-                    out.add(sub)
-                else:
-                    add(target)
-    out.discard(mod)
-    return out
+    # upward, and lazy (inside a function: it counts as well): the plan reaching for the launch
+    append("qwen_tui/plan/outputs.py", "def _reach():\n    from qwen_tui.run import api")
+    append("qwen_tui/base/redact.py", "from qwen_tui.base import atomic")
+    append("qwen_tui/base/atomic.py", "from qwen_tui.base import redact  # a circle inside base/")
+    append("qwen_tui/model/spec.py", "import textual")
+    append("training/errors.py", "import qwen_tui.base.shell")
 
-
-def graph() -> dict[str, set[str]]:
-    mods = modules()
-    return {m: imports(m, p, set(mods)) for m, p in mods.items()}
+    res = lint_imports(tmp_path)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0, out[-3000:]
+    for broken in ("qwen_tui's floors: imports point down BROKEN",
+                   "no modules or packages of qwen_tui import each other in a circle BROKEN",
+                   "the core draws nothing: no Textual below the faces BROKEN",
+                   "the worker stands alone: training/ never imports qwen_tui BROKEN"):
+        assert broken in out, out[-3000:]
+    assert "qwen_tui.plan.outputs -> qwen_tui.run.api" in out, out[-3000:]
+    assert "2 kept, 4 broken" in out, out[-3000:]
 
 
-def circles(g: dict[str, set[str]]) -> list[set[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in g.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.add(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(comp)
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return out
-
-
-def test_every_module_has_a_floor():
-    for m in modules():
-        floor(m)
-
-
-def test_imports_only_point_down():
-    up = {(m, d) for m, deps in graph().items() for d in deps if floor(d) > floor(m)}
-    assert up == set(), "imports that run up a floor: " + ", ".join(
-        f"qwen_tui.{m} (floor {floor(m)}) -> qwen_tui.{d} (floor {floor(d)})" for m, d in sorted(up))
-
-
-def test_no_circles():
-    """No modules import each other in a circle, lazy imports included (the screens type-check the
-    App through ui/wizard.py's Protocol instead of importing app.py, which opens them)."""
-    found = circles(graph())
-    assert found == [], "modules that import each other in a circle: " + "; ".join(
-        " <-> ".join(sorted(c)) for c in found)
-
-
-def test_the_wizard_state_and_the_launch_api_are_core():
-    """The wizard's model and the launch API sit below the faces: nothing under them imports ui/ or a cli."""
-    g = graph()
-    for m in ("wizard_state", "run.api", "run.live", "nodes.hostlists", "estimate_report"):
-        assert m in g, f"qwen_tui.{m} is gone"
-        assert not {d for d in g[m] if d.startswith("ui") or d.startswith("cli")}, (m, g[m])
-
-
-# What talks to the nodes: a screen reaches these through the launch API (run.api), as the CLI does,
-# so the wizard and the commands connect, probe, check, sync and set up keys the same way.
-NODE_ACTIONS = {"nodes.checks", "nodes.connect", "nodes.probe", "nodes.keys", "nodes.sync", "nodes.netcheck"}
-
-
-def test_screens_talk_to_the_nodes_only_through_the_launch_api():
-    g = graph()
-    screens = [m for m in g if m.startswith("ui.screens.")]
-    assert {"ui.screens.nodes", "ui.screens.network", "ui.screens.ssh"} <= set(screens)
-    direct = {(m, d) for m in screens for d in g[m] if d in NODE_ACTIONS}
-    assert direct == set(), "screens that call the nodes directly (add a function to run/api.py): " + ", ".join(
-        f"qwen_tui.{m} -> qwen_tui.{d}" for m, d in sorted(direct))
-    assert all("run.api" in g[m] for m in ("ui.screens.nodes", "ui.screens.network", "ui.screens.ssh"))
+def test_screens_talk_to_the_nodes_through_the_launch_api():
+    """The contract forbids screens to import what talks to the nodes; here: the screens that act on the nodes do
+    import the launch API (so the contract is not kept by screens that stopped acting)."""
+    g = grimp.build_graph("qwen_tui", cache_dir=None)
+    for screen in ("qwen_tui.ui.screens.nodes", "qwen_tui.ui.screens.network", "qwen_tui.ui.screens.ssh"):
+        assert g.direct_import_exists(importer=screen, imported="qwen_tui.run.api"), screen
 
 
 def test_ui_holds_only_textual_code():
-    """Pure code belongs to its core room, not under ui/ (a module there draws with Textual or rich)."""
+    """Pure code belongs to its core package, not under ui/ (a module there draws with Textual or rich)."""
     pure = set()
-    for m, p in modules().items():
-        if m.startswith("ui.") and not p.name == "__init__.py":
-            names = {a.name.split(".")[0] for n in ast.walk(ast.parse(p.read_text()))
-                     if isinstance(n, ast.Import) for a in n.names}
-            names |= {(n.module or "").split(".")[0] for n in ast.walk(ast.parse(p.read_text()))
-                      if isinstance(n, ast.ImportFrom) and not n.level}
-            if not names & {"textual", "rich"}:  # rich: drawing for the screen (bars, charts)
-                pure.add(m)
-    assert pure == set(), f"pure modules under ui/ (move them to their core room): {sorted(pure)}"
+    for p in sorted((PKG / "ui").rglob("*.py")):
+        if p.name == "__init__.py":
+            continue
+        tree = ast.parse(p.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        if not names & {"textual", "rich"}:  # rich: drawing for the screen (bars, charts)
+            pure.add(str(p.relative_to(PKG)))
+    assert pure == set(), f"pure modules under ui/ (move them to their core package): {sorted(pure)}"
 
 
-def test_the_checker_sees_an_upward_import_and_a_circle():
-    """The rules above catch what they claim to (on a made-up graph)."""
-    g = {"plan": {"nodes.transport"}, "nodes.transport": {"nodes.jobs"}, "nodes.jobs": {"nodes.transport"}}
-    assert [(m, d) for m, ds in g.items() for d in ds if floor(d) > floor(m)] == [("plan", "nodes.transport")]
-    assert circles(g) == [{"nodes.transport", "nodes.jobs"}]
+def test_the_top_of_qwen_tui_holds_packages_only():
+    """Each noun of the flow is a folder; a new module goes into the package of what it produces."""
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == [], f"modules at the top of qwen_tui/ (give each its package): {loose}"
+    assert all((d / "__init__.py").is_file() for d in PKG.iterdir() if d.is_dir() and d.name not in (
+        "__pycache__", "presets")), "a folder of qwen_tui/ without __init__.py"

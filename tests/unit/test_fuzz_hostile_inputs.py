@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.cli import main
+from qwen_tui.cli.main import main
 from training.errors import InputError
 from training.records import load_conversations
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.advice import advise, apply_fix
-from qwen_tui.facts import GPU, ClusterFacts, NodeFacts
+from qwen_tui.advice.rules import advise, apply_fix
+from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.nodes.checks import CheckReport, consistency
 from qwen_tui.nodes.probe import facts_from_json
 from qwen_tui.nodes.topology import (
     TopologyError, describe, intra_node_bus, node_intra_bus, p2p_risk, parse_p2p_matrix, parse_topo_matrix, with_p2p,
 )
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "topo"
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
@@ -287,9 +287,9 @@ def test_codes_are_documented():
 
 
 def test_the_estimator_takes_the_slowest_nodes_probed_bus_inside_a_node():
-    from qwen_tui.advice_core import make_context
-    from qwen_tui.facts import ClusterFacts
-    from qwen_tui.preset import Preset
+    from qwen_tui.advice.core import make_context
+    from qwen_tui.cluster.facts import ClusterFacts
+    from qwen_tui.preset.schema import Preset
 
     preset = Preset.model_validate({
         "cluster": {"nodes": [{"host": "a", "gpus": 8}, {"host": "b", "gpus": 8}]},

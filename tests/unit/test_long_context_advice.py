@@ -4,13 +4,13 @@ record of model_max_length does not fit a GPU (and what would)."""
 
 import pytest
 
-from qwen_tui.advice import advise, apply_fix
-from qwen_tui.estimate import GPUS
-from qwen_tui.longcontext import (LONG_ROW_TOKENS, TILE_FROM_TOKENS, heads_problem, longest_record, row_memory,
+from qwen_tui.advice.rules import advise, apply_fix
+from qwen_tui.plan.estimate import GPUS
+from qwen_tui.plan.longcontext import (LONG_ROW_TOKENS, TILE_FROM_TOKENS, heads_problem, longest_record, row_memory,
                                   sequence_parallel_problem)
-from qwen_tui.modelspec import known_spec
-from qwen_tui.plan import worker_args
-from qwen_tui.preset import Preset, PresetError, parse_preset
+from qwen_tui.model.spec import known_spec
+from qwen_tui.plan.launch import worker_args
+from qwen_tui.preset.schema import Preset, PresetError, parse_preset
 
 H200 = GPUS["H200"].memory_gib
 
@@ -125,7 +125,7 @@ def test_a_local_checkpoints_heads_and_packing_off_are_advised(tmp_path):
 
 
 def test_the_data_preview_names_the_records_a_gpu_cannot_train():
-    from qwen_tui.datapreview import build_report, preview_command, summary_lines
+    from qwen_tui.advice.datapreview import build_report, preview_command, summary_lines
 
     p = preset(model_max_length=524288)
     counts = {"data": "d.jsonl", "model": "m", "model_max_length": 524288, "records": 100, "usable": 100,
@@ -151,7 +151,7 @@ def test_the_data_preview_names_the_records_a_gpu_cannot_train():
 
 
 def test_the_estimate_reports_the_long_row_memory_and_limit():
-    from qwen_tui.estimate_report import build_report
+    from qwen_tui.advice.report import build_report
 
     p = preset(model_max_length=131072)
     lc = build_report(p, None, gpu="H200")["long_context"]

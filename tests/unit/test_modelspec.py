@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from qwen_tui.modelspec import KNOWN, UnknownModel, known_spec, resolve_model, spec_from_config
+from qwen_tui.model.spec import KNOWN, UnknownModel, known_spec, resolve_model, spec_from_config
 
 # Counted by transformers on the H200 (../shared/fixtures/README.md).
 FIXTURE_COUNTS = {

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.advice import advise
-from qwen_tui.cli import main
-from qwen_tui.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
-from qwen_tui.modelspec import KNOWN_MOE, UnknownModel, known_hub_ids, resolve_model, spec_from_config
-from qwen_tui.preset import Preset
+from qwen_tui.advice.rules import advise
+from qwen_tui.cli.main import main
+from qwen_tui.plan.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
+from qwen_tui.model.spec import KNOWN_MOE, UnknownModel, known_hub_ids, resolve_model, spec_from_config
+from qwen_tui.preset.schema import Preset
 
 REPO = Path(__file__).resolve().parents[2]
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]

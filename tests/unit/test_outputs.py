@@ -1,4 +1,4 @@
-"""Where each node keeps checkpoints and the final model, and whether it has room (qwen_tui/outputs.py), as
+"""Where each node keeps checkpoints and the final model, and whether it has room (qwen_tui/plan/outputs.py), as
 `check` reports it and the plan summary shows it."""
 
 import io
@@ -6,12 +6,12 @@ import textwrap
 
 from rich.console import Console
 
-from qwen_tui import outputs
-from qwen_tui.facts import ClusterFacts, NodeFacts
-from qwen_tui.modelspec import resolve_model
+from qwen_tui.plan import outputs
+from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
+from qwen_tui.model.spec import resolve_model
 from qwen_tui.nodes.checks import output_findings
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import parse_preset
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import parse_preset
 from qwen_tui.run.live import print_plan
 
 GiB = 2 ** 30

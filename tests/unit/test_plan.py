@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from qwen_tui.facts import GPU, ClusterFacts, NodeFacts
-from qwen_tui.plan import make_plan, worker_args
-from qwen_tui.preset import parse_preset
+from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
+from qwen_tui.plan.launch import make_plan, worker_args
+from qwen_tui.preset.schema import parse_preset
 
 FOUR = textwrap.dedent("""\
     version: 1
@@ -115,7 +115,7 @@ def test_plan_is_pure_and_repeatable():
     a = make_plan(p, run_id="same", local_run_dir="/r")
     b = make_plan(p, run_id="same", local_run_dir="/r")
     assert a == b
-    from qwen_tui.plan import LaunchPlan
+    from qwen_tui.plan.launch import LaunchPlan
     assert LaunchPlan.from_dict(a.to_dict()) == a
 
 
@@ -203,7 +203,7 @@ def test_remote_logs_live_under_the_workdir_and_the_worker_writes_metrics_there(
 def test_report_to_reaches_the_worker_which_reads_the_monitors_series_beside_its_metrics(monkeypatch):
     """training.report_to (HF's spellings) -> --report_to; the worker's --node_gpu_file default is where qwen-tui
     appends the monitor's series (beside metrics.jsonl on the master), for a remote master too."""
-    from qwen_tui.preset import PresetError
+    from qwen_tui.preset.schema import PresetError
     from qwen_tui.run.gpuseries import series_path
     from training.args import parse_args
 

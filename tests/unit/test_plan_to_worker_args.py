@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.modelspec import resolve_model
-from qwen_tui.plan import make_plan
-from qwen_tui.preset import Preset, load_preset
+from qwen_tui.model.spec import resolve_model
+from qwen_tui.plan.launch import make_plan
+from qwen_tui.preset.schema import Preset, load_preset
 from training import dsconfig
 from training.args import parse_args
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.preset import PresetError, dump_preset, load_preset, parse_preset, save_preset
+from qwen_tui.preset.schema import PresetError, dump_preset, load_preset, parse_preset, save_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 

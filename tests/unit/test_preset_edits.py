@@ -4,7 +4,7 @@ original is never changed; fields left unset stay unset. And Preset.batch_formul
 
 import pytest
 
-from qwen_tui.preset import FieldError, Preset, PresetError
+from qwen_tui.preset.schema import FieldError, Preset, PresetError
 
 
 def preset(**cluster) -> Preset:

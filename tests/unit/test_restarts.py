@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_tui.cli import main
-from qwen_tui.plan import make_plan, worker_args
-from qwen_tui.preset import Preset, PresetError, parse_preset
+from qwen_tui.cli.main import main
+from qwen_tui.plan.launch import make_plan, worker_args
+from qwen_tui.preset.schema import Preset, PresetError, parse_preset
 from qwen_tui.run.attempts import (BatchFit, RestartRefused, attempt_note, common_checkpoint, recovery_notes,
                                    refit_batch, why_not_restart, without_nodes)
 

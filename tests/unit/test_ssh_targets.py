@@ -5,7 +5,7 @@ import pytest
 
 from qwen_tui.nodes.connect import MAX_JUMPS, resolve_target
 from qwen_tui.nodes.transport import TransportError
-from qwen_tui.preset import Preset
+from qwen_tui.preset.schema import Preset
 
 CONFIG = """\
 Host gpu2

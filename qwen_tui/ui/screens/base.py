@@ -16,7 +16,7 @@ from textual.widgets._footer import FooterKey
 from textual.worker import Worker, WorkerState
 
 from ...nodes.results import NodeResults
-from ...wizard_state import STEPS, WizardState
+from ...wizard.state import STEPS, WizardState
 from ..messages import StateChanged
 from ..widgets.stepper import Stepper
 from ..wizard import Wizard

@@ -21,7 +21,7 @@ from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
-from ...wizard_state import BAD, MARKS, WARN, finding_line
+from ...wizard.state import BAD, MARKS, WARN, finding_line
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
 
@@ -118,7 +118,7 @@ class NetworkScreen(StepScreen):
         self.change(path, value)
 
     def show_field_errors(self, errors, changes) -> None:
-        from ...field_words import plain
+        from ...base.field_words import plain
 
         labels = {"network.master_port": "master port", "network.interface": "interface",
                   "network.rdzv_timeout": "rendezvous timeout", "network.backend": "backend"}

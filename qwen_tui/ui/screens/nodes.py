@@ -14,12 +14,12 @@ from textual.widgets import DataTable, Label, Static
 
 from ...nodes import hostlists
 from ...nodes.sshconfig import ssh_config_import_text
-from ...preset import PresetError
+from ...preset.schema import PresetError
 from ...run import api
 from ..messages import ActionDone, ChangePreset, NodeProgress
-from ...field_words import plain
+from ...base.field_words import plain
 from ..modals import Choose, Confirm, Form, ImportNodes, Notice
-from ...wizard_state import MARKS, connection_fix, finding_line
+from ...wizard.state import MARKS, connection_fix, finding_line
 from .base import StepScreen
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),

@@ -15,12 +15,12 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static, TabbedContent, TabPane
 
-from ...atomic import write_text_atomic
-from ...plan import LaunchPlan, make_plan
-from ...preset import dump_preset
-from ...redact import shown_env
+from ...base.atomic import write_text_atomic
+from ...plan.launch import LaunchPlan, make_plan
+from ...preset.schema import dump_preset
+from ...base.redact import shown_env
 from ..modals import Form, Notice
-from ...wizard_state import BAD, OK, STEPS, TITLES, TODO, WARN, step_of
+from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, step_of
 from .base import StepScreen
 
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, Label, Static
 from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import PasswordPrompt
-from ...wizard_state import connection_fix
+from ...wizard.state import connection_fix
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
 

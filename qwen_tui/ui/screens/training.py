@@ -3,7 +3,7 @@ change goes through the App (pydantic validates; a bad value shows its error und
 its input) and the panel recomputes: effective batch and its formula, memory per
 GPU against the smallest GPU, step time, tokens/s, scaling, and the advice list
 whose fixes apply with one key (F8 the first, Enter the highlighted one). F9 previews
-the data (qwen_tui.datapreview, in a thread worker: the master tokenizes it)."""
+the data (qwen_tui.advice.datapreview, in a thread worker: the master tokenizes it)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from textual.widgets import Input, Label, OptionList, Select, Static
 
 import os
 
-from ...advice import Advice
-from ...estimate import GPUS
-from ...estimate_report import NODES_WORTH_LIMIT
-from ...modelspec import known_hub_ids
-from ...field_words import plain
+from ...advice.rules import Advice
+from ...plan.estimate import GPUS
+from ...advice.report import NODES_WORTH_LIMIT
+from ...model.spec import known_hub_ids
+from ...base.field_words import plain
 from ..messages import ActionDone, ChangePreset
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
@@ -284,7 +284,7 @@ class TrainingScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data-preview")
     def _preview_data(self, preset, transport, facts) -> None:
-        from ...datapreview import DataPreviewError, preview
+        from ...advice.datapreview import DataPreviewError, preview
 
         try:
             report = preview(preset, transport, facts, base_dir=self.wizard.base_dir,

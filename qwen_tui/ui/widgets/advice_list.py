@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from ...advice import Advice
+from ...advice.rules import Advice
 
 _STYLE = {"error": ("✘", "bold red"), "warning": ("!", "yellow"), "info": ("i", "cyan")}
 

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ...facts import ClusterFacts
+from ...cluster.facts import ClusterFacts
 from .bars import bar
 
 LINE_GBPS = 10.0

@@ -1,5 +1,5 @@
 """The Training step's data preview: records, token lengths as bars, the supervised share and the time per
-epoch, from qwen_tui.datapreview (run by the screen in a worker; this widget only draws what it is given)."""
+epoch, from qwen_tui.advice.datapreview (run by the screen in a worker; this widget only draws what it is given)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from ...datapreview import histogram_lines, summary_lines
+from ...advice.datapreview import histogram_lines, summary_lines
 
 HINT = "F9 previews the data: tokenized on the master with the model's own chat template, as the worker will"
 BINS = 8

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
-from ...wizard_state import BAD, LIVE, OK, STEPS, TITLES, WARN
+from ...wizard.state import BAD, LIVE, OK, STEPS, TITLES, WARN
 
 _MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), BAD: ("✘", "bold red"), LIVE: ("▶", "cyan")}
 SHORT = {"nodes": "Nodes", "ssh": "SSH", "network": "Net", "training": "Train", "review": "Review", "run": "Run"}

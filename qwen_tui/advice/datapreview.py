@@ -1,0 +1,228 @@
+"""The data preview: what the worker will make of a preset's data, and how long an epoch will take.
+
+The counting (the model's own tokenizer and chat template, through the worker's
+encoder) runs on the master node as `python -m training.datapreview`, with the
+worker's own flags from the plan: this process never imports torch or
+transformers, and a remote master previews its own copy of the data. Here the
+counts meet the estimate's tokens/s (qwen_tui.plan.estimate) to give the time per
+epoch and per run, and the rules that warn about the data.
+
+`--json` keys (stable): records, usable, dropped, truncated, tokens,
+supervised_tokens, length_percentiles {p50, p90, p99, max}, tokens_per_epoch,
+epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch,
+total_steps, padding_waste, tokens_per_second, run_seconds, advice; where the GPU and the model are known,
+longest_trainable (the longest record one GPU trains, qwen_tui.plan.longcontext) and longer_than (the records past it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+from .rules import Advice, Fix, make_context
+from ..plan.estimate_comm import MEASURE_HINT
+from ..cluster.facts import ClusterFacts
+from ..plan.longcontext import LONG_ROW_TOKENS, longest_record
+from ..nodes.json_tool import run_json_tool
+from ..nodes.transport import Transport
+from ..plan.launch import make_plan
+from ..preset.schema import Preset
+
+TRUNCATED_MAX = 0.01  # of the records: more than this truncated is warned about
+WASTE_MAX = 0.20  # of the tokens a step computes: more padding than this is warned about
+DEFAULT_TIMEOUT_S = 900.0  # tokenizing a large data set on the master takes a while; still bounded
+
+
+class DataPreviewError(RuntimeError):
+    """The preview could not run or the worker's code refused the data (the message names what)."""
+
+
+def preview_command(preset: Preset, *, base_dir: str = ".", local_python: Optional[str] = None,
+                    bins: int = 16, longer_than: Optional[int] = None) -> tuple[list[str], str]:
+    """(argv, cwd) of the preview on the master: its python and workdir, the worker's flags from the plan."""
+    plan = make_plan(preset, run_id="data-preview", local_run_dir=os.path.join(base_dir, ".data-preview"),
+                     base_dir=base_dir, local_python=local_python or sys.executable)
+    master = plan.nodes[0]
+    at = master.argv.index("training.finetune")
+    device = "cpu" if preset.training.device == "cpu" else "cuda"
+    argv = [master.argv[0], "-m", "training.datapreview", "--world_size", str(plan.world_size),
+            "--device", device, "--bins", str(bins)]
+    if longer_than:
+        argv += ["--longer_than", str(longer_than)]
+    argv += ["--", *master.argv[at + 1:]]
+    return argv, master.workdir
+
+
+def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: Optional[str] = None,
+               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16, longer_than: Optional[int] = None) -> dict[str, Any]:
+    """The worker-side counts (training.datapreview's JSON), run on the master through `transport`."""
+    argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins,
+                                longer_than=longer_than)
+    return run_json_tool(transport, argv, cwd=cwd, timeout=timeout, what="data preview", error=DataPreviewError)
+
+
+def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
+                      bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
+                      base_dir: Optional[str] = None) -> tuple[Optional[float], str]:
+    """The estimate's tokens/s for this preset and where it comes from, or (None, why not)."""
+    c = make_context(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
+    if c.cpu:
+        return None, "no speed estimate for CPU processes (the estimate models GPUs)"
+    if c.spec is None:
+        return None, f"no speed estimate: {c.spec_error}"
+    if c.gpu is None:
+        return None, "no speed estimate: GPU type unknown (pass --gpu, or probe the nodes)"
+    if not c.speed_known:
+        return None, "no speed estimate: link between nodes not measured (" + MEASURE_HINT + ")"
+    step = c.step_here()
+    where = f", {c.bandwidth.source} bandwidth between nodes" if c.nodes > 1 else ""
+    return step.tokens_per_second, f"estimate on {c.gpu.name} GPUs{where}"
+
+
+def trainable_limit(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
+                    base_dir: Optional[str] = None) -> tuple[Optional[int], str]:
+    """The longest record one GPU trains for this preset (qwen_tui.plan.longcontext) and on which GPU, or (None, why
+    not): it needs the model's shape and the GPU's memory."""
+    c = make_context(preset, facts, gpu=gpu, base_dir=base_dir)
+    if c.cpu or c.spec is None or c.gpu_memory_gib is None:
+        return None, "no GPU memory or model shape to estimate from"
+    return longest_record(c.spec, preset.training, preset.world_size, c.gpu_memory_gib), c.gpu_memory_where
+
+
+def build_report(counts: dict[str, Any], preset: Preset, tps: Optional[float], tps_source: str = "",
+                 limit: Optional[int] = None, limit_where: str = "") -> dict[str, Any]:
+    """The counts with the timing (tokens per epoch at `tps`, stretched by the padding the batches carry), the
+    longest record a GPU trains (`limit`, on `limit_where`) and the advice about the data."""
+    r = dict(counts)
+    r["longest_trainable"] = limit
+    r["longest_trainable_where"] = limit_where if limit is not None else None
+    r["supervised_share"] = round(r["supervised_tokens"] / r["tokens"], 4) if r["tokens"] else 0.0
+    r["tokens_per_second"] = round(tps, 1) if tps else None
+    r["tokens_per_second_source"] = tps_source
+    waste = r.get("padding_waste") or 0.0
+    if tps and r["steps_per_epoch"]:
+        # The estimate's tokens/s are real tokens of full rows; padding is computed too, so it stretches the epoch.
+        r["epoch_seconds"] = round(r["tokens_per_epoch"] / (tps * (1 - min(waste, 0.99))), 1)
+        r["run_seconds"] = round(r["epoch_seconds"] * r["total_steps"] / r["steps_per_epoch"], 1)
+    else:
+        r["epoch_seconds"] = r["run_seconds"] = None
+    r["advice"] = [a.to_dict() for a in data_advice(r, preset)]
+    return r
+
+
+def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
+    out: list[Advice] = []
+    t = preset.training
+    if r["usable"] and r["steps_per_epoch"] == 0:
+        out.append(Advice("error", "DATA_TOO_SMALL",
+                          f"{r['usable']} usable records, fewer than one global batch of {r['global_batch_size']}: "
+                          "the worker would stop before training",
+                          Fix("lower the micro-batch", {"training.per_device_train_batch_size": 1,
+                                                        "training.gradient_accumulation_steps": 1})))
+    if r["records"] and r["truncated"] / r["records"] > TRUNCATED_MAX:
+        p99 = r["length_percentiles"]["p99"]
+        out.append(Advice("warning", "DATA_TRUNCATED",
+                          f"{r['truncated']} of {r['records']} records ({r['truncated'] / r['records']:.1%}) are longer "
+                          f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens",
+                          Fix(f"raise model_max_length to the p99 ({p99})", {"training.model_max_length": p99})
+                          if p99 > t.model_max_length else None))
+    if r["dropped"]:
+        out.append(Advice("warning", "DATA_DROPPED",
+                          f"{r['dropped']} record(s) have no assistant token left after the cut and are skipped",
+                          Fix(f"raise model_max_length to {r['length_percentiles']['max']}",
+                              {"training.model_max_length": r["length_percentiles"]["max"]})))
+    over = r.get("longer_than")
+    if over and over["records"]:
+        n, lim = over["records"], over["tokens"]
+        sp = t.sequence_parallel_size
+        where = r.get("longest_trainable_where") or "the GPU"
+        out.append(Advice("error", "DATA_TOO_LONG_FOR_GPU",
+                          f"{n} record(s) are longer than the {lim:,} tokens one GPU trains ({where}"
+                          f"{f', {sp} GPUs a row' if sp > 1 else ''}); the longest has {over['longest']:,}: its row "
+                          "would run out of memory",
+                          Fix(f"model_max_length {lim:,} (cuts them)", {"training.model_max_length": lim},
+                              hint="or spread each row over more GPUs: training.sequence_parallel_size")))
+    waste = r.get("padding_waste")
+    if waste is not None and waste > WASTE_MAX:
+        if r.get("packing"):
+            fix = Fix("fewer, fuller rows", hint="the steps are too small to fill the packed rows: raise "
+                      "gradient_accumulation_steps or lower per_device_train_batch_size")
+        else:
+            fix = Fix("pack the records", hint="drop --no_packing from training.extra_args")
+        out.append(Advice("warning", "DATA_PADDING",
+                          f"{waste:.0%} of the tokens each step computes would be padding "
+                          f"({'packed rows' if r.get('packing') else 'micro-batches padded to their longest record'})",
+                          fix))
+    return out
+
+
+def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str = ".",
+            gpu: Optional[str] = None, bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
+            tokens_per_second_override: Optional[float] = None, timeout: float = DEFAULT_TIMEOUT_S,
+            local_python: Optional[str] = None, bins: int = 16) -> dict[str, Any]:
+    """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
+    limit, limit_where = trainable_limit(preset, facts, gpu=gpu, base_dir=base_dir)
+    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins,
+                        longer_than=limit)
+    if tokens_per_second_override:
+        tps, source = tokens_per_second_override, "as given"
+    else:
+        tps, source = tokens_per_second(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency,
+                                        base_dir=base_dir)
+    return build_report(counts, preset, tps, source, limit, limit_where)
+
+
+# ------------------------------------------------------------------ text (CLI and the wizard's panel)
+
+def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: Optional[int] = None) -> list[str]:
+    """One bar per bin, scaled to the fullest; bins past `max_length` (cut by the worker) are marked."""
+    edges, counts = hist["edges"], hist["counts"]
+    top = max(counts) or 1
+    label_w = len(f"{edges[-2]}-{edges[-1] - 1}")
+    out = []
+    for i, n in enumerate(counts):
+        lo, hi = edges[i], edges[i + 1] - 1
+        bar = "█" * round(n / top * width) if n else ""
+        if n and not bar:
+            bar = "▏"
+        cut = "  (cut)" if max_length is not None and hi > max_length and n else ""
+        out.append(f"{f'{lo}-{hi}':>{label_w}} │{bar:<{width}} {n}{cut}")
+    return out
+
+
+def _duration(s: Optional[float]) -> str:
+    if s is None:
+        return "?"
+    s = int(round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def summary_lines(r: dict[str, Any]) -> list[str]:
+    """The report as plain text lines (no markup)."""
+    p = r["length_percentiles"]
+    lines = [
+        f"records {r['records']:,}: {r['usable']:,} usable, {r['dropped']:,} dropped, {r['truncated']:,} truncated "
+        f"(model_max_length {r['model_max_length']:,})",
+        f"tokens {r['tokens']:,}, {r['supervised_tokens']:,} supervised ({r['supervised_share']:.1%})",
+        f"length p50 {p['p50']:,}  p90 {p['p90']:,}  p99 {p['p99']:,}  max {p['max']:,}",
+        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} records, {r['tokens_per_epoch']:,} tokens; "
+        f"run: {r['total_steps']:,} steps",
+    ]
+    waste = r.get("padding_waste")
+    if waste is not None:
+        lines.append(f"padding {waste:.1%} of computed tokens ({'packed rows' if r.get('packing') else 'padded batches'})")
+    over, lim = r.get("longer_than"), r.get("longest_trainable")
+    if lim is not None and over and (over["records"] or over["longest"] >= LONG_ROW_TOKENS):
+        lines.append(f"longest record one GPU trains: {lim:,} tokens ({r['longest_trainable_where']}); "
+                     f"{over['records']:,} longer, the longest has {over['longest']:,}")
+    if r["epoch_seconds"] is not None:
+        lines.append(f"time: {_duration(r['epoch_seconds'])} an epoch, {_duration(r['run_seconds'])} the run at "
+                     f"{r['tokens_per_second']:,.0f} tokens/s ({r['tokens_per_second_source']})")
+    else:
+        lines.append(f"time: unknown ({r['tokens_per_second_source'] or 'no tokens/s'})")
+    return lines

@@ -1,0 +1,85 @@
+"""`qwen-tui data PRESET [--json]`: the data preview (records, lengths, supervised share, time per epoch).
+
+The counting runs on the master node (`python -m training.datapreview`, the
+worker's tokenizer, chat template and encoder); this process imports no torch.
+JSON keys: see qwen_tui.advice.datapreview.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .estimate import gpu_name
+from ..advice.datapreview import DEFAULT_TIMEOUT_S, DataPreviewError, histogram_lines, preview, summary_lines
+from ..plan.estimate import GPUS
+from ..cluster.facts import ClusterFacts
+from ..preset.schema import load_preset
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("data", help="preview a preset's data: records, token lengths, supervised share, "
+                              "time per epoch (tokenized on the master, as the worker does)")
+    p.add_argument("preset", help="a preset YAML file")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys in qwen_tui/advice/datapreview.py)")
+    p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check, for the speed estimate")
+    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
+                   help="GPU model for the speed estimate when there are no facts (any case: h100 is H100)")
+    p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s, for the speed estimate")
+    p.add_argument("--tokens-per-second", type=float, default=None,
+                   help="the run's real speed (all GPUs together), when you know it better than the estimate")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds the preview may take on the master (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--accept-new-host-keys", action="store_true", help="trust a remote master's new host key")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..nodes.connect import transport_for
+    from ..nodes.transport import TransportError
+
+    preset = load_preset(args.preset)
+    facts = None
+    if args.facts:
+        try:
+            with open(args.facts, encoding="utf-8") as f:
+                facts = ClusterFacts.from_dict(json.load(f))
+        except (OSError, ValueError, TypeError) as e:
+            print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
+            return 2
+    master = preset.cluster.nodes[0]
+    try:
+        transport = transport_for(master, preset, accept_new_host_keys=args.accept_new_host_keys)
+    except TransportError as e:
+        print(f"qwen-tui: node 0 ({master.label}): {e}", file=sys.stderr)
+        return 1
+    try:
+        report = preview(preset, transport, facts, base_dir=os.getcwd(), gpu=args.gpu,
+                         bandwidth_gbps=args.bandwidth_gbps, tokens_per_second_override=args.tokens_per_second,
+                         timeout=args.timeout)
+    except DataPreviewError as e:
+        print(f"qwen-tui: {e}", file=sys.stderr)
+        return 1
+    finally:
+        transport.close()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{args.preset}: {report['data']} with {report['model']}")
+    for line in summary_lines(report):
+        print("  " + line)
+    if report["epoch_seconds"] is None and report["steps_per_epoch"]:
+        print("  (--tokens-per-second gives the time per epoch at a speed you know)")
+    print("token lengths (whole records, before the cut):")
+    for line in histogram_lines(report["histogram"], max_length=report["model_max_length"]):
+        print("  " + line)
+    for a in report["advice"]:
+        fix = a["fix"]
+        how = f"  -> {fix['label']}" + (f"; {fix['hint']}" if fix and fix["hint"] else "") if fix else ""
+        print(f"{a['level']:7s} {a['code']}: {a['message']}{how}")
+    return 0

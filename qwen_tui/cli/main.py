@@ -1,0 +1,345 @@
+"""qwen-tui's command line. No arguments (or a preset path) opens the wizard; the
+subcommands do the same work headless."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .. import __version__
+from ..base.logsetup import configure as configure_logging
+from ..preset.schema import Preset, PresetError, load_preset
+from ..preset.shipped import shipped_preset
+from ..run.rundir import RunDirError
+from . import after, check, data, estimate
+
+DEMO_PRESET = shipped_preset("local-demo.yaml")
+RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
+VERBOSE_HELP = "log what qwen-tui does (-vv: debug, SSH included); a run directory gets the log as qwen-tui.log"
+# shtab's completion hint for a preset argument: files ending in .yaml or .yml
+PRESET_FILES = {"bash": "_shtab_compgen_files", "zsh": "_files -g '*.y(a|)ml'"}
+
+
+def _err(msg: str) -> None:
+    print(f"qwen-tui: {msg}", file=sys.stderr)
+
+
+def _load(path: str) -> Preset:
+    return load_preset(path)
+
+
+# ------------------------------------------------------------------ commands
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..run.live import prepare_and_launch
+
+    return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
+                              accept_new_host_keys=args.accept_new_host_keys, force=args.force,
+                              skip_checks=args.skip_checks, max_seconds=args.max_seconds,
+                              exclude_failed=args.exclude_failed, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ..run.live import prepare_and_launch
+
+    if not DEMO_PRESET.exists():
+        _err(f"the demo preset {DEMO_PRESET} is missing: reinstall qwen-tui (pip install qwen-tui) or run from "
+             "a source checkout")
+        return 2
+    return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
+                              accept_new_host_keys=False, force=False, skip_checks=False,
+                              max_seconds=args.max_seconds, verbose=args.verbose > 0,
+                              overwrite_output=args.overwrite_output)
+
+
+def _runs_root(args: argparse.Namespace) -> Path:
+    from ..run.rundir import default_runs_root
+
+    return Path(args.runs_dir).absolute() if getattr(args, "runs_dir", None) else default_runs_root()
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from ..run.runs import RunNotFound, resolve_run
+    from ..run.live import attach
+
+    try:
+        path = resolve_run(args.run, _runs_root(args))
+    except RunNotFound as e:
+        _err(str(e))
+        return 2
+    return attach(str(path), accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """One line per run: id, preset, state, nodes, start time, last loss (newest last, as `ls -tr`)."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..run.runs import list_runs
+
+    root = _runs_root(args)
+    runs = list_runs(root)
+    if args.json:
+        json.dump([r.to_dict() for r in runs], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not runs:
+        print(f"no runs in {root}")
+        return 0
+    width = shutil.get_terminal_size().columns
+    # The run id is what `attach` needs: it is never cut or wrapped; the other columns give way to it,
+    # the least needed first, so the table fits the terminal rather than forcing one of 120 columns.
+    cols = ["run", "state", "step", "last loss", "preset", "started", "nodes"]
+    rows = []
+    for r in runs:
+        nodes = f"{len(r.nodes)}: " + ", ".join(r.nodes[:3]) + (" ..." if len(r.nodes) > 3 else "")
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
+        state = r.state if r.attempt == 1 else f"{r.state} (attempt {r.attempt})"
+        rows.append({"run": r.run_id, "preset": str(r.preset or "-"), "state": state, "nodes": nodes, "started": started,
+                     "step": "-" if r.step is None else str(r.step),
+                     "last loss": "-" if r.last_loss is None else f"{r.last_loss:.4f}"})
+
+    def need(names: list[str]) -> int:  # the table's width with these columns unwrapped (borders, padding)
+        return 1 + sum(max(len(c), *(len(row[c]) for row in rows)) + 3 for c in names)
+
+    shown = [c for c in cols if c in ("run", "state")]
+    for c in cols[2:]:
+        if need(shown + [c]) <= width:
+            shown.append(c)
+    shown = [c for c in ("run", "preset", "state", "nodes", "started", "step", "last loss") if c in shown]
+    t = Table(title=f"runs in {root}", title_justify="left")
+    for col in shown:
+        t.add_column(col, justify="right" if col in ("step", "last loss") else "left", no_wrap=col == "run",
+                     min_width=len(max((row[col] for row in rows), key=len)) if col == "run" else None)
+    for row in rows:
+        t.add_row(*(row[c] for c in shown))
+    Console(width=max(width, need(["run"]))).print(t)
+    hidden = [c for c in cols if c not in shown]
+    if hidden:
+        print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..plan.launch import make_plan
+    from ..run.export import render
+    from ..run.rundir import new_run_id
+
+    preset = _load(args.preset)
+    run_id = new_run_id(preset.name or Path(args.preset).stem)
+    plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
+    files = render(plan, args.format)
+    out = Path(args.output) if args.output else None
+    if out is None:
+        if len(files) == 1:
+            sys.stdout.write(next(iter(files.values())))
+            return 0
+        out = Path(f"{Path(args.preset).stem}-{args.format}")
+    # Path() drops a trailing slash: "-o dir/" asks for a directory, so look at the argument
+    if len(files) > 1 or out.is_dir() or (args.output or "").endswith(os.sep):
+        if out.exists() and not out.is_dir():
+            _err(f"{out}: exists and is not a directory (the {args.format} format writes "
+                 f"{len(files)} files into a directory)")
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        targets = {out / name: text for name, text in files.items()}
+    else:
+        targets = {out: next(iter(files.values()))}
+    from ..base.atomic import write_text_atomic
+
+    for path, text in targets.items():
+        write_text_atomic(path, text, mode=0o755)
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print the validated preset as YAML with every field, defaults included (the saved form leaves them out)."""
+    import yaml
+
+    preset = _load(args.preset)
+    shown = {"version": preset.version, **preset.model_dump(mode="json")}
+    sys.stdout.write(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True, default_flow_style=False))
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Prints the shell completion script (shtab renders it from this very parser)."""
+    try:
+        import shtab
+    except ImportError:
+        _err("shell completion needs the shtab package: pip install shtab")
+        return 1
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
+def cmd_tui(preset: Optional[str]) -> int:
+    try:
+        from ..ui.app import run_app
+    except ImportError as e:
+        _err(f"the wizard cannot start: {e}")
+        return 1
+    return run_app(preset)
+
+
+# ------------------------------------------------------------------ parser
+
+# What `qwen-tui COMMAND --help` ends with: one line a user can copy.
+EXAMPLES = {
+    "replay": "qwen-tui replay presets/local-demo.yaml   (--dry-run prints each node's command first)",
+    "demo": "qwen-tui demo   (the tiny model on two local 'nodes', a few minutes on a laptop's CPU)",
+    "attach": "qwen-tui attach last   (or a run id from `qwen-tui runs`, or runs/<id>; --stop stops it)",
+    "runs": "qwen-tui runs --json",
+    "export": "qwen-tui export presets/qwen2.5-7b-lora-2node-zero2.yaml --format slurm -o train.sbatch",
+    "show": "qwen-tui show presets/local-demo.yaml",
+    "check": "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --bandwidth-seconds 5 --out facts.json",
+    "keys": "qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml --accept-new-host-keys",
+    "estimate": "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100 --nic-gbps 400 --nics 8",
+    "data": "qwen-tui data presets/local-demo.yaml",
+    "merge": "qwen-tui merge runs/<id>",
+    "chat": "qwen-tui chat runs/<id> --prompt 'What is the capital of Chile?'",
+    "completion": 'eval "$(qwen-tui completion bash)"',
+}
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qwen-tui",
+        description="Set up, check, launch and watch multi-node fine-tuning of Qwen models. "
+                    "With no command (or with a preset path) it opens the wizard.",
+    )
+    p.add_argument("--version", action="version", version=f"qwen-tui {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def launch_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--dry-run", action="store_true", help="print each node's command and environment; launch nothing")
+        sp.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+        sp.add_argument("--max-seconds", type=float, default=None, help="stop the run if it has not finished by then")
+        sp.add_argument("--overwrite-output", action="store_true",
+                        help="launch although training.output_dir holds another run's checkpoints or model (they "
+                             "stay, except files the new run writes under the same names)")
+
+    r = sub.add_parser("replay", help="run a preset headless: checks, plan, launch, live view",
+                       description="Run a preset headless: checks, plan, launch, live view. In the live view Ctrl-C "
+                       "stops the run on every node; d (or Ctrl-\\) detaches and leaves it running "
+                       "(qwen-tui attach finds it again).")
+    r.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
+    launch_opts(r)
+    r.add_argument("--accept-new-host-keys", action="store_true", help="trust and record host keys seen for the first time")
+    r.add_argument("--force", action="store_true", help="launch although the checks found errors")
+    r.add_argument("--skip-checks", action="store_true", help="launch without running the checks first")
+    r.add_argument("--exclude-failed", action="store_true",
+                   help="with training.restarts, relaunch without the node that failed, keeping the global batch "
+                        "(as training.exclude_failed: true)")
+    r.set_defaults(func=cmd_replay)
+
+    d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)")
+    launch_opts(d)
+    d.set_defaults(func=cmd_demo)
+
+    a = sub.add_parser("attach", help="watch (or stop) a run started earlier: a run id, 'last', or its directory",
+                       description="Watch (or stop) a run started earlier. Ctrl-C, d or Ctrl-\\ detach: the run goes "
+                       "on (--stop stops it). With training.restarts, a failed attempt "
+                       "is relaunched by the replay or wizard that launched the run; when that one is gone (killed, or the "
+                       "wizard quit), attach relaunches it and follows it to the end.")
+    a.add_argument("run", metavar="RUN", help="a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' "
+                   "for the newest run, or a run directory")
+    a.add_argument("--stop", action="store_true", help="stop every node of that run")
+    a.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust and record host keys seen for the first time")
+    a.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    a.set_defaults(func=cmd_attach)
+
+    ls = sub.add_parser("runs", help="list the runs: id, preset, state, nodes, start time, last loss")
+    ls.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.set_defaults(func=cmd_runs)
+
+    e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
+    e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
+    e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh",
+                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node (default: sh)")
+    e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
+    e.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("show", help="print a preset with every default filled in")
+    s.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
+    s.set_defaults(func=cmd_show)
+
+    for command in (check, estimate, data, after):
+        command.add_parser(sub)
+
+    c = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc;\nzsh: "
+                       "qwen-tui completion zsh > ~/.zfunc/_qwen-tui (a directory on $fpath), then compinit")
+    c.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+    c.set_defaults(func=cmd_completion)
+
+    for name, sp in sub.choices.items():  # -v also after the command: `qwen-tui replay x.yaml -v`
+        if name in EXAMPLES and not sp.epilog:  # kept as written: a wrapped example cannot be copied
+            sp.formatter_class = argparse.RawDescriptionHelpFormatter
+            sp.epilog = "example:\n  " + EXAMPLES[name]
+        if name != "completion":
+            sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+        for action in sp._actions:  # every preset argument completes .yaml files
+            if action.dest == "preset" and not hasattr(action, "complete"):
+                action.complete = PRESET_FILES
+    return p
+
+
+def _leading_verbosity(argv: list[str]) -> tuple[int, list[str]]:
+    """-v flags before anything else: `qwen-tui -v` and `qwen-tui -vv PRESET` still open the wizard."""
+    n = 0
+    while argv and (argv[0] == "--verbose" or (len(argv[0]) > 1 and argv[0] == "-" + "v" * (len(argv[0]) - 1))):
+        n += 1 if argv[0] == "--verbose" else len(argv[0]) - 1
+        argv = argv[1:]
+    return n, argv
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    verbosity, rest = _leading_verbosity(list(argv))
+    if not rest or (len(rest) == 1 and not rest[0].startswith("-") and rest[0].endswith((".yaml", ".yml"))):
+        configure_logging(verbosity, stderr=False)  # the screen owns stderr; the run directory gets the log
+        return cmd_tui(rest[0] if rest else None)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    configure_logging(args.verbose)
+    try:
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's teardown
+        return rc
+    except KeyboardInterrupt:  # Ctrl-C where nothing runs yet (connecting, checking): no traceback
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `qwen-tui estimate --json | head`: the reader left; stop quietly as Unix tools do, and keep Python
+        # from failing again on the final flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the broken pipe
+    except PresetError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        _err(str(e))
+        return 2
+    except RunDirError as e:  # a run directory that is not one, or corrupt: the user's input, one line
+        _err(str(e))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,595 @@
+"""Memory per GPU, step time and scaling, from a model's shape alone (pure; no torch).
+
+Memory (`estimate_memory`)
+==========================
+Peak memory of one rank is the resident model states plus the largest of three
+moments of a training step, each a sum of tensors that are alive together:
+
+- loss backward (start of backward): every activation autograd saved, the
+  logits and loss tensors, and (mixed precision with fp32 weights) the bf16 copies
+  of the weights that autocast made and the matmuls saved;
+- layer recompute (gradient checkpointing only): the per-layer checkpoints, one
+  decoder layer's activations recomputed, and the gradients accumulated so far;
+- end of backward / optimizer step: all gradients, plus the embedding's gradient
+  while it is added into the tied lm_head gradient.
+
+Model states, in bytes per parameter (P all, Pt trainable, N = world size):
+
+- no ZeRO: weights in their dtype, gradients of the trainable ones (and DDP's
+  bucket copy of them when N > 1), AdamW m and v in the trainable dtype (fused
+  torch AdamW: 8 bytes fp32 or 4 bytes bf16 per parameter);
+- ZeRO-2 (DeepSpeed `estimate_zero2_model_states_mem_needs`): 2P bf16 weights +
+  18P/N (2 bf16 grads, 4 fp32 grads, 4 fp32 master, 8 Adam), offload: 2P. The
+  bucket buffers it leaves out are counted in the overhead;
+- ZeRO-3 (`estimate_zero3_model_states_mem_needs`): 4 x largest layer + 18P/N
+  (2 bf16 weight shard, 4 gradients, 12 fp32 master and Adam);
+  optimizer offload: 4 x largest + 2P/N; all offloaded: 4 x largest.
+  For LoRA the 18 bytes apply to Pt; frozen weights stay 2 bytes (ZeRO-3: 2/N).
+- Q-LoRA: projections in 4 bits (0.52 bytes/param: nf4 + double-quantized
+  absmax; GPTQ-Int4 with group 128 is the same within 1%), and
+  `prepare_model_for_kbit_training` casts the rest (embeddings, lm_head, norms)
+  to fp32.
+
+Activations, bytes per token per decoder layer (h hidden, q = heads x head_dim,
+k = kv_heads x head_dim, i intermediate, a = 2 for bf16/fp16 compute else 4,
+r = bytes of the residual stream: 4 when weights are fp32, else 2). Counted
+tensor by tensor from what PyTorch autograd saves in transformers' Qwen2 layer
+with sdpa attention (no attention matrix is stored):
+
+- full: 2 RMSNorms x (4h fp32 input + r*h normalised + a*h cast for the
+  projection) + a(q + 2k) rotated q, k and v + 2a*q (attention output, o_proj
+  input) + 4a*i (gate, SiLU, up, product);
+- LoRA (frozen base; a frozen matmul saves no input): 2 x 4h + a(q + 2k) + a*q +
+  3a*i, plus per adapted projection (1 + a) x in_features (dropout mask + the
+  input cast for lora_A; a alone without dropout); Q-LoRA adds the inputs that
+  bitsandbytes' 4-bit matmul saves, a(2h + q + i);
+- Qwen3's q/k norms add (4 + 2a)(q + k) (full) or 4(q + k) (LoRA);
+- gradient checkpointing (non-reentrant, per layer) keeps r*h per token per
+  layer and recomputes one layer at a time in backward.
+
+Logits and loss: transformers' causal-LM loss upcasts the logits to fp32 and
+log_softmax saves its fp32 output; its backward holds that output, the incoming
+gradient and its result together: 12 bytes x tokens x vocab (the bf16 logits held
+by the output are dropped before backward). The end of the forward holds 10 bytes
+x tokens x vocab.
+
+Overhead, on top of what torch allocates: the CUDA context (0.6 GiB), cuBLAS
+workspaces (0.0645 GiB, measured), NCCL buffers (0.5 GiB when N > 1), DeepSpeed's
+reduce/all-gather buckets (4.5x bucket size with overlap_comm, DeepSpeed's
+documentation), and allocator fragmentation: 10% of the step's transient tensors
+(measured reserved - allocated on the H200 ranged 2-30%).
+
+Checked against: DeepSpeed's own estimators (model states, exactly) in
+tests/unit/test_estimate.py, and peak memory measured on one H200
+(../shared/fixtures/peak_memory_h200.csv, every row within 15%).
+
+Step time (`estimate_step`, `scaling`)
+======================================
+- Model FLOPs per token (Kaplan et al. 2020; Chowdhery et al. 2022, PaLM,
+  appendix B): forward 2*Pm + 4*L*s*q (Pm = parameters in matmuls, lm_head
+  included; the attention term counts the causal half of 2 matmuls of s x q per
+  token). Backward is 2x forward for full fine-tuning; with a frozen base it
+  skips weight gradients, so 1x forward (Hu et al. 2021, LoRA); gradient
+  checkpointing adds the decoder layers' forward again (the LM head sits outside
+  the checkpoints).
+- Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
+  efficiency (model FLOPs utilisation) depends on the worker's path unless given,
+  each figure measured through the worker on one H200 (bench/results/, the test
+  in tests/unit/test_estimate.py holds every run within 15%): without DeepSpeed
+  the fast path (packing, fused loss, compiled layers, cuDNN attention, LM head
+  on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full
+  (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
+  0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
+  layer's weights in forward and backward, 0.54 for full fine-tuning (between
+  1.5B's 0.49 in run26 and 7B's 0.60 with checkpointing in run34: the larger
+  model's matmuls run faster; each within 15%) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
+  run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
+  without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
+  tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
+  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters). A micro-batch never takes less
+  than its host needs to issue it (estimate_comm.host_floor_s): tiny models are host-bound.
+- Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
+  2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
+  reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
+  ZeRO-3 all-gathers the weights (as stored: a 4-bit base packed) in forward, backward and the recompute and
+  reduce-scatters the gradients, every micro-batch. LoRA reduces only the adapters' gradients. Time per
+  collective is NCCL's latency (growing with the rank count) plus bytes over the bus bandwidth between nodes
+  (its source named) or inside one; overlap hides what fits under compute except the last bucket, the first
+  gather and every latency; the step waits for its slowest GPU.
+- Scaling: weak scaling, micro-batch and accumulation per GPU fixed;
+  efficiency(n) = tokens/s on n nodes / (n x tokens/s on 1 node).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ..model.spec import LORA_TARGETS_ALL, ModelSpec
+
+GIB = 1024**3
+
+CUDA_CONTEXT_GIB = 0.6
+CUBLAS_WORKSPACE_GIB = 0.0645  # measured on the H200: allocated by the first matmul of a process
+NCCL_BUFFERS_GIB = 0.5
+FRAGMENTATION = 0.10
+DS_BUCKET_ELEMENTS = 200_000_000  # training/ds_config_zero2.json reduce/allgather bucket sizes
+DS_OVERLAP_FACTOR = 4.5  # DeepSpeed docs: overlap_comm uses 4.5x the bucket sizes
+QUANT_BYTES = {4: 0.52, 8: 1.02}
+FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the module doc)
+# The worker under DeepSpeed, by ZeRO stage and by whether the base trains (measured, see the module doc).
+ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
+                   (3, True): 0.54, (3, False): 0.49}
+QLORA_EFFICIENCY_FACTOR = 0.8  # without DeepSpeed; under it Q-LoRA measured LoRA's speed (module doc)
+CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
+PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_gib: float
+    bf16_tflops: float  # dense
+    hbm_gbs: float
+    intra_node_gbs: float  # NCCL bus bandwidth inside one node (NVLink or PCIe)
+
+
+# Datasheet numbers (dense bf16, no sparsity); memory as nvidia-smi's memory.total / 1024.
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (
+    GPUSpec("H200", 143771 / 1024, 989, 4800, 360),
+    GPUSpec("H100", 81559 / 1024, 989, 3350, 360),
+    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25),
+    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720),
+    GPUSpec("A100-80G", 81920 / 1024, 312, 2039, 230),
+    GPUSpec("A100-40G", 40960 / 1024, 312, 1555, 230),
+    GPUSpec("L40S", 46068 / 1024, 362, 864, 25),
+    GPUSpec("A10", 23028 / 1024, 125, 600, 25),
+    GPUSpec("L4", 23034 / 1024, 121, 300, 25),
+    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25),
+    GPUSpec("V100-32G", 32768 / 1024, 125, 900, 130),
+    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300),
+)}
+
+
+def gpu_spec(name: str, memory_mib: Optional[int] = None) -> Optional[GPUSpec]:
+    """Matches a table key (`H100`) or what nvidia-smi prints (`NVIDIA A100-SXM4-40GB`)."""
+    if name in GPUS:
+        return GPUS[name]
+    n = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace(" ", "").replace("_", "-")
+    for key in sorted(GPUS, key=len, reverse=True):
+        k = key.upper()
+        base = k.split("-")[0]
+        if base not in n:
+            continue
+        if k == "H100-PCIE" and "PCIE" not in n:
+            continue
+        if k.startswith("A100"):
+            want_40 = "40G" in n or (memory_mib is not None and memory_mib < 60_000)
+            if (k == "A100-40G") != want_40:
+                continue
+        return GPUS[key]
+    return None
+
+
+# ---------------------------------------------------------------- the run's parameters
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the estimate needs from `preset.training`, with overrides applied."""
+
+    method: str = "lora"
+    zero_stage: Optional[int] = 2
+    offload: str = "none"
+    precision: str = "bf16"
+    seq: int = 2048
+    micro_batch: int = 1
+    grad_accum: int = 1
+    gradient_checkpointing: bool = True
+    lora_r: int = 64
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] = LORA_TARGETS_ALL
+    master_fp32: Optional[bool] = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
+
+    @classmethod
+    def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
+        """From a preset's Training (or anything with its attribute names); overrides by RunShape names."""
+        if isinstance(training, RunShape):
+            base = asdict(training)
+        elif training is None:
+            base = {}
+        else:
+            g = lambda k, d: getattr(training, k, d)  # noqa: E731
+            targets = g("lora_target_modules", None)
+            base = dict(
+                method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),
+                precision=g("precision", "bf16"), seq=g("model_max_length", 2048),
+                micro_batch=g("per_device_train_batch_size", 1), grad_accum=g("gradient_accumulation_steps", 1),
+                gradient_checkpointing=g("gradient_checkpointing", True), lora_r=g("lora_r", 64),
+                lora_dropout=g("lora_dropout", 0.05),
+                lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
+            )
+        base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
+        if "lora_targets" in base:
+            base["lora_targets"] = tuple(base["lora_targets"])
+        return cls(**base)
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def half(self) -> bool:
+        return self.precision in ("bf16", "fp16")
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak memory of one GPU, GiB. The parts are what is alive at the peak moment
+    (`phase`), so they add up to `total`; `peak_allocated` is what
+    torch.cuda.max_memory_allocated would report (total minus context and fragmentation)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    overhead: float
+    total: float
+    peak_allocated: float
+    phase: str
+    world_size: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def fits(self, gpu_gib: float) -> bool:
+        return self.total <= gpu_gib
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = round(v, 3)
+        return d
+
+
+# ---------------------------------------------------------------- memory
+
+def _layer_act_bytes(spec: ModelSpec, run: RunShape, a: int, r: int) -> float:
+    """Bytes autograd saves per token in one decoder layer (see the module docstring)."""
+    h, q, k, i = spec.hidden, spec.q_dim, spec.kv_dim, spec.act_intermediate  # MoE: the k experts a token runs
+    if run.method == "full":
+        b = 2 * (4 + r + a) * h + a * (q + 2 * k) + 2 * a * q + 4 * a * i
+        if spec.qk_norm:
+            b += (4 + 2 * a) * (q + k)
+        return b
+    b = 2 * 4 * h + a * (q + 2 * k) + a * q + 3 * a * i
+    per_in = (1 + a) if run.lora_dropout > 0 else a
+    shapes = spec.module_shapes()
+    for t in run.lora_targets:
+        if t in shapes:
+            b += per_in * shapes[t][0] + a * run.lora_r
+    if spec.qk_norm:
+        b += 4 * (q + k)
+    if run.method == "qlora":
+        b += a * (2 * h + q + i)
+    return b
+
+
+def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, float, float, float, list[str]]:
+    """(weights, gradients, optimizer, autocast weight copies) in bytes, and notes."""
+    P = spec.total_params
+    notes: list[str] = []
+    lora = run.method in ("lora", "qlora")
+    Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
+    Pf = P if lora else 0  # frozen base (LoRA adds its own params on top)
+    if run.method == "qlora":
+        bits = spec.quant_bits or 4
+        quantized = spec.layers * spec.layer_linear_params
+        # kbit preparation keeps the rest (embeddings, norms, head) in fp32; ZeRO-3 converts it to the run's half
+        # dtype as it partitions it, with the 4-bit weights (stored in that dtype) beside it
+        rest = 2 if (run.zero_stage == 3 and run.half) else 4
+        frozen_bytes = quantized * QUANT_BYTES.get(bits, 0.52) + (P - quantized) * rest
+    else:
+        frozen_bytes = Pf * (2 if run.half else 4)
+    largest = spec.largest_layer_params
+    zs = run.zero_stage
+    if zs is None or not run.half:
+        if zs is not None and not run.half:
+            notes.append("ZeRO without bf16/fp16 estimated like plain data parallel")
+        if lora:
+            w, g, o = frozen_bytes + 4 * Pt, 4 * Pt, 8 * Pt
+            cache = 2 * Pt if run.half else 0
+            if run.method == "qlora" and run.half:
+                cache += 2 * spec.vocab * spec.hidden  # the fp32 lm_head, cast for its matmul
+        else:
+            master = run.master_fp32 if run.master_fp32 is not None else True
+            pb = 4 if (master or not run.half) else 2
+            w, g, o = pb * P, pb * P, 2 * pb * P
+            cache = 2 * spec.matmul_params if (pb == 4 and run.half) else 0
+        if world > 1:
+            g += g  # DDP's gradient buckets are a second copy (gradient_as_bucket_view=False)
+        return w, g, o, cache, notes
+    # DeepSpeed with bf16/fp16: the module runs in half precision, fp32 master in the optimizer.
+    if zs == 2:
+        if run.offload != "none":
+            w, g, o = 2 * Pt, 0, 0
+        else:
+            w, g, o = 2 * Pt, 6 * Pt / world, 12 * Pt / world  # gradients partitioned too (stage 2)
+        w += frozen_bytes if lora else 0
+    else:
+        if run.offload == "all":
+            w, g, o = 4 * largest, 0, 0
+        elif run.offload == "optimizer":
+            w, g, o = 4 * largest + 2 * Pt / world, 0, 0
+        else:
+            # DeepSpeed's 18 bytes/param over N: 2 bf16 weight shard + 4 gradient + 12 fp32 master and Adam
+            w, g, o = 4 * largest + 2 * Pt / world, 4 * Pt / world, 12 * Pt / world
+        if lora and run.offload != "all":
+            w += frozen_bytes / world
+    return w, g, o, 0, notes
+
+
+def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, **overrides: Any) -> MemoryEstimate:
+    """Peak memory per GPU for `training` (a preset's Training or a RunShape) on `world_size` GPUs.
+
+    Overrides take RunShape names (micro_batch=4, gradient_checkpointing=False, zero_stage=2, ...).
+    """
+    run = RunShape.of(training, **overrides)
+    world = max(1, int(world_size))
+    w, g, o, cache, notes = _model_states(spec, run, world)
+    ds = run.zero_stage is not None and run.half
+    lora = run.method in ("lora", "qlora")
+    a = 2 if run.half else 4
+    fp32_weights_amp = run.half and not ds and (run.method == "qlora" or (not lora and (run.master_fp32 is not False)))
+    r = 4 if (not run.half or fp32_weights_amp) else 2
+    T, V, h, L = run.tokens, spec.vocab, spec.hidden, spec.layers
+    layer = _layer_act_bytes(spec, run, a, r) * T
+    final_norm = (4 + (r if not lora else 0)) * h * T
+    lm_cast = 2 * V * h if (cache and (not lora or run.method == "qlora")) else 0
+    grads_in_fwd = g if (run.grad_accum > 1 or ds) else 0.0
+    transient_tied = 4 * V * h if (not lora and spec.tied_embeddings and not ds) else 0
+
+    phases: list[tuple[str, float, float, float, float, float]] = []  # name, weights+, grads, acts, logits
+    if run.gradient_checkpointing:
+        ckpt = L * r * h * T
+        fwd_end = (cache, grads_in_fwd, ckpt + final_norm, 10 * T * V)
+        bwd_start = (lm_cast, grads_in_fwd, ckpt + final_norm, 12 * T * V)
+        layer_cast = (cache - lm_cast) / max(L, 1)
+        recompute = (lm_cast + layer_cast, g, ckpt + 2 * layer, 0.0)  # the layer and its input gradients
+        phases += [("end of forward", *fwd_end), ("loss backward", *bwd_start), ("layer recompute", *recompute)]
+    else:
+        acts = L * layer + final_norm
+        phases += [("end of forward", cache, grads_in_fwd, acts, 10 * T * V),
+                   ("loss backward", cache, grads_in_fwd, acts, 12 * T * V)]
+    phases.append(("end of backward", 0.0, g + transient_tied, 0.0, 0.0))
+    name, extra_w, grads, acts, logits = max(phases, key=lambda p: p[1] + p[2] + p[3] + p[4])
+
+    buffers = 0.0
+    if ds and world > 1:
+        trainable = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else spec.total_params
+        if run.zero_stage == 2:
+            buffers = 2 * DS_OVERLAP_FACTOR * min(DS_BUCKET_ELEMENTS, trainable)
+        else:
+            buffers = 2 * 2 * h * h  # reduce bucket (h^2) and prefetch bucket (0.9 h^2), bf16
+    transient = extra_w + acts + logits + max(0.0, grads - (g if grads_in_fwd else 0.0))
+    workspace = CUBLAS_WORKSPACE_GIB * GIB
+    allocated = w + extra_w + grads + o + acts + logits + workspace + buffers
+    overhead = workspace + buffers + CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * transient
+    if world > 1:
+        overhead += NCCL_BUFFERS_GIB * GIB
+    total = w + extra_w + grads + o + acts + logits + overhead
+    if run.offload != "none" and not ds:
+        notes.append("offload needs DeepSpeed ZeRO: ignored")
+    return MemoryEstimate(
+        weights=(w + extra_w) / GIB, gradients=grads / GIB, optimizer=o / GIB, activations=acts / GIB,
+        logits=logits / GIB, overhead=overhead / GIB, total=total / GIB, peak_allocated=allocated / GIB,
+        phase=name, world_size=world, notes=notes,
+    )
+
+
+def max_micro_batch(spec: ModelSpec, training: Any, world_size: int, gpu_gib: float, limit: int = 4096,
+                    **overrides: Any) -> int:
+    """Largest micro-batch whose estimate fits in gpu_gib (0 if not even 1 fits). Memory grows with it."""
+    overrides.pop("micro_batch", None)
+
+    def fits(mb: int) -> bool:
+        return estimate_memory(spec, training, world_size, micro_batch=mb, **overrides).fits(gpu_gib)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# ---------------------------------------------------------------- step time and scaling
+
+@dataclass
+class StepEstimate:
+    nodes: int
+    gpus_per_node: int
+    tokens_per_step: int  # all ranks, one optimizer step
+    flops_per_token: float
+    compute_s: float
+    comm_bytes_per_gpu: float  # bytes each rank sends per optimizer step (algorithm bytes x ring factor)
+    comm_s: float  # all communication, back to back (latency included)
+    exposed_comm_s: float  # what overlap cannot hide (every collective's latency included)
+    optimizer_s: float
+    step_time_s: float  # with overlap
+    step_time_no_overlap_s: float
+    tokens_per_second: float
+    bus_gbps: float  # bandwidth the collectives run at, Gbit/s
+    strategy: str  # ddp | zero2 | zero3
+    world_size: int = 1
+    latency_s: float = 0.0  # collectives' latency per step (part of exposed_comm_s)
+    interference_s: float = 0.0  # compute slowed by the collectives that run beside it
+    link_known: bool = True  # False: several nodes and no bandwidth between them; the figures assume NVLink
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ScalePoint:
+    nodes: int
+    step_time_s: float
+    tokens_per_second: float
+    scaling_efficiency: float
+    step_time_no_overlap_s: float
+    efficiency_no_overlap: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
+    """Training FLOPs per token: forward x (3 full, 2 LoRA) + the decoder layers' forward again with
+    checkpointing. A mixture of experts counts the parameters a token runs (its k experts), not all of them."""
+    fwd = 2 * spec.active_matmul_params + 4 * spec.layers * run.seq * spec.q_dim
+    lora = run.method in ("lora", "qlora")
+    if lora:
+        fwd += 2 * spec.lora_params(run.lora_r, list(run.lora_targets), active=True)
+    mult = 2.0 if lora else 3.0
+    # Checkpointing recomputes the decoder layers' forward, not the LM head's (it sits outside the checkpoints).
+    recompute = fwd - 2 * spec.vocab * spec.hidden if run.gradient_checkpointing else 0.0
+    return fwd * mult + recompute
+
+
+def path_efficiency(run: RunShape) -> float:
+    """The worker's measured model FLOPs utilisation on its path: plain DDP, or DeepSpeed's ZeRO stage with a
+    trained (full) or frozen (LoRA, Q-LoRA) base."""
+    if run.zero_stage is None:
+        return FAST_PATH_EFFICIENCY
+    return ZERO_EFFICIENCY.get((min(max(int(run.zero_stage), 1), 3), run.method == "full"), ZERO_EFFICIENCY[(2, True)])
+
+
+def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:
+    """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
+    base = path_efficiency(run) if efficiency is None else efficiency
+    return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" and run.zero_stage is None else 1.0)
+
+
+def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
+                  bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
+                  efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
+                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: Optional[int] = None,
+                  **overrides: Any) -> StepEstimate:
+    """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
+    estimate_comm's.
+
+    bandwidth_gbps: per-node all-reduce bus bandwidth between nodes, Gbit/s (estimate_comm.resolve_bandwidth).
+    None with several nodes: unknown; the figures then take the link as fast as inside a node and say so
+    (`link_known` False): a caller shows them as unknown.
+    intra_node_gbs: NCCL bus bandwidth inside a node, GB/s (the GPU table's, or the node's measured topology).
+    world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
+    efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
+    """
+    from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
+
+    run = RunShape.of(training, **overrides)
+    nodes, g = max(1, nodes), max(1, gpus_per_node)
+    world = max(1, int(world_size)) if world_size else nodes * g
+    nodes = min(nodes, world)
+    lora = run.method in ("lora", "qlora")
+    P = spec.total_params
+    Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
+    eff = effective_efficiency(run, efficiency)
+    fpt = flops_per_token(spec, run)
+    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
+    micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
+    compute = micro_compute * run.grad_accum
+    passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
+    fwd_window = micro_compute / passes
+    bwd_window = micro_compute - fwd_window  # backward (with its recompute) follows one forward
+
+    intra = intra_node_gbs * 8  # Gbit/s
+    link_known = nodes == 1 or bool(bandwidth_gbps)
+    bus = intra if nodes == 1 or not bandwidth_gbps else min(intra, bandwidth_gbps)
+    ds = run.zero_stage is not None and run.half
+    strategy = "ddp" if not ds else f"zero{run.zero_stage}"
+    gb = 2 if run.half else 4
+    if not ds and lora:
+        gb = 4  # peft keeps adapters (and their gradients) in fp32
+    elif not ds and run.master_fp32 is not False:
+        gb = 4
+    if strategy == "zero3":
+        # ZeRO-3 gathers every weight as the module stores it: a 4-bit base at its packed size (QUANT_BYTES) with
+        # the rest in the run's half dtype; a bf16 base at 2 bytes.
+        if run.method == "qlora":
+            quantized = spec.layers * spec.layer_linear_params
+            weight_bytes = quantized * QUANT_BYTES.get(spec.quant_bits or 4, 0.52) + (P - quantized) * 2 + 2 * Pt
+            layer_bytes = spec.layer_linear_params * QUANT_BYTES.get(spec.quant_bits or 4, 0.52)
+        else:
+            weight_bytes = 2 * (P + (Pt if lora else 0))
+            layer_bytes = 2 * spec.layer_params
+    else:
+        weight_bytes, layer_bytes = 2 * Pt, 0.0
+    gathers = (3 if run.gradient_checkpointing else 2) if strategy == "zero3" else 0
+    cm = step_comm(strategy, world=world, nodes=nodes, bus_Bps=bus * 1e9 / 8, intra=intra_kind(intra_node_gbs),
+                   grad_accum=run.grad_accum, layers=spec.layers, grad_bytes=Pt * gb, param_bytes=weight_bytes,
+                   layer_param_bytes=layer_bytes, gathers_per_micro=gathers, fwd_window=fwd_window,
+                   bwd_window=bwd_window)
+
+    # AdamW touches param, grad, m, v (read + write, fp32): 32 bytes per trainable parameter of this rank. Without
+    # ZeRO every rank steps all of them: that part does not shrink with more GPUs.
+    shard = Pt / world if ds else Pt
+    opt = shard * 32 / (hbm_gbs * 1e9)
+    if ds and run.offload != "none":
+        opt = shard * g / CPU_ADAM_PARAMS_PER_S + shard * 4 / (PCIE_GBS * 1e9)
+        if run.offload == "all" and run.zero_stage == 3:
+            opt += run.grad_accum * (2 if run.gradient_checkpointing else 1) * 2 * P / world * 2 / (PCIE_GBS * 1e9)
+    step = compute + cm.exposed_s + cm.interference_s + opt
+    step_no = compute + cm.total_s + opt
+    tokens = run.tokens * run.grad_accum * world
+    return StepEstimate(
+        nodes=nodes, gpus_per_node=g, tokens_per_step=tokens, flops_per_token=fpt, compute_s=compute,
+        comm_bytes_per_gpu=cm.bytes_per_gpu, comm_s=cm.total_s, exposed_comm_s=cm.exposed_s, optimizer_s=opt,
+        step_time_s=step, step_time_no_overlap_s=step_no, tokens_per_second=tokens / step,
+        bus_gbps=bus, strategy=strategy, world_size=world, latency_s=cm.latency_s,
+        interference_s=cm.interference_s, link_known=link_known,
+    )
+
+
+def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: Optional[float],
+            **kwargs: Any) -> list[ScalePoint]:
+    """Predicted step time, tokens/s and weak-scaling efficiency for 1..max_nodes nodes."""
+    out: list[ScalePoint] = []
+    base = base_no = None
+    for n in range(1, max(1, max_nodes) + 1):
+        s = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs)
+        tps_no = s.tokens_per_step / s.step_time_no_overlap_s
+        if base is None:
+            base, base_no = s.tokens_per_second, tps_no
+        out.append(ScalePoint(nodes=n, step_time_s=s.step_time_s, tokens_per_second=s.tokens_per_second,
+                              scaling_efficiency=s.tokens_per_second / (n * base),
+                              step_time_no_overlap_s=s.step_time_no_overlap_s,
+                              efficiency_no_overlap=tps_no / (n * base_no)))
+    return out
+
+
+WORTH_SHARE = 0.5  # a node is worth adding while its GPUs add at least half of what each GPU does alone
+
+
+def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: Optional[float],
+                   limit: int = 64, **kwargs: Any) -> Optional[int]:
+    """The node count past which one more node adds less than WORTH_SHARE of a node's worth of tokens/s (its GPUs
+    at half their one-node speed), up to `limit` (returned when every node up to it is worth it). None when the
+    link between nodes is unknown."""
+    if not bandwidth_gbps:
+        return None
+    one = prev = estimate_step(spec, training, 1, gpus_per_node, bandwidth_gbps, **kwargs).tokens_per_second
+    for n in range(2, limit + 1):
+        tps = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs).tokens_per_second
+        if tps - prev < WORTH_SHARE * one:
+            return n - 1
+        prev = tps
+    return limit
+
+
+def round_sig(x: float, digits: int = 3) -> float:
+    return 0.0 if x == 0 else round(x, -int(math.floor(math.log10(abs(x)))) + digits - 1)

@@ -1,0 +1,564 @@
+"""The preset: one YAML file that says everything about a run.
+
+`load_preset(path)` parses with a safe loader into a validated pydantic model and
+turns every problem into a `PresetError` whose lines read
+`presets/x.yaml:14 training.zero_stage: must be 2 or 3, got 4`. Loading never
+writes. `save_preset(preset, path)` writes atomically (temp file in the same
+directory, fsync, rename); over an existing preset it changes only the edited values and
+keeps the user's comments, order and explicit values (ruamel.yaml round trip); a new file
+gets a header comment with the command that runs it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .yaml_io import PresetError  # defined beside the YAML guards; everyone imports it from here
+
+PRESET_VERSION = 1
+
+# Host names, users and paths are passed to ssh/torchrun as quoted argv, never
+# through a shell, so only what makes no sense anywhere (control characters) is refused here.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Node(_Strict):
+    """One machine. `host` is an address, a DNS name, an ssh_config alias or `localhost`."""
+
+    host: str = Field(min_length=1)
+    user: Optional[str] = None
+    port: int = Field(default=22, ge=1, le=65535)
+    gpus: int = Field(default=1, ge=1, le=64, description="processes (GPUs) on this node")
+    workdir: str = Field(default=".", min_length=1, description="directory the worker runs in")
+    python: str = Field(default="python3", min_length=1, description="the node's Python")
+    name: Optional[str] = Field(default=None, description="label shown in the UI; default host")
+
+    @field_validator("host", "user", "workdir", "python", "name")
+    @classmethod
+    def _no_control_chars(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and _CONTROL.search(v):
+            raise ValueError("must not contain control characters")
+        return v
+
+    @property
+    def label(self) -> str:
+        return self.name or self.host
+
+    def python_for(self, local_python: Optional[str]) -> str:
+        """The interpreter a run uses here: a local node that names no python of its own
+        runs `local_python` (qwen-tui's own). The checks probe the same one."""
+        if self.is_local and local_python and "python" not in self.model_fields_set:
+            return local_python
+        return self.python
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in ("localhost", "127.0.0.1", "::1")
+
+
+class Cluster(_Strict):
+    nodes: list[Node] = Field(min_length=1)
+    ssh_config: Optional[str] = Field(default=None, description="ssh_config file; default ~/.ssh/config")
+    identity_file: Optional[str] = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
+    known_hosts: Optional[str] = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
+    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    shared_storage: bool = Field(default=False, description="output_dir is on storage every node sees")
+
+
+class Network(_Strict):
+    master_addr: Optional[str] = Field(default=None, description="address workers use to reach node 0; default its host")
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    interface: Optional[str] = Field(default=None, description="NCCL/GLOO_SOCKET_IFNAME for every node; default from the probe")
+    nccl_ib_disable: Optional[bool] = None
+    rdzv_timeout: int = Field(default=60, ge=1, le=3600, description="seconds to wait for every node to join")
+    nccl_timeout: int = Field(default=1800, ge=1, le=86400, description="seconds a collective may hang")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+
+class Training(_Strict):
+    """The worker's arguments, by the worker's own names where it has them."""
+
+    model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
+    data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
+    eval_data: Optional[str] = Field(default=None, description="chat data for the eval loss (same formats as data)")
+    eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
+    output_dir: str = Field(default="output", min_length=1)
+    method: Literal["full", "lora", "qlora"] = "lora"
+    zero_stage: Optional[int] = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
+    offload: Literal["none", "optimizer", "all"] = "none"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    model_max_length: int = Field(default=2048, ge=8, le=1_048_576)
+    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096)
+    learning_rate: float = Field(default=2e-4, gt=0, lt=1)
+    num_train_epochs: float = Field(default=1.0, gt=0)
+    max_steps: int = Field(default=-1, ge=-1)
+    warmup_ratio: float = Field(default=0.03, ge=0, le=1)
+    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    weight_decay: float = Field(default=0.0, ge=0)
+    gradient_checkpointing: bool = True
+    sequence_parallel_size: int = Field(default=1, ge=1, le=1024, description="ranks that share every packed row "
+                                        "(DeepSpeed's Ulysses attention): records that many times longer fit; "
+                                        "1: off")
+    lora_r: int = Field(default=64, ge=1, le=4096)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.05, ge=0, lt=1)
+    lora_target_modules: Optional[list[str]] = None
+    save_strategy: Literal["steps", "epoch", "no"] = "steps"
+    save_steps: int = Field(default=500, ge=1)
+    save_total_limit: Optional[int] = Field(default=2, ge=1)
+    logging_steps: int = Field(default=1, ge=1)
+    seed: int = 42
+    resume_from_checkpoint: Optional[str] = None
+    lazy_preprocess: bool = False
+    tokenized_cache_dir: Optional[str] = Field(
+        default=None, description="where each node caches the tokenized data (the worker's default: "
+        "$XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
+    merge_lora: bool = False
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
+        default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
+    extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
+    # Recovery is qwen-tui's, not the worker's: these never reach the worker's argv (run/restarts.py).
+    restarts: int = Field(default=0, ge=0, le=100, description="relaunch from the last complete checkpoint up to "
+                          "N times after a node fails")
+    exclude_failed: bool = Field(default=False, description="relaunch without the failed node, keeping the "
+                                 "global batch (replay --exclude-failed)")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        # HF's spellings: "tensorboard", "tensorboard,wandb", "none", or a list of names
+        if isinstance(v, str):
+            v = [n.strip() for n in v.split(",") if n.strip()]
+        if isinstance(v, list) and [str(n).lower() for n in v] == ["none"]:
+            return []
+        return [n.lower() if isinstance(n, str) else n for n in v] if isinstance(v, list) else v
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _zero(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v not in (2, 3):
+            raise ValueError(f"must be 2 or 3 (or null for plain DDP), got {v}")
+        return v
+
+
+class Monitor(_Strict):
+    """How qwen-tui watches a running job (run/health.py, run/watchdog.py): when a node it cannot read is
+    given up on, when a run that makes no progress is called hung, and when a node counts as slow."""
+
+    unreachable_timeout: int = Field(
+        default=120, ge=5, le=7 * 86400,
+        description="seconds a node may stay unreachable over SSH before on_unreachable applies; its training "
+        "goes on meanwhile")
+    on_unreachable: Literal["stop", "keep"] = Field(
+        default="stop", description="at the bound: stop every node (the run fails, and training.restarts may "
+        "relaunch it), or keep the run and keep trying to reach the node")
+    hang_timeout: Optional[int] = Field(
+        default=None, ge=10, le=7 * 86400,
+        description="seconds without a finished step before the run counts as hung (default: 5 x the median "
+        "step time, at least 120 s; checkpoints and evaluations get 10 times as long)")
+    on_hang: Literal["alert", "stop", "restart"] = Field(
+        default="alert", description="what a hang does once its stacks are collected: alert only, stop every "
+        "node, or stop and relaunch from the last checkpoint (needs training.restarts)")
+    straggler_threshold: float = Field(
+        default=0.2, gt=0, le=10,
+        description="a node whose compute time per step exceeds the other nodes' median by this fraction, "
+        "for straggler_steps logged steps in a row, is named a straggler")
+    straggler_steps: int = Field(default=3, ge=1, le=1000,
+                                 description="logged steps in a row a node must be slow before it is named")
+
+
+class Preset(_Strict):
+    version: int = PRESET_VERSION
+    name: Optional[str] = None
+    description: Optional[str] = None
+    cluster: Cluster
+    network: Network = Field(default_factory=Network)
+    training: Training
+    monitor: Monitor = Field(default_factory=Monitor)
+
+    @field_validator("name")
+    @classmethod
+    def _name_one_line(cls, v: Optional[str]) -> Optional[str]:
+        # the name heads the saved preset's comment and names the run directory
+        if v is not None and _CONTROL.search(v):
+            raise ValueError("must not contain control characters (one line, no escapes)")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description_text(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and re.search(r"[\x00-\x08\x0b-\x1f\x7f]", v):
+            raise ValueError("must not contain control characters other than newlines and tabs")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != PRESET_VERSION:
+            raise ValueError(f"this qwen-tui reads preset version {PRESET_VERSION}, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _eval_steps_need_eval_data(self) -> "Preset":
+        if self.training.eval_steps and not self.training.eval_data:
+            raise ValueError("training.eval_steps: evaluating every "
+                             f"{self.training.eval_steps} steps needs training.eval_data (a chat file to evaluate on)")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_parallel_fits(self) -> "Preset":
+        from ..model.seqparallel import sequence_parallel_problem
+
+        problem = sequence_parallel_problem(self.training.sequence_parallel_size, self.world_size,
+                                            self.training.model)
+        if problem:
+            raise ValueError(f"training.sequence_parallel_size: {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _hang_restart_needs_restarts(self) -> "Preset":
+        if self.monitor.on_hang == "restart" and not self.training.restarts:
+            raise ValueError("monitor.on_hang: restart relaunches through training.restarts, which is 0 "
+                             "(set training.restarts to 1 or more, or on_hang to alert or stop)")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> "Preset":
+        seen: dict[tuple[str, int], int] = {}
+        for i, n in enumerate(self.cluster.nodes):
+            if n.is_local:
+                continue  # several local "nodes" are several torchrun agents on one machine
+            key = (n.host, n.port)
+            if key in seen:
+                raise ValueError(f"cluster.nodes.{i}.host: {n.host}:{n.port} is also node {seen[key]}")
+            seen[key] = i
+        return self
+
+    # Derived values every face shows the same way.
+    @property
+    def world_size(self) -> int:
+        return sum(n.gpus for n in self.cluster.nodes)
+
+    @property
+    def effective_batch_size(self) -> int:
+        t = self.training
+        # the ranks of a sequence-parallel group share their records: one replica of the data per group
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.data_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return max(1, self.world_size // self.training.sequence_parallel_size)
+
+    @property
+    def batch_formula(self) -> str:
+        """How the effective batch size comes about, as the review, the plan and the exports print it."""
+        t, nodes = self.training, self.cluster.nodes
+        gpus = [n.gpus for n in nodes]
+        head = f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
+        if t.sequence_parallel_size > 1:
+            return (f"{head} x {self.data_parallel_size} sequence-parallel groups ({self.world_size} GPUs / "
+                    f"{t.sequence_parallel_size} a group) = {self.effective_batch_size}")
+        if len(set(gpus)) != 1:
+            return f"{head} x {self.world_size} GPUs in all = {self.effective_batch_size}"
+        return f"{head} x {gpus[0]} GPUs per node x {len(nodes)} nodes = {self.effective_batch_size}"
+
+    @property
+    def master_addr(self) -> str:
+        if self.network.master_addr:
+            return self.network.master_addr
+        host = self.cluster.nodes[0].host
+        return "127.0.0.1" if host == "localhost" else host
+
+    # Edits by dotted path: the wizard's fields and the advice fixes both change a preset this way.
+    def get_path(self, path: str) -> Any:
+        """The value at a dotted path (`training.zero_stage`, `cluster.nodes.1.gpus`).
+        Raises KeyError for a path that names no field, IndexError for a node that is not there."""
+        cur: Any = self
+        for p in path.split("."):
+            if isinstance(cur, list):
+                if not p.isdigit():
+                    raise KeyError(f"{path}: {p!r} is not a list index")
+                cur = cur[int(p)]
+            elif isinstance(cur, BaseModel) and p in type(cur).model_fields:
+                cur = getattr(cur, p)
+            else:
+                raise KeyError(f"{path}: no such preset field")
+        return cur
+
+    def with_changes(self, changes: dict[str, Any]) -> "Preset":
+        """A new, validated Preset with `changes` ({"training.zero_stage": 3, "cluster.nodes": [...]})
+        applied; this one is left as it was.
+
+        Raises KeyError when a path names no field, and PresetError whose `field_errors` name the
+        dotted path of each problem (so a form shows it next to its input) when a value is refused.
+        Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's `python`
+        that the preset never gave must stay unset, or the plan runs "python3" there instead of
+        qwen-tui's own interpreter (issue 18, bug 2)."""
+        import copy
+
+        data = self.model_dump(mode="python", exclude_unset=True)
+        for path, value in changes.items():
+            self.get_path(path)  # the path must name a field of the model, set or not
+            parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+            cur: Any = data
+            for p in parts[:-1]:
+                cur = cur[p] if isinstance(p, int) else cur.setdefault(p, {})
+            cur[parts[-1]] = copy.deepcopy(value)
+        try:
+            return Preset.model_validate(data)
+        except ValidationError as e:
+            errs = []
+            for err in e.errors():
+                loc = ".".join(str(x) for x in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                if not loc and ": " in msg:  # model-level validators carry the path in the message
+                    loc, _, msg = msg.partition(": ")
+                errs.append(FieldError(loc, msg))
+            pe = PresetError([f"{fe.path}: {fe.message}" for fe in errs])
+            pe.field_errors = errs  # type: ignore[attr-defined]
+            raise pe from None
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One refused value of an edit: its dotted path and why."""
+
+    path: str  # dotted, e.g. "training.learning_rate"
+    message: str
+
+
+# ---------------------------------------------------------------- loading
+
+def _line_of(root: Optional[yaml.Node], loc: tuple[Any, ...]) -> Optional[int]:
+    """1-based line of the deepest YAML node along `loc` (a pydantic error location)."""
+    node, line = root, None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == str(part):
+                    nxt, line = v, k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+    """The pydantic model class that owns the field at `loc` (to suggest near misses)."""
+    model: Any = Preset
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        for cand in (ann, *getattr(ann, "__args__", ())):
+            inner = getattr(cand, "__args__", (cand,))
+            found = next((c for c in (cand, *inner) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            if found:
+                model = found
+                break
+        else:
+            return None
+    return model
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = err["loc"]
+    if err["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        hint = ""
+        if model is not None:
+            near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+            if near:
+                hint = f" (did you mean {near[0]!r}?)"
+        return f"unknown key{hint}"
+    if err["type"] == "missing":
+        return "is required"
+    msg = err["msg"]
+    msg = msg.removeprefix("Value error, ")
+    if "input" in err and err["type"] not in ("value_error",) and not isinstance(err["input"], (dict, list)):
+        msg = f"{msg}, got {err['input']!r}"
+    return msg
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_preset(text: str, source: str = "<preset>") -> Preset:
+    """Validate YAML text. Raises PresetError with `source:line field: problem` lines."""
+    from .yaml_io import load_yaml
+
+    try:
+        root, data = load_yaml(text, source)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            line = mark.line + 1
+        elif isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (control, BOM misuse)
+            line = text.count("\n", 0, e.position) + 1
+        else:
+            line = 1
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, yaml.reader.ReaderError):
+            problem = f"character #x{e.character:04x} is not allowed in YAML"
+        raise PresetError([f"{source}:{line} (text): not valid YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise PresetError([f"{source}:1 (top level): must be a mapping with cluster and training, got {type(data).__name__}"])
+    try:
+        return Preset.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            # model-level validators put the field path into the message
+            if not loc and ":" in err["msg"]:
+                path, _, rest = err["msg"].removeprefix("Value error, ").partition(": ")
+                loc_guess = tuple(int(p) if p.isdigit() else p for p in path.split("."))
+                line = _line_of(root, loc_guess)
+                lines.append(f"{source}:{line or 1} {path}: {rest}")
+                continue
+            line = _line_of(root, loc)
+            lines.append(f"{source}:{line or 1} {_fmt_loc(loc)}: {_describe(err)}")
+        raise PresetError(lines) from None
+
+
+def load_preset(path: str | os.PathLike[str]) -> Preset:
+    """Read and validate a preset file. Never writes anything."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise PresetError([f"{p}: no such preset file"]) from None
+    except OSError as e:
+        raise PresetError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise PresetError([f"{p}:{line} (text): not UTF-8 (byte {e.start}: {data[e.start:e.start + 4]!r})"]) from None
+    return parse_preset(text, str(p))
+
+
+# ---------------------------------------------------------------- saving
+
+def header_for(path: str | os.PathLike[str], preset: Preset) -> str:
+    title = preset.name or Path(path).stem
+    lines = [f"# qwen-tui preset: {title}"]
+    if preset.description:
+        lines += [f"# {ln}" for ln in preset.description.splitlines()]
+    lines += [f"# Run it:   qwen-tui replay {path}", f"# Check it: qwen-tui check {path}", ""]
+    return "\n".join(lines)
+
+
+def dump_preset(preset: Preset) -> str:
+    """YAML for a preset: defaults left out except the fields a reader needs to see."""
+    data = preset.model_dump(mode="json", exclude_defaults=True)
+    data = {"version": preset.version, **data}
+    data.setdefault("training", {})
+    for key in ("method", "zero_stage"):  # always visible: they decide the run
+        data["training"].setdefault(key, getattr(preset.training, key))
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None,
+                mode: int = 0o644) -> Path:
+    """Write atomically: a reader sees the old file or the new one, never half of one.
+
+    Over an existing valid preset only the values that differ from it are written into the
+    file's own text (comments, order, explicit defaults and spellings survive). Otherwise the
+    preset is dumped fresh: an existing header comment (the lines starting with `#` at the
+    top) is kept unless `header` is given; a new file gets one with the command that runs it.
+    A path that is a symbolic link updates the link's target (the link stays a link). A new
+    file gets `mode`; an existing one keeps its mode.
+    """
+    p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
+    text = _edited_text(preset, p) if header is None else None
+    if text is not None:
+        _write_atomic(p, text, mode)
+        return p
+    body = dump_preset(preset)
+    parse_preset(body, str(p))  # never write what we could not read back
+    if header is None:
+        header = ""
+        if p.exists():
+            old = p.read_text(encoding="utf-8").splitlines(keepends=True)
+            keep = []
+            for ln in old:
+                if not ln.startswith("#"):
+                    break
+                keep.append(ln)
+            header = "".join(keep)
+        if not header:
+            header = header_for(p, preset)
+    if header and not header.endswith("\n"):
+        header += "\n"
+    _write_atomic(p, header + body, mode)
+    return p
+
+
+def _edited_text(preset: Preset, p: Path) -> Optional[str]:
+    """The user's existing file with only the edited values changed (comments, order and explicit values kept;
+    qwen_tui.preset.roundtrip), or None where there is no valid file to start from."""
+    from .roundtrip import merged_text
+
+    try:
+        original = p.read_text(encoding="utf-8")
+        previous = parse_preset(original, str(p))
+    except (OSError, UnicodeDecodeError, PresetError):
+        return None
+    text = merged_text(original, previous.model_dump(mode="json"), preset.model_dump(mode="json"),
+                       preset.model_dump(mode="json", exclude_defaults=True))
+    if text is None:
+        return None
+    try:
+        again = parse_preset(text, str(p))
+    except PresetError:
+        return None
+    # never write what does not read back as the preset being saved
+    return text if again.model_dump(mode="json") == preset.model_dump(mode="json") else None
+
+
+def _write_atomic(p: Path, text: str, mode: int = 0o644) -> None:
+    """A new file gets `mode`, an existing one keeps its own (qwen_tui.base.atomic: never half written, never through a
+    planted temp-file link)."""
+    from ..base.atomic import write_text_atomic
+
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(p, text, p.stat().st_mode & 0o777 if p.exists() else mode)
