@@ -33,7 +33,8 @@ def load_preset_keeping_known(path: str | os.PathLike[str]) -> tuple[Preset, lis
     Anything else (a bad value, broken YAML) raises PresetError as load_preset does."""
     try:
         return load_preset(path), []
-    except PresetError as first:
+    except PresetError as e:
+        first = e  # Python unbinds `e` when the except block ends; the refusal below raises this one
         problems = first.problems
         if not problems or not all("unknown key" in ln for ln in problems):
             raise

@@ -58,3 +58,14 @@ def test_an_unknown_key_opens_without_it_and_other_errors_still_refuse(tmp_path)
     with pytest.raises(PresetError) as e:  # a bad value as well: refused as before, nothing guessed
         load_preset_keeping_known(p)
     assert any("learning_rate" in ln for ln in e.value.problems)
+
+
+def test_an_unknown_key_beside_a_rule_across_fields_refuses_with_the_first_refusal(tmp_path):
+    # A rule across fields (eval_steps needs eval_data) is only checked once every field is valid, so the
+    # first load names only the unknown key; with it dropped the rule refuses, and that is said as a refusal.
+    p = tmp_path / "typo.yaml"
+    p.write_text("name: typo\ncluster:\n  nodes:\n    - host: localhost\n      gpus: 2\ntraining:\n"
+                 "  model: builtin:tiny\n  data: builtin:demo-chat\n  learning_rat: 0.01\n  eval_steps: 5\n")
+    with pytest.raises(PresetError) as e:
+        load_preset_keeping_known(p)
+    assert any("learning_rat" in ln for ln in e.value.problems)
