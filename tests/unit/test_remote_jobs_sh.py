@@ -83,7 +83,7 @@ def test_a_job_logs_its_output_writes_its_exit_code_and_carries_both_marks(tmp_p
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize("case, code", [("no cwd", 97)])
+@pytest.mark.parametrize("case, code", [("no cwd", 97), ("no env file", 96)])
 def test_a_job_that_cannot_start_says_why_in_its_log_and_exit_code(tmp_path, case, code):
     log, rc = tmp_path / "node.log", tmp_path / "node.rc"
     cwd = str(tmp_path / "absent") if case == "no cwd" else str(tmp_path)

@@ -8,12 +8,13 @@
 # environment; over SSH it is a 0600 file (ENVFILE) that the job sources and removes before it starts the
 # command. The exit code goes through a temp file created with noclobber (O_EXCL), so a planted link is never
 # written through. The log and exit-code files are made 0600 (umask 077); the command itself runs with the
-# umask it was given. Exit code 97: no CWD; 96: the environment file could not be read.
+# umask it was given. Exit code 97: no CWD; 96: the environment file could not be read (`command .`: a plain
+# `.` that fails ends a non-interactive POSIX shell at once, before it could write the exit code).
 export QWEN_TUI_JOB_PGID=$$; u=$(umask); umask 077;
 cd -- "$1" || { echo "cannot cd to $1" >>"$2"; echo 97 >"$3"; exit 97; };
 log=$2; rcf=$3; envf=$4; shift 4; : >>"$log";
 if [ -n "$envf" ]; then
-  . "$envf" || { echo "cannot read the job environment $envf" >>"$log"; rm -f -- "$envf"; echo 96 >"$rcf"; exit 96; };
+  command . "$envf" || { echo "cannot read the job environment $envf" >>"$log"; rm -f -- "$envf"; echo 96 >"$rcf"; exit 96; };
   rm -f -- "$envf";
 fi;
 umask "$u"; "$@" >>"$log" 2>&1 </dev/null; rc=$?; umask 077;
