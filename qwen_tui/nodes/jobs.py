@@ -1,5 +1,8 @@
 """Which processes on a node belong to a job qwen-tui started, and how to stop them.
 
+`job_argv` starts a job (remote/job.sh), whose processes carry the marks below in their environment (the
+leader the run mark, from its exec).
+
 A run directory names each node's job by pid, but a pid read back from a file is
 only a number: the process may have ended and the pid gone to something else, or
 the file may have been edited. Nothing is signalled unless it proves it is ours:

@@ -38,6 +38,7 @@ _APPEND_ONCE = program("append_once.sh")
 _NODE_KEY = program("node_key.sh")
 _KEY_AUTHORIZED = program("key_authorized.sh")  # exit 0: the key is in ~/.ssh/authorized_keys
 
+
 @dataclass
 class KeyPair:
     private_path: str
