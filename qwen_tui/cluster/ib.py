@@ -1,10 +1,9 @@
 """InfiniBand and RoCE: what a node's HCAs are, what NCCL should be told about
 them, and what NCCL said it used.
 
-- `read_sysfs` runs on the node: its source travels inside the probe snippet
-  (`SYSFS_READER`), so the tests on fake sysfs trees test the very code the
-  nodes run. `parse_ibv_devinfo` reads `ibv_devinfo -v`, used where sysfs shows
-  no HCA but the verbs tool does.
+- The probe reads the HCA ports from sysfs on the node (qwen_tui/nodes/remote/ib_sysfs.py).
+  `parse_ibv_devinfo` reads `ibv_devinfo -v`, used where sysfs shows no HCA but
+  the verbs tool does.
 - `ports_from_probe` turns either into IBPort facts, with the GID index NCCL
   should use on a RoCE port: RoCE v2 with an IPv4-mapped address first (what
   routed RoCE fabrics need; NCCL before 2.21 defaults to index 0, a RoCE v1
@@ -15,54 +14,15 @@ them, and what NCCL said it used.
   "Using network IB" -> "IB"; "via NET/Socket/0", "Using network Socket" ->
   "Socket". A "NET/Socket : Using" line alone proves nothing: NCCL prints it
   while it sets up every transport.
-Pure functions, no I/O except read_sysfs.
+Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 from typing import Optional
 
 from qwen_tui.cluster.facts import IBPort
-
-
-def read_sysfs(root: str = "/sys/class/infiniband") -> list:
-    """One dict per HCA port under `root`. Runs on the node (standard library only, imports inside)."""
-    import os
-
-    def rd(*parts):
-        try:
-            with open(os.path.join(*parts)) as f:
-                return f.read().strip()
-        except (OSError, ValueError):  # an unpopulated GID attribute reads as EINVAL
-            return None
-
-    def ls(*parts):
-        try:
-            return sorted(os.listdir(os.path.join(*parts)), key=lambda x: (len(x), x))
-        except OSError:
-            return []
-
-    out = []
-    for hca in ls(root):
-        netdevs = ls(root, hca, "device", "net")
-        for port in ls(root, hca, "ports"):
-            d = os.path.join(root, hca, "ports", port)
-            gids = []
-            for g in ls(d, "gids"):
-                gid = rd(d, "gids", g)
-                if not g.isdigit() or not gid or not gid.replace("0", "").replace(":", ""):
-                    continue  # an empty slot of the GID table
-                gids.append({"index": int(g), "gid": gid, "type": rd(d, "gid_attrs", "types", g),
-                             "ndev": rd(d, "gid_attrs", "ndevs", g)})
-            out.append({"hca": hca, "port": int(port) if port.isdigit() else port, "state": rd(d, "state"),
-                        "phys_state": rd(d, "phys_state"), "link_layer": rd(d, "link_layer"),
-                        "rate": rd(d, "rate"), "gids": gids, "netdevs": netdevs})
-    return out
-
-
-SYSFS_READER = inspect.getsource(read_sysfs)  # defined in the probe snippet, called there
 
 
 _STATE = re.compile(r"^\s*(?:\d+:\s*)?(?:PORT_)?([A-Za-z_]+)")

@@ -21,6 +21,8 @@ import posixpath
 import re
 from typing import Optional
 
+from qwen_tui.nodes.programs import program
+
 SYNCED_DIR = ".qwen-tui/models"
 HF_PASSED = ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_ENABLE_HF_TRANSFER")
 _HUB_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
@@ -36,37 +38,8 @@ def synced_rel(repo_id: str) -> str:
     return posixpath.join(SYNCED_DIR, repo_id.replace("/", "--"))
 
 
-DOWNLOAD = r'''
-import json, os, shutil, sys
-repo, dest = sys.argv[1], os.path.abspath(sys.argv[2])
-if os.path.isfile(os.path.join(dest, "config.json")):
-    print(json.dumps({"path": dest, "already": True})); sys.exit(0)
-try:
-    from huggingface_hub import snapshot_download
-except ImportError:
-    print("huggingface_hub is not installed for " + sys.executable, file=sys.stderr); sys.exit(3)
-token = sys.stdin.read().strip() or None
-try:
-    src = snapshot_download(repo, token=token)
-except Exception as e:
-    print("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr); sys.exit(4)
-part = dest + ".partial"
-shutil.rmtree(part, ignore_errors=True)
-linked = copied = 0
-for root, dirs, files in os.walk(src):
-    dirs.sort()
-    for n in sorted(files):
-        f = os.path.join(root, n)
-        t = os.path.join(part, os.path.relpath(f, src))
-        os.makedirs(os.path.dirname(t), exist_ok=True)
-        try:
-            os.link(os.path.realpath(f), t); linked += 1
-        except OSError:
-            shutil.copy2(os.path.realpath(f), t); copied += 1
-os.makedirs(os.path.dirname(dest), exist_ok=True)
-os.rename(part, dest)
-print(json.dumps({"path": dest, "source": src, "linked": linked, "copied": copied}))
-'''
+# Downloads the model on the master into DEST in the workdir (remote/hub_download.py says how).
+DOWNLOAD = program("hub_download.py")
 
 
 def hf_env(network_env: dict, own_env: Optional[dict] = None) -> tuple[dict, Optional[str]]:

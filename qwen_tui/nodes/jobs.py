@@ -1,5 +1,8 @@
 """Which processes on a node belong to a job qwen-tui started, and how to stop them.
 
+`job_argv` starts a job (remote/job.sh), whose processes carry the marks below in their environment (the
+leader the run mark, from its exec).
+
 A run directory names each node's job by pid, but a pid read back from a file is
 only a number: the process may have ended and the pid gone to something else, or
 the file may have been edited. Nothing is signalled unless it proves it is ours:
@@ -26,9 +29,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from ..base.shell import JOB_MARK, RUN_MARK  # the marks live with the job wrapper that sets them
+from .programs import program
 
+# The environment marks every process of a job carries (remote/job.sh and detach.sh set them, under these names).
+JOB_MARK = "QWEN_TUI_JOB_PGID"
+RUN_MARK = "QWEN_TUI_RUN_ID"
 MARKS = (JOB_MARK, RUN_MARK)
+# A detached job: its log, its exit code in a file when it ends, every process marked (remote/job.sh).
+JOB_SCRIPT = program("job.sh")
+
+
+def job_argv(argv: Sequence[str], cwd: str, log: str, rcfile: str, *, envfile: str = "",
+             run_id: str = "") -> list[str]:
+    """argv that runs `argv` as a job (JOB_SCRIPT); the leader carries RUN_MARK from its exec."""
+    return ["env", f"{RUN_MARK}={run_id}", "sh", "-c", JOB_SCRIPT, "sh", cwd, log, rcfile, envfile, *argv]
 
 
 @dataclass(frozen=True)

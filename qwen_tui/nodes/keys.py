@@ -26,25 +26,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from qwen_tui.nodes.connect import _ssh_config, resolve_target
 from qwen_tui.nodes.hostkeys import Consent, known_hosts_line
+from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.ssh import SSHTransport
 from qwen_tui.nodes.transport import Transport, TransportError
 from qwen_tui.preset.schema import Preset
 
-# Append line "$2" to file "$1" (under ~/.ssh, private) unless present.
-# Prints "added" or "present". Lines travel as arguments, never inside the script.
-_APPEND_ONCE = (
-    'umask 077; mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh" || exit 90; f="$HOME/.ssh/$1"; shift; '
-    'touch "$f" || exit 91; n=0; for line in "$@"; do '
-    'if ! grep -qxF -- "$line" "$f"; then '
-    '[ -s "$f" ] && [ -n "$(tail -c1 "$f")" ] && echo >>"$f"; '
-    'printf "%s\\n" "$line" >>"$f" || exit 92; n=$((n+1)); fi; done; echo "$n"'
-)
+# Appends lines to a file under ~/.ssh unless present; prints how many were added.
+_APPEND_ONCE = program("append_once.sh")
 # A key of the node's own, made by the node's ssh-keygen if it has none.
-_NODE_KEY = (
-    'k="$HOME/.ssh/id_ed25519"; if [ ! -f "$k" ]; then umask 077; mkdir -p "$HOME/.ssh" && '
-    'ssh-keygen -q -t ed25519 -N "" -C "$1" -f "$k" || exit 93; fi; cat "$k.pub"'
-)
+_NODE_KEY = program("node_key.sh")
+_KEY_AUTHORIZED = program("key_authorized.sh")  # exit 0: the key is in ~/.ssh/authorized_keys
 
 
 @dataclass
@@ -216,8 +208,7 @@ def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[st
 
 def _present_check(t: Transport, key_line: str) -> bool:
     """Is this key (type + base64, any comment) already authorized on the node?"""
-    r = t.run(["sh", "-c", 'f="$HOME/.ssh/authorized_keys"; [ -f "$f" ] && grep -qF -- "$1" "$f"',
-               "sh", _key_only(key_line)], timeout=15)
+    r = t.run(["sh", "-c", _KEY_AUTHORIZED, "sh", _key_only(key_line)], timeout=15)
     return r.ok
 
 

@@ -23,6 +23,7 @@ from typing import Optional
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
 from qwen_tui.cluster.ib import active_ports, nccl_ib_env
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
+from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import CommandResult, Transport
 from qwen_tui.preset.schema import Preset
@@ -31,67 +32,10 @@ WARN_BELOW_GBPS = 10.0
 IPERF_PORT = 5201
 IPERF_STREAMS = 4  # NCCL's socket transport opens several connections per peer (NCCL_NSOCKS_PERTHREAD x threads)
 
-# Bind the given ports on all addresses, accept until every port has heard from
-# `expect` peers or the window ends. Once bound it prints {"bound": {port: null | error}}
-# and READY (what a streamed listener needs: it is stopped when the connectors are done),
-# at the end {"bound": ..., "peers": {port: [addr...]}}.
-LISTEN = r'''
-import json, select, socket, sys, time
-a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]
-socks, bound, peers = {}, {}, {}
-for p in a["ports"]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # as torch's TCPStore does: a TIME_WAIT left by an earlier run does not make the port busy
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("0.0.0.0", p)); s.listen(64); socks[s] = p; bound[p] = None; peers[p] = []
-    except OSError as e:
-        bound[p] = e.strerror or str(e); s.close()
-print(json.dumps({"bound": bound}), flush=True)
-print("READY", flush=True)
-while socks and time.monotonic() < end:
-    if all(len(set(peers[p])) >= a["expect"] for p in socks.values()):
-        break  # everyone got through: no need to sit out the window
-    r, _, _ = select.select(list(socks), [], [], max(0.0, min(0.2, end - time.monotonic())))
-    for s in r:
-        c, addr = s.accept(); peers[socks[s]].append(addr[0])
-        # let the client close first: TIME_WAIT then stays on its side, not on the job's port
-        c.settimeout(2)
-        try:
-            c.recv(1)
-        except OSError:
-            pass  # the client hung up or timed out: either way it reached us
-        c.close()
-print(json.dumps({"bound": bound, "peers": peers}))
-'''
-
-# Connect to each (host, port), each within its own bound (`probe` seconds), all
-# within the window. "refused" is retried inside the probe's bound (a REJECT rule
-# answers at once; a late listener too), a timeout is not. A target the window
-# left no time for is left out: only what was tried is reported.
-CONNECT = r'''
-import json, socket, sys, time
-a = json.loads(sys.argv[1]); end = time.monotonic() + a["window"]; res = {}
-for host, port in a["targets"]:
-    now = time.monotonic()
-    if now >= end:
-        break
-    stop = min(end, now + a["probe"]); err = f"timed out after {a['probe']:g}s (packets dropped: a firewall?)"
-    while True:
-        left = stop - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            socket.create_connection((host, port), timeout=left).close(); err = None; break
-        except ConnectionRefusedError:
-            err = "connection refused"; time.sleep(0.1)
-        except socket.timeout:
-            err = f"timed out after {a['probe']:g}s (packets dropped: a firewall?)"; break
-        except OSError as e:
-            err = e.strerror or str(e); time.sleep(0.1)
-    res[f"{host}:{port}"] = err
-print(json.dumps(res))
-'''
+# The listener prints {"bound": ...} and READY once bound, {"bound", "peers"} at the end; the connector
+# prints {"host:port": null | error} (each file's header says more).
+LISTEN = program("port_listen.py")
+CONNECT = program("port_connect.py")
 
 # One probe's bound: a connect on a LAN answers in milliseconds; a dropped SYN never does.
 PROBE_S = 2.0

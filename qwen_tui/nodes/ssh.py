@@ -27,50 +27,19 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
-from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, Proc, env_script, parse_marks, parse_stat
+from qwen_tui.nodes.jobs import Proc, env_script, job_argv, parse_marks, parse_stat
+from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
-from qwen_tui.base.shell import job_argv, quote_argv
+from qwen_tui.base.shell import quote_argv
 
 log = logging.getLogger(__name__)
 
-# Runs argv in a directory without a shell seeing the directory's name.
-_IN_DIR = 'cd -- "$1" || exit 96; shift; exec "$@"'
-# Starts a detached job: makes the log and rc directories, then `setsid` puts the
-# job in a new session (pid = pgid) that outlives this SSH session; prints its pid.
-# The job's environment arrives on stdin and goes into a 0600 file created with
-# noclobber (O_EXCL: a planted link is not followed); the job sources and removes it.
-# The run directories are made 0700.
-# The run mark is exported before setsid, so it is in the environment of every exec.
-_DETACH = ('(umask 077 && mkdir -p -- "$1" "$2") || exit 98; envf=$3; export ' + RUN_MARK + '=$4; shift 4; '
-           'rm -f -- "$envf" && (umask 077 && set -C && cat >"$envf") || exit 99; '
-           'setsid "$@" </dev/null >/dev/null 2>&1 & echo "$!"')
-# One line per candidate process of a job: "pid<TAB>stat text after comm<TAB>marks".
-# Candidates: the leader $1, its group's members, and every process whose environment
-# carries RUN_MARK=$2. qwen_tui.nodes.jobs decides which of them are the job's.
-_JOB_PROCS = (
-    'pg=$1; run=$2; { echo "$pg"; '
-    'grep -lzxF -- "' + RUN_MARK + '=$run" /proc/[0-9]*/environ 2>/dev/null | sed "s#^/proc/##; s#/environ\\$##"; '
-    'ps -A -o pid=,pgid= | while read -r p g; do [ "$g" = "$pg" ] && echo "$p"; done; } | sort -u | '
-    'while read -r p; do s=$(cat "/proc/$p/stat" 2>/dev/null) || continue; '
-    'm=$(tr "\\0" "\\n" <"/proc/$p/environ" 2>/dev/null | grep -E "^(' + JOB_MARK + '|' + RUN_MARK + ')=" | tr "\\n" " "); '
-    'printf "%s\\t%s\\t%s\\n" "$p" "$s" "$m"; done; true'
-)
-# Signals "pid:start" pairs whose start time is still the same (no reused pid).
-_KILL_CHECKED = (
-    'sig=$1; shift; n=0; for ps in "$@"; do p=${ps%%:*}; st=${ps#*:}; '
-    's=$(cat "/proc/$p/stat" 2>/dev/null) || continue; s=${s##*)}; set -f; set -- $s; set +f; '
-    '[ "${20}" = "$st" ] && kill -s "$sig" -- "$p" 2>/dev/null && n=$((n+1)); done; echo "$n"'
-)
-# The job's live processes: its process group, plus every process whose
-# environment carries the job mark (torchrun's ranks run in sessions of their
-# own). Zombies do not count. Prints one pid a line.
-_JOB_PIDS = (
-    'pg=$1; { for f in $(grep -lzx -- "' + JOB_MARK + '=$pg" /proc/[0-9]*/environ 2>/dev/null); do '
-    'd=${f%/environ}; echo "${d#/proc/}"; done; '
-    'ps -A -o pid=,pgid= | while read -r p g; do [ "$g" = "$pg" ] && echo "$p"; done; } | sort -u | '
-    'while read -r p; do s=$(cut -d")" -f2 "/proc/$p/stat" 2>/dev/null | cut -c2); '
-    '[ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done; true'
-)
+# The shell scripts of a node's commands and jobs (each file's header says what it does and prints).
+_IN_DIR = program("in_dir.sh")  # argv in a directory, without a shell seeing the directory's name
+_DETACH = program("detach.sh")  # starts a detached job (job.sh) in a session of its own; prints its pid
+_JOB_PROCS = program("job_procs.sh")  # a job's candidate processes, for qwen_tui.nodes.jobs to judge
+_KILL_CHECKED = program("kill_checked.sh")  # signals "pid:start" pairs whose start time is unchanged
+_JOB_PIDS = program("job_pids.sh")  # the job's live processes, by group and by mark
 # sshd's default MaxSessions is 10 channels per connection; stay under it.
 MAX_CHANNELS = 8
 _EXIT_GRACE_S = 2.0  # how long a stream waits for output after the command's exit status

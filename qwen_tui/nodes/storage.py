@@ -15,14 +15,14 @@ import secrets
 from typing import Optional
 
 from ..preset.schema import Preset
+from .programs import program
 from .results import on_nodes
 from .transport import Transport
 
 # Writes the token into NAME in DIR or, when DIR does not exist yet, in its nearest
 # existing parent (the filesystem DIR will be made on): a check creates no directory.
 # Prints the directory used. argv stays data, never shell text.
-_WRITE = ('d=$1; while [ ! -d "$d" ]; do p=$(dirname -- "$d"); [ "$p" = "$d" ] && exit 1; d=$p; done; '
-          '(set -C; printf %s "$2" > "$d/$3") && printf %s "$d"')
+_WRITE = program("write_marker.sh")
 
 
 def detect_shared_storage(preset: Preset, transports: dict[int, Transport], *,

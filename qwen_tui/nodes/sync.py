@@ -14,36 +14,15 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from qwen_tui.cluster.facts import ClusterFacts
-from qwen_tui.nodes.digests import DIGESTS
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
+from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
 from qwen_tui.preset.schema import Preset
 
 # path -> {"exists", "dir", "sha256", "size", "files": [[rel, size, sha256]]}; the
 # same digest as the probe's (a file's sha256, or sha256 of the JSON file list).
-MANIFEST = DIGESTS + r'''
-import hashlib, json, os, sys
-q = os.path.abspath(os.path.expanduser(sys.argv[1]))
-skip = set(json.loads(sys.argv[2]))
-sha = sha_file  # digests cached by size, mtime and inode (qwen_tui.nodes.digests)
-if os.path.isfile(q):
-    print(json.dumps({"path": q, "exists": True, "dir": False, "size": os.path.getsize(q), "sha256": sha(q)}))
-elif os.path.isdir(q):
-    items = []
-    for root, dirs, files in os.walk(q):
-        dirs[:] = sorted(d for d in dirs if d not in skip)
-        for n in sorted(files):
-            if n.endswith(".pyc"):
-                continue
-            f = os.path.join(root, n)
-            items.append([os.path.relpath(f, q), os.path.getsize(f), sha(f)])
-    print(json.dumps({"path": q, "exists": True, "dir": True, "size": sum(i[1] for i in items),
-                      "sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(), "files": items}))
-else:
-    print(json.dumps({"path": q, "exists": False}))
-save_digests()
-'''
+MANIFEST = program("manifest.py")  # remote/digests.py and manifest.py
 SKIP_DIRS = ["__pycache__", ".git"]
 
 Progress = Callable[[int, str, int, int], None]  # node, path, bytes done, bytes total

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..nodes.programs import program
 from ..nodes.transport import Transport
 
 # Prints the load average and core count, then one CSV line per GPU (nothing where there is no nvidia-smi).
-_PROBE = ('cat /proc/loadavg 2>/dev/null; getconf _NPROCESSORS_ONLN 2>/dev/null; command -v nvidia-smi >/dev/null '
-          '&& nvidia-smi --query-gpu=utilization.gpu,clocks.sm,clocks.max.sm,temperature.gpu '
-          '--format=csv,noheader,nounits 2>/dev/null; exit 0')
+_PROBE = program("slow_node_evidence.sh")
 
 
 def parse_evidence(text: str) -> list[str]:

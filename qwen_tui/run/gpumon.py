@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
 
+from ..nodes.programs import program
+
 FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total")
 INTERVAL_MS = 1000
 
@@ -168,22 +170,9 @@ def cpu_sample(rank: int, stat_text: str, loadavg_text: str,
 
 
 # One process on the node, one line a second: "<cpu line of /proc/stat>\t<cpus>\t<load1>".
-# The interval is argv[1]; the loop keeps its own schedule (no drift) and ends when
-# its output goes away (SIGHUP from the closed pty, or EPIPE).
-CPU_LOOP = r'''
-import sys, time  # qwen-tui cpu sampler
-iv = max(1.0, float(sys.argv[1])); nxt = time.monotonic()
-while True:
-    with open("/proc/stat") as f:
-        lines = f.read().splitlines()
-    with open("/proc/loadavg") as f:
-        load1 = f.read().split()[0]
-    ncpu = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
-    sys.stdout.write(lines[0] + "\t" + str(ncpu) + "\t" + load1 + "\n"); sys.stdout.flush()
-    nxt += iv
-    time.sleep(max(0.0, nxt - time.monotonic()))
-'''
-CPU_LOOP_MARK = "qwen-tui cpu sampler"
+# The interval is argv[1]; the loop ends when its output goes away (SIGHUP from the closed pty, or EPIPE).
+CPU_LOOP = program("cpu_sampler.py")
+CPU_LOOP_MARK = "qwen-tui cpu sampler"  # a comment in its first line: what finds it in the node's process list
 
 
 def cpu_loop_argv(python: str = "python3", interval: float = INTERVAL_MS / 1000) -> list[str]:

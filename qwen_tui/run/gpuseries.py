@@ -22,9 +22,11 @@ import threading
 import time
 from typing import Callable, Optional
 
+from ..nodes.programs import program
 from .gpumon import GpuMonitor, NodeSample
 
 SERIES_NAME = "gpus.jsonl"
+APPEND_PRIVATE = program("append_private.sh")  # stdin appended to $1, made 0600 if new
 FLUSH_S = 5.0
 FIRST_LOOK_S = 0.25
 
@@ -119,9 +121,8 @@ class GpuSeriesWriter:
             return 0
         data = "".join(json.dumps(rec) + "\n" for rec in lines).encode()
         try:
-            # umask 077: a new file is 0600, as every file of the run directory
-            res = self.transport.run(["sh", "-c", 'umask 077; cat >> "$1"', "sh", self.path], timeout=self.timeout,
-                                     input=data)
+            # a new file is 0600, as every file of the run directory
+            res = self.transport.run(["sh", "-c", APPEND_PRIVATE, "sh", self.path], timeout=self.timeout, input=data)
         except Exception as e:  # the master may be unreachable for a moment: this window is dropped
             self.last_error = f"{type(e).__name__}: {e}"
             return 0

@@ -33,6 +33,7 @@ import time
 from typing import Callable, Optional
 
 from ..cluster.facts import ClusterFacts
+from ..nodes.programs import program
 from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
@@ -43,9 +44,7 @@ from .launcher import LOST, LaunchError, Launcher, RunOutcome
 from .rundir import RunDir
 
 # Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
-_LIST_CHECKPOINTS = ('cd -- "$1" 2>/dev/null || exit 0; for d in checkpoint-*; do '
-                     'if [ -f "$d/finetune_state.json" ] || [ -f "$d/trainer_state.json" ]; then '
-                     'printf "%s\\n" "$d"; fi; done')
+_LIST_CHECKPOINTS = program("list_checkpoints.sh")
 NEXT_ATTEMPT_BOUND = 120.0  # how long `attach` waits for replay to start the next attempt
 
 FollowOne = Callable[[Launcher, Optional[float]], RunOutcome]

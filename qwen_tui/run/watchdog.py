@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..nodes.programs import program
+
 MIN_BOUND_S = 120.0
 STEP_FACTOR = 5.0
 SLOW_PHASES = ("checkpoint", "eval")  # phases that may rightly take many steps' time
@@ -32,7 +34,7 @@ SLOW_FACTOR, SLOW_MIN_S = 10.0, 600.0
 STALE_MIN_S = 10.0  # a heartbeat unchanged this long (and 3 write intervals) counts as stopped
 
 # One round trip per node: every rank's heartbeat file as one line each (a file being replaced is skipped).
-READ_BEATS = 'for f in "$1"/rank-*.json; do [ -f "$f" ] && cat -- "$f" 2>/dev/null && echo; done; exit 0'
+READ_BEATS = program("read_beats.sh")
 
 
 def parse_beats(text: str) -> dict[int, dict]:

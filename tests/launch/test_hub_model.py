@@ -1,4 +1,4 @@
-"""Hub models downloaded once (qwen_tui/nodes/hubmodel.py) and digests hashed once (qwen_tui/nodes/digests.py).
+"""Hub models downloaded once (qwen_tui/nodes/hubmodel.py) and digests hashed once (qwen_tui/nodes/remote/digests.py).
 
 There is no hub here: the tests pre-populate a hub cache in huggingface_hub's own layout (blobs, refs/main,
 snapshots/<commit> of links) with the tiny model and run with HF_HUB_OFFLINE=1, so snapshot_download resolves

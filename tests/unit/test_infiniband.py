@@ -9,15 +9,25 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, NodeFacts
-from qwen_tui.cluster.ib import (SYSFS_READER, nccl_ib_env, nccl_transport, parse_ibv_devinfo, ports_from_probe,
-                         read_sysfs)
+from qwen_tui.cluster.ib import nccl_ib_env, nccl_transport, parse_ibv_devinfo, ports_from_probe
 from qwen_tui.nodes.ibcheck import ib_findings, nccl_network_findings
 from qwen_tui.nodes.probe import facts_from_json
+from qwen_tui.nodes.programs import program
 from qwen_tui.run.rehearsal import _tail, rehearsal_env
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+
+
+def _shipped_reader():
+    """read_sysfs as the node's python defines it: the program's own text, nothing from qwen_tui."""
+    ns: dict = {}
+    exec(compile(program("ib_sysfs.py"), "ib_sysfs.py", "exec"), ns)
+    return ns["read_sysfs"]
+
+
+read_sysfs = _shipped_reader()
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
@@ -88,10 +98,9 @@ def test_no_sysfs_tree_or_a_half_populated_one(tmp_path, sysfs):
     assert nccl_ib_env(only_down) == {}
 
 
-def test_the_probe_ships_the_same_reader(sysfs):
-    ns: dict = {}
-    exec(compile(SYSFS_READER, "<probe>", "exec"), ns)  # as the node's python runs it: nothing from qwen_tui
-    assert ns["read_sysfs"](str(sysfs)) == read_sysfs(str(sysfs))
+def test_the_probe_ships_the_same_reader():
+    probe = program("probe.py")
+    assert probe.startswith(program("ib_sysfs.py")) and 'read_sysfs(ib)' in probe
 
 
 def test_ibv_devinfo_fills_in_where_sysfs_shows_nothing():

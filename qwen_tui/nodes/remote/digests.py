@@ -1,14 +1,13 @@
-"""Python source shared by the snippets that hash files on a node (the probe, sync's manifest).
+# SHA-256 of files, cached on the node: part of the probe and the manifest, which call sha_file(path) and,
+# at the end, save_digests().
+#
+# A model of 145 GB takes minutes to hash; every `check` used to hash it again. sha_file hashes a file once
+# and keeps its SHA-256 in the node's cache ($QWEN_TUI_CACHE, else $XDG_CACHE_HOME/qwen-tui or
+# ~/.cache/qwen-tui, digests.json), keyed by the file's real path and reused while its size, mtime and inode
+# are unchanged (a rewritten file gets a new mtime or inode, so it is hashed again). save_digests() writes the
+# cache back atomically when it changed and reports what was computed and reused; a cache that cannot be
+# written costs only time, and is reported.
 
-A model of 145 GB takes minutes to hash; every `check` used to hash it again. `sha_file` hashes a file once
-and keeps its SHA-256 in the node's cache ($QWEN_TUI_CACHE, else $XDG_CACHE_HOME/qwen-tui or ~/.cache/qwen-tui,
-digests.json), keyed by
-the file's real path and reused while its size, mtime and inode are unchanged (a rewritten file gets a new
-mtime or inode, so it is hashed again). `save_digests()` writes the cache back atomically when it changed
-and reports what was computed and reused; a cache that cannot be written costs only time, and is reported.
-"""
-
-DIGESTS = r'''
 import hashlib as _hl, json as _js, os as _os
 _XDG = _os.environ.get("XDG_CACHE_HOME") or ""
 _DIG_PATH = _os.path.join(_os.environ.get("QWEN_TUI_CACHE") or (_os.path.join(_XDG, "qwen-tui") if _os.path.isabs(_XDG)
@@ -51,4 +50,3 @@ def save_digests():
     except OSError as e:  # a read-only home: the digests are right, only not kept for next time
         rep["error"] = "%s: %s" % (_DIG_PATH, e.strerror)
     return rep
-'''
