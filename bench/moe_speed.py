@@ -14,8 +14,9 @@ stock  Hugging Face Trainer with transformers' own Qwen3-MoE forward (its expert
        (the bf16 base fits one H200), every record padded to 1,024 tokens, micro-batch 2 (8 ran out of memory
        on an H200), accumulation 8.
 ours   `python -m training.finetune --random_init` with its automatic fast path (packed rows, fused loss, compiled
-       layers, the memory probe's row budget), the same LoRA, 64 records a step; the router's load-balancing loss
-       is in its loss too (logged as aux_loss).
+       layers, the experts' kernel it picks, the memory probe's row budget), the same LoRA, 64 records a step;
+       the router's load-balancing loss is in its loss too (logged as aux_loss). Packages carried beside the
+       image's (liger-kernel) reach it through PYTHONPATH, after this checkout.
 
 MFU counts active parameters: FLOPs per real token = 4 x N_active + 12 x L x q_dim x s (LoRA: no weight gradients
 for the frozen base), N_active = the parameters a token multiplies (attention, its 8 experts, routers, LM head;
@@ -54,6 +55,11 @@ SHAPES = {
                  max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                  decoder_sparse_step=1, mlp_only_layers=[]),
 }
+
+
+def python_path() -> str:
+    """This checkout first, then the caller's PYTHONPATH (where packages carried beside the image's may lie)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def make_records(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -191,7 +197,7 @@ def run_stock(args, result: dict) -> None:
     trainer.train()
     (ta, na), (tb, nb) = marks[args.stock_warmup - 1], marks[-1]
     result.update(tokens_per_s=sum(real[na:nb]) / (tb - ta), timed_steps=len(marks) - args.stock_warmup,
-                  micro_batch=f"2 x {STOCK_SEQ} padded",
+                  micro_batch=f"2 x {STOCK_SEQ} padded", experts_implementation=cfg._experts_implementation,
                   peak_allocated_gib=torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None)
 
 
@@ -217,7 +223,7 @@ def run_ours(args, out: Path) -> dict:
     if not args.cpu_smoke:
         cmd += ["--bf16", "--auto_memory_fraction", str(args.mem_fraction)]
     cmd += args.worker_flags.split()  # later flags win
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": python_path(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     with open(out / "runs.log", "a") as log:
         log.write(f"===== ours: {' '.join(cmd)}\n")
@@ -287,7 +293,7 @@ def main(argv=None) -> int:
                    "--tmp", args.tmp] + (["--cpu-smoke"] if args.cpu_smoke else [])
             t0 = time.perf_counter()
             q = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": python_path()})
             (out / "runs.log").open("a").write(f"===== stock: {' '.join(cmd)}\n{q.stdout}{q.stderr}\n")
             line = next((x for x in q.stdout.splitlines() if x.startswith("RESULT ")), None)
             r = json.loads(line[7:]) if line else {"recipe": "stock", "status": f"failed rc={q.returncode}"}

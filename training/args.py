@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
                      "(logged as aux_loss in metrics.jsonl); 0 leaves it out. Default: the model config's "
                      "router_aux_loss_coef (0.001 in Qwen's releases)")
+    moe.add_argument("--experts_implementation", default="auto", choices=("auto", "lean", "grouped_mm", "eager"),
+                     help="the kernel of the fused experts (transformers 5): lean (grouped matmuls, less kept for "
+                     "the backward), grouped_mm (transformers' grouped matmuls) or eager (a loop over the experts). "
+                     "Default auto: lean on CUDA where torch has a grouped matmul, eager elsewhere")
     add_bool(moe, "train_router",
              help="train the routers (each sparse MoE block's gate): with LoRA they are saved with the adapter "
              "(peft modules_to_save). Default: the routers stay frozen, whatever the method")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from training import dist, fastpath
+from training import dist, fastpath, moe_experts
 from training.data import Collator, StepSampler
 from training.model import apply_method, load_model
 
@@ -52,6 +52,9 @@ def build_model(args, source: str, method: str, device, load_dtype, quant: str |
     if resume_dir and method == "full" and not args.deepspeed:
         source = str(resume_dir)  # the checkpoint holds the full model in HF format
     model = load_model(args, source, method, device, load_dtype, quant, stage)
+    experts = moe_experts.apply(model, getattr(args, "experts_implementation", "auto"), torch.device(device))
+    if experts:  # said beside the fast path's other switches
+        fast.experts, fast.why["experts"] = experts
     model = apply_method(args, model, method)
     if method != "full" and not fast.lora_input_cast:
         fastpath.set_lora_input_cast(model, False)

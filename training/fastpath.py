@@ -46,6 +46,7 @@ class FastChoice:
     labelled_logits: bool = False  # the LM head on packed rows' supervised positions only
     packing_tokens: int | None = None  # set by the recipe (flag, probe or default)
     gradient_checkpointing: bool = False
+    experts: str | None = None  # a mixture of experts' kernel (training.moe_experts), set when the model loads
     why: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -68,6 +69,7 @@ class FastChoice:
                  f"overlapped steps {on(self.overlap_steps)}",
                  f"expandable segments {on(self.expandable_segments)}",
                  f"gradient checkpointing {on(self.gradient_checkpointing)}"]
+        parts += [f"experts {self.experts}"] if self.experts else []
         return "fast path: " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in self.why.items())
 
 

@@ -150,24 +150,34 @@ def real_token_mask(batch: dict) -> tuple[torch.Tensor, int | torch.Tensor]:
 
 class RouterAux:
     """Forward hooks on every router that keep its logits while collecting() is active (not while gradient
-    checkpointing recomputes a layer in the backward, nor in evaluation), and the aux loss from them."""
+    checkpointing recomputes a layer in the backward, nor in evaluation), and the aux loss from them.
+
+    Each router's logits are kept on that router (an attribute), not appended to one list: the decoder layers are
+    compiled once for all layers (training.fast.compile), and a list that grows layer by layer is a guard that
+    fails in every layer (a recompile each, until torch gives up compiling the rest)."""
+
+    ATTR = "_aux_router_logits"
 
     def __init__(self, model, shape: MoeShape, coef: float):
         self.shape = shape
         self.coef = coef
         self.active = False
-        self.logits: list[torch.Tensor] = []
-        blocks = sparse_blocks(model)
-        self.handles = [b.gate.register_forward_hook(self._keep) for b in blocks]
-        self.layers = len(blocks)
+        self.gates = [b.gate for b in sparse_blocks(model)]
+        self.handles = [g.register_forward_hook(self._keep) for g in self.gates]
+        self.layers = len(self.gates)
 
     def _keep(self, module, args, output) -> None:
         if self.active:
-            self.logits.append(output[0] if isinstance(output, tuple) else output)
+            setattr(module, self.ATTR, output[0] if isinstance(output, tuple) else output)
+
+    def _clear(self) -> list:
+        kept = [g.__dict__.pop(self.ATTR, None) for g in self.gates]
+        return [x for x in kept if x is not None]
 
     @contextlib.contextmanager
     def collecting(self):
-        self.logits, self.active = [], True
+        self._clear()
+        self.active = True
         try:
             yield
         finally:
@@ -175,7 +185,7 @@ class RouterAux:
 
     def aux(self, mask: torch.Tensor | None) -> torch.Tensor:
         """The aux loss of the micro-batch just run (and forgets its logits)."""
-        logits, self.logits = self.logits, []
+        logits = self._clear()
         if len(logits) != self.layers:
             raise RuntimeError(f"router logits of {len(logits)} MoE layers collected, the model has {self.layers}")
         return load_balancing_loss(logits, self.shape.num_experts, self.shape.top_k, mask)

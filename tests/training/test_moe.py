@@ -108,6 +108,7 @@ def test_worker_loss_is_transformers_loss_with_the_aux_term(tmp_path, monkeypatc
     assert start["moe"]["router_aux_loss_coef"] == COEF and start["moe"]["shared_expert"] is (arch == "qwen2_moe")
     assert start["fast_path"]["packing"] is ("--no_packing" not in flags)
     assert start["fast_path"]["compile"] is ("--compile" in flags)
+    assert start["fast_path"]["experts"] == "eager" and start["fast_path"]["why"]["experts"].startswith("eager: CPU")
     ref = hf_step_one(moe_models[arch], data["train"], 4, COEF, train_router=True)
     assert step["aux_loss"] == pytest.approx(ref["aux"]["aux_loss"], rel=1e-5)
     assert step["loss"] + COEF * step["aux_loss"] == pytest.approx(ref["aux"]["loss"], rel=1e-5)
@@ -229,3 +230,103 @@ def test_expert_layout_is_read_from_the_config_on_the_meta_device(moe_models):
         assert layout_of_config(cfg) == "fused"
         assert layout_of_config({**cfg, "mlp_only_layers": [0]}) == "fused"
         assert layout_of_config({**cfg, "mlp_only_layers": [0, 1]}) == "none"
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("impl,compiled", [("grouped_mm", False), ("lean", False), ("lean", True)])
+def test_experts_kernels_give_the_eager_loss_and_gradients(moe_models, impl, compiled):
+    """The grouped kernels the worker picks on CUDA compute what transformers' reference loop computes: the same
+    loss and gradient of every weight (experts, routers, attention) on the tiny MoE in fp32 on the CPU, where
+    torch's grouped matmul runs too; "lean" also through Dynamo and AOTAutograd, as the worker's compiled layers
+    run it (custom backward of its gathers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training import moe_experts
+    from training.fast.compile import compile_decoder_layers
+
+    ref = AutoModelForCausalLM.from_pretrained(moe_models["qwen3_moe"], dtype=torch.float32)
+    ids = torch.randint(0, ref.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(3))
+    assert moe_experts.apply(ref, "eager", torch.device("cpu"))[0] == "eager"
+    model = AutoModelForCausalLM.from_pretrained(moe_models["qwen3_moe"], dtype=torch.float32)
+    assert moe_experts.apply(model, impl, torch.device("cpu")) == (impl, "as given")
+    assert model.config._experts_implementation == impl
+    if compiled:
+        compile_decoder_layers(model, backend="aot_eager")
+    loss0, g0 = _loss_and_grads(ref, ids)
+    loss, g = _loss_and_grads(model, ids)
+    assert loss == pytest.approx(loss0, rel=1e-6)
+    assert g.keys() == g0.keys() and any(".experts." in n for n in g)
+    for n in g0:
+        assert torch.allclose(g[n], g0[n], rtol=1e-4, atol=1e-6 * float(g0[n].abs().max())), n
+
+
+def test_experts_choice_is_eager_on_cpu_and_grouped_where_asked(moe_models):
+    """auto keeps transformers' reference loop on the CPU (grouped matmuls are for CUDA); a given kernel is set as
+    given; a model without experts implementations (one MLP module an expert) stays eager and refuses another;
+    a dense model has nothing to choose."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training import moe_experts
+    from training.errors import InputError
+    from training.tiny import build_tiny
+
+    cpu = torch.device("cpu")
+    impl, why = moe_experts.choose("auto", cpu, has_interface=True)
+    assert impl == "eager" and why.startswith("eager: CPU")
+    assert moe_experts.choose("grouped_mm", cpu, has_interface=True) == ("grouped_mm", "as given")
+    assert moe_experts.choose("auto", cpu, has_interface=False)[0] == "eager"
+    model = AutoModelForCausalLM.from_pretrained(moe_models["qwen3_moe"])
+    assert model.config._experts_implementation == "grouped_mm"  # transformers' own default, also on the CPU
+    assert moe_experts.apply(model, "auto", cpu)[0] == "eager" and model.config._experts_implementation == "eager"
+    dense = AutoModelForCausalLM.from_pretrained(str(build_tiny(Path(moe_models["qwen3_moe"]).parent / "dense")))
+    assert moe_experts.apply(dense, "auto", cpu) is None
+
+    class NoInterface(torch.nn.Module):  # a model class without set_experts_implementation (transformers 4's)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    assert moe_experts.apply(NoInterface(model), "auto", cpu)[0] == "eager"
+    with pytest.raises(InputError, match="no experts implementations"):
+        moe_experts.apply(NoInterface(model), "lean", cpu)
+
+
+def test_router_logits_hooks_compile_one_graph_for_all_layers():
+    """The routers' hooks keep each layer's logits on its router: the decoder layers, compiled once for all (the
+    worker's regional compilation), compile one graph, not one per layer until torch stops compiling (a hook
+    appending to one list failed a guard on its length in every layer); the aux loss is the uncompiled one."""
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from training import moe
+    from training.fast.compile import compile_decoder_layers
+
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=12, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         num_experts=8, num_experts_per_tok=2, use_cache=False)
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    router = moe.RouterAux(model, moe.moe_shape(cfg.to_dict()), 0.01)
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    with router.collecting():
+        model(input_ids=ids)
+    ref = router.aux(None)
+    compile_decoder_layers(model, backend="eager")
+    for _ in range(2):
+        with router.collecting():
+            model(input_ids=ids)
+        assert torch.equal(router.aux(None), ref)
+    assert counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(RuntimeError, match="of 0 MoE layers collected"):
+        router.aux(None)  # forgotten once read
