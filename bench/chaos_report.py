@@ -307,7 +307,8 @@ def _phases_note(f: dict) -> str:
 def text_table(faults: list[dict], runs: dict[str, dict]) -> str:
     body = rows(faults, runs)
     widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     return "\n".join([line(COLUMNS), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 

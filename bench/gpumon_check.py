@@ -18,7 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen_tui.run import gpumon  # noqa: E402
+from qwen_tui.run import gpumon
+
+
+def _number(row: dict, key: str) -> float | None:
+    return float(row[key]) if row.get(key) not in (None, "[N/A]", "N/A") else None
 
 
 def check(text: str) -> dict:
@@ -33,8 +37,8 @@ def check(text: str) -> dict:
             continue
         samples.append(s)
         row = dict(zip(gpumon.FIELDS, raw))
-        num = lambda k: float(row[k]) if row.get(k) not in (None, "[N/A]", "N/A") else None  # noqa: E731
-        want = (int(row["index"]), row["name"], num("utilization.gpu"), num("memory.used"), num("memory.total"))
+        want = (int(row["index"]), row["name"], *(_number(row, k) for k in ("utilization.gpu", "memory.used",
+                                                                             "memory.total")))
         got = (s.index, s.name, s.util_pct, s.mem_used_mib, s.mem_total_mib)
         if want != got:
             problems.append(f"{ln!r}: parsed {got}, expected {want}")

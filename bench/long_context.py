@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from train_speed import PEAK_TFLOPS, SHAPES, flops_per_token, write_worker_inputs  # noqa: E402
+from train_speed import PEAK_TFLOPS, flops_per_token, write_worker_inputs  # noqa: E402
 
 DEFAULT_LENGTHS = "32768,65536,131072,196608"
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")

@@ -468,7 +468,7 @@ def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, lis
     enc = ChatEncoder(tok, 10**6)
     # Words that are one token each after a space: a record of k of them is k tokens plus the markup.
     words = []
-    for t, i in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
+    for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
         w = tok.convert_tokens_to_string([t])
         if w.startswith(" ") and w[1:].isalpha() and len(tok(w, add_special_tokens=False)["input_ids"]) == 1:
             words.append(w[1:])

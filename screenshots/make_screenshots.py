@@ -31,7 +31,7 @@ def to_png(svg: Path) -> Path:
         import cairosvg
     except ImportError:
         if not shutil.which("rsvg-convert"):
-            raise SystemExit("PNG needs `pip install cairosvg` or rsvg-convert (librsvg2-bin)")
+            raise SystemExit("PNG needs `pip install cairosvg` or rsvg-convert (librsvg2-bin)") from None
         subprocess.run(["rsvg-convert", "-w", "1600", "-o", str(png), str(svg)], check=True)
     else:
         cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1600)

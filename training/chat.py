@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps({"error": "expected {\"messages\": [...]}"}), file=real_out, flush=True)
                     continue
                 print(json.dumps(chat.reply(msgs)), file=real_out, flush=True)
-    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+    except Exception as e:
         return report_failure(e)
     return EXIT_OK
 

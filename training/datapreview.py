@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone (a model build may print)
             report = preview(args, mine.world_size, mine.device == "cuda" and "--use_cpu" not in worker, mine.bins,
                              mine.longer_than)
-    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+    except Exception as e:
         return report_failure(e)
     json.dump(report, sys.stdout)
     sys.stdout.write("\n")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
             report = merge(args)
-    except Exception as e:  # noqa: BLE001 - one line for the caller (training.errors.report_failure)
+    except Exception as e:
         return report_failure(e)
     print(json.dumps(report))
     return EXIT_OK

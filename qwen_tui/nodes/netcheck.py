@@ -24,7 +24,7 @@ from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
 from qwen_tui.cluster.ib import active_ports, nccl_ib_env
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.programs import program
-from qwen_tui.nodes.results import NodeResults, on_nodes
+from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import CommandResult, Transport
 from qwen_tui.preset.schema import Preset
 

@@ -64,11 +64,11 @@ def on_nodes(fn: Callable[[int], T], indices: Iterable[int], *, timeout: float,
             i = futs[fut]
             try:
                 res[i] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - kept per node, never swallowed
+            except BaseException as e:
                 res[i] = e
     except cf.TimeoutError:
         pass  # the nodes that did not answer in time are marked just below
-    for fut, i in futs.items():
+    for i in futs.values():
         if i not in res:
             res[i] = NodeTimeout(f"no answer within {timeout:g}s")
     pool.shutdown(wait=False, cancel_futures=True)

@@ -282,9 +282,11 @@ class SSHTransport:
                         if not pending:
                             chan.shutdown_write()
                     while chan.recv_ready():
-                        out += chan.recv(65536); got = True
+                        out += chan.recv(65536)
+                        got = True
                     while chan.recv_stderr_ready():
-                        err += chan.recv_stderr(65536); got = True
+                        err += chan.recv_stderr(65536)
+                        got = True
                     # sshd may send the exit status before the last output: the command is
                     # done only when the output has ended (EOF) too, or the channel closed.
                     drained = not chan.recv_ready() and not chan.recv_stderr_ready()

@@ -85,7 +85,7 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
     def one(i: int) -> list[SyncAction]:
         t, py = transports[i], nodes[i].python
         acts: list[SyncAction] = []
-        for kind, mpath in plan:
+        for kind, _ in plan:
             s = src[kind]
             if kind == "code":
                 path = posixpath.join(nodes[i].workdir, "training")
@@ -115,7 +115,7 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
             files = [("", s["size"])] if not s["dir"] else [(rel, size) for rel, size, _ in s["files"]]
             have = {rel: sh for rel, _, sh in d.get("files", [])} if d.get("dir") else {}
             want = {rel: sh for rel, _, sh in s.get("files", [])}
-            for rel, size in files:
+            for rel, _ in files:
                 if s["dir"] and have.get(rel) == want[rel]:
                     continue
                 sp = posixpath.join(s["path"], rel) if rel else s["path"]

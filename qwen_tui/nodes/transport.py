@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Protocol, Sequence
 
-from ..base.shell import quote_argv  # noqa: F401  (quote_argv: re-exported)
+from ..base.shell import quote_argv
 from .jobs import JOB_MARK, RUN_MARK, Proc, job_argv, local_kill, local_proc, local_procs
 
 def check_stream_quiet(label: str, argv: Sequence[str], now: float, started: float, last: float, got_line: bool,

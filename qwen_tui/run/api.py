@@ -183,7 +183,7 @@ def _with_progress(call: Callable[[Progress], T]) -> Generator[CheckProgress, No
     def run() -> None:
         try:
             out["result"] = call(lambda check, node, text: q.put(CheckProgress(check, node, text)))
-        except BaseException as e:  # noqa: BLE001 - raised again below, in the caller's thread
+        except BaseException as e:
             out["error"] = e
         finally:
             q.put(None)
@@ -460,7 +460,7 @@ def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) 
     elif log_rank is not None:
         try:
             log = la.log_tail(log_rank, lines=log_lines)
-        except Exception as e:  # noqa: BLE001 - a node gone for a moment: said in the log pane, the run goes on
+        except Exception as e:
             log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
     nodes = {r: ("unreachable" if s.status == "running" and mon.health.unreachable(r) else s.status, s.error)
              for r, s in la.nodes.items()}

@@ -165,7 +165,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     detach = threading.Event()
     by_signal: list[str] = []  # what stopped the run from here, said once the stop begins
 
-    def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+    def _on_signal(signum, frame):
         if signum == signal.SIGQUIT or ctrl_c == "detach":
             detach.set()
         elif not la.stop_requested:
@@ -320,7 +320,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
     # handler takes over from there). Without this a Ctrl-C between the start and the live view left the run going.
     early: dict = {"starting": False, "la": None, "signal": None}
 
-    def _early(signum, frame):  # noqa: ARG001 - signal handler signature
+    def _early(signum, frame):
         if not early["starting"]:
             raise KeyboardInterrupt
         early["signal"] = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name

@@ -110,7 +110,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     t0 = time.monotonic()
     cmds = {c.rank: c for c in plan.nodes}
     paths, dirs = {}, {}
-    for r, c in cmds.items():
+    for r in cmds:
         # in the node's home, not its workdir (which may be a shared project checkout)
         d = posixpath.join("~", ".qwen-tui", "rehearsal", rid)
         if isinstance(transports[r], LocalTransport):

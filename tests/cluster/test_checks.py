@@ -21,7 +21,7 @@ def conns(preset):
 def test_probe_fills_facts_from_each_node(preset, cluster, conns):
     rep = run_checks(preset, dict(conns), network=False)
     assert rep.ok, [f.message for f in rep.errors]
-    import torch  # noqa: F401  -- only to compare the version; qwen-tui itself never imports it
+    import torch
     for i, n in enumerate(cluster.nodes):
         f = rep.facts.nodes[i]
         assert f.hostname == n.hostname

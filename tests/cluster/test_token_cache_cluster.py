@@ -10,7 +10,6 @@ import os
 import shutil
 import uuid
 
-import pytest
 
 from cluster_helpers import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all

@@ -55,9 +55,9 @@ CHAT = {
 def labelled_runs(ids, labels):
     """Maximal runs of consecutive labelled positions, as (start, token ids)."""
     runs, cur, start = [], [], None
-    for i, (t, l) in enumerate(zip(ids, labels)):
-        if l != IGNORE_INDEX:
-            assert l == t, "a label must be the token itself"
+    for i, (t, lab) in enumerate(zip(ids, labels)):
+        if lab != IGNORE_INDEX:
+            assert lab == t, "a label must be the token itself"
             if not cur:
                 start = i
             cur.append(t)
@@ -89,7 +89,7 @@ def test_real_qwen_vocab_labels_exactly_assistant_content_and_end_of_turn(tmp_pa
         assert enc.input_ids[start - len(header):start] == header
         assert tok.decode(toks) == reply + "<|im_end|>"
     # everything else (system prompt, user turns, headers, newlines) is masked
-    n_labelled = sum(l != IGNORE_INDEX for l in enc.labels)
+    n_labelled = sum(lab != IGNORE_INDEX for lab in enc.labels)
     assert n_labelled == sum(len(t) for _, t in runs)
     assert tok.decode(enc.input_ids) == tok.apply_chat_template(list(c.messages), tokenize=False)
 
@@ -100,7 +100,7 @@ def test_real_qwen_vocab_default_system_prompt_is_masked(tmp_path, qwen_tokenize
     rec = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
     enc = ChatEncoder(tok, 4096).encode(conv(tmp_path, rec))
     assert "You are Qwen" in tok.decode(enc.input_ids)
-    assert tok.decode([t for t, l in zip(enc.input_ids, enc.labels) if l != IGNORE_INDEX]) == "Hello!<|im_end|>"
+    assert tok.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab != IGNORE_INDEX]) == "Hello!<|im_end|>"
 
 
 def test_template_that_rewrites_the_last_turn(tmp_path, tiny_model):
@@ -134,7 +134,7 @@ def test_both_formats_give_the_same_tokens(tmp_path, tiny_model):
     encoder = ChatEncoder(tok, 4096)
     a, b = encoder.encode(conv(tmp_path, CHAT)), encoder.encode(conv(tmp_path, openai))
     assert a.input_ids == b.input_ids and a.labels == b.labels
-    assert sum(l != IGNORE_INDEX for l in a.labels) > 10
+    assert sum(lab != IGNORE_INDEX for lab in a.labels) > 10
 
 
 def test_json_array_file_and_sharegpt_role_names(tmp_path):

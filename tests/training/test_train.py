@@ -241,7 +241,7 @@ def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files)
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
-    for p, (out, err) in zip(procs, results):
+    for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-4000:]
     from safetensors.torch import load_file
 

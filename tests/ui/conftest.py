@@ -3,7 +3,6 @@ and facts that stand for two H200 nodes on a slow measured link."""
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 

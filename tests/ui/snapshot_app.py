@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.preset.schema import load_preset
 from qwen_tui.run.gpumon import GpuSample, NodeSample
 from qwen_tui.run.metrics import TrainingProgress
 from qwen_tui.ui.app import WizardApp

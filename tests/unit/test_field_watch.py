@@ -238,14 +238,14 @@ def test_an_unreachable_nodes_old_heartbeats_are_no_stopped_rank_and_a_finished_
         mon._watch_hang()
         clock.t += 5
     assert mon.verdict is None and [n.kind for n in mon.notices] == ["UNREACHABLE"]
-    for k in range(8):  # now the run stalls too: the node nobody can read is blamed, not a "stopped" rank
+    for _ in range(8):  # now the run stalls too: the node nobody can read is blamed, not a "stopped" rank
         mon._watch_hang()
         clock.t += 5
     assert mon.verdict is not None and mon.verdict.node == 1 and "cannot be read" in mon.verdict.reason
     assert mon.notices[-1].kind == "HANG"
     done = _monitor(tmp_path, clock)
     done.la.metrics.progress.add({"event": "end", "status": "ok", "step": 17})
-    for k in range(10):  # every rank still "in backward" by its last heartbeat, but the master said it ended ok
+    for _ in range(10):  # every rank still "in backward" by its last heartbeat, but the master said it ended ok
         done.beats = {0: {0: _beat(0, 17, t=0.0)}}
         done._watch_hang()
         clock.t += 5

@@ -49,7 +49,6 @@ def _deep(rng):
 
 
 def _preset_mutation(rng: random.Random, text: bytes, kind: str) -> bytes:
-    lines = text.decode("utf-8", "surrogateescape").splitlines(keepends=True)
     if kind == "deep":
         return text + b"\n" + _deep(rng)
     if kind == "huge_int":
