@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
+from ..base.levels import Level
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
@@ -162,7 +163,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice("error", f"{kind.upper()}_MISSING",
+                out.append(Advice(Level.ERROR, f"{kind.upper()}_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))
@@ -233,7 +234,7 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
             yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
     said = {(a.code, a.node) for a in advice}
-    findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
+    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in said]
     yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
+from ..base.levels import Level
 from ..cluster.facts import ClusterFacts
 from ..plan.launch import LaunchPlan
 from .launcher import Launcher, RunOutcome
@@ -55,7 +56,7 @@ class CheckResult:
 
     @property
     def errors(self) -> list:
-        return [a for a in self.items if a.level == "error"]
+        return [a for a in self.items if a.level == Level.ERROR]
 
 
 @dataclass(frozen=True)

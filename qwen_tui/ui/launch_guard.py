@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from textual.worker import Worker, WorkerState
 
+from ..base.levels import Level
 from ..plan.launch import make_plan
 from .modals import Confirm
 
@@ -40,7 +41,7 @@ def look_at_output_dir(preset, base_dir: str, local_python: str, facts, transpor
 
 def questions(advice: list, out: Optional[str], entries: Optional[list[str]], ask_errors: bool) -> list[Confirm]:
     asks: list[Confirm] = []
-    errs = [a for a in advice if a.level == "error"]
+    errs = [a for a in advice if a.level == Level.ERROR]
     if errs and ask_errors:
         asks.append(Confirm("Launch despite errors?", "\n".join(f"{a.code}: {a.message}" for a in errs),
                             yes="Launch", danger=True))
@@ -84,7 +85,7 @@ class LaunchGuard:
             if out is not None and entries is None and why:
                 app.notify(f"could not look at {out} on node 0 ({why}): launching without that check",
                            severity="warning", title="Launch")
-            errs = any(a.level == "error" for a in app.state.advice)
+            errs = any(a.level == Level.ERROR for a in app.state.advice)
             self._ask_then_launch(questions(app.state.advice, out, entries, self._ask_errors),
                                   force=errs and self._ask_errors)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..base.levels import Level
 from ..advice.rules import Advice, advise
 from ..advice.report import Summary, summary
 from ..cluster.facts import ClusterFacts, NodeFacts
@@ -135,9 +136,9 @@ class WizardState:
             if any(s.startswith("error") for s in st):
                 return BAD
             # the levels `qwen-tui check` gives the same findings: error red, warning yellow, info green
-            if any(f.level == "error" for f in self.findings):
+            if any(f.level == Level.ERROR for f in self.findings):
                 return BAD
-            if any(f.level == "warning" for f in self.findings):
+            if any(f.level == Level.WARNING for f in self.findings):
                 return WARN
             return OK if all(s == "ok" for s in st) else TODO
         if step == "ssh":
@@ -153,18 +154,18 @@ class WizardState:
             links = self.facts.links.values()
             if self.facts.master_port_free is False or any(lk.port_reachable is False for lk in links):
                 return BAD
-            if any(f.level == "error" for f in self.net_findings):
+            if any(f.level == Level.ERROR for f in self.net_findings):
                 return BAD
             # firewall rules that drop or reject are a warning in `check` too (FIREWALL_RULES): they may not
             # touch the ports the run uses, which the port check decides
-            if any(f.level == "warning" for f in self.net_findings) or any(lk.firewall for lk in links):
+            if any(f.level == Level.WARNING for f in self.net_findings) or any(lk.firewall for lk in links):
                 return WARN
             if any(lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10 for lk in links):
                 return WARN
             return OK if self.net_checked or n == 1 else TODO
         if step == "training":
             levels = {a.level for a in self.advice}
-            return BAD if "error" in levels else WARN if "warning" in levels or self.gpu_unknown else OK
+            return BAD if Level.ERROR in levels else WARN if Level.WARNING in levels or self.gpu_unknown else OK
         if step == "review":  # the checks' real state: no ✔ before they ran
             before = [self.step_status(s) for s in STEPS[:4]]
             if BAD in before:

@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Select, Static
 
+from ...base.levels import Level
 from ...run import api
 from ..messages import ActionDone, NodeProgress
 from ..modals import Confirm, Notice
@@ -44,8 +45,8 @@ def verdict(state, findings: list, what: str, *, whole: bool = True) -> tuple[st
     """The toast after a check, from what the list and the stepper show: (text, severity).
     whole: all the checks ran, so the step's colour is this check's verdict too."""
     shown = shown_findings(findings)
-    errs = [a.code for a in shown if a.level == "error"]
-    warns = [a.code for a in shown if a.level == "warning"]
+    errs = [a.code for a in shown if a.level == Level.ERROR]
+    warns = [a.code for a in shown if a.level == Level.WARNING]
     status = state.step_status("network") if whole else None
     if errs or status == BAD:
         return f"{what}: {len(errs) or 'some'} problem(s): {', '.join(errs) or 'see the table'}", "error"

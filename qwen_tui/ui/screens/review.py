@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static, TabbedContent, TabPane
 
+from ...base.levels import Level
 from ...base.atomic import write_text_atomic
 from ...plan.launch import LaunchPlan, make_plan
 from ...preset.schema import dump_preset
@@ -54,8 +55,8 @@ def checks_text(st) -> Text:
     """One line per step before Review, from the same state the stepper shows: no "no errors"
     while a check failed, no ✔ before a check ran."""
     t = Text()
-    errs = [a for a in st.advice if a.level == "error"]
-    warns = [a for a in st.advice if a.level == "warning"]
+    errs = [a for a in st.advice if a.level == Level.ERROR]
+    warns = [a for a in st.advice if a.level == Level.WARNING]
     seen: set[str] = set()
     for n, step in enumerate(STEPS[:4], start=1):
         status = st.step_status(step)
@@ -75,10 +76,10 @@ def checks_text(st) -> Text:
             key = "probe" if step == "nodes" else "ssh"
             failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
                       if getattr(st.node(i), key).startswith(("error", "refused"))]
-            codes = sorted({f.code for f in st.findings if (f.level == "error") == (status == BAD)})
+            codes = sorted({f.code for f in st.findings if (f.level == Level.ERROR) == (status == BAD)})
             why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
         elif step == "network":
-            codes = sorted({f.code for f in st.net_findings if (f.level == "error") == (status == BAD)})
+            codes = sorted({f.code for f in st.net_findings if (f.level == Level.ERROR) == (status == BAD)})
             slow = [f"node {i} at {lk.bandwidth_gbps:.1f} Gbit/s" for i, lk in sorted(st.facts.links.items())
                     if lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10]
             why = "; ".join(codes + (["under 10 Gbit/s: " + ", ".join(slow)] if slow and status == WARN else []))
