@@ -5,6 +5,7 @@ and rules, no Textual (tested without a terminal); the screens under ui/ draw it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -70,12 +71,53 @@ def finding_line(f: Any, labels: list[str]) -> str:
     return f"{mark} node {node} ({label}) {f.code}: {msg}"
 
 
+class ProbeState(StrEnum):
+    """Where a node's probe is (the Nodes step's status column shows the word)."""
+
+    NOT_PROBED = "not probed"
+    CONNECTING = "connecting"
+    PROBING = "probing"
+    OK = "ok"
+    ERROR = "error"  # NodeStatus.probe_error says what
+
+    @property
+    def busy(self) -> bool:
+        return self in (ProbeState.CONNECTING, ProbeState.PROBING)
+
+
+class SshState(StrEnum):
+    """Where a node's SSH connection is (the SSH step's column shows the word)."""
+
+    NOT_CONNECTED = "not connected"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    LOCAL = "local"
+    KEY_INSTALLED = "key installed"
+    ERROR = "error"  # NodeStatus.ssh_error says what
+    REFUSED = "refused"  # the host key changed: the connection was refused, ssh_error says so
+
+    @property
+    def failed(self) -> bool:
+        return self in (SshState.ERROR, SshState.REFUSED)
+
+
 @dataclass
 class NodeStatus:
-    probe: str = "not probed"  # "probing", "ok", "error: ..."
-    ssh: str = "not connected"  # "connecting", "connected", "local", "error: ..."
+    probe: ProbeState = ProbeState.NOT_PROBED
+    probe_error: str = ""  # why, when probe is ERROR
+    ssh: SshState = SshState.NOT_CONNECTED
+    ssh_error: str = ""  # why, when ssh is ERROR or REFUSED
     host_key: str = ""  # fingerprint or "changed (refused)"
     fix: str = ""  # what to do about the last error (a connection's: connection_fix)
+
+    def probe_failed(self, error: str) -> None:
+        self.probe, self.probe_error = ProbeState.ERROR, error
+
+    def probe_ok(self) -> None:
+        self.probe, self.probe_error = ProbeState.OK, ""
+
+    def ssh_failed(self, error: str, refused: bool = False) -> None:
+        self.ssh, self.ssh_error = (SshState.REFUSED if refused else SshState.ERROR), error
 
 
 @dataclass
@@ -133,23 +175,23 @@ class WizardState:
         p, n = self.preset, len(self.preset.cluster.nodes)
         if step == "nodes":
             st = [self.node(i).probe for i in range(n)]
-            if any(s.startswith("error") for s in st):
+            if ProbeState.ERROR in st:
                 return BAD
             # the levels `qwen-tui check` gives the same findings: error red, warning yellow, info green
             if any(f.level == Level.ERROR for f in self.findings):
                 return BAD
             if any(f.level == Level.WARNING for f in self.findings):
                 return WARN
-            return OK if all(s == "ok" for s in st) else TODO
+            return OK if all(s == ProbeState.OK for s in st) else TODO
         if step == "ssh":
             if all(nd.is_local for nd in p.cluster.nodes):
                 return OK
             st = [self.node(i).ssh for i in range(n)]
-            if any(s.startswith("error") for s in st):
+            if SshState.ERROR in st:
                 return BAD
             if self.key_report is not None and not self.key_report.ok:
                 return BAD
-            return OK if all(s in ("connected", "local") for s in st) else TODO
+            return OK if all(s in (SshState.CONNECTED, SshState.LOCAL) for s in st) else TODO
         if step == "network":
             links = self.facts.links.values()
             if self.facts.master_port_free is False or any(lk.port_reachable is False for lk in links):

@@ -25,7 +25,7 @@ from ...plan.estimate import GPUS
 from ...advice.report import NODES_WORTH_LIMIT
 from ...model.spec import known_hub_ids
 from ...base.field_words import plain
-from ..messages import ActionDone, ChangePreset
+from ..messages import ChangePreset, DataPreviewed
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from ..widgets.field_input import FieldInput
@@ -290,18 +290,16 @@ class TrainingScreen(StepScreen):
             report = preview(preset, transport, facts, base_dir=self.wizard.base_dir,
                              local_python=self.wizard.local_python, bins=BINS)
         except DataPreviewError as e:
-            self.post_message(ActionDone("data-preview", error=str(e)))
+            self.post_message(DataPreviewed(error=str(e)))
             return
-        self.post_message(ActionDone("data-preview", result=(preset.model_dump_json(), report)))
+        self.post_message(DataPreviewed(preset.model_dump_json(), report))
 
-    def on_action_done(self, msg: ActionDone) -> None:
-        if msg.action != "data-preview":
-            return
+    def on_data_previewed(self, msg: DataPreviewed) -> None:
         panel = self.query_one(DataPanel)
         if msg.error:
             panel.show_error(msg.error)
             return
-        self._previewed, report = msg.result
+        self._previewed, report = msg.preset_json, msg.report
         panel.show_report(report, stale=self._previewed != self.state.preset.model_dump_json())
 
     # ---------------------------------------------------------------- fixes
