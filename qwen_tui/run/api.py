@@ -34,6 +34,7 @@ from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
 from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
+from .states import FINAL, JobState, RunState
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
     from ..nodes.checks import Progress
@@ -44,8 +45,6 @@ if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before i
 # connect that may ask one is bounded by this on top of the connection's own bound.
 CONSENT_WAIT_S = 300.0
 
-# A run directory's final states, and the exit code a face returns for each.
-FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
 
 
 # ---------------------------------------------------------------- connect
@@ -414,7 +413,7 @@ def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, passw
         return
     status = state.get("status")
     if status in FINAL:
-        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
+        yield AlreadyEnded(pl.run_id, RunState(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
         return
     try:
         preset = load_preset(rd.path / "preset.yaml")
@@ -463,7 +462,8 @@ def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) 
             log = la.log_tail(log_rank, lines=log_lines)
         except Exception as e:  # noqa: BLE001 - a node gone for a moment: said in the log pane, the run goes on
             log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
-    nodes = {r: ("unreachable" if s.status == "running" and mon.health.unreachable(r) else s.status, s.error)
+    nodes = {r: (JobState.UNREACHABLE if s.status == JobState.RUNNING and mon.health.unreachable(r) else s.status,
+                 s.error)
              for r, s in la.nodes.items()}
     notes = {r: n for r in la.nodes if (n := mon.note(r))}
     return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,

@@ -27,6 +27,7 @@ from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
 from .rundir import default_runs_root, new_run_id
+from .states import JobState, RunState
 
 _STYLE = {"running": "cyan", "ok": "green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
           "unreachable": "bold yellow"}
@@ -50,7 +51,7 @@ def render(la: Launcher) -> Group:
         nodes.add_column(col)
     for c in la.plan.nodes:
         st, mon = la.nodes[c.rank], la.monitor
-        status = "unreachable" if st.status == "running" and mon.health.unreachable(c.rank) else st.status
+        status = JobState.UNREACHABLE if st.status == JobState.RUNNING and mon.health.unreachable(c.rank) else st.status
         note = st.error or mon.note(c.rank) or (f"rc {st.rc}" if st.rc is not None else "")
         nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=_STYLE.get(status, "")),
                       str(st.pid or "-"), Text(printable(note)))
@@ -405,7 +406,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)
-                return 0 if stop else api.FINAL[ev.status]
+                return 0 if stop else ev.status.exit_code
             if isinstance(ev, api.Failure):
                 print_failure(ev, console)
                 return 2 if ev.stage == "attach" and not ev.nodes else 1
@@ -416,7 +417,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                         out = follow(la, console, ctrl_c="detach")
                     except Detached:
                         return 0
-                    if out.status == "failed":
+                    if out.status == RunState.FAILED:
                         from .restarts import next_or_take_over
 
                         what, nxt = next_or_take_over(la.run_dir, la.attempt)

@@ -15,6 +15,7 @@ from textual.worker import Worker, WorkerState
 
 from ..base.levels import Level
 from ..plan.launch import make_plan
+from ..run.states import RunState
 from .modals import Confirm
 
 LOOK_TIMEOUT_S = 10.0
@@ -64,7 +65,7 @@ class LaunchGuard:
 
         app: Any = self
         st = app.state
-        if st.run_status in ("running", "starting"):
+        if st.run_status in (RunState.RUNNING, RunState.STARTING):
             app.notify("a run is already going: see the Run step (F6)", severity="warning")
             return
         preset = st.preset.model_copy(deep=True)

@@ -17,6 +17,7 @@ from ..nodes.checks import consistency
 from ..nodes.findings import Finding
 from ..preset.schema import Cluster, Network, Node, Preset, Training
 from ..run.api import Connections
+from ..run.states import RunState
 
 STEPS = ("nodes", "ssh", "network", "training", "review", "run")
 TITLES = {"nodes": "Nodes", "ssh": "SSH", "network": "Network", "training": "Training", "review": "Review", "run": "Run"}
@@ -133,7 +134,7 @@ class WizardState:
     net_findings: list[Finding] = field(default_factory=list)  # from the network checks
     key_report: Any = None
     net_checked: bool = False
-    run_status: Optional[str] = None  # None, "running", "ok", "failed", "stopped"
+    run_status: Optional[RunState] = None  # None: no run here yet
     run_dir: Optional[Path] = None
     conns: Connections = field(default_factory=Connections)  # to the preset's nodes; workers connect through it
     # values typed but not accepted (dotted path -> (text, why)): the preset keeps the old value meanwhile,
@@ -217,5 +218,6 @@ class WizardState:
             return WARN if self.dirty or WARN in before else OK
         if step == "run":
             # a healthy run is under way, not a warning: the stepper shows it with its own mark
-            return {None: TODO, "starting": LIVE, "running": LIVE, "ok": OK, "stopped": WARN}.get(self.run_status, BAD)
+            return {None: TODO, RunState.STARTING: LIVE, RunState.RUNNING: LIVE, RunState.OK: OK,
+                    RunState.STOPPED: WARN}.get(self.run_status, BAD)
         raise ValueError(step)

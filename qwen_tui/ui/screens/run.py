@@ -20,6 +20,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
+from ...run.states import JobState, RunState
 from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
@@ -77,9 +78,10 @@ class RunScreen(StepScreen):
 
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
-        if self.state.run_status == "starting" or (self.launcher is not None and self.state.run_status == "running"):
+        running = self.launcher is not None and self.state.run_status == RunState.RUNNING
+        if self.state.run_status == RunState.STARTING or running:
             # a second launch would cancel the first one's worker and leave its job unfollowed
-            self.notify("already " + self.state.run_status, severity="warning")
+            self.notify(f"already {self.state.run_status}", severity="warning")
             return
         self.wizard.launch_asking(ask_errors=False)  # asks about an output dir that holds a run
 
@@ -104,7 +106,7 @@ class RunScreen(StepScreen):
         self._stop_wanted = False
         self._checking = None
         self._forget_last_run()
-        self.state.run_status = "starting"
+        self.state.run_status = RunState.STARTING
         self.wizard.facts_changed()  # the bar marks the Run step as under way (▶) from the start
         self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
         self._launch_worker(force)
@@ -177,7 +179,7 @@ class RunScreen(StepScreen):
 
         if req is None:  # an attached run: its driver relaunches it, or this face when that one is gone
             out = follow_one(first, None)
-            return self._after_failure(first, out, follow_one) if out.status == "failed" else out
+            return self._after_failure(first, out, follow_one) if out.status == RunState.FAILED else out
         if not req.preset.training.restarts:
             return follow_one(first, None)
         rs = Restarts(req.preset, first.transports, run_facts(first.run_dir),
@@ -223,8 +225,8 @@ class RunScreen(StepScreen):
         if ev.state != WorkerState.ERROR or ev.worker.group != "run":
             return
         err = f"{type(ev.worker.error).__name__}: {ev.worker.error}"
-        if self.state.run_status != "running":  # died before a job was started or attached
-            self.state.run_status = "failed"
+        if self.state.run_status != RunState.RUNNING:  # died before a job was started or attached
+            self.state.run_status = RunState.FAILED
             self._status(Text(f"not launched: {err}", style="bold red"))
         else:  # a job is on: it runs on, unfollowed, until stop-all or a re-attach
             self._status(Text(f"lost track of the run ({err}); the job may still be running: s stops it, "
@@ -260,7 +262,7 @@ class RunScreen(StepScreen):
         return "\n".join([self._checking[0], *per_node])
 
     def _failed_start(self, f: api.Failure) -> None:
-        self.state.run_status = "failed"
+        self.state.run_status = RunState.FAILED
         self._status(Text(f.message, style="bold red"))
         title = "Cannot re-attach" if f.cause.startswith("cannot attach") else "Not launched"
         self.app.push_screen(Notice(title, f.message))
@@ -279,7 +281,7 @@ class RunScreen(StepScreen):
         if self.launcher is not None and self.launcher.run_dir.path != la.run_dir.path:
             self._forget_last_run()  # a relaunch of the same run keeps its log; another run does not
         self.launcher = la
-        self.state.run_status = "running"
+        self.state.run_status = RunState.RUNNING
         self.state.run_dir = la.run_dir.path
         self.wizard.facts_changed()  # before the panels mount: the first snapshot may be queued behind them
         await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
@@ -355,7 +357,7 @@ class RunScreen(StepScreen):
         self._status(Text(ev.text, style="yellow"))
         for p in self.query(GpuPanel):
             if p.rank in ev.nodes:
-                p.set_status("stopping", None, note=ev.nodes[p.rank])
+                p.set_status(JobState.STOPPING, None, note=ev.nodes[p.rank])
 
     def on_run_ended(self, msg: RunEnded) -> None:
         out = msg.outcome
@@ -366,8 +368,9 @@ class RunScreen(StepScreen):
             self.monitor = None
         for p in self.query(GpuPanel):
             # a run stopped elsewhere ends with its workers' clean exits: "ok" would say it finished
-            healthy = p.status in ("ok", "running", "pending", "stopping")
-            p.end((out.status if out.status in ("ok", "stopped") else "stopped") if healthy else p.status)
+            healthy = p.status in (JobState.OK, JobState.RUNNING, JobState.PENDING, JobState.STOPPING)
+            p.end((JobState(out.status) if out.status in (RunState.OK, RunState.STOPPED) else JobState.STOPPED)
+                  if healthy else p.status)
         if self.last_snapshot is not None:  # the curve stays; the ETA goes
             self.query_one(LossChart).show(self.last_snapshot.progress, ended=True,
                                            width=max(20, self.query_one(LossChart).size.width - 12))
@@ -377,7 +380,7 @@ class RunScreen(StepScreen):
         if ev is not None:
             status.append(f" · last eval loss {ev['eval_loss']:.4f} at step {ev.get('step')}", style="bold")
         self._status(status)
-        if out.status == "failed" and out.failed_rank is not None:
+        if out.status == RunState.FAILED and out.failed_rank is not None:
             self.log_rank = out.failed_rank  # show what the failed node said
             self.notify(out.message, severity="error", title="Run failed", timeout=15)
         self.wizard.facts_changed()
@@ -393,7 +396,7 @@ class RunScreen(StepScreen):
         from ...run.after import AfterRunError, locate
         from ..chat import ChatScreen
 
-        if self.launcher is None or self.state.run_status != "ok":
+        if self.launcher is None or self.state.run_status != RunState.OK:
             self.notify("chat needs a run that finished training", severity="warning")
             return
         try:
@@ -404,7 +407,7 @@ class RunScreen(StepScreen):
         self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
     def action_stop(self) -> None:
-        if self.launcher is None or self.state.run_status != "running":
+        if self.launcher is None or self.state.run_status != RunState.RUNNING:
             self.notify("nothing running")
             return
 

@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...run.gpumon import NodeSample
+from ...run.states import JobState
 from .bars import bar
 
 _STATUS = {"running": "green", "ok": "bold green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
@@ -21,7 +22,8 @@ class GpuPanel(Static):
         super().__init__(**kw)
         self.rank, self.label = rank, label
         self.sample: Optional[NodeSample] = None
-        self.status, self.error = "pending", None
+        self.status: JobState = JobState.PENDING
+        self.error: Optional[str] = None
         self.note: Optional[str] = None  # where its stop is, while the run stops
         self.ended = False  # the run is over: no sample describes the node any more
         self.border_title = f"node {rank}: {label}"
@@ -32,14 +34,14 @@ class GpuPanel(Static):
         self.sample = s
         self._redraw()
 
-    def end(self, status: str) -> None:
+    def end(self, status: JobState) -> None:
         """The run ended: its outcome, and no last sample that would read as the node's load now."""
         self.ended, self.sample = True, None
         self.set_status(status, self.error)
 
-    def set_status(self, status: str, error: Optional[str], note: Optional[str] = None) -> None:
-        self.status, self.error, self.note = status, error, note
-        self.set_class(status in ("failed", "lost"), "-failed")
+    def set_status(self, status: JobState, error: Optional[str], note: Optional[str] = None) -> None:
+        self.status, self.error, self.note = JobState(status), error, note
+        self.set_class(status in (JobState.FAILED, JobState.LOST), "-failed")
         self._redraw()
 
     def _redraw(self) -> None:
