@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from .core import Advice, Context, Fix, Level, rule
+from ..base.levels import Level
+from .core import Advice, Context, Fix, rule
 
 
 # ---------------------------------------------------------------- cluster consistency (facts)

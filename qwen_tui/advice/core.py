@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from ..base.levels import Issue, Level
+from ..base.levels import Issue
 from ..plan.estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
 from ..plan.estimate_comm import Bandwidth, resolve_bandwidth
 from ..cluster.facts import ClusterFacts, NodeFacts

@@ -20,7 +20,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from .rules import Advice, Fix, Level, make_context
+from ..base.levels import Level
+from .rules import Advice, Fix, make_context
 from ..plan.estimate_comm import MEASURE_HINT
 from ..cluster.facts import ClusterFacts
 from ..plan.longcontext import LONG_ROW_TOKENS, longest_record

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from .core import Advice, Context, Fix, Level, _gb, rule
+from ..base.levels import Level
+from .core import Advice, Context, Fix, _gb, rule
 from ..plan.longcontext import (fitting_sizes, heads_problem, is_long, longest_record, row_memory,
                           sequence_parallel_problem)
 

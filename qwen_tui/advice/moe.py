@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .core import Advice, Context, Fix, Level, rule
+from ..base.levels import Level
+from .core import Advice, Context, Fix, rule
 from ..plan.estimate import GIB
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -15,10 +15,10 @@ from typing import Any, Iterable, Optional
 
 from .core import (  # noqa: F401 - the names users of the advice import from here
     CKPT_OFF_HEADROOM, DDP_FASTER, LORA_BATCH_MAX, LORA_BATCH_MIN, LOW_BANDWIDTH_GBPS, MEMORY_TIGHT,
-    NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix, Level,
+    NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix,
     Rule, _gb, apply_fix, make_context, rule,
 )
-from ..base.levels import loudest_first
+from ..base.levels import Level, loudest_first
 from ..plan.estimate import estimate_step, max_micro_batch, nodes_worth_it
 from ..cluster.facts import ClusterFacts
 from ..plan.longcontext import is_long

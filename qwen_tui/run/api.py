@@ -296,13 +296,7 @@ def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[st
 
 def host_key(transport: Transport) -> str:
     """The node's host key as `ssh-keygen -l` names it ("ssh-ed25519 SHA256:…"); "" for this machine."""
-    key = getattr(transport, "server_key", None)
-    if not callable(key):
-        return ""
-    from ..nodes.hostkeys import fingerprint
-
-    k = key()
-    return f"{k.get_name()} {fingerprint(k)}"
+    return transport.host_key()
 
 
 # ---------------------------------------------------------------- plan, start
