@@ -19,8 +19,14 @@ class Level(StrEnum):
         """Higher is louder: info 0, warning 1, error 2."""
         return _RANK[self]
 
+    @property
+    def mark(self) -> str:
+        """The sign a list puts before an issue of this level."""
+        return _MARK[self]
+
 
 _RANK = {Level.INFO: 0, Level.WARNING: 1, Level.ERROR: 2}
+_MARK = {Level.INFO: "i", Level.WARNING: "!", Level.ERROR: "✘"}
 
 
 def worst(levels: Iterable[Level | str]) -> Optional[Level]:

@@ -56,13 +56,10 @@ def connection_fix(err: BaseException) -> str:
     return "check the host name and port (F1, e) and that sshd runs on the node (ssh -v HOST)"
 
 
-MARKS = {"error": ("✘", "red"), "warning": ("!", "yellow"), "info": ("i", "green")}  # check's colours
-
-
 def finding_line(f: Any, labels: list[str]) -> str:
     """`node 1 (gpu-b) CODE: message`: the node's number and host once (messages often start with the
     host already), or just `CODE: message` for the cluster as a whole."""
-    mark = MARKS.get(f.level, ("·", ""))[0]
+    mark = Level(f.level).mark
     msg = str(f.message)
     node = getattr(f, "node", None)
     if node is None or not 0 <= node < len(labels):

@@ -22,15 +22,16 @@ from ...run import api
 from ..messages import NetChecked, NetOneChecked, NetProgress, Synced
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
-from ...wizard.state import BAD, MARKS, WARN, finding_line
+from ...wizard.state import BAD, WARN, finding_line
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
 
 def _yn(v, err=None) -> Text:
     if v is None:
-        return Text(err[:60] if err else "not checked", style="red" if err else "dim")
-    return Text("✔ reachable", style="green") if v else Text(f"✘ {err or 'blocked'}"[:60], style="red")
+        return Text(err[:60] if err else "not checked", style=tone(FAIL) if err else "dim")
+    return Text("✔ reachable", style=tone(GOOD)) if v else Text(f"✘ {err or 'blocked'}"[:60], style=tone(FAIL))
 
 
 NET_CHECKS = ("port", "nccl-ports", "firewall", "bandwidth", "rehearsal")
@@ -124,7 +125,7 @@ class NetworkScreen(StepScreen):
         labels = {"network.master_port": "master port", "network.interface": "interface",
                   "network.rdzv_timeout": "rendezvous timeout", "network.backend": "backend"}
         self.query_one("#field-errors", Static).update(
-            Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style="red"))
+            Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style=tone(FAIL)))
 
     def refresh_state(self) -> None:
         st = self.state
@@ -135,19 +136,19 @@ class NetworkScreen(StepScreen):
             iface = st.preset.network.interface or (nf.route_interface if nf else None) or "?"
             addrs = ", ".join(a for v in (nf.addresses.values() if nf else []) for a in v) or "-"
             if i == 0:
-                port = {None: Text("not checked", style="dim"), True: Text("✔ free here", style="green"),
-                        False: Text("✘ in use", style="red")}[st.facts.master_port_free]
+                port = {None: Text("not checked", style="dim"), True: Text("✔ free here", style=tone(GOOD)),
+                        False: Text("✘ in use", style=tone(FAIL))}[st.facts.master_port_free]
             else:
                 lk = st.facts.links.get(i)
                 port = _yn(lk.port_reachable if lk else None, lk.port_error if lk else None)
             lk = st.facts.links.get(i)
-            fw = Text("; ".join(lk.firewall)[:60], style="yellow") if lk and lk.firewall else Text("-", style="dim")
+            fw = Text("; ".join(lk.firewall)[:60], style=tone(WARNING)) if lk and lk.firewall else Text("-", style="dim")
             t.add_row(str(i), n.label, iface, addrs[:40], port, fw)
         self.query_one(BandwidthBars).show([n.label for n in st.preset.cluster.nodes], st.facts)
         txt = Text()
         labels = [n.label for n in st.preset.cluster.nodes]
         for a in shown_findings(st.net_findings):
-            txt.append(finding_line(a, labels) + "\n", style=MARKS.get(a.level, ("", ""))[1])
+            txt.append(finding_line(a, labels) + "\n", style=level_style(a.level))
             if a.fix:
                 txt.append(f"    fix: {a.fix}\n", style="dim")
         if not st.net_findings and not st.net_checked:
@@ -165,7 +166,7 @@ class NetworkScreen(StepScreen):
             w.update("")
             return
         self._progress = [*self._progress, line][-8:]
-        w.update(Text("\n".join(self._progress), style="yellow"))
+        w.update(Text("\n".join(self._progress), style=tone(WARNING)))
 
     def action_check(self) -> None:
         self._progress = []

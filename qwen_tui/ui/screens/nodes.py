@@ -19,8 +19,9 @@ from ...run import api
 from ..messages import ActionDone, ChangePreset, ProbeProgress
 from ...base.field_words import plain
 from ..modals import Choose, Confirm, Form, ImportNodes, Notice
-from ...wizard.state import MARKS, NodeStatus, ProbeState, connection_fix, finding_line
+from ...wizard.state import NodeStatus, ProbeState, connection_fix, finding_line
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
                 ("workdir", "workdir"), ("python", "python"), ("name", "label")]
@@ -56,11 +57,11 @@ NODE_CHECKS = {"host": lambda t: hostlists.host_problem(t) if t else "is require
 
 def _status_text(ns: NodeStatus) -> Text:
     if ns.probe == ProbeState.OK:
-        return Text("✔ probed", style="green")
+        return Text("✔ probed", style=tone(GOOD))
     if ns.probe == ProbeState.ERROR:
-        return Text(f"✘ {ns.probe_error.strip()[:60]}", style="red")
+        return Text(f"✘ {ns.probe_error.strip()[:60]}", style=tone(FAIL))
     if ProbeState(ns.probe).busy:
-        return Text(f"… {ns.probe}", style="yellow")
+        return Text(f"… {ns.probe}", style=tone(WARNING))
     return Text(ns.probe, style="dim")
 
 
@@ -101,14 +102,14 @@ class NodesScreen(StepScreen):
         lines = Text()
         labels = [n.label for n in st.preset.cluster.nodes]
         for f in st.findings:
-            lines.append(finding_line(f, labels) + "\n", style=MARKS.get(f.level, ("", ""))[1])
+            lines.append(finding_line(f, labels) + "\n", style=level_style(f.level))
             if f.fix:
                 lines.append(f"    fix: {f.fix}\n", style="dim")
         for i, n in enumerate(st.preset.cluster.nodes):
             ns, nf = st.node(i), st.node_facts(i)
             err = ns.probe_error if ns.probe == ProbeState.ERROR else (nf.error if nf else None)
             if err:  # in full (the table's column is cut), with the node's number and host once
-                lines.append(f"✘ node {i} ({n.label}): {err}\n", style="red")
+                lines.append(f"✘ node {i} ({n.label}): {err}\n", style=tone(FAIL))
                 if ns.fix:
                     lines.append(f"    fix: {ns.fix}\n", style="dim")
         if not lines:

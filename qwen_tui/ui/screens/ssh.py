@@ -21,16 +21,17 @@ from ..modals import PasswordPrompt
 from ...wizard.state import NodeStatus, SshState, connection_fix
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, tone
 
 
 def _cell(ns: NodeStatus, local: bool) -> Text:
     s = SshState.LOCAL if local else SshState(ns.ssh)
     if s in (SshState.CONNECTED, SshState.LOCAL):
-        return Text(f"✔ {s}", style="green")
+        return Text(f"✔ {s}", style=tone(GOOD))
     if s.failed:  # a refused connection keeps its word: the host key changed, which is news
-        return Text(f"✘ {ns.ssh_error if s == SshState.ERROR else f'{s}: {ns.ssh_error}'}"[:72], style="red")
+        return Text(f"✘ {ns.ssh_error if s == SshState.ERROR else f'{s}: {ns.ssh_error}'}"[:72], style=tone(FAIL))
     if s == SshState.CONNECTING:
-        return Text(f"… {s}", style="yellow")
+        return Text(f"… {s}", style=tone(WARNING))
     return Text(s, style="dim")
 
 
@@ -86,7 +87,7 @@ class SSHScreen(StepScreen):
         for i, n in enumerate(st.preset.cluster.nodes):  # in full, with the fix: the table cuts them
             ns = st.node(i)
             if SshState(ns.ssh).failed:
-                failed.append(f"✘ node {i} ({n.label}): {ns.ssh_error}\n", style="red")
+                failed.append(f"✘ node {i} ({n.label}): {ns.ssh_error}\n", style=tone(FAIL))
                 if ns.fix:
                     failed.append(f"    fix: {ns.fix}\n", style="dim")
         self.query_one("#ssh-failures", Static).update(failed)
@@ -95,15 +96,15 @@ class SSHScreen(StepScreen):
             msg = Text("All-pairs check not run yet (v). Nodes log into each other for torchrun/DeepSpeed; "
                        "installing the key (k) also sets that up.", style="dim")
             if all(n.is_local for n in st.preset.cluster.nodes):
-                msg = Text("Every node is this machine: no SSH needed.", style="green")
+                msg = Text("Every node is this machine: no SSH needed.", style=tone(GOOD))
         else:
             labels = [n.label for n in st.preset.cluster.nodes]
-            msg = Text(key_summary(rep, st.preset) + "\n", style="green" if rep.ok else "yellow")
+            msg = Text(key_summary(rep, st.preset) + "\n", style=tone(GOOD) if rep.ok else tone(WARNING))
             for line in rep.matrix_lines(labels) if hasattr(rep, "matrix_lines") else []:
-                msg.append(line + "\n", style="green" if line.endswith(": ok") else "red")
+                msg.append(line + "\n", style=tone(GOOD) if line.endswith(": ok") else tone(FAIL))
             for i, e in sorted(getattr(rep, "installed", {}).items()):
                 if isinstance(e, BaseException):
-                    msg.append(f"install on node {i}: {e}\n", style="red")
+                    msg.append(f"install on node {i}: {e}\n", style=tone(FAIL))
         self.query_one("#pairs", Static).update(msg)
 
     # ---------------------------------------------------------------- connect
