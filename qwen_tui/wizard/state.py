@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..base.levels import Level
 from ..advice.rules import Advice, advise
@@ -18,6 +18,9 @@ from ..nodes.findings import Finding
 from ..preset.schema import Cluster, Network, Node, Preset, Training
 from ..run.api import Connections
 from ..run.states import RunState
+
+if TYPE_CHECKING:  # paramiko, which keys needs, loads after the first paint
+    from ..nodes.keys import KeySetupReport
 
 STEPS = ("nodes", "ssh", "network", "training", "review", "run")
 TITLES = {"nodes": "Nodes", "ssh": "SSH", "network": "Network", "training": "Training", "review": "Review", "run": "Run"}
@@ -56,12 +59,12 @@ def connection_fix(err: BaseException) -> str:
     return "check the host name and port (F1, e) and that sshd runs on the node (ssh -v HOST)"
 
 
-def finding_line(f: Any, labels: list[str]) -> str:
+def finding_line(f: Advice | Finding, labels: list[str]) -> str:
     """`node 1 (gpu-b) CODE: message`: the node's number and host once (messages often start with the
     host already), or just `CODE: message` for the cluster as a whole."""
     mark = Level(f.level).mark
     msg = str(f.message)
-    node = getattr(f, "node", None)
+    node = f.node
     if node is None or not 0 <= node < len(labels):
         return f"{mark} {f.code}: {msg}"
     label = labels[node]
@@ -129,7 +132,7 @@ class WizardState:
     estimate: Optional[Summary] = None
     findings: list[Finding] = field(default_factory=list)  # cross-node consistency
     net_findings: list[Finding] = field(default_factory=list)  # from the network checks
-    key_report: Any = None
+    key_report: Optional[KeySetupReport] = None  # what k (install the key) and v (verify pairs) found
     net_checked: bool = False
     run_status: Optional[RunState] = None  # None: no run here yet
     run_dir: Optional[Path] = None

@@ -100,9 +100,9 @@ class SSHScreen(StepScreen):
         else:
             labels = [n.label for n in st.preset.cluster.nodes]
             msg = Text(key_summary(rep, st.preset) + "\n", style=tone(GOOD) if rep.ok else tone(WARNING))
-            for line in rep.matrix_lines(labels) if hasattr(rep, "matrix_lines") else []:
+            for line in rep.matrix_lines(labels):
                 msg.append(line + "\n", style=tone(GOOD) if line.endswith(": ok") else tone(FAIL))
-            for i, e in sorted(getattr(rep, "installed", {}).items()):
+            for i, e in sorted(rep.installed.items()):
                 if isinstance(e, BaseException):
                     msg.append(f"install on node {i}: {e}\n", style=tone(FAIL))
         self.query_one("#pairs", Static).update(msg)
