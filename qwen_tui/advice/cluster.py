@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from .core import Advice, Context, Fix, Level, rule
+from ..base.levels import Level
+from .core import Advice, Context, Fix, rule
 
 
 # ---------------------------------------------------------------- cluster consistency (facts)
@@ -20,7 +21,7 @@ def duplicate_host(c: Context) -> Iterable[Advice]:
         if n.is_local:
             continue
         if n.host in seen:
-            yield Advice("warning", "DUPLICATE_HOST",
+            yield Advice(Level.WARNING, "DUPLICATE_HOST",
                          f"nodes {seen[n.host]} and {i} are both {n.host} (ports {nodes[seen[n.host]].port} and "
                          f"{n.port}): one machine twice unless these are separate containers", node=i)
         else:
@@ -30,7 +31,7 @@ def duplicate_host(c: Context) -> Iterable[Advice]:
         if nf.hostname is None or i >= len(nodes) or nodes[i].is_local:
             continue
         if nf.hostname in names and nodes[names[nf.hostname]].host != nodes[i].host:
-            yield Advice("error", "DUPLICATE_HOST",
+            yield Advice(Level.ERROR, "DUPLICATE_HOST",
                          f"nodes {names[nf.hostname]} ({nodes[names[nf.hostname]].host}) and {i} ({nodes[i].host}) "
                          f"are the same machine ({nf.hostname}): two torchrun agents would claim the same GPUs",
                          Fix(f"Remove node {i}", {"cluster.nodes": [n.model_dump(exclude_unset=True)
@@ -58,16 +59,16 @@ def gpu_mismatch(c: Context) -> Iterable[Advice]:
             i = idx[-1]
             fix = Fix(f"{max(1, have - want + nodes[i].gpus)} GPUs on node {i}",
                       {f"cluster.nodes.{i}.gpus": have - want + nodes[i].gpus}) if have - want + nodes[i].gpus >= 1 else None
-            yield Advice("error", "GPU_COUNT", f"{host} has {have} GPUs but the preset starts {want} processes there",
+            yield Advice(Level.ERROR, "GPU_COUNT", f"{host} has {have} GPUs but the preset starts {want} processes there",
                          fix, node=i)
     models = {i: nf.gpu_model for i, nf in c.node_facts() if nf.gpus}
     if len(set(models.values())) > 1:
         desc = ", ".join(f"node {i}: {m}" for i, m in models.items())
-        yield Advice("warning", "GPU_MISMATCH", f"different GPU models ({desc}): every rank runs at the slowest's pace "
+        yield Advice(Level.WARNING, "GPU_MISMATCH", f"different GPU models ({desc}): every rank runs at the slowest's pace "
                      "and the smallest memory decides what fits")
     counts = [n.gpus for n in nodes]
     if len(set(counts)) > 1:
-        yield Advice("warning", "GPU_MISMATCH",
+        yield Advice(Level.WARNING, "GPU_MISMATCH",
                      f"GPU counts differ across nodes ({', '.join(map(str, counts))}): ZeRO shards and the data split "
                      "evenly per rank, so the smaller nodes idle or the larger ones wait",
                      Fix(f"{min(counts)} GPUs on every node",
@@ -97,7 +98,7 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
     for pkg in _needed_packages(c):
         missing = [i for i, nf in facts if pkg in nf.versions and nf.versions[pkg] is None]
         if missing:
-            yield Advice("error", "PACKAGE_MISSING", f"{pkg} is not installed on node(s) {', '.join(map(str, missing))}",
+            yield Advice(Level.ERROR, "PACKAGE_MISSING", f"{pkg} is not installed on node(s) {', '.join(map(str, missing))}",
                          Fix(f"Install {pkg}", hint=f"install it into each node's Python ({pkg} on node {missing[0]})"),
                          node=missing[0])
     for pkg in VERSIONED + ("python",):
@@ -106,7 +107,7 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
         if len(set(vals.values())) < 2:
             continue
         mm = {".".join(v.split("+")[0].split(".")[:2]) for v in vals.values()}
-        level: Level = "error" if pkg in WIRE and len(mm) > 1 else "warning"
+        level = Level.ERROR if pkg in WIRE and len(mm) > 1 else Level.WARNING
         desc = ", ".join(f"node {i}: {v}" for i, v in vals.items())
         ref = vals.get(0) or next(iter(vals.values()))
         yield Advice(level, "VERSION_MISMATCH", f"{pkg} differs across nodes ({desc})",
@@ -137,7 +138,7 @@ def fast_kernel_missing(c: Context) -> Iterable[Advice]:
         msg = f"{pkg} is not installed on node(s) {', '.join(map(str, lacking))}: no {what}"
         if mixed:
             msg += "; the other nodes have it, and every step waits for the slowest rank"
-        yield Advice("warning" if mixed else "info", "FAST_KERNEL_MISSING", msg,
+        yield Advice(Level.WARNING if mixed else Level.INFO, "FAST_KERNEL_MISSING", msg,
                      Fix(f"Install {pkg}", hint=f"pip install {pkg} (or qwen-tui's [gpu] extra) into the Python of "
                          f"node {lacking[0]}"), node=lacking[0])
 
@@ -150,11 +151,11 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
     code = what.upper()
     for i, ff in got.items():
         if not ff.exists and (i == 0 or (0 in got and not got[0].exists)):  # nowhere to copy it from
-            yield Advice("error", f"{code}_MISSING", f"{path} is missing on node {i}",
+            yield Advice(Level.ERROR, f"{code}_MISSING", f"{path} is missing on node {i}",
                          Fix(f"Correct training.{what}", hint=f"put the {what} at {path} on node 0 (the master), or "
                              f"set training.{what} to where it is"), node=i)
         elif not ff.exists:
-            yield Advice("error", f"{code}_MISSING", f"{path} is missing on node {i}",
+            yield Advice(Level.ERROR, f"{code}_MISSING", f"{path} is missing on node {i}",
                          Fix(f"Copy the {what} to node {i}", hint=f"rsync it to the same path on node {i}, or put it "
                              "on shared storage (qwen-tui check --sync copies it from the master)"), node=i)
     sums = {i: ff.sha256 for i, ff in got.items() if ff.exists and ff.sha256}
@@ -164,7 +165,7 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
         ref = 0 if 0 in got else min(got)
         odd = [i for i in got if i != ref and ((sums.get(i) and sums.get(i) != sums.get(ref))
                                                or sizes.get(i) != sizes.get(ref))]
-        yield Advice("error" if what == "data" else "warning", f"{code}_DIFFERS",
+        yield Advice(Level.ERROR if what == "data" else Level.WARNING, f"{code}_DIFFERS",
                      f"{path} differs between node {ref} and node(s) {', '.join(map(str, odd))} "
                      f"({sizes.get(ref, 0):,} vs {sizes.get(odd[0], 0) if odd else 0:,} bytes)",
                      Fix(f"Copy node {ref}'s {what}", hint=f"rsync node {ref}'s copy over the others"),
@@ -193,13 +194,13 @@ def no_shared_storage(c: Context) -> Iterable[Advice]:
     if all(n.is_local for n in c.preset.cluster.nodes):
         return
     if c.preset.cluster.shared_storage and c.facts.shared_storage is False and c.t.save_strategy != "no":
-        yield Advice("warning", "NO_SHARED_STORAGE",
+        yield Advice(Level.WARNING, "NO_SHARED_STORAGE",
                      f"cluster.shared_storage is true but {c.t.output_dir} is not one filesystem on every node: "
                      "checkpoints would be saved by rank 0 only, and each node's ZeRO shards land on its own disk",
                      Fix("Save on every node", {"cluster.shared_storage": False}))
     # with save_strategy "no" too: the final model is saved at the end of every run, by every node when not shared
     if not c.preset.cluster.shared_storage and c.facts.shared_storage is True:
-        yield Advice("error", "SHARED_STORAGE_UNDECLARED",
+        yield Advice(Level.ERROR, "SHARED_STORAGE_UNDECLARED",
                      f"{c.t.output_dir} is one filesystem on every node but cluster.shared_storage is false: "
                      "every node would write the same model and checkpoint files at once (the run fails at its "
                      "final save)",
@@ -226,6 +227,6 @@ def p2p_pcie(c: Context) -> Iterable[Advice]:
             continue
         msg = p2p_message(f"node {i}", min(nodes[i].gpus, nf.topology.gpus), nf.gpu_model or "GPU", risk)
         if risk.consumer:
-            yield Advice("warning", "P2P_PCIE", msg, Fix(P2P_FIX_LABEL, {"network.env": p2p_env(env)}), node=i)
+            yield Advice(Level.WARNING, "P2P_PCIE", msg, Fix(P2P_FIX_LABEL, {"network.env": p2p_env(env)}), node=i)
         else:
-            yield Advice("info", "P2P_UNSUPPORTED", msg, node=i)
+            yield Advice(Level.INFO, "P2P_UNSUPPORTED", msg, node=i)

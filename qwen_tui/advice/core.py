@@ -4,16 +4,15 @@ registry (qwen_tui.advice.rules runs the rules; qwen_tui.advice.cluster holds th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Optional
+from typing import Any, Callable, Iterable, Optional
 
+from ..base.levels import Issue
 from ..plan.estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
 from ..plan.estimate_comm import Bandwidth, resolve_bandwidth
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..model.spec import ModelSpec, UnknownModel, resolve_model
 from ..preset.schema import Preset
 
-Level = Literal["info", "warning", "error"]
-LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 LOW_BANDWIDTH_GBPS = 10.0
 # LoRA recipes train well from 8 records a step (QLoRA's 7B-65B runs used 16; Qwen's and Alpaca-LoRA's scripts
 # 128) up to a few hundred; below 8 the updates get noisy at LoRA's usual learning rates. The demo (16) and a new
@@ -43,15 +42,14 @@ class Fix:
 
 
 @dataclass(frozen=True)
-class Advice:
-    level: Level
-    code: str
-    message: str
+class Advice(Issue):
+    """An Issue about the preset (level, code, message), with the preset change that fixes it when one can."""
+
     fix: Optional[Fix] = None
     node: Optional[int] = None  # the node it is about, when it is about one
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "level": self.level, "message": self.message,
+        return {"code": self.code, "level": str(self.level), "message": self.message,
                 "fix": self.fix.to_dict() if self.fix else None, "node": self.node}
 
 

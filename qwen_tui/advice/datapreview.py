@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from ..base.levels import Level
 from .rules import Advice, Fix, make_context
 from ..plan.estimate_comm import MEASURE_HINT
 from ..cluster.facts import ClusterFacts
@@ -115,20 +116,20 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
     out: list[Advice] = []
     t = preset.training
     if r["usable"] and r["steps_per_epoch"] == 0:
-        out.append(Advice("error", "DATA_TOO_SMALL",
+        out.append(Advice(Level.ERROR, "DATA_TOO_SMALL",
                           f"{r['usable']} usable records, fewer than one global batch of {r['global_batch_size']}: "
                           "the worker would stop before training",
                           Fix("lower the micro-batch", {"training.per_device_train_batch_size": 1,
                                                         "training.gradient_accumulation_steps": 1})))
     if r["records"] and r["truncated"] / r["records"] > TRUNCATED_MAX:
         p99 = r["length_percentiles"]["p99"]
-        out.append(Advice("warning", "DATA_TRUNCATED",
+        out.append(Advice(Level.WARNING, "DATA_TRUNCATED",
                           f"{r['truncated']} of {r['records']} records ({r['truncated'] / r['records']:.1%}) are longer "
                           f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens",
                           Fix(f"raise model_max_length to the p99 ({p99})", {"training.model_max_length": p99})
                           if p99 > t.model_max_length else None))
     if r["dropped"]:
-        out.append(Advice("warning", "DATA_DROPPED",
+        out.append(Advice(Level.WARNING, "DATA_DROPPED",
                           f"{r['dropped']} record(s) have no assistant token left after the cut and are skipped",
                           Fix(f"raise model_max_length to {r['length_percentiles']['max']}",
                               {"training.model_max_length": r["length_percentiles"]["max"]})))
@@ -137,7 +138,7 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
         n, lim = over["records"], over["tokens"]
         sp = t.sequence_parallel_size
         where = r.get("longest_trainable_where") or "the GPU"
-        out.append(Advice("error", "DATA_TOO_LONG_FOR_GPU",
+        out.append(Advice(Level.ERROR, "DATA_TOO_LONG_FOR_GPU",
                           f"{n} record(s) are longer than the {lim:,} tokens one GPU trains ({where}"
                           f"{f', {sp} GPUs a row' if sp > 1 else ''}); the longest has {over['longest']:,}: its row "
                           "would run out of memory",
@@ -150,7 +151,7 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
                       "gradient_accumulation_steps or lower per_device_train_batch_size")
         else:
             fix = Fix("pack the records", hint="drop --no_packing from training.extra_args")
-        out.append(Advice("warning", "DATA_PADDING",
+        out.append(Advice(Level.WARNING, "DATA_PADDING",
                           f"{waste:.0%} of the tokens each step computes would be padding "
                           f"({'packed rows' if r.get('packing') else 'micro-batches padded to their longest record'})",
                           fix))

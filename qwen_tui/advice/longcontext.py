@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+from ..base.levels import Level
 from .core import Advice, Context, Fix, _gb, rule
 from ..plan.longcontext import (fitting_sizes, heads_problem, is_long, longest_record, row_memory,
                           sequence_parallel_problem)
@@ -28,14 +29,14 @@ def sequence_parallel_shape(c: Context) -> Iterable[Advice]:
         return
     sizes = [s for s in fitting_sizes(c.preset.world_size, c.spec.heads, c.spec.kv_heads) if s <= _sp(c)]
     size = sizes[-1] if sizes else 1
-    yield Advice("error", "SP_SHAPE", f"sequence_parallel_size {_sp(c)}: {problem}",
+    yield Advice(Level.ERROR, "SP_SHAPE", f"sequence_parallel_size {_sp(c)}: {problem}",
                  Fix(f"Sequence parallel size {size}", {"training.sequence_parallel_size": size}))
 
 
 @rule
 def sequence_parallel_packing(c: Context) -> Iterable[Advice]:
     if _sp(c) > 1 and "--no_packing" in c.t.extra_args:
-        yield Advice("error", "SP_NEEDS_PACKING",
+        yield Advice(Level.ERROR, "SP_NEEDS_PACKING",
                      f"sequence_parallel_size {_sp(c)} shards packed rows, and extra_args turn packing off",
                      Fix("Drop --no_packing", {"training.extra_args": [a for a in c.t.extra_args
                                                                        if a != "--no_packing"]}))
@@ -70,11 +71,11 @@ def long_records(c: Context) -> Iterable[Advice]:
     how = (f"{'tiled MLP, ' if mem.tiled else ''}checkpointed layers, fused loss"
            + (f", {_sp(c)} GPUs a row" if _sp(c) > 1 else ""))
     if mem.total > gib:
-        yield Advice("error", "LONG_RECORD_OOM",
+        yield Advice(Level.ERROR, "LONG_RECORD_OOM",
                      f"a record of model_max_length {t.model_max_length:,} tokens needs ~{_gb(mem.total)} per GPU > "
                      f"{_gb(gib)} ({c.gpu_memory_where}); the longest that fits is {limit:,} tokens ({how})",
                      _long_fix(c, limit))
     else:
-        yield Advice("info", "LONG_CONTEXT",
+        yield Advice(Level.INFO, "LONG_CONTEXT",
                      f"records of up to {limit:,} tokens fit each GPU ({c.gpu_memory_where}: {how}); "
                      f"model_max_length {t.model_max_length:,} needs ~{_gb(mem.total)}")

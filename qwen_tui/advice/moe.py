@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..base.levels import Level
 from .core import Advice, Context, Fix, rule
 from ..plan.estimate import GIB
 
@@ -34,7 +35,7 @@ def moe_qlora(c: Context) -> Iterable[Advice]:
         return
     s = c.spec
     experts = s.moe_layers * s.experts * 3 * s.hidden * s.moe_intermediate
-    yield Advice("error", "MOE_QLORA",
+    yield Advice(Level.ERROR, "MOE_QLORA",
                  f"Q-LoRA of {c.t.model}: transformers stores its {s.experts} experts a layer fused as 3-D tensors, "
                  f"which bitsandbytes cannot quantize (it quantizes nn.Linear layers only), so {_b(experts)} of its "
                  f"{_b(s.total_params)} parameters would stay in 16 bits; the worker refuses it. LoRA on a bf16 base "
@@ -63,13 +64,13 @@ def moe_lora_experts(c: Context) -> Iterable[Advice]:
             f"{s.experts_per_token}/{s.experts}")
     if c.t.lora_dropout > 0:
         # peft reaches fused experts through target_parameters, which refuses dropout: the worker stops at once
-        yield Advice("error", "MOE_LORA_EXPERTS",
+        yield Advice(Level.ERROR, "MOE_LORA_EXPERTS",
                      f"{what}; and peft cannot adapt fused experts with lora_dropout {c.t.lora_dropout:g} (the "
                      "worker refuses it)",
                      Fix("Adapt the attention only", {"training.lora_target_modules": ATTENTION},
                          hint="or set training.lora_dropout: 0 to adapt the experts as well"))
         return
-    yield Advice("warning", "MOE_LORA_EXPERTS", what,
+    yield Advice(Level.WARNING, "MOE_LORA_EXPERTS", what,
                  Fix("Adapt the attention only", {"training.lora_target_modules": ATTENTION}))
 
 
@@ -79,7 +80,7 @@ def moe_zero3(c: Context) -> Iterable[Advice]:
         return
     s = c.spec
     layer = 2 * s.largest_layer_params / GIB
-    yield Advice("info", "MOE_ZERO3",
+    yield Advice(Level.INFO, "MOE_ZERO3",
                  f"ZeRO-3 on a mixture of experts: the worker makes every MoE layer one ZeRO-3 leaf module, so all "
                  f"{s.experts} experts of a layer ({layer:.1f} GiB in bf16) are gathered in one collective and ranks "
                  "whose tokens chose different experts never wait on each other's gathers (without it ZeRO-3 "
@@ -93,7 +94,7 @@ def moe_routing(c: Context) -> Iterable[Advice]:
     if not _moe(c):
         return
     s = c.spec
-    yield Advice("info", "MOE_ROUTING",
+    yield Advice(Level.INFO, "MOE_ROUTING",
                  f"{s.experts} experts, {s.experts_per_token} a token, no capacity limit: no token is dropped, but "
                  "an imbalanced batch makes its busiest expert every GPU's slowest matmul. The worker adds the "
                  "routers' load-balancing loss (the config's router_aux_loss_coef, or --router_aux_loss_coef in "

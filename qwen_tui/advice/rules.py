@@ -14,10 +14,11 @@ import math
 from typing import Any, Iterable, Optional
 
 from .core import (  # noqa: F401 - the names users of the advice import from here
-    CKPT_OFF_HEADROOM, DDP_FASTER, LEVEL_ORDER, LORA_BATCH_MAX, LORA_BATCH_MIN, LOW_BANDWIDTH_GBPS, MEMORY_TIGHT,
-    NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix, Level,
+    CKPT_OFF_HEADROOM, DDP_FASTER, LORA_BATCH_MAX, LORA_BATCH_MIN, LOW_BANDWIDTH_GBPS, MEMORY_TIGHT,
+    NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix,
     Rule, _gb, apply_fix, make_context, rule,
 )
+from ..base.levels import Level, loudest_first
 from ..plan.estimate import estimate_step, max_micro_batch, nodes_worth_it
 from ..cluster.facts import ClusterFacts
 from ..plan.longcontext import is_long
@@ -29,7 +30,7 @@ from ..preset.schema import Preset
 @rule
 def model_unknown(c: Context) -> Iterable[Advice]:
     if c.spec is None:
-        yield Advice("info", "MODEL_UNKNOWN", f"no memory or speed estimate: {c.spec_error}")
+        yield Advice(Level.INFO, "MODEL_UNKNOWN", f"no memory or speed estimate: {c.spec_error}")
 
 
 @rule
@@ -39,7 +40,7 @@ def int4_needs_qlora(c: Context) -> Iterable[Advice]:
     changes: dict[str, Any] = {"training.method": "qlora"}
     if c.t.zero_stage == 3:
         changes["training.zero_stage"] = 2
-    yield Advice("error", "INT4_NEEDS_QLORA",
+    yield Advice(Level.ERROR, "INT4_NEEDS_QLORA",
                  f"{c.t.model} is {c.spec.quant_method}-quantized ({c.spec.quant_bits or '?'}-bit): "
                  f"{c.t.method} fine-tuning cannot train it, only Q-LoRA can",
                  Fix("Use Q-LoRA", changes))
@@ -51,7 +52,7 @@ def qlora_full(c: Context) -> Iterable[Advice]:
     asked = [a for a in c.t.extra_args if a in flags]
     if c.t.method == "full" and asked:
         rest = [a for a in c.t.extra_args if a not in flags]
-        yield Advice("error", "QLORA_FULL",
+        yield Advice(Level.ERROR, "QLORA_FULL",
                      f"extra_args ask for {', '.join(asked)} with method full: quantized weights cannot be fully "
                      "fine-tuned",
                      Fix("Use Q-LoRA", {"training.method": "qlora", "training.extra_args": rest}))
@@ -63,7 +64,7 @@ def qlora_zero3(c: Context) -> Iterable[Advice]:
     GPTQ/AWQ checkpoint's packed integer weights it cannot."""
     q = c.spec.quant_method if c.spec is not None else None
     if c.t.method == "qlora" and c.t.zero_stage == 3 and q is not None:
-        yield Advice("error", "QLORA_ZERO3", f"Q-LoRA with ZeRO-3 on a {q.upper()} checkpoint: its packed weights "
+        yield Advice(Level.ERROR, "QLORA_ZERO3", f"Q-LoRA with ZeRO-3 on a {q.upper()} checkpoint: its packed weights "
                      "cannot be partitioned (the worker refuses it; a plain checkpoint, quantized to nf4 on load, "
                      "can be)", Fix("Use ZeRO-2", {"training.zero_stage": 2}))
 
@@ -74,17 +75,17 @@ def qlora_unquantizable(c: Context) -> Iterable[Advice]:
         return
     q = c.spec.quant_method
     if q is not None and q not in QLORA_QUANT_METHODS:
-        yield Advice("error", "QLORA_UNQUANTIZABLE",
+        yield Advice(Level.ERROR, "QLORA_UNQUANTIZABLE",
                      f"{c.t.model} is stored as {q}: Q-LoRA trains on GPTQ, AWQ or a bf16 checkpoint it quantizes "
                      "itself, not on this", Fix("Use plain LoRA", {"training.method": "lora"},
                                                 hint="or point training.model at the unquantized release"))
     elif q in ("gptq", "awq") and c.cpu:
-        yield Advice("error", "QLORA_UNQUANTIZABLE",
+        yield Advice(Level.ERROR, "QLORA_UNQUANTIZABLE",
                      f"{c.t.model} is {q.upper()}-quantized; its kernels need a CUDA GPU, this run is on CPU",
                      Fix("Use the unquantized model", hint="set training.model to the bf16 release; "
                          "bitsandbytes then quantizes it on CPU"))
     elif q in ("gptq", "awq") and c.t.merge_lora:
-        yield Advice("error", "QLORA_MERGE", f"merge_lora cannot merge into a {q.upper()}-quantized base",
+        yield Advice(Level.ERROR, "QLORA_MERGE", f"merge_lora cannot merge into a {q.upper()}-quantized base",
                      Fix("Do not merge", {"training.merge_lora": False}))
 
 
@@ -108,7 +109,7 @@ def lora_batch_range(c: Context) -> Iterable[Advice]:
             changes = {"training.per_device_train_batch_size": mb, "training.gradient_accumulation_steps": 1}
     new = mb * gas * w
     fix = Fix(f"Effective batch {new}", changes) if LORA_BATCH_MIN <= new <= LORA_BATCH_MAX else None
-    yield Advice("warning", "LORA_BATCH_RANGE",
+    yield Advice(Level.WARNING, "LORA_BATCH_RANGE",
                  f"effective batch {ebs} ({c.t.per_device_train_batch_size} x {c.t.gradient_accumulation_steps} "
                  f"accumulation x {w} GPUs) is outside {LORA_BATCH_MIN}..{LORA_BATCH_MAX}, the range LoRA "
                  "recipes are tuned for", fix)
@@ -160,13 +161,13 @@ def oom(c: Context) -> Iterable[Advice]:
     assert gib is not None and c.spec is not None
     if est.fits(gib):
         if est.total > MEMORY_TIGHT * gib:
-            yield Advice("warning", "MEMORY_TIGHT",
+            yield Advice(Level.WARNING, "MEMORY_TIGHT",
                          f"estimated {_gb(est.total)} per GPU, {est.total / gib:.0%} of {_gb(gib)} "
                          f"({c.gpu_memory_where}): little room for longer batches or fragmentation")
         return
     mb = max_micro_batch(c.spec, c.t, c.preset.world_size, gib)
     fit = f"micro-batch {mb} would fit" if mb else "not even micro-batch 1 fits"
-    yield Advice("error", "OOM",
+    yield Advice(Level.ERROR, "OOM",
                  f"estimated {_gb(est.total)} per GPU > {_gb(gib)} ({c.gpu_memory_where}) at micro-batch "
                  f"{c.t.per_device_train_batch_size} x {c.t.model_max_length} tokens; {fit}", _oom_fix(c))
 
@@ -181,7 +182,7 @@ def ckpt_unneeded(c: Context) -> Iterable[Advice]:
     if off.total > CKPT_OFF_HEADROOM * gib:
         return
     s_on, s_off = c.step_here(), c.step_here(gradient_checkpointing=False)
-    yield Advice("info", "CKPT_UNNEEDED",
+    yield Advice(Level.INFO, "CKPT_UNNEEDED",
                  f"gradient checkpointing is on but {_gb(off.total)} of {_gb(gib)} would fit without it "
                  f"(now {_gb(on.total)}); off is ~{s_on.step_time_s / s_off.step_time_s - 1:.0%} faster per step",
                  Fix("Gradient checkpointing off", {"training.gradient_checkpointing": False}))
@@ -206,7 +207,7 @@ def zero_not_needed(c: Context) -> Iterable[Advice]:
     changes: dict[str, Any] = {"training.zero_stage": None}
     if c.t.offload != "none":
         changes["training.offload"] = "none"
-    yield Advice("warning", "ZERO_NOT_NEEDED",
+    yield Advice(Level.WARNING, "ZERO_NOT_NEEDED",
                  f"ZeRO-{c.t.zero_stage}"
                  + (" with CPU offload" if c.t.offload != "none" else "")
                  + (" gathers every layer's weights in each pass" if c.t.zero_stage >= 3 else
@@ -249,7 +250,7 @@ def zero3_slow_link(c: Context) -> Iterable[Advice]:
         else:
             msg += f" but needs {_gb(m2.total)} per GPU, more than {_gb(c.gpu_memory_gib)}"
             fix = None
-    yield Advice("warning", "ZERO3_SLOW_LINK", msg, fix)
+    yield Advice(Level.WARNING, "ZERO3_SLOW_LINK", msg, fix)
 
 
 @rule
@@ -272,7 +273,7 @@ def low_bandwidth(c: Context) -> Iterable[Advice]:
             b = s.comm_bytes_per_gpu
             size = f"{b / 1e9:.3g} GB" if b >= 1e9 else f"{b / 1e6:.3g} MB"
             extra = f": {size} per GPU per step takes {_secs(s.comm_s)}"
-        yield Advice("warning", "LOW_BANDWIDTH",
+        yield Advice(Level.WARNING, "LOW_BANDWIDTH",
                      f"node {i} to the master measured {bw:g} Gbit/s, under {LOW_BANDWIDTH_GBPS:g}{extra}", fix, node=i)
 
 
@@ -286,7 +287,7 @@ def nodes_past_worth(c: Context) -> Iterable[Advice]:
     worth = nodes_worth_it(c.spec, c.t, g, c.bandwidth_gbps, limit=c.nodes, **c.step_kwargs())
     if worth is None or worth >= c.nodes:
         return
-    yield Advice("warning", "NODES_PAST_WORTH",
+    yield Advice(Level.WARNING, "NODES_PAST_WORTH",
                  f"past {worth} node(s) each further node adds less than half its GPUs' worth at "
                  f"{c.bandwidth_gbps:.3g} Gbit/s between nodes ({c.bandwidth.source}"
                  + (", a lower bound" if c.bandwidth.lower_bound else "")
@@ -301,12 +302,12 @@ def port_unreachable(c: Context) -> Iterable[Advice]:
         return
     port = c.preset.network.master_port
     if c.facts.master_port_free is False:
-        yield Advice("error", "PORT_IN_USE", f"master port {port} is already in use on node 0",
+        yield Advice(Level.ERROR, "PORT_IN_USE", f"master port {port} is already in use on node 0",
                      Fix(f"Use port {port + 1}", {"network.master_port": port + 1}), node=0)
     for i, lk in sorted(c.facts.links.items()):
         if lk.port_reachable is False:
             why = f" ({lk.port_error})" if lk.port_error else ""
-            yield Advice("error", "PORT_UNREACHABLE",
+            yield Advice(Level.ERROR, "PORT_UNREACHABLE",
                          f"node {i} cannot reach {c.preset.master_addr}:{port}{why}; rendezvous would hang "
                          f"{c.preset.network.rdzv_timeout} s and fail",
                          Fix("Open the port", hint=f"allow TCP {port} (and NCCL's ports) into node 0 from node {i}, "
@@ -317,19 +318,19 @@ def port_unreachable(c: Context) -> Iterable[Advice]:
 def timeouts(c: Context) -> Iterable[Advice]:
     n = c.preset.network
     if n.rdzv_timeout > RDZV_TIMEOUT_MAX_S:
-        yield Advice("warning", "RDZV_TIMEOUT_LONG",
+        yield Advice(Level.WARNING, "RDZV_TIMEOUT_LONG",
                      f"rendezvous timeout {n.rdzv_timeout} s: a node that never starts keeps the others waiting "
                      f"{n.rdzv_timeout / 60:.0f} min before anything fails", Fix("Rendezvous timeout 120 s",
                                                                                    {"network.rdzv_timeout": 120}))
     if n.nccl_timeout > NCCL_TIMEOUT_MAX_S:
-        yield Advice("warning", "NCCL_TIMEOUT_LONG",
+        yield Advice(Level.WARNING, "NCCL_TIMEOUT_LONG",
                      f"NCCL timeout {n.nccl_timeout} s: a hung collective holds every GPU {n.nccl_timeout / 3600:.1f} h "
                      "before the job fails", Fix("NCCL timeout 1800 s", {"network.nccl_timeout": 1800}))
     off = {k: v for k, v in n.env.items()
            if (k in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING") and v.strip() == "0")}
     if off:
         env = {k: v for k, v in n.env.items() if k not in off}
-        yield Advice("warning", "TIMEOUT_NONE",
+        yield Advice(Level.WARNING, "TIMEOUT_NONE",
                      f"network.env sets {', '.join(f'{k}={v}' for k, v in off.items())}: a hung collective is never "
                      "aborted, the job hangs instead of failing", Fix("Remove it", {"network.env": env}))
 
@@ -348,4 +349,4 @@ def advise(preset: Preset, facts: Optional[ClusterFacts] = None, **kwargs: Any) 
     out: list[Advice] = []
     for r in RULES:
         out.extend(r(c))
-    return sorted(out, key=lambda a: LEVEL_ORDER[a.level])
+    return sorted(out, key=loudest_first)

@@ -18,8 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from qwen_tui.base.redact import printable
+from qwen_tui.run import styles
 
-COLOURS = {"ok": "green", "info": "green", "warning": "yellow", "error": "bold red", "-": "dim", "not checked": "yellow"}
+COLOURS = {**styles.LEVEL, **styles.VERDICT}  # a finding's level or a matrix cell's verdict -> its colour
 
 
 def add_parser(sub) -> None:
@@ -71,14 +72,14 @@ class NodeLines:
 
     def render(self) -> Table:
         t = Table.grid(padding=(0, 1))
-        t.add_row(Text(f"… {self.now}", style="yellow"))
+        t.add_row(Text(f"… {self.now}", style=styles.WARN))
         for i, lab in enumerate(self.labels):
             line = Text(f"  {i} {printable(lab):14} ")
             for part in self.done[i][-6:]:  # the latest outcomes: a line stays a line
                 line.append_text(part)
                 line.append("  ")
             if i in self.doing:
-                line.append(f"… {self.doing[i]}", style="yellow")
+                line.append(f"… {self.doing[i]}", style=styles.WARN)
             t.add_row(line)
         return t
 
@@ -91,10 +92,11 @@ class NodeLines:
         else:
             bad = any(w in text for w in ("failed", "cannot", "not measured"))
             self.doing.pop(node, None)
-            self.done[node].append(Text(f"{'✘' if bad else '✔'} {check}", style="yellow" if bad else "green"))
+            self.done[node].append(Text(f"{'✘' if bad else '✔'} {check}", style=styles.WARN if bad else styles.GOOD))
             if self.live is None:
                 self.console.print(f"  {check:9} {node} {escape(printable(self.labels[node])):14} "
-                                   f"[{'yellow' if bad else 'green'}]{escape(printable(text))}[/]", highlight=False)
+                                   f"[{styles.WARN if bad else styles.GOOD}]{escape(printable(text))}[/]",
+                                   highlight=False)
         if self.live is not None:
             self.live.update(self.render())
 
@@ -161,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                     for a in ([] if isinstance(acts, BaseException) else acts):
                         console.print(f"sync {preset.cluster.nodes[i].label} {a.kind}: {a.action} {a.detail}")
                     if isinstance(acts, BaseException):
-                        console.print(f"[red]sync {preset.cluster.nodes[i].label}: {acts}[/]")
+                        console.print(f"[{styles.FAIL}]sync {preset.cluster.nodes[i].label}: {acts}[/]")
                 # what the nodes hold now; the rehearsal once the copies are there (not after a failed download)
                 rep = _checks(preset, transports, show, rehearsal=rehearsal and not download_failed, **checks)
     finally:
@@ -201,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{escape(printable(f.message))}", markup=True, highlight=False)
         if f.fix:
             console.print(f"{'':20} fix: {printable(f.fix)}", markup=False, highlight=False)
-    console.print("[green]all checks passed[/]" if rep.ok else f"[bold red]{len(rep.errors)} error(s)[/]")
+    console.print(f"[{styles.GOOD}]all checks passed[/]" if rep.ok
+                  else f"[{styles.BAD}]{len(rep.errors)} error(s)[/]")
     return 0 if rep.ok else 1
 
 
@@ -239,7 +242,7 @@ def run_keys(args: argparse.Namespace) -> int:
     labels = [n.label for n in preset.cluster.nodes]
     console.print(f"key: {rep.key.private_path}" + (" (new)" if rep.key.created else ""))
     for i, v in sorted(rep.installed.items()):
-        console.print(f"{labels[i]}: " + (f"[red]{v}[/]" if isinstance(v, BaseException) else
+        console.print(f"{labels[i]}: " + (f"[{styles.FAIL}]{v}[/]" if isinstance(v, BaseException) else
                                           ("key installed" if v else "key already there")))
     t = Table(title="node -> node without a password")
     t.add_column("from \\ to")
@@ -251,9 +254,10 @@ def run_keys(args: argparse.Namespace) -> int:
             if a == b:
                 row.append("-")
             elif (a, b) not in rep.matrix:
-                row.append("[dim]?[/]")
+                row.append(f"[{styles.QUIET}]?[/]")
             else:
-                row.append("[green]ok[/]" if rep.matrix[(a, b)] is None else f"[red]{rep.matrix[(a, b)]}[/]")
+                row.append(f"[{styles.GOOD}]ok[/]" if rep.matrix[(a, b)] is None
+                           else f"[{styles.FAIL}]{rep.matrix[(a, b)]}[/]")
         t.add_row(la, *row)
     console.print(t)
     return 0 if rep.ok else 1

@@ -17,6 +17,7 @@ from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..advice.report import NODES_WORTH_LIMIT, build_report, model_line
 from ..cluster.facts import ClusterFacts
 from ..preset.schema import load_preset
+from ..run import styles
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -86,7 +87,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                   f"GPU {gpu['name'] or 'unknown'} ({gpu['memory_gib'] or '?'} GiB, {gpu['source'] or 'unknown'})"
                   + (f"; {link}" if report["nodes"] > 1 or bw["gbps"] else ""), highlight=False)
     if report["error"]:
-        con.print(f"[yellow]{report['error']}[/]")
+        con.print(f"[{styles.WARN}]{report['error']}[/]")
     m = report["gpu_memory_gb"]
     if m:
         mdl = report["model"]
@@ -99,7 +100,8 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
         con.print(tb)
         fits = m["fits"]
         if not report["cpu"]:
-            con.print("fits" if fits else "[red]does not fit[/]" if fits is False else "GPU memory unknown: pass --gpu",
+            con.print("fits" if fits else f"[{styles.FAIL}]does not fit[/]" if fits is False
+                      else "GPU memory unknown: pass --gpu",
                       f"(torch peak allocated ~{m['peak_allocated']:.1f} GiB)")
     s = report["step"]
     if s is not None:
@@ -108,11 +110,11 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                   f"~{report['step_time_s']:.2f} s/step, ~{report['tokens_per_second']:,.0f} tokens/s "
                   f"(efficiency {report['efficiency']} assumed)")
     elif not report["cpu"] and report["gpu_memory_gb"]:
-        con.print(f"step: {report['tokens_per_step']:,} tokens; s/step and tokens/s [yellow]unknown[/]",
+        con.print(f"step: {report['tokens_per_step']:,} tokens; s/step and tokens/s [{styles.WARN}]unknown[/]",
                   highlight=False)
     if not report["cpu"] and report["gpu_memory_gb"]:
         for why in report["speed_unknown"]:
-            con.print(f"[yellow]{why}[/]", highlight=False)
+            con.print(f"[{styles.WARN}]{why}[/]", highlight=False)
     if report["scaling_efficiency"]:
         st = Table(title="Scaling (same micro-batch per GPU)"
                    + (f"; bandwidth between nodes from {bw['source']}" if bw["gbps"] else ""))
@@ -135,12 +137,13 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                       f"{'on' if rec['gradient_checkpointing'] else 'off'}")
     unchecked = not report["cpu"] and gpu["memory_gib"] is None
     if unchecked:  # silence here would read as "it fits"
-        con.print(f"[yellow]GPU type unknown: memory fit not checked.[/] The advice {', '.join(NEEDS_GPU_MEMORY)} "
+        con.print(f"[{styles.WARN}]GPU type unknown: memory fit not checked.[/] The advice "
+                  f"{', '.join(NEEDS_GPU_MEMORY)} "
                   "and the recommended micro-batch need the GPU's memory: pass --gpu (or --gpu-memory-gib, "
                   "or --facts from `qwen-tui check`)", highlight=False)
     if not report["advice"]:
-        con.print("[yellow]no advice (memory fit not checked)[/]" if unchecked else "[green]no advice[/]")
-    colours = {"error": "red", "warning": "yellow", "info": "cyan"}
+        con.print(f"[{styles.WARN}]no advice (memory fit not checked)[/]" if unchecked
+                  else f"[{styles.GOOD}]no advice[/]")
     for a in report["advice"]:
         fix = a["fix"]
         how = ""
@@ -149,7 +152,8 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                                             if fix["changes"] and len(str(fix["changes"])) < 120 else "")
             if fix["hint"]:
                 how += f"; {fix['hint']}"
-        con.print(f"[{colours[a['level']]}]{a['level']:7s}[/] {a['code']}: {a['message']}{how}", highlight=False)
+        con.print(f"[{styles.level_style(a['level'])}]{a['level']:7s}[/] {a['code']}: {a['message']}{how}",
+                  highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

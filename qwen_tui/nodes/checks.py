@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix, worst
+from qwen_tui.base.levels import worst
+from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix
 from qwen_tui.nodes.ibcheck import ib_findings
 from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.probe import probe_all
@@ -94,7 +95,7 @@ class CheckReport:
             return "not checked"  # what was not looked at is never "ok", whatever else was said about it
         if lv is None:
             return "ok" if column in self._checked.get(i, set()) else "-"
-        return {"info": "ok"}.get(lv, lv)
+        return "ok" if lv == INFO else lv.value
 
     _checked: dict = field(default_factory=dict)
     not_checked: dict = field(default_factory=dict)  # (node, column) -> why the check could not run

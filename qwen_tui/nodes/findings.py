@@ -1,32 +1,24 @@
-"""A finding of the node checks: shaped like advice.Advice (level, code, message,
-fix) so the same table prints both, plus where it belongs in the node x check
-matrix (node index, check column)."""
+"""A finding of the node checks: an Issue (level, code, message) like advice.Advice, so the same table prints
+both, with a fix in words and where it belongs in the node x check matrix (node index, check column)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-_RANK = {ERROR: 2, WARNING: 1, INFO: 0}
+from ..base.levels import Issue, Level
+
+ERROR, WARNING, INFO = Level.ERROR, Level.WARNING, Level.INFO  # the short names the checks write
 
 
-@dataclass
-class Finding:
-    level: str  # error | warning | info
-    code: str
-    message: str
+@dataclass(frozen=True)
+class Finding(Issue):
     fix: str = ""
     node: Optional[int] = None  # None: the cluster as a whole
     check: str = ""  # matrix column: ssh, probe, gpu, python, code, data, model, disk, port, nccl-ports, firewall, bandwidth, rehearsal
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def worst(levels) -> Optional[str]:
-    levels = list(levels)
-    return max(levels, key=lambda x: _RANK[x]) if levels else None
+        return {**asdict(self), "level": str(self.level)}
 
 
 def connect_fix(e: BaseException) -> str:

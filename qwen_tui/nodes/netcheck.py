@@ -88,10 +88,6 @@ def check_ports(preset: Preset, transports: dict[int, Transport], facts: Cluster
         argv = [nodes[i].python, "-c", LISTEN,
                 json.dumps({"ports": listen_ports[i], "window": window + start_bound, "expect": len(idx) - 1})]
         t = transports[i]
-        if not hasattr(t, "stream_lines"):  # no stream: start it and give it a moment
-            threading.Timer(1.0, ready[i].set).start()
-            listeners[i] = t.run(argv, timeout=window + start_bound + 15)
-            return
         lines: list[str] = []
         try:
             for ln in t.stream_lines(argv, stop=stop, timeout_first_line=start_bound):

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import paramiko
 
-from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError
+from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError, fingerprint
 from qwen_tui.nodes.jobs import Proc, env_script, job_argv, parse_marks, parse_stat
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
@@ -192,6 +192,10 @@ class SSHTransport:
     def server_key(self) -> paramiko.PKey:
         """The host key this connection verified."""
         return self._transport().get_remote_server_key()
+
+    def host_key(self) -> str:
+        k = self.server_key()
+        return f"{k.get_name()} {fingerprint(k)}"
 
     def _transport(self) -> paramiko.Transport:
         self.connect()

@@ -52,10 +52,7 @@ def _copy_file(src: Transport, src_path: str, dst: Transport, dst_path: str, *,
         return
     with tempfile.TemporaryDirectory(prefix="qwen-tui-sync-") as d:
         tmp = os.path.join(d, "f")
-        get = getattr(src, "get_file", None)
-        if get is None:
-            raise TransportError(f"{src.label}: cannot read files from this transport")
-        get(src_path, tmp)
+        src.get_file(src_path, tmp)
         dst.put_file(tmp, dst_path, progress=progress)
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ..base.shell import quote_argv
 from .jobs import JOB_MARK, RUN_MARK, Proc, job_argv, local_kill, local_proc, local_procs
@@ -46,11 +46,31 @@ class TransportError(RuntimeError):
     """The node could not be reached or the command could not be run (not a non-zero exit)."""
 
 
+Progress = Optional[Callable[[int, int], None]]  # (bytes done, bytes in all) while a file is copied
+
+
 class Transport(Protocol):
+    """Everything the launcher, probe, checks, monitor and sync ask of a node; LocalTransport and SSHTransport
+    do all of it, so no caller has to ask what a transport can do."""
+
     label: str
 
     def run(self, argv: Sequence[str], *, timeout: float, input: Optional[bytes] = None,
             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> CommandResult: ...
+
+    def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
+                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+        """One long-lived command's output lines as they arrive, until `stop` is set or it ends."""
+        ...
+
+    def abspath(self, path: str) -> str:
+        """`path` as the node reads it: ~ and relative paths from the login directory."""
+        ...
+
+    def host_key(self) -> str:
+        """The host key this connection verified, as `ssh-keygen -l` names it ("ssh-ed25519 SHA256:…");
+        "" for this machine."""
+        ...
 
     def start_job(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, log: str,
                   rcfile: str, timeout: float = 30.0, run_id: str = "") -> int:
@@ -77,7 +97,11 @@ class Transport(Protocol):
 
     def read_file(self, path: str, *, offset: int = 0, limit: int = 1 << 20, timeout: float = 15.0) -> bytes: ...
 
-    def put_file(self, local: str, remote: str, *, timeout: float = 600.0, progress=None) -> None: ...
+    def put_file(self, local: str, remote: str, *, timeout: float = 600.0, progress: Progress = None) -> None: ...
+
+    def get_file(self, remote: str, local: str, *, timeout: float = 600.0, progress: Progress = None) -> None:
+        """Copy the node's file `remote` to this machine's `local`."""
+        ...
 
     def reset(self) -> None:
         """Drop the connection at once (a read timed out); the next command connects anew."""
@@ -222,6 +246,15 @@ class LocalTransport:
         if progress:
             size = os.path.getsize(remote)
             progress(size, size)
+
+    def get_file(self, remote, local, *, timeout=600.0, progress=None) -> None:
+        self.put_file(remote, local, timeout=timeout, progress=progress)  # both ends are this machine
+
+    def abspath(self, path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path))
+
+    def host_key(self) -> str:
+        return ""
 
     def reset(self) -> None:
         """Nothing to drop: this machine is always reachable."""

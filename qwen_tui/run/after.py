@@ -21,6 +21,7 @@ from ..nodes.json_tool import run_json_tool
 from ..nodes.transport import Transport
 from ..preset.schema import Preset, load_preset
 from .rundir import RunDir
+from .states import RunState
 
 MERGE_TIMEOUT_S = 3600.0  # a 72B merge on CPU takes a while; still bounded
 CHAT_TIMEOUT_S = 900.0
@@ -75,9 +76,9 @@ def locate(run_dir: str | Path) -> RunResult:
     if node0.local:
         end = _end_record(Path(plan.metrics_file))
         if end is not None:
-            finished = end.get("status") == "ok"
+            finished = end.get("status") == RunState.OK
             out = end.get("output_dir") or out
-        elif rd.read_state().get("status") == "running":
+        elif rd.read_state().get("status") == RunState.RUNNING:
             raise AfterRunError(f"{rd.path}: the run has not finished yet (qwen-tui attach {rd.path} follows it)")
         else:
             finished = False

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
 
+from ..base.levels import Level
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
@@ -33,6 +34,7 @@ from .launcher import LaunchError, Launcher, RunOutcome
 from .metrics import TrainingProgress
 from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
+from .states import FINAL, JobState, RunState
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
     from ..nodes.checks import Progress
@@ -43,8 +45,6 @@ if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before i
 # connect that may ask one is bounded by this on top of the connection's own bound.
 CONSENT_WAIT_S = 300.0
 
-# A run directory's final states, and the exit code a face returns for each.
-FINAL = {"ok": 0, "failed": 1, "stopped": 130, "lost": 1}
 
 
 # ---------------------------------------------------------------- connect
@@ -162,7 +162,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice("error", f"{kind.upper()}_MISSING",
+                out.append(Advice(Level.ERROR, f"{kind.upper()}_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))
@@ -233,7 +233,7 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
             yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
     said = {(a.code, a.node) for a in advice}
-    findings = [f for f in rep.findings if f.level != "info" and (f.code, f.node) not in said]
+    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in said]
     yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 
@@ -296,13 +296,7 @@ def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[st
 
 def host_key(transport: Transport) -> str:
     """The node's host key as `ssh-keygen -l` names it ("ssh-ed25519 SHA256:…"); "" for this machine."""
-    key = getattr(transport, "server_key", None)
-    if not callable(key):
-        return ""
-    from ..nodes.hostkeys import fingerprint
-
-    k = key()
-    return f"{k.get_name()} {fingerprint(k)}"
+    return transport.host_key()
 
 
 # ---------------------------------------------------------------- plan, start
@@ -413,7 +407,7 @@ def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, passw
         return
     status = state.get("status")
     if status in FINAL:
-        yield AlreadyEnded(pl.run_id, str(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
+        yield AlreadyEnded(pl.run_id, RunState(status), str(state.get("message", "")), tuple(read_notices(rd.path)))
         return
     try:
         preset = load_preset(rd.path / "preset.yaml")
@@ -462,7 +456,8 @@ def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) 
             log = la.log_tail(log_rank, lines=log_lines)
         except Exception as e:
             log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
-    nodes = {r: ("unreachable" if s.status == "running" and mon.health.unreachable(r) else s.status, s.error)
+    nodes = {r: (JobState.UNREACHABLE if s.status == JobState.RUNNING and mon.health.unreachable(r) else s.status,
+                 s.error)
              for r, s in la.nodes.items()}
     notes = {r: n for r in la.nodes if (n := mon.note(r))}
     return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from ..preset.schema import Preset
+from .states import RunState
 
 MAX_ACCUMULATION = 4096  # the preset's bound on gradient_accumulation_steps
 CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -129,10 +130,10 @@ def common_checkpoint(listings: Mapping[int, Iterable[str]]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def why_not_restart(status: str, failed_rank: Optional[int], cause: Optional[str], restarts_made: int,
+def why_not_restart(status: RunState, failed_rank: Optional[int], cause: Optional[str], restarts_made: int,
                     allowed: int) -> Optional[str]:
     """None when a failed attempt should be followed by another; else why not, for the user."""
-    if status != "failed":
+    if status != RunState.FAILED:
         return f"the run ended {status}"
     if restarts_made >= allowed:
         return (f"no restart left (training.restarts: {allowed})" if allowed else

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
+from ..base.levels import Level
 from ..cluster.facts import ClusterFacts
 from ..plan.launch import LaunchPlan
 from .launcher import Launcher, RunOutcome
+from .states import JobState, RunState
 from .metrics import TrainingProgress
 from .notices import Notice
 
@@ -55,7 +57,7 @@ class CheckResult:
 
     @property
     def errors(self) -> list:
-        return [a for a in self.items if a.level == "error"]
+        return [a for a in self.items if a.level == Level.ERROR]
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class AlreadyEnded:
     """attach found a run that had ended: nothing to follow or stop."""
 
     run_id: str
-    status: str
+    status: RunState
     message: str
     notices: tuple[Notice, ...] = ()  # what the monitor noticed while it ran (a hang and its stacks, ...)
 
@@ -105,7 +107,7 @@ class Failure:
 class Snapshot:
     """A copy of a running job's state for a face to draw (never the live objects)."""
 
-    nodes: dict[int, tuple[str, Optional[str]]]  # rank -> (status, error); "unreachable" while it cannot be read
+    nodes: dict[int, tuple[JobState, Optional[str]]]  # rank -> (state, error); UNREACHABLE while it cannot be read
     progress: TrainingProgress
     log: list[str] = field(default_factory=list)
     log_rank: Optional[int] = None

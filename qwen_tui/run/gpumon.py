@@ -265,9 +265,7 @@ class GpuMonitor:
 
     def _gpus(self, rank: int, t) -> bool:
         """Watch GPUs until stopped. False when the node has no usable nvidia-smi (use the CPU sampler)."""
-        if hasattr(t, "stream_lines"):
-            return self._gpus_stream(rank, t)
-        return self._gpus_poll(rank, t)
+        return self._gpus_stream(rank, t)
 
     def _gpus_stream(self, rank: int, t) -> bool:
         argv = query_argv(loop_ms=int(self.interval * 1000))
@@ -284,31 +282,10 @@ class GpuMonitor:
             return g.rows > before
         return feed
 
-    def _gpus_poll(self, rank: int, t) -> bool:
-        argv = query_argv(loop_ms=None)
-        first = True
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                r = t.run(argv, timeout=self.timeout)
-            except Exception as e:  # the node may drop for a moment: show it, keep trying
-                self._emit(NodeSample(rank=rank, error=f"{type(e).__name__}: {e}"))
-            else:
-                gpus = parse_query(r.stdout) if r.ok else []
-                if first and not gpus:
-                    return False
-                if gpus:
-                    self._emit(NodeSample(rank=rank, gpus=gpus))
-                else:
-                    self._emit(NodeSample(rank=rank, error=(r.stderr or r.stdout).strip()[-200:]))
-            first = False
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
-        return True
-
     def _cpu(self, rank: int, t) -> None:
         from ..nodes.transport import LocalTransport
 
-        if not isinstance(t, LocalTransport) and hasattr(t, "stream_lines"):
+        if not isinstance(t, LocalTransport):
             self._cpu_stream(rank, t)
             return
         prev = None

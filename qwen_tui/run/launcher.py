@@ -23,8 +23,8 @@ from ..plan.launch import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
 from .monitor import RunMonitor
 from .rundir import RunDir
+from .states import JobState, RunState
 
-RUNNING, OK, FAILED, STOPPED, LOST = "running", "ok", "failed", "stopped", "lost"
 # torchrun's failure summary for a rank that died of SIGKILL (the OOM killer, or by hand)
 _RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
 
@@ -33,7 +33,7 @@ _RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
 class NodeState:
     rank: int
     label: str
-    status: str = "pending"
+    status: JobState = JobState.PENDING
     pid: Optional[int] = None
     start: Optional[int] = None  # the job leader's start time, recorded at launch
     rc: Optional[int] = None
@@ -43,15 +43,18 @@ class NodeState:
 
 @dataclass
 class RunOutcome:
-    status: str  # ok | failed | stopped
+    status: RunState  # ok | failed | stopped
     message: str
     failed_rank: Optional[int] = None
     nodes: dict[int, NodeState] = field(default_factory=dict)
     cause: Optional[str] = None  # the diagnosis code of the failed node's log (cluster/failures.py), if one matched
 
+    def __post_init__(self) -> None:
+        self.status = RunState(self.status)  # also when given as its word (an ended run's state.json)
+
     @property
     def exit_code(self) -> int:
-        return {"ok": 0, "stopped": 130}.get(self.status, 1)
+        return self.status.exit_code
 
 
 class LaunchError(RuntimeError):
@@ -130,17 +133,17 @@ class Launcher:
         errors = {r: f"{type(v).__name__}: {v}" for r, v in results.items() if isinstance(v, Exception)}
         started = {r: v for r, v in results.items() if not isinstance(v, Exception)}
         for r, (pid, start) in started.items():
-            self.nodes[r].pid, self.nodes[r].start, self.nodes[r].status = pid, start, RUNNING
+            self.nodes[r].pid, self.nodes[r].start, self.nodes[r].status = pid, start, JobState.RUNNING
         self.run_dir.write_pids({r: pid for r, (pid, _) in started.items()},
                                 starts={r: start for r, (_, start) in started.items()})
         if errors:
             for r, e in errors.items():
-                self.nodes[r].status, self.nodes[r].error = FAILED, e
+                self.nodes[r].status, self.nodes[r].error = JobState.FAILED, e
             self.stop_all()
             names = ", ".join(f"node {r} ({self.nodes[r].label}): {e}" for r, e in errors.items())
-            self.run_dir.write_state(status="failed", message=f"could not start {names}")
+            self.run_dir.write_state(status=RunState.FAILED, message=f"could not start {names}")
             raise LaunchError(f"could not start {names}", errors)
-        self.run_dir.write_state(status="running", started=time.time(), run_id=self.plan.run_id,
+        self.run_dir.write_state(status=RunState.RUNNING, started=time.time(), run_id=self.plan.run_id,
                                  attempt=self.attempt)
 
     @classmethod
@@ -157,7 +160,7 @@ class Launcher:
         la.attempt_note = attempt_note(state)
         la.monitor.earlier()  # what the view that launched it noticed: a hang before this attach, say
         for r, (pid, start) in run_dir.read_jobs(len(plan.nodes)).items():
-            la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, RUNNING
+            la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, JobState.RUNNING
         return la
 
     def _ref(self, rank: int) -> Optional[JobRef]:
@@ -169,7 +172,7 @@ class Launcher:
         pid is alive but does not prove it is this run's job (qwen_tui.nodes.jobs)."""
         def judge(c: NodeCommand) -> tuple[str, str]:
             ref = self._ref(c.rank)
-            if ref is None or self.nodes[c.rank].status != RUNNING:
+            if ref is None or self.nodes[c.rank].status != JobState.RUNNING:
                 return "none", ""
             return job_verdict(self.transports[c.rank], ref)
 
@@ -184,13 +187,13 @@ class Launcher:
     # ------------------------------------------------------------ watch
     def _check_node(self, c: NodeCommand) -> None:
         st = self.nodes[c.rank]
-        if st.status not in (RUNNING,):
+        if st.status not in (JobState.RUNNING,):
             return
         t = self.transports[c.rank]
         raw = t.read_file(c.rc_path).strip()
         if raw:
             st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
-            st.status = OK if st.rc == 0 else FAILED
+            st.status = JobState.OK if st.rc == 0 else JobState.FAILED
             return
         ref = self._ref(c.rank)
         if ref is None:
@@ -204,10 +207,10 @@ class Launcher:
         raw = t.read_file(c.rc_path).strip()
         if raw:
             st.rc = int(raw) if raw.lstrip(b"-").isdigit() else -1
-            st.status = OK if st.rc == 0 else FAILED
+            st.status = JobState.OK if st.rc == 0 else JobState.FAILED
             return
         left = members(ref, procs)
-        st.status = LOST
+        st.status = JobState.LOST
         st.error = (f"its job shell and torchrun agent (pid {ref.pid}) were killed, no exit code; "
                     f"{len(left)} orphaned process(es) of it left" if left else
                     "its processes were killed or the node went away (no exit code)")
@@ -218,7 +221,7 @@ class Launcher:
         self.monitor.look(self._check_node)
         if self.monitor.hang_action is not None and self.monitor.verdict is not None:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
-        bad = [s for s in self.nodes.values() if s.status in (FAILED, LOST)]
+        bad = [s for s in self.nodes.values() if s.status in (JobState.FAILED, JobState.LOST)]
         if bad:
             from ..cluster.failures import worker_error
 
@@ -235,20 +238,21 @@ class Launcher:
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
             cause = first.cause or (diag.code if diag else None)
-            out = RunOutcome("failed", msg, first.rank, self.nodes, cause=cause)
+            out = RunOutcome(RunState.FAILED, msg, first.rank, self.nodes, cause=cause)
             self._record(out)
             return out
-        if all(s.status == OK for s in self.nodes.values()):
+        if all(s.status == JobState.OK for s in self.nodes.values()):
             self._read_all_metrics()
             end = self.metrics.progress.end
-            if end and end.get("status") == "stopped":  # its workers were stopped (another view's stop-all)
-                out = RunOutcome("stopped", f"stopped at step {end.get('step')}; every node's processes ended",
+            if end and end.get("status") == RunState.STOPPED:  # its workers were stopped (another view's stop-all)
+                out = RunOutcome(RunState.STOPPED, f"stopped at step {end.get('step')}; every node's processes ended",
                                  None, self.nodes)
-            elif end and end.get("status") != "ok":
-                out = RunOutcome("failed", f"training ended with status {end.get('status')}: {end.get('error', '')}",
+            elif end and end.get("status") != RunState.OK:
+                out = RunOutcome(RunState.FAILED,
+                                 f"training ended with status {end.get('status')}: {end.get('error', '')}",
                                  0, self.nodes, cause="TRAINING_ERROR")
             else:
-                out = RunOutcome("ok", "training finished on every node", None, self.nodes)
+                out = RunOutcome(RunState.OK, "training finished on every node", None, self.nodes)
             self._record(out)
             return out
         return None
@@ -271,13 +275,13 @@ class Launcher:
         the culprit's node."""
         node = v.node if v.node in self.nodes else 0
         st = self.nodes[node]
-        st.status, st.error = FAILED, v.text({c.rank: c.label for c in self.plan.nodes})
+        st.status, st.error = JobState.FAILED, v.text({c.rank: c.label for c in self.plan.nodes})
         self.stop_all()
         cause = "HANG" if action == "restart" else "HANG_STOPPED"
         hangs = [n for n in self.monitor.copy() if n.kind == "HANG"]
         where = hangs[-1].details.get("stacks") if hangs else None
         msg = f"node {node} ({st.label}) hung: {st.error}" + (f"; stacks in {where}" if where else "")
-        out = RunOutcome("failed", msg, node, self.nodes, cause=cause)
+        out = RunOutcome(RunState.FAILED, msg, node, self.nodes, cause=cause)
         self._record(out)
         return out
 
@@ -315,7 +319,7 @@ class Launcher:
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
             killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
             tail = without_agent_report(raw)[-40:]  # what the user reads: the worker's words, not torchrun's report
-            secondary = st.status != LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
+            secondary = st.status != JobState.LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
         _, _, st, d, tail = found[0]
@@ -339,7 +343,7 @@ class Launcher:
         out = self.poll()
         if out is None and deadline is not None and time.monotonic() > deadline:
             self.stop_all()
-            out = RunOutcome("failed", f"run did not finish within {max_seconds:g}s", None, self.nodes)
+            out = RunOutcome(RunState.FAILED, f"run did not finish within {max_seconds:g}s", None, self.nodes)
             self._record(out)
         return out
 
@@ -384,7 +388,7 @@ class Launcher:
         left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
         msg = ("stopped by the user; every node's processes were ended" if not left
                else f"stopped by the user, but processes survive on node(s) {left}")
-        out = RunOutcome("stopped", msg, None, self.nodes)
+        out = RunOutcome(RunState.STOPPED, msg, None, self.nodes)
         self._record(out)
         return out, left
 
@@ -405,8 +409,8 @@ class Launcher:
                 # only processes that prove they are this run's job are signalled
                 gone = stop_job(self.transports[c.rank], ref, grace=grace,
                                 on_phase=lambda text: self._phase(c.rank, text))
-                if self.nodes[c.rank].status == RUNNING:
-                    self.nodes[c.rank].status = STOPPED
+                if self.nodes[c.rank].status == JobState.RUNNING:
+                    self.nodes[c.rank].status = JobState.STOPPED
                 return gone
 
             res = _parallel(stop, self.plan.nodes)

@@ -27,10 +27,9 @@ from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration
 from .rundir import default_runs_root, new_run_id
+from . import styles
+from .states import JobState, RunState
 
-_STYLE = {"running": "cyan", "ok": "green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
-          "unreachable": "bold yellow"}
-_NOTICE_STYLE = {"error": "bold red", "warning": "yellow", "info": "green"}
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -50,9 +49,9 @@ def render(la: Launcher) -> Group:
         nodes.add_column(col)
     for c in la.plan.nodes:
         st, mon = la.nodes[c.rank], la.monitor
-        status = "unreachable" if st.status == "running" and mon.health.unreachable(c.rank) else st.status
+        status = JobState.UNREACHABLE if st.status == JobState.RUNNING and mon.health.unreachable(c.rank) else st.status
         note = st.error or mon.note(c.rank) or (f"rc {st.rc}" if st.rc is not None else "")
-        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=_STYLE.get(status, "")),
+        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=styles.JOB.get(status, "")),
                       str(st.pid or "-"), Text(printable(note)))
     last = prog.last or {}
     total = prog.total_steps
@@ -72,9 +71,9 @@ def render(la: Launcher) -> Group:
     line.append(f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
-        parts.insert(1, Text(la.attempt_note, style="bold yellow"))
+        parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
     if prog.losses:
-        parts.append(Text("loss " + sparkline(prog.losses), style="magenta"))
+        parts.append(Text("loss " + sparkline(prog.losses), style=styles.CURVE))
     if prog.start is None:
         parts.append(Text("waiting for every node to join the rendezvous and the worker to start…", style="dim"))
     return Group(*parts)
@@ -86,7 +85,7 @@ def say_notices(notices, shown: int, console: Console) -> int:
     for n in notices[shown:]:
         stamp = time.strftime("%H:%M:%S", time.localtime(n.at)) if n.at else "--:--:--"
         # one line whatever its length (the terminal wraps it): a log of replay keeps each notice whole
-        console.print(Text(f"{stamp} {printable(n.text)}", style=_NOTICE_STYLE.get(n.level, "")), soft_wrap=True)
+        console.print(Text(f"{stamp} {printable(n.text)}", style=styles.level_style(n.level)), soft_wrap=True)
     return max(shown, len(notices))
 
 
@@ -95,7 +94,7 @@ def say_stop_phases(ev: api.Stopping, said: dict[int, str], console: Console) ->
     for r, what in sorted(ev.nodes.items()):
         if said.get(r) != what:
             said[r] = what
-            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}", style="yellow"))
+            console.print(Text(f"stopping: node {r} ({ev.labels.get(r, '?')}) {what}", style=styles.WARN))
 
 
 class Detached(Exception):
@@ -202,9 +201,9 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
                     if by_signal:
                         console.print(Text(f"{by_signal.pop()}: stopping run {run_id} on every node (it was "
                                            f"launched here; {DETACH_KEY} or Ctrl-\\ would have left it running)",
-                                           style="bold yellow"))
+                                           style=styles.WARN_STRONG))
                     say_stop_phases(ev, said, console)
-                    live.update(Group(render(la), Text(ev.text, style="yellow")))
+                    live.update(Group(render(la), Text(ev.text, style=styles.WARN)))
                     continue
                 if isinstance(ev, api.Snapshot):
                     shown = say_notices(ev.notices, shown, console)
@@ -222,8 +221,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
                            f"qwen-tui attach {ref} --stop stops it", style="bold"))
         raise Detached(run_id)
     assert out is not None  # follow() ends with Ended unless cancelled, and nothing cancels it here
-    style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
-    console.print(Text(out.message, style=style))
+    console.print(Text(out.message, style=styles.outcome_style(out.status)))
     if out.failed_rank is not None and "last log lines" not in out.message:  # the outcome has them already
         console.print(f"last lines of node {out.failed_rank} ({la.plan.nodes[out.failed_rank].label}):")
         for ln in la.log_tail(out.failed_rank, 15):
@@ -278,25 +276,24 @@ def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
 def print_advice(advice: Iterable, console: Console) -> None:
     advice = list(advice)
     if not advice:
-        console.print("[green]checks: nothing to warn about[/]")
+        console.print(f"[{styles.GOOD}]checks: nothing to warn about[/]")
         return
     t = Table(title="checks and advice")
     for col in ("level", "code", "message", "fix"):
         t.add_column(col)
-    colours = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for a in advice:
         fix = getattr(a.fix, "label", a.fix) if a.fix else ""
         # Text, not markup: messages carry user values (paths, hosts); control characters escaped
-        t.add_row(f"[{colours.get(a.level, '')}]{a.level}[/]", a.code, Text(printable(a.message)),
+        t.add_row(f"[{styles.level_style(a.level)}]{a.level}[/]", a.code, Text(printable(a.message)),
                   Text(printable(str(fix or ""))))
     console.print(t)
 
 
 def print_failure(f: api.Failure, console: Console) -> None:
     for line in f.cause.splitlines():  # one line at a time: each line's control characters escaped
-        console.print(Text(printable(line), style="bold red"))
+        console.print(Text(printable(line), style=styles.BAD))
     if f.fix:
-        console.print(Text("fix: " + printable(f.fix), style="yellow"))
+        console.print(Text("fix: " + printable(f.fix), style=styles.WARN))
 
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
@@ -354,7 +351,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         if early["signal"] is not None:
             la.request_stop()
             console.print(Text(f"{early['signal']} while starting: stopping run {la.plan.run_id} on every node",
-                               style="bold yellow"))
+                               style=styles.WARN_STRONG))
         console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
         from .restarts import Restarts, run_facts
 
@@ -367,7 +364,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         except Detached:
             return 0
     except KeyboardInterrupt:
-        console.print(Text("Ctrl-C before launch: nothing was started", style="yellow"))
+        console.print(Text("Ctrl-C before launch: nothing was started", style=styles.WARN))
         return 130
     finally:
         for sig, handler in old.items():
@@ -385,7 +382,7 @@ def take_over(la: Launcher, out: RunOutcome, console: Console) -> int:
         rs = Restarts.from_run_dir(la, say=console.print)
     except (OSError, ValueError) as e:
         driver.release(la.run_dir)
-        console.print(Text(f"cannot relaunch run {la.plan.run_id}: {printable(str(e))}", style="bold red"))
+        console.print(Text(f"cannot relaunch run {la.plan.run_id}: {printable(str(e))}", style=styles.BAD))
         return out.exit_code
     try:
         return rs.take_over(la, out, lambda a, left: follow(a, console, max_seconds=left, ctrl_c="detach")).exit_code
@@ -405,7 +402,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)
-                return 0 if stop else api.FINAL[ev.status]
+                return 0 if stop else ev.status.exit_code
             if isinstance(ev, api.Failure):
                 print_failure(ev, console)
                 return 2 if ev.stage == "attach" and not ev.nodes else 1
@@ -416,7 +413,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                         out = follow(la, console, ctrl_c="detach")
                     except Detached:
                         return 0
-                    if out.status == "failed":
+                    if out.status == RunState.FAILED:
                         from .restarts import next_or_take_over
 
                         what, nxt = next_or_take_over(la.run_dir, la.attempt)
@@ -441,7 +438,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                                   f"{res.outcome.message}; nothing to stop", markup=False, highlight=False)
                     return 0
                 if res.left:
-                    console.print(f"[bold red]processes left on node(s) {res.left}[/]")
+                    console.print(f"[{styles.BAD}]processes left on node(s) {res.left}[/]")
                     return 1
                 console.print(res.outcome.message)
                 return 0

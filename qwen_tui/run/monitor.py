@@ -32,6 +32,7 @@ from .stacks import collect_node
 from .stragglers import StragglerWatch
 from .metrics import MetricsFollower
 from .rundir import RunDir
+from .states import JobState, RunState
 from .watchdog import READ_BEATS, HangVerdict, HangWatch, parse_beats
 
 
@@ -114,7 +115,7 @@ class RunMonitor:
 
     def look(self, check_node: Callable, wait: float = POLL_WAIT_S) -> None:
         la, now = self.la, time.monotonic()
-        running = [c for c in la.plan.nodes if la.nodes[c.rank].status == "running"]
+        running = [c for c in la.plan.nodes if la.nodes[c.rank].status == JobState.RUNNING]
         beats_now = now >= self._beats_due
         for c in running:
             if not self.health.due(c.rank):
@@ -124,24 +125,24 @@ class RunMonitor:
                 self._submit(f"beats{c.rank}", c.rank, self._read_beats, c)
         if beats_now:
             self._beats_due = now + BEATS_EVERY_S
-        if self.health.due(0) and la.nodes[0].status in ("running", "ok"):
+        if self.health.due(0) and la.nodes[0].status in (JobState.RUNNING, JobState.OK):
             self._submit("metrics", 0, la.metrics.poll)
         futs = [f for f, _, _ in self._inflight.values()]
         if futs:
             wait_futures(futs, timeout=wait)
         self._harvest()
         for rank in self.health.past_bound():
-            if self.health.on_bound == "stop" and la.nodes[rank].status == "running":
+            if self.health.on_bound == "stop" and la.nodes[rank].status == JobState.RUNNING:
                 st = la.nodes[rank]
                 end = la.metrics.progress.end
-                if end and end.get("status") == "ok":
+                if end and end.get("status") == RunState.OK:
                     # training finished on the master (its end record comes after every rank's last step): the
                     # node's exit code is only unread, and a relaunch would find nothing left to train
-                    st.status, st.rc = "ok", None
+                    st.status, st.rc = JobState.OK, None
                     st.error = (f"exit code not read: unreachable for more than {self.health.bound:g} s after "
                                 "training finished")
                     continue
-                st.status = "lost"
+                st.status = JobState.LOST
                 st.error = (f"unreachable for more than {self.health.bound:g} s (monitor.unreachable_timeout): "
                             f"{self.health.nodes[rank].last_error}")
                 st.cause = "UNREACHABLE"
@@ -183,7 +184,7 @@ class RunMonitor:
     # ------------------------------------------------------------ hang
     def _watch_hang(self) -> None:
         end = self.la.metrics.progress.end
-        if end and end.get("status") == "ok":
+        if end and end.get("status") == RunState.OK:
             return  # training finished: ranks on their way out are no hang
         # An unreachable node's last heartbeats are old news, not a stopped rank: only the nodes read now count,
         # and a stall while a node cannot be read is blamed on that node.

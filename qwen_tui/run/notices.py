@@ -12,14 +12,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..base.levels import Level
+
 NOTICES_NAME = "notices.jsonl"
 
-# The kinds, and how loud each is: warnings are yellow, errors red, infos plain.
+# The kinds, and how loud each is (a face colours each level its way: ui/styles.py, run/styles.py).
 UNREACHABLE, REACHABLE, GIVEN_UP = "UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"
 HANG, HANG_OVER = "HANG", "HANG_OVER"
 STRAGGLER, STRAGGLER_OVER = "STRAGGLER", "STRAGGLER_OVER"
-LEVELS = {UNREACHABLE: "warning", REACHABLE: "info", GIVEN_UP: "error", HANG: "error", HANG_OVER: "info",
-          STRAGGLER: "warning", STRAGGLER_OVER: "info"}
+LEVELS = {UNREACHABLE: Level.WARNING, REACHABLE: Level.INFO, GIVEN_UP: Level.ERROR, HANG: Level.ERROR,
+          HANG_OVER: Level.INFO, STRAGGLER: Level.WARNING, STRAGGLER_OVER: Level.INFO}
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,8 @@ class Notice:
     details: dict = field(default_factory=dict)  # stacks directory, culprit rank, figures
 
     @property
-    def level(self) -> str:
-        return LEVELS.get(self.kind, "info")
+    def level(self) -> Level:
+        return LEVELS.get(self.kind, Level.INFO)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -29,7 +29,7 @@ from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
-from qwen_tui.nodes.transport import LocalTransport, Transport, stop_group
+from qwen_tui.nodes.transport import Transport, stop_group
 from qwen_tui.plan.launch import LaunchPlan
 from qwen_tui.preset.schema import Preset
 
@@ -113,10 +113,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     for r in cmds:
         # in the node's home, not its workdir (which may be a shared project checkout)
         d = posixpath.join("~", ".qwen-tui", "rehearsal", rid)
-        if isinstance(transports[r], LocalTransport):
-            d = os.path.expanduser(d)
-        elif hasattr(transports[r], "abspath"):
-            d = transports[r].abspath(d)
+        d = transports[r].abspath(d)
         dirs[r] = d
         paths[r] = (posixpath.join(d, f"node-{r}.log"), posixpath.join(d, f"node-{r}.rc"))
 

@@ -40,8 +40,9 @@ from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
 from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
                        without_nodes)
-from .launcher import LOST, LaunchError, Launcher, RunOutcome
+from .launcher import LaunchError, Launcher, RunOutcome
 from .rundir import RunDir
+from .states import JobState, RunState
 
 # Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
 _LIST_CHECKPOINTS = program("list_checkpoints.sh")
@@ -172,7 +173,7 @@ class Restarts:
                   max_seconds: Optional[float] = None) -> RunOutcome:
         """After attempt `la` ended with `out` and no live face drives the run (this one has claimed the
         role: driver.claim): relaunch as the launching face would have, and follow until the run ends."""
-        if out.status == "failed" and self.made < self.allowed:
+        if out.status == RunState.FAILED and self.made < self.allowed:
             self.say(f"the face that launched this run is gone: attach relaunches it "
                      f"(attempt {la.attempt + 1} of {self.allowed + 1})")
         return self._drive(la, follow_one, max_seconds, out)
@@ -194,7 +195,7 @@ class Restarts:
                     why = f"--max-seconds {max_seconds:g} is spent"
                 if why is not None:
                     self._record_end(la, out, f"none: {why}")
-                    if self.allowed and out.status == "failed":
+                    if self.allowed and out.status == RunState.FAILED:
                         self.say(f"not restarted: {why}")
                     return out
                 self._record_end(la, out, "restart")
@@ -204,7 +205,7 @@ class Restarts:
                     self._refused(la, str(e))
                     return out
                 except BaseException:
-                    la.run_dir.write_state(status="failed")  # never left "restarting" for attach to wait on
+                    la.run_dir.write_state(status=RunState.FAILED)  # never left restarting for attach to wait on
                     raise
         finally:
             driver.release(la.run_dir)
@@ -215,7 +216,7 @@ class Restarts:
         if attempts:
             attempts[-1]["next"] = f"none: {why}"
             attempts[-1]["restart_refused"] = why
-            la.run_dir.write_state(attempts=attempts, status="failed")
+            la.run_dir.write_state(attempts=attempts, status=RunState.FAILED)
 
     # ------------------------------------------------------------ one relaunch
     def _relaunch(self, la: Launcher, out: RunOutcome) -> Launcher:
@@ -226,9 +227,9 @@ class Restarts:
         # a node lost because it cannot be reached is dead too; one whose job another view of the run
         # stopped (attach, after it saw the failure first) only looks lost from here
         dead = {failed} | {r for r, s in out.nodes.items()
-                           if s.status == LOST and (s.error or "").startswith("cannot reach node")}
+                           if s.status == JobState.LOST and (s.error or "").startswith("cannot reach node")}
         keep = [c.rank for c in plan.nodes if not (self.exclude_failed and c.rank in dead)]
-        rd.write_state(status="restarting")
+        rd.write_state(status=RunState.RESTARTING)
         self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
                  + (", without it" if self.exclude_failed else ", on the same nodes"))
         gone = la.stop_all()

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Optional
 
 from ..base.logsetup import log_to_run_dir
 from ..plan.launch import LaunchPlan
+from .states import RunState
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def find_running(root: Path) -> Optional[RunDir]:
     for d in sorted(root.iterdir(), reverse=True):
         rd = RunDir(d)
         try:
-            if (d / "plan.json").exists() and rd.read_state().get("status") == "running":
+            if (d / "plan.json").exists() and rd.read_state().get("status") == RunState.RUNNING:
                 return rd
         except RunDirError:
             continue  # a corrupt run directory is not one to re-attach to

@@ -90,6 +90,8 @@ class WizardApp(LaunchGuard, App[int]):
 
     # ---------------------------------------------------------------- start
     def on_mount(self) -> None:
+        # the steps' texts take their colours from the theme when drawn (ui/styles.py): draw them again in a new one
+        self.theme_changed_signal.subscribe(self, lambda _: self.screen.post_message(StateChanged()))
         for name, cls in _screens().items():
             self.install_screen(cls(), name)
         self.push_screen("nodes")

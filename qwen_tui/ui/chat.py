@@ -15,6 +15,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
+from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
+
 
 class ChatReply(Message):
     def __init__(self, reply: str | None = None, error: str | None = None) -> None:
@@ -48,7 +50,7 @@ class ChatScreen(ModalScreen[None]):
             return
         ev.input.value = ""
         self.messages.append({"role": "user", "content": text})
-        self._add(Text("you  ", style="bold cyan") + Text(text))
+        self._add(Text("you  ", style=tone(NOTE_STRONG)) + Text(text))
         self._add(Text("…", style="dim italic"), id="chat-wait")
         self.busy = True
         self._ask(list(self.messages))
@@ -70,10 +72,10 @@ class ChatScreen(ModalScreen[None]):
             w.remove()
         if msg.error is not None:
             self.messages.pop()  # the question goes unanswered: ask again
-            self._add(Text(f"✘ {msg.error}", style="bold red"))
+            self._add(Text(f"✘ {msg.error}", style=tone(ERROR)))
             return
         self.messages.append({"role": "assistant", "content": msg.reply})
-        self._add(Text("model  ", style="bold green") + Text(msg.reply or "(an empty reply)"))
+        self._add(Text("model  ", style=tone(GOOD_STRONG)) + Text(msg.reply or "(an empty reply)"))
 
     def _add(self, text: Text, id: str | None = None) -> None:
         log = self.query_one("#chat-log", VerticalScroll)

@@ -13,7 +13,9 @@ from typing import Any, Optional
 
 from textual.worker import Worker, WorkerState
 
+from ..base.levels import Level
 from ..plan.launch import make_plan
+from ..run.states import RunState
 from .modals import Confirm
 
 LOOK_TIMEOUT_S = 10.0
@@ -40,7 +42,7 @@ def look_at_output_dir(preset, base_dir: str, local_python: str, facts, transpor
 
 def questions(advice: list, out: Optional[str], entries: Optional[list[str]], ask_errors: bool) -> list[Confirm]:
     asks: list[Confirm] = []
-    errs = [a for a in advice if a.level == "error"]
+    errs = [a for a in advice if a.level == Level.ERROR]
     if errs and ask_errors:
         asks.append(Confirm("Launch despite errors?", "\n".join(f"{a.code}: {a.message}" for a in errs),
                             yes="Launch", danger=True))
@@ -63,7 +65,7 @@ class LaunchGuard:
 
         app: Any = self
         st = app.state
-        if st.run_status in ("running", "starting"):
+        if st.run_status in (RunState.RUNNING, RunState.STARTING):
             app.notify("a run is already going: see the Run step (F6)", severity="warning")
             return
         preset = st.preset.model_copy(deep=True)
@@ -84,7 +86,7 @@ class LaunchGuard:
             if out is not None and entries is None and why:
                 app.notify(f"could not look at {out} on node 0 ({why}): launching without that check",
                            severity="warning", title="Launch")
-            errs = any(a.level == "error" for a in app.state.advice)
+            errs = any(a.level == Level.ERROR for a in app.state.advice)
             self._ask_then_launch(questions(app.state.advice, out, entries, self._ask_errors),
                                   force=errs and self._ask_errors)
 

@@ -5,16 +5,26 @@ handler (on the UI thread) updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from textual.message import Message
+
+if TYPE_CHECKING:  # the annotations only: the run's modules load when a run starts, not with the first paint
+    from ..cluster.facts import ClusterFacts, NodeFacts
+    from ..nodes.findings import Finding
+    from ..run.events import Event, Snapshot, Stopping
+    from ..run.gpumon import NodeSample
+    from ..run.launcher import Launcher, RunOutcome
+    from ..wizard.state import ProbeState, SshState
+
+JsonDict = dict[str, object]  # what a node's JSON tool answered, as read
 
 
 @dataclass(eq=False)  # a message is itself, not its fields (as textual.Message is)
 class ChangePreset(Message):
     """A screen asks the App to change the preset: {"training.zero_stage": 3, ...}."""
 
-    changes: dict[str, Any]
+    changes: dict[str, object]  # dotted preset path -> new value (Preset.with_changes)
     note: Optional[str] = field(default=None, kw_only=True)
 
 
@@ -26,24 +36,79 @@ class StateChanged(Message):
 
 
 @dataclass(eq=False)
-class NodeProgress(Message):
-    """One node's step in a parallel action (probe, connect, key install, net check)."""
+class ProbeProgress(Message):
+    """One node's step in the probe: connecting, probing, ok (with its facts) or error (with why)."""
 
-    action: str
     index: int
-    status: str
-    facts: Any = field(default=None, kw_only=True)
+    state: ProbeState
+    facts: Optional[NodeFacts] = field(default=None, kw_only=True)
     error: Optional[str] = field(default=None, kw_only=True)
     fix: str = field(default="", kw_only=True)  # what to do about the error
     connection_failed: bool = field(default=False, kw_only=True)  # the node could not be logged into
 
 
 @dataclass(eq=False)
+class SshProgress(Message):
+    """One node's step in connecting: connecting, connected (with its host key) or error (with why)."""
+
+    index: int
+    state: SshState
+    host_key: Optional[str] = field(default=None, kw_only=True)
+    error: Optional[str] = field(default=None, kw_only=True)
+    fix: str = field(default="", kw_only=True)  # what to do about the error
+
+
+@dataclass(eq=False)
+class NetProgress(Message):
+    """What one node (or, with node -1, the cluster) answered to a network check under way."""
+
+    node: int
+    check: str
+    text: str
+
+
+@dataclass(eq=False)
 class ActionDone(Message):
-    """A worker's action ended: its result, or the error to show."""
+    """A worker's action that brings nothing back ended (probe, ssh): with the error to show, if any."""
 
     action: str
-    result: Any = None
+    error: Optional[str] = None
+
+
+@dataclass(eq=False)
+class NetChecked(Message):
+    """The network checks ended: the facts and findings they brought, or why they could not run."""
+
+    facts: Optional[ClusterFacts] = None
+    findings: list[Finding] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+@dataclass(eq=False)
+class NetOneChecked(Message):
+    """One network check (ports, firewall or bandwidth: `which`) ended: what it found, or why it could not run."""
+
+    which: str
+    facts: Optional[ClusterFacts] = None
+    findings: list[Finding] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+@dataclass(eq=False)
+class Synced(Message):
+    """Copying what the nodes lack from the master ended: a line per node and kind, and how many copies differ."""
+
+    lines: list[str] = field(default_factory=list)
+    differ: int = 0
+    error: Optional[str] = None
+
+
+@dataclass(eq=False)
+class DataPreviewed(Message):
+    """The data preview ended: the preset it previewed (as JSON, to tell when it goes stale) and the report."""
+
+    preset_json: str = ""
+    report: JsonDict = field(default_factory=dict)
     error: Optional[str] = None
 
 
@@ -51,7 +116,7 @@ class ActionDone(Message):
 class GpuSampleMsg(Message):
     """A node's GPU/CPU sample. A newer sample of the same node replaces an unhandled one."""
 
-    sample: Any
+    sample: NodeSample
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GpuSampleMsg) and message.sample.rank == self.sample.rank
@@ -62,21 +127,21 @@ class LaunchEvent(Message):
     """A step of the launch API (run.api: Stage, Connected, Checked, Planned, AlreadyEnded or
     Failure), from a Run worker; the screen draws it."""
 
-    event: Any
+    event: Event
 
 
 @dataclass(eq=False)
 class RunStarted(Message):
     """The job runs (launched, or found again by attach): the Launcher to follow and stop."""
 
-    launcher: Any
+    launcher: Launcher
 
 
 @dataclass(eq=False)
 class RunUpdate(Message):
     """A run.api.Snapshot of the run (node states, progress, the selected node's log tail). Coalesces."""
 
-    snapshot: Any
+    snapshot: Snapshot
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunUpdate)
@@ -93,7 +158,7 @@ class RunNote(Message):
 class RunStopping(Message):
     """A stop in progress (run.api.Stopping: where each node's stop is). Coalesces."""
 
-    stopping: Any
+    stopping: Stopping
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunStopping)
@@ -103,4 +168,4 @@ class RunStopping(Message):
 class RunEnded(Message):
     """The run's outcome (run.launcher.RunOutcome)."""
 
-    outcome: Any
+    outcome: RunOutcome

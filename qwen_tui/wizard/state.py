@@ -5,9 +5,11 @@ and rules, no Textual (tested without a terminal); the screens under ui/ draw it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from ..base.levels import Level
 from ..advice.rules import Advice, advise
 from ..advice.report import Summary, summary
 from ..cluster.facts import ClusterFacts, NodeFacts
@@ -15,6 +17,10 @@ from ..nodes.checks import consistency
 from ..nodes.findings import Finding
 from ..preset.schema import Cluster, Network, Node, Preset, Training
 from ..run.api import Connections
+from ..run.states import RunState
+
+if TYPE_CHECKING:  # paramiko, which keys needs, loads after the first paint
+    from ..nodes.keys import KeySetupReport
 
 STEPS = ("nodes", "ssh", "network", "training", "review", "run")
 TITLES = {"nodes": "Nodes", "ssh": "SSH", "network": "Network", "training": "Training", "review": "Review", "run": "Run"}
@@ -53,15 +59,12 @@ def connection_fix(err: BaseException) -> str:
     return "check the host name and port (F1, e) and that sshd runs on the node (ssh -v HOST)"
 
 
-MARKS = {"error": ("✘", "red"), "warning": ("!", "yellow"), "info": ("i", "green")}  # check's colours
-
-
-def finding_line(f: Any, labels: list[str]) -> str:
+def finding_line(f: Advice | Finding, labels: list[str]) -> str:
     """`node 1 (gpu-b) CODE: message`: the node's number and host once (messages often start with the
     host already), or just `CODE: message` for the cluster as a whole."""
-    mark = MARKS.get(f.level, ("·", ""))[0]
+    mark = Level(f.level).mark
     msg = str(f.message)
-    node = getattr(f, "node", None)
+    node = f.node
     if node is None or not 0 <= node < len(labels):
         return f"{mark} {f.code}: {msg}"
     label = labels[node]
@@ -69,12 +72,53 @@ def finding_line(f: Any, labels: list[str]) -> str:
     return f"{mark} node {node} ({label}) {f.code}: {msg}"
 
 
+class ProbeState(StrEnum):
+    """Where a node's probe is (the Nodes step's status column shows the word)."""
+
+    NOT_PROBED = "not probed"
+    CONNECTING = "connecting"
+    PROBING = "probing"
+    OK = "ok"
+    ERROR = "error"  # NodeStatus.probe_error says what
+
+    @property
+    def busy(self) -> bool:
+        return self in (ProbeState.CONNECTING, ProbeState.PROBING)
+
+
+class SshState(StrEnum):
+    """Where a node's SSH connection is (the SSH step's column shows the word)."""
+
+    NOT_CONNECTED = "not connected"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    LOCAL = "local"
+    KEY_INSTALLED = "key installed"
+    ERROR = "error"  # NodeStatus.ssh_error says what
+    REFUSED = "refused"  # the host key changed: the connection was refused, ssh_error says so
+
+    @property
+    def failed(self) -> bool:
+        return self in (SshState.ERROR, SshState.REFUSED)
+
+
 @dataclass
 class NodeStatus:
-    probe: str = "not probed"  # "probing", "ok", "error: ..."
-    ssh: str = "not connected"  # "connecting", "connected", "local", "error: ..."
+    probe: ProbeState = ProbeState.NOT_PROBED
+    probe_error: str = ""  # why, when probe is ERROR
+    ssh: SshState = SshState.NOT_CONNECTED
+    ssh_error: str = ""  # why, when ssh is ERROR or REFUSED
     host_key: str = ""  # fingerprint or "changed (refused)"
     fix: str = ""  # what to do about the last error (a connection's: connection_fix)
+
+    def probe_failed(self, error: str) -> None:
+        self.probe, self.probe_error = ProbeState.ERROR, error
+
+    def probe_ok(self) -> None:
+        self.probe, self.probe_error = ProbeState.OK, ""
+
+    def ssh_failed(self, error: str, refused: bool = False) -> None:
+        self.ssh, self.ssh_error = (SshState.REFUSED if refused else SshState.ERROR), error
 
 
 @dataclass
@@ -88,9 +132,9 @@ class WizardState:
     estimate: Optional[Summary] = None
     findings: list[Finding] = field(default_factory=list)  # cross-node consistency
     net_findings: list[Finding] = field(default_factory=list)  # from the network checks
-    key_report: Any = None
+    key_report: Optional[KeySetupReport] = None  # what k (install the key) and v (verify pairs) found
     net_checked: bool = False
-    run_status: Optional[str] = None  # None, "running", "ok", "failed", "stopped"
+    run_status: Optional[RunState] = None  # None: no run here yet
     run_dir: Optional[Path] = None
     conns: Connections = field(default_factory=Connections)  # to the preset's nodes; workers connect through it
     # values typed but not accepted (dotted path -> (text, why)): the preset keeps the old value meanwhile,
@@ -132,39 +176,39 @@ class WizardState:
         p, n = self.preset, len(self.preset.cluster.nodes)
         if step == "nodes":
             st = [self.node(i).probe for i in range(n)]
-            if any(s.startswith("error") for s in st):
+            if ProbeState.ERROR in st:
                 return BAD
             # the levels `qwen-tui check` gives the same findings: error red, warning yellow, info green
-            if any(f.level == "error" for f in self.findings):
+            if any(f.level == Level.ERROR for f in self.findings):
                 return BAD
-            if any(f.level == "warning" for f in self.findings):
+            if any(f.level == Level.WARNING for f in self.findings):
                 return WARN
-            return OK if all(s == "ok" for s in st) else TODO
+            return OK if all(s == ProbeState.OK for s in st) else TODO
         if step == "ssh":
             if all(nd.is_local for nd in p.cluster.nodes):
                 return OK
             st = [self.node(i).ssh for i in range(n)]
-            if any(s.startswith("error") for s in st):
+            if SshState.ERROR in st:
                 return BAD
             if self.key_report is not None and not self.key_report.ok:
                 return BAD
-            return OK if all(s in ("connected", "local") for s in st) else TODO
+            return OK if all(s in (SshState.CONNECTED, SshState.LOCAL) for s in st) else TODO
         if step == "network":
             links = self.facts.links.values()
             if self.facts.master_port_free is False or any(lk.port_reachable is False for lk in links):
                 return BAD
-            if any(f.level == "error" for f in self.net_findings):
+            if any(f.level == Level.ERROR for f in self.net_findings):
                 return BAD
             # firewall rules that drop or reject are a warning in `check` too (FIREWALL_RULES): they may not
             # touch the ports the run uses, which the port check decides
-            if any(f.level == "warning" for f in self.net_findings) or any(lk.firewall for lk in links):
+            if any(f.level == Level.WARNING for f in self.net_findings) or any(lk.firewall for lk in links):
                 return WARN
             if any(lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10 for lk in links):
                 return WARN
             return OK if self.net_checked or n == 1 else TODO
         if step == "training":
             levels = {a.level for a in self.advice}
-            return BAD if "error" in levels else WARN if "warning" in levels or self.gpu_unknown else OK
+            return BAD if Level.ERROR in levels else WARN if Level.WARNING in levels or self.gpu_unknown else OK
         if step == "review":  # the checks' real state: no ✔ before they ran
             before = [self.step_status(s) for s in STEPS[:4]]
             if BAD in before:
@@ -174,5 +218,6 @@ class WizardState:
             return WARN if self.dirty or WARN in before else OK
         if step == "run":
             # a healthy run is under way, not a warning: the stepper shows it with its own mark
-            return {None: TODO, "starting": LIVE, "running": LIVE, "ok": OK, "stopped": WARN}.get(self.run_status, BAD)
+            return {None: TODO, RunState.STARTING: LIVE, RunState.RUNNING: LIVE, RunState.OK: OK,
+                    RunState.STOPPED: WARN}.get(self.run_status, BAD)
         raise ValueError(step)

@@ -11,7 +11,7 @@ from textual.widgets import Static
 from qwen_tui.nodes.findings import Finding
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.screens.network import verdict
-from qwen_tui.wizard.state import BAD, TODO, WARN
+from qwen_tui.wizard.state import BAD, TODO, WARN, ProbeState, SshState
 
 from .conftest import DEMO, free_port, slow_h200_facts
 
@@ -44,16 +44,16 @@ async def test_an_unreachable_node_shows_in_full_with_its_fix_everywhere(tmp_pat
         await app.workers.wait_for_complete()
         await pilot.pause()
         ns = app.state.node(1)
-        assert ns.probe.startswith("error")
+        assert ns.probe == ProbeState.ERROR and ns.probe_error
         findings = text_of(app.screen.query_one("#findings", Static))
-        err = ns.probe.removeprefix("error: ")
+        err = ns.probe_error
         assert f"✘ node 1 (127.0.0.2): {err}" in findings.replace("\n", " ") or err[:80] in findings
         assert "fix: check the host name and port" in findings
         assert findings.count("node 1 (") == 1
         assert str(port) in findings  # the whole message, not the table's cut
         await pilot.press("f2")
         await pilot.pause()
-        assert app.state.node(1).ssh.startswith("error") and app.state.step_status("ssh") == BAD
+        assert app.state.node(1).ssh == SshState.ERROR and app.state.step_status("ssh") == BAD
         failures = text_of(app.screen.query_one("#ssh-failures", Static))
         assert "✘ node 1 (127.0.0.2):" in failures and str(port) in failures
         assert "fix: check the host name and port" in failures
@@ -131,7 +131,7 @@ async def test_k_with_no_node_reachable_says_it_made_a_key(tmp_path, demo_copy):
             raise AssertionError(str(app.screen.query_one(".dialog-body").render()))
         pairs = text_of(app.screen.query_one("#pairs", Static))
         assert f"made a new key {tmp_path / 'id_test'}; installed on no node: none could be reached" in pairs
-        assert (tmp_path / "id_test").exists() and app.state.node(1).ssh.startswith("error")
+        assert (tmp_path / "id_test").exists() and app.state.node(1).ssh == SshState.ERROR
 
 
 def test_step_levels_agree_with_check(tmp_path):

@@ -17,19 +17,21 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Select, Static
 
+from ...base.levels import Level
 from ...run import api
-from ..messages import ActionDone, NodeProgress
+from ..messages import NetChecked, NetOneChecked, NetProgress, Synced
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
-from ...wizard.state import BAD, MARKS, WARN, finding_line
+from ...wizard.state import BAD, WARN, finding_line
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
 
 def _yn(v, err=None) -> Text:
     if v is None:
-        return Text(err[:60] if err else "not checked", style="red" if err else "dim")
-    return Text("✔ reachable", style="green") if v else Text(f"✘ {err or 'blocked'}"[:60], style="red")
+        return Text(err[:60] if err else "not checked", style=tone(FAIL) if err else "dim")
+    return Text("✔ reachable", style=tone(GOOD)) if v else Text(f"✘ {err or 'blocked'}"[:60], style=tone(FAIL))
 
 
 NET_CHECKS = ("port", "nccl-ports", "firewall", "bandwidth", "rehearsal")
@@ -44,8 +46,8 @@ def verdict(state, findings: list, what: str, *, whole: bool = True) -> tuple[st
     """The toast after a check, from what the list and the stepper show: (text, severity).
     whole: all the checks ran, so the step's colour is this check's verdict too."""
     shown = shown_findings(findings)
-    errs = [a.code for a in shown if a.level == "error"]
-    warns = [a.code for a in shown if a.level == "warning"]
+    errs = [a.code for a in shown if a.level == Level.ERROR]
+    warns = [a.code for a in shown if a.level == Level.WARNING]
     status = state.step_status("network") if whole else None
     if errs or status == BAD:
         return f"{what}: {len(errs) or 'some'} problem(s): {', '.join(errs) or 'see the table'}", "error"
@@ -123,7 +125,7 @@ class NetworkScreen(StepScreen):
         labels = {"network.master_port": "master port", "network.interface": "interface",
                   "network.rdzv_timeout": "rendezvous timeout", "network.backend": "backend"}
         self.query_one("#field-errors", Static).update(
-            Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style="red"))
+            Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style=tone(FAIL)))
 
     def refresh_state(self) -> None:
         st = self.state
@@ -134,19 +136,19 @@ class NetworkScreen(StepScreen):
             iface = st.preset.network.interface or (nf.route_interface if nf else None) or "?"
             addrs = ", ".join(a for v in (nf.addresses.values() if nf else []) for a in v) or "-"
             if i == 0:
-                port = {None: Text("not checked", style="dim"), True: Text("✔ free here", style="green"),
-                        False: Text("✘ in use", style="red")}[st.facts.master_port_free]
+                port = {None: Text("not checked", style="dim"), True: Text("✔ free here", style=tone(GOOD)),
+                        False: Text("✘ in use", style=tone(FAIL))}[st.facts.master_port_free]
             else:
                 lk = st.facts.links.get(i)
                 port = _yn(lk.port_reachable if lk else None, lk.port_error if lk else None)
             lk = st.facts.links.get(i)
-            fw = Text("; ".join(lk.firewall)[:60], style="yellow") if lk and lk.firewall else Text("-", style="dim")
+            fw = Text("; ".join(lk.firewall)[:60], style=tone(WARNING)) if lk and lk.firewall else Text("-", style="dim")
             t.add_row(str(i), n.label, iface, addrs[:40], port, fw)
         self.query_one(BandwidthBars).show([n.label for n in st.preset.cluster.nodes], st.facts)
         txt = Text()
         labels = [n.label for n in st.preset.cluster.nodes]
         for a in shown_findings(st.net_findings):
-            txt.append(finding_line(a, labels) + "\n", style=MARKS.get(a.level, ("", ""))[1])
+            txt.append(finding_line(a, labels) + "\n", style=level_style(a.level))
             if a.fix:
                 txt.append(f"    fix: {a.fix}\n", style="dim")
         if not st.net_findings and not st.net_checked:
@@ -164,7 +166,7 @@ class NetworkScreen(StepScreen):
             w.update("")
             return
         self._progress = [*self._progress, line][-8:]
-        w.update(Text("\n".join(self._progress), style="yellow"))
+        w.update(Text("\n".join(self._progress), style=tone(WARNING)))
 
     def action_check(self) -> None:
         self._progress = []
@@ -175,7 +177,7 @@ class NetworkScreen(StepScreen):
     def check(self) -> None:
         conns = self.connect_nodes()
         if not conns.ok:
-            self.post_message(ActionDone("net", error="; ".join(conns.errors_text())))
+            self.post_message(NetChecked(error="; ".join(conns.errors_text())))
             return
 
         rep = None
@@ -183,18 +185,16 @@ class NetworkScreen(StepScreen):
         for ev in api.checking(self.state.preset, conns.succeeded, local_python=self.wizard.local_python,
                                rehearsal=False, on_one_machine=True):
             if isinstance(ev, api.CheckProgress):
-                self.post_message(NodeProgress("net", -1 if ev.node is None else ev.node, ev.check, error=ev.text))
+                self.post_message(NetProgress(-1 if ev.node is None else ev.node, ev.check, ev.text))
             elif isinstance(ev, api.Checked):
                 rep = ev.result.checks
         assert rep is not None  # checking() ends with Checked; on_one_machine: with the node checks' report
-        self.post_message(ActionDone("net", result=(rep.facts, rep.findings)))
+        self.post_message(NetChecked(rep.facts, rep.findings))
 
-    def on_node_progress(self, msg: NodeProgress) -> None:
-        if msg.action != "net":
-            return
+    def on_net_progress(self, msg: NetProgress) -> None:
         nodes = self.state.preset.cluster.nodes
-        who = f"node {msg.index} ({nodes[msg.index].label})" if 0 <= msg.index < len(nodes) else ""
-        self._show_progress(f"… {msg.status}: {msg.error}" if not who else f"  {msg.status}: {who}: {msg.error}")
+        who = f"node {msg.node} ({nodes[msg.node].label})" if 0 <= msg.node < len(nodes) else ""
+        self._show_progress(f"… {msg.check}: {msg.text}" if not who else f"  {msg.check}: {who}: {msg.text}")
 
     def action_check_one(self, which: str) -> None:
         self._progress = []
@@ -205,10 +205,10 @@ class NetworkScreen(StepScreen):
     def check_one(self, which: str) -> None:
         conns = self.connect_nodes()
         if not conns.ok:
-            self.post_message(ActionDone("net-one", error="; ".join(conns.errors_text())))
+            self.post_message(NetOneChecked(which, error="; ".join(conns.errors_text())))
             return
         facts, findings = api.network_check(self.state.preset, conns.succeeded, which, self.state.facts)
-        self.post_message(ActionDone("net-one", result=(which, facts, findings)))
+        self.post_message(NetOneChecked(which, facts, findings))
 
     def action_sync(self) -> None:
         self.notify("copying what the nodes lack from the master…")
@@ -218,17 +218,16 @@ class NetworkScreen(StepScreen):
     def sync_files(self, overwrite: bool) -> None:
         conns = self.connect_nodes()
         if not conns.ok or 0 not in conns.succeeded:
-            self.post_message(ActionDone("net-sync", error="; ".join(conns.errors_text())
-                                         or "the master is not connected"))
+            self.post_message(Synced(error="; ".join(conns.errors_text()) or "the master is not connected"))
             return
         lines, differ = api.sync(self.state.preset, conns.succeeded, self.state.facts, overwrite=overwrite)
-        self.post_message(ActionDone("net-sync", result=(lines, differ)))
+        self.post_message(Synced(lines, differ))
 
-    def _sync_done(self, msg: ActionDone) -> None:
+    def on_synced(self, msg: Synced) -> None:
         if msg.error:
             self.notify(msg.error, severity="error", title="Sync")
             return
-        lines, differ = msg.result
+        lines, differ = msg.lines, msg.differ
 
         def replace(yes: bool | None) -> None:
             if yes:
@@ -244,35 +243,30 @@ class NetworkScreen(StepScreen):
         else:
             self.app.push_screen(Notice("Sync from the master", body), lambda _: self.check())
 
-    def on_action_done(self, msg: ActionDone) -> None:
-        if msg.action == "net-sync":
-            self._sync_done(msg)
-            return
-        if msg.action == "net-one":
-            self._one_done(msg)
-            return
-        if msg.action != "net":
-            return
+    def on_net_checked(self, msg: NetChecked) -> None:
         self._show_progress(None)
-        if msg.error:
-            self.notify(msg.error, severity="error", title="Network checks")
+        if msg.error or msg.facts is None:
+            self.notify(msg.error or "no facts came back", severity="error", title="Network checks")
             return
-        facts, findings = msg.result
+        facts, findings = msg.facts, msg.findings
         st = self.state
         st.facts = st.facts.merged(facts)
         st.net_findings, st.net_checked = findings, True
         for i, nf in facts.nodes.items():
-            st.node(i).probe = f"error: {nf.error}" if nf.error else "ok"
+            if nf.error:
+                st.node(i).probe_failed(nf.error)
+            else:
+                st.node(i).probe_ok()
         self.wizard.facts_changed()
         text, severity = verdict(st, st.net_findings, "network checks")
         self.notify(text, severity=severity, title="Network checks")
 
-    def _one_done(self, msg: ActionDone) -> None:
+    def on_net_one_checked(self, msg: NetOneChecked) -> None:
         self._show_progress(None)
-        if msg.error:
-            self.notify(msg.error, severity="error", title="Network check")
+        if msg.error or msg.facts is None:
+            self.notify(msg.error or "no facts came back", severity="error", title="Network check")
             return
-        which, facts, findings = msg.result
+        which, facts, findings = msg.which, msg.facts, msg.findings
         st = self.state
         st.facts = st.facts.merged(facts)
         st.net_findings = api.replace_findings(st.net_findings, findings, which)

@@ -16,11 +16,12 @@ from ...nodes import hostlists
 from ...nodes.sshconfig import ssh_config_import_text
 from ...preset.schema import PresetError
 from ...run import api
-from ..messages import ActionDone, ChangePreset, NodeProgress
+from ..messages import ActionDone, ChangePreset, ProbeProgress
 from ...base.field_words import plain
 from ..modals import Choose, Confirm, Form, ImportNodes, Notice
-from ...wizard.state import MARKS, connection_fix, finding_line
+from ...wizard.state import NodeStatus, ProbeState, connection_fix, finding_line
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
                 ("workdir", "workdir"), ("python", "python"), ("name", "label")]
@@ -54,14 +55,14 @@ NODE_CHECKS = {"host": lambda t: hostlists.host_problem(t) if t else "is require
                "port": _whole(1, 65535), "gpus": _whole(1, 64), "workdir": _path_check, "python": _path_check}
 
 
-def _status_text(status: str) -> Text:
-    if status == "ok":
-        return Text("✔ probed", style="green")
-    if status.startswith("error"):
-        return Text(f"✘ {status[6:].strip()[:60]}", style="red")
-    if status in ("probing", "connecting"):
-        return Text(f"… {status}", style="yellow")
-    return Text(status, style="dim")
+def _status_text(ns: NodeStatus) -> Text:
+    if ns.probe == ProbeState.OK:
+        return Text("✔ probed", style=tone(GOOD))
+    if ns.probe == ProbeState.ERROR:
+        return Text(f"✘ {ns.probe_error.strip()[:60]}", style=tone(FAIL))
+    if ProbeState(ns.probe).busy:
+        return Text(f"… {ns.probe}", style=tone(WARNING))
+    return Text(ns.probe, style="dim")
 
 
 class NodesScreen(StepScreen):
@@ -95,20 +96,20 @@ class NodesScreen(StepScreen):
             model = (nf.gpu_model or ("CPU only" if nf.gpus == [] else "?")) if nf else "?"
             found = "" if not nf or nf.gpu_count is None else f" ({nf.gpu_count} seen)"
             t.add_row(str(i), n.label if n.name else n.host, n.user or "(ssh default)", str(n.port),
-                      f"{n.gpus}{found}", model, _status_text(st.node(i).probe), key=str(i))
+                      f"{n.gpus}{found}", model, _status_text(st.node(i)), key=str(i))
         if row is not None and t.row_count:
             t.move_cursor(row=min(row, t.row_count - 1))
         lines = Text()
         labels = [n.label for n in st.preset.cluster.nodes]
         for f in st.findings:
-            lines.append(finding_line(f, labels) + "\n", style=MARKS.get(f.level, ("", ""))[1])
+            lines.append(finding_line(f, labels) + "\n", style=level_style(f.level))
             if f.fix:
                 lines.append(f"    fix: {f.fix}\n", style="dim")
         for i, n in enumerate(st.preset.cluster.nodes):
             ns, nf = st.node(i), st.node_facts(i)
-            err = ns.probe.removeprefix("error: ") if ns.probe.startswith("error") else (nf.error if nf else None)
+            err = ns.probe_error if ns.probe == ProbeState.ERROR else (nf.error if nf else None)
             if err:  # in full (the table's column is cut), with the node's number and host once
-                lines.append(f"✘ node {i} ({n.label}): {err}\n", style="red")
+                lines.append(f"✘ node {i} ({n.label}): {err}\n", style=tone(FAIL))
                 if ns.fix:
                     lines.append(f"    fix: {ns.fix}\n", style="dim")
         if not lines:
@@ -230,7 +231,7 @@ class NodesScreen(StepScreen):
     # ---------------------------------------------------------------- probe
     def action_probe(self) -> None:
         for i in range(len(self.state.preset.cluster.nodes)):
-            self.state.node(i).probe = "connecting"
+            self.state.node(i).probe = ProbeState.CONNECTING
         self.refresh_all()
         self.probe_all()
 
@@ -239,38 +240,40 @@ class NodesScreen(StepScreen):
         import concurrent.futures as cf
 
         preset = self.state.preset
-        conns = self.connect_nodes(on_progress=lambda i, s: self.post_message(NodeProgress("probe", i, s)))
+        conns = self.connect_nodes(on_progress=lambda i, s: self.post_message(ProbeProgress(i, ProbeState(s))))
 
         def one(i: int) -> None:
             t = conns.get(i)
             if isinstance(t, BaseException) or t is None:
                 # the whole message and its fix: this is where a new user first meets an SSH failure
-                self.post_message(NodeProgress("probe", i, "error", error=f"cannot log in: {t}",
-                                               fix=connection_fix(t) if t is not None else "",
-                                               connection_failed=True))
+                self.post_message(ProbeProgress(i, ProbeState.ERROR, error=f"cannot log in: {t}",
+                                                fix=connection_fix(t) if t is not None else "",
+                                                connection_failed=True))
                 return
-            self.post_message(NodeProgress("probe", i, "probing"))
+            self.post_message(ProbeProgress(i, ProbeState.PROBING))
             try:
                 nf = api.probe(preset, t, i, local_python=self.wizard.local_python)
             except Exception as e:  # one node's failure is that node's row, not the app's
-                self.post_message(NodeProgress("probe", i, "error", error=f"{type(e).__name__}: {e}"))
+                self.post_message(ProbeProgress(i, ProbeState.ERROR, error=f"{type(e).__name__}: {e}"))
                 return
-            self.post_message(NodeProgress("probe", i, "error" if nf.error else "ok", facts=nf, error=nf.error))
+            self.post_message(ProbeProgress(i, ProbeState.ERROR if nf.error else ProbeState.OK, facts=nf,
+                                            error=nf.error))
 
         n = len(preset.cluster.nodes)
         with cf.ThreadPoolExecutor(max_workers=max(1, n)) as ex:
             list(ex.map(one, range(n)))
         self.post_message(ActionDone("probe"))
 
-    def on_node_progress(self, msg: NodeProgress) -> None:
-        if msg.action != "probe":
-            return
+    def on_probe_progress(self, msg: ProbeProgress) -> None:
         st = self.state
         ns = st.node(msg.index)
-        ns.probe = f"error: {msg.error}" if msg.status == "error" else msg.status
+        if msg.state == ProbeState.ERROR:
+            ns.probe_failed(msg.error or "")
+        else:
+            ns.probe, ns.probe_error = msg.state, ""
         ns.fix = msg.fix
         if msg.connection_failed:  # the SSH step shows the same state
-            ns.ssh = f"error: {(msg.error or '').removeprefix('cannot log in: ')}"
+            ns.ssh_failed((msg.error or "").removeprefix("cannot log in: "))
         if msg.facts is not None:
             st.facts.nodes[msg.index] = msg.facts
         self.refresh_all()

@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static, TabbedContent, TabPane
 
+from ...base.levels import Level
 from ...base.atomic import write_text_atomic
 from ...plan.launch import LaunchPlan, make_plan
 from ...preset.schema import dump_preset
@@ -22,6 +23,7 @@ from ...base.redact import shown_env
 from ..modals import Form, Notice
 from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, step_of
 from .base import StepScreen
+from ..styles import ERROR, GOOD, NOTE_STRONG, WARNING, tone
 
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
 
@@ -38,9 +40,9 @@ def plan_text(plan: LaunchPlan) -> Text:
              f"master {plan.master_addr}:{plan.master_port}\n", style="bold")
     t.append(f"effective batch size: {plan.batch_formula}\n\n")
     for c in plan.nodes:
-        t.append(f"── node {c.rank}: {c.label}{' (this machine)' if c.local else ''} ──\n", style="bold cyan")
+        t.append(f"── node {c.rank}: {c.label}{' (this machine)' if c.local else ''} ──\n", style=tone(NOTE_STRONG))
         for k, v in shown_env(c.env).items():  # secrets as ***, control characters escaped
-            t.append(f"  {k}", style="green")
+            t.append(f"  {k}", style=tone(GOOD))
             t.append(f"={v}\n")
         t.append(f"  {c.shell_line()}\n\n")
     return t
@@ -54,8 +56,8 @@ def checks_text(st) -> Text:
     """One line per step before Review, from the same state the stepper shows: no "no errors"
     while a check failed, no ✔ before a check ran."""
     t = Text()
-    errs = [a for a in st.advice if a.level == "error"]
-    warns = [a for a in st.advice if a.level == "warning"]
+    errs = [a for a in st.advice if a.level == Level.ERROR]
+    warns = [a for a in st.advice if a.level == Level.WARNING]
     seen: set[str] = set()
     for n, step in enumerate(STEPS[:4], start=1):
         status = st.step_status(step)
@@ -66,7 +68,7 @@ def checks_text(st) -> Text:
         if status == TODO:
             t.append(f"· {title}: {_TODO[step]}\n", style="dim")
             continue
-        mark, style = ("✘", "bold red") if status == BAD else ("!", "yellow")
+        mark, style = ("✘", tone(ERROR)) if status == BAD else ("!", tone(WARNING))
         why = ""
         if step == "training":
             bad = errs if status == BAD else warns
@@ -75,10 +77,10 @@ def checks_text(st) -> Text:
             key = "probe" if step == "nodes" else "ssh"
             failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
                       if getattr(st.node(i), key).startswith(("error", "refused"))]
-            codes = sorted({f.code for f in st.findings if (f.level == "error") == (status == BAD)})
+            codes = sorted({f.code for f in st.findings if (f.level == Level.ERROR) == (status == BAD)})
             why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
         elif step == "network":
-            codes = sorted({f.code for f in st.net_findings if (f.level == "error") == (status == BAD)})
+            codes = sorted({f.code for f in st.net_findings if (f.level == Level.ERROR) == (status == BAD)})
             slow = [f"node {i} at {lk.bandwidth_gbps:.1f} Gbit/s" for i, lk in sorted(st.facts.links.items())
                     if lk.bandwidth_gbps is not None and lk.bandwidth_gbps < 10]
             why = "; ".join(codes + (["under 10 Gbit/s: " + ", ".join(slow)] if slow and status == WARN else []))
@@ -86,10 +88,10 @@ def checks_text(st) -> Text:
             why = (why + "; " if why else "") + "a value was not accepted"
         t.append(f"{mark} {title}: {why or 'see the step'}\n", style=style)
     if errs and st.step_status("training") != BAD:
-        t.append(f"✘ {len(errs)} error(s): " + "; ".join(a.code for a in errs) + "\n", style="bold red")
+        t.append(f"✘ {len(errs)} error(s): " + "; ".join(a.code for a in errs) + "\n", style=tone(ERROR))
     if not seen & {BAD, TODO}:
         t.append("✔ every check ran and passed" + (" (warnings above)" if WARN in seen else "") + "\n",
-                 style="green")
+                 style=tone(GOOD))
     return t
 
 
@@ -117,7 +119,7 @@ class ReviewScreen(StepScreen):
                                                       background_color="default"))
         s = Text()
         where = str(st.path) if st.path else "not saved yet"
-        s.append(f"preset: {where}{' (unsaved changes)' if st.dirty else ''}\n", style="yellow" if st.dirty else "")
+        s.append(f"preset: {where}{' (unsaved changes)' if st.dirty else ''}\n", style=tone(WARNING) if st.dirty else "")
         s.append_text(checks_text(st))
         s.append("l launches  ·  x exports scripts  ·  ctrl+s saves the preset", style="dim")
         self.query_one("#review-summary", Static).update(s)

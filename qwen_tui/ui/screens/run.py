@@ -20,12 +20,14 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
+from ...run.states import JobState, RunState
 from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
 from ..modals import Confirm, Notice
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.log_pane import LogPane
 from ..widgets.loss_chart import LossChart
 from .base import StepScreen
+from ..styles import ERROR, GOOD, SEVERITY, WARNING, WARNING_STRONG, level_style, outcome_style, tone
 
 
 NOTICES_SHOWN = 4  # the monitor's latest notices above the log pane
@@ -77,9 +79,10 @@ class RunScreen(StepScreen):
 
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
-        if self.state.run_status == "starting" or (self.launcher is not None and self.state.run_status == "running"):
+        running = self.launcher is not None and self.state.run_status == RunState.RUNNING
+        if self.state.run_status == RunState.STARTING or running:
             # a second launch would cancel the first one's worker and leave its job unfollowed
-            self.notify("already " + self.state.run_status, severity="warning")
+            self.notify(f"already {self.state.run_status}", severity="warning")
             return
         self.wizard.launch_asking(ask_errors=False)  # asks about an output dir that holds a run
 
@@ -104,9 +107,9 @@ class RunScreen(StepScreen):
         self._stop_wanted = False
         self._checking = None
         self._forget_last_run()
-        self.state.run_status = "starting"
+        self.state.run_status = RunState.STARTING
         self.wizard.facts_changed()  # the bar marks the Run step as under way (▶) from the start
-        self._status(Text("starting: connecting, checking, launching every node…", style="yellow"))
+        self._status(Text("starting: connecting, checking, launching every node…", style=tone(WARNING)))
         self._launch_worker(force)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
@@ -177,7 +180,7 @@ class RunScreen(StepScreen):
 
         if req is None:  # an attached run: its driver relaunches it, or this face when that one is gone
             out = follow_one(first, None)
-            return self._after_failure(first, out, follow_one) if out.status == "failed" else out
+            return self._after_failure(first, out, follow_one) if out.status == RunState.FAILED else out
         if not req.preset.training.restarts:
             return follow_one(first, None)
         rs = Restarts(req.preset, first.transports, run_facts(first.run_dir),
@@ -223,20 +226,20 @@ class RunScreen(StepScreen):
         if ev.state != WorkerState.ERROR or ev.worker.group != "run":
             return
         err = f"{type(ev.worker.error).__name__}: {ev.worker.error}"
-        if self.state.run_status != "running":  # died before a job was started or attached
-            self.state.run_status = "failed"
-            self._status(Text(f"not launched: {err}", style="bold red"))
+        if self.state.run_status != RunState.RUNNING:  # died before a job was started or attached
+            self.state.run_status = RunState.FAILED
+            self._status(Text(f"not launched: {err}", style=tone(ERROR)))
         else:  # a job is on: it runs on, unfollowed, until stop-all or a re-attach
             self._status(Text(f"lost track of the run ({err}); the job may still be running: s stops it, "
-                              "reopening qwen-tui re-attaches", style="bold red"))
+                              "reopening qwen-tui re-attaches", style=tone(ERROR)))
         self.wizard.facts_changed()
 
     def on_launch_event(self, msg: LaunchEvent) -> None:
         ev = msg.event
         if isinstance(ev, api.Stage):
-            self._status(Text(ev.text, style="yellow"))
+            self._status(Text(ev.text, style=tone(WARNING)))
         elif isinstance(ev, api.CheckProgress):  # the checks before a launch take seconds a node: say where they are
-            self._status(Text(self._check_line(ev), style="yellow"))
+            self._status(Text(self._check_line(ev), style=tone(WARNING)))
         elif isinstance(ev, api.Failure):
             self._failed_start(ev)
         elif isinstance(ev, api.AlreadyEnded):
@@ -260,8 +263,8 @@ class RunScreen(StepScreen):
         return "\n".join([self._checking[0], *per_node])
 
     def _failed_start(self, f: api.Failure) -> None:
-        self.state.run_status = "failed"
-        self._status(Text(f.message, style="bold red"))
+        self.state.run_status = RunState.FAILED
+        self._status(Text(f.message, style=tone(ERROR)))
         title = "Cannot re-attach" if f.cause.startswith("cannot attach") else "Not launched"
         self.app.push_screen(Notice(title, f.message))
         self.wizard.facts_changed()
@@ -279,13 +282,13 @@ class RunScreen(StepScreen):
         if self.launcher is not None and self.launcher.run_dir.path != la.run_dir.path:
             self._forget_last_run()  # a relaunch of the same run keeps its log; another run does not
         self.launcher = la
-        self.state.run_status = "running"
+        self.state.run_status = RunState.RUNNING
         self.state.run_dir = la.run_dir.path
         self.wizard.facts_changed()  # before the panels mount: the first snapshot may be queued behind them
         await self.show_panels([(c.rank, c.label) for c in la.plan.nodes])
-        status = Text("running · ", style="green")
+        status = Text("running · ", style=tone(GOOD))
         if la.attempt_note:  # a relaunch after a failure: which attempt, why, and where it resumed
-            status.append(la.attempt_note, style="bold yellow")
+            status.append(la.attempt_note, style=tone(WARNING_STRONG))
             status.append(" · ")
         status.append(f"{la.plan.nnodes} nodes · world size {la.plan.world_size} · run dir {la.run_dir.path}")
         self._status(status)
@@ -335,27 +338,27 @@ class RunScreen(StepScreen):
             self._notices_shown = 0
         for n in notices[self._notices_shown:]:
             self.notify(n.text, title=n.kind.replace("_", " ").title(), timeout=15,
-                        severity={"error": "error", "warning": "warning"}.get(n.level, "information"))
+                        severity=SEVERITY[n.level])
         self._notices_shown = len(notices)
         text = Text()
         for n in notices[-NOTICES_SHOWN:]:
             if text:
                 text.append("\n")
-            text.append(n.text, style={"error": "bold red", "warning": "yellow"}.get(n.level, "green"))
+            text.append(n.text, style=level_style(n.level))
         self.query_one("#run-notices", Static).update(text)
 
     def on_run_note(self, msg: RunNote) -> None:
         if not msg.text.startswith("note: "):  # a relaunch under way; a note about the settings only pops up
-            self._status(Text(msg.text, style="bold yellow"))
+            self._status(Text(msg.text, style=tone(WARNING_STRONG)))
         self.notify(msg.text, title="Run", severity="warning", timeout=10)
 
     def on_run_stopping(self, msg: RunStopping) -> None:
         """A stop takes seconds (each node's workers are asked, waited for, then killed): say where each node is."""
         ev: api.Stopping = msg.stopping
-        self._status(Text(ev.text, style="yellow"))
+        self._status(Text(ev.text, style=tone(WARNING)))
         for p in self.query(GpuPanel):
             if p.rank in ev.nodes:
-                p.set_status("stopping", None, note=ev.nodes[p.rank])
+                p.set_status(JobState.STOPPING, None, note=ev.nodes[p.rank])
 
     def on_run_ended(self, msg: RunEnded) -> None:
         out = msg.outcome
@@ -366,18 +369,18 @@ class RunScreen(StepScreen):
             self.monitor = None
         for p in self.query(GpuPanel):
             # a run stopped elsewhere ends with its workers' clean exits: "ok" would say it finished
-            healthy = p.status in ("ok", "running", "pending", "stopping")
-            p.end((out.status if out.status in ("ok", "stopped") else "stopped") if healthy else p.status)
+            healthy = p.status in (JobState.OK, JobState.RUNNING, JobState.PENDING, JobState.STOPPING)
+            p.end((JobState(out.status) if out.status in (RunState.OK, RunState.STOPPED) else JobState.STOPPED)
+                  if healthy else p.status)
         if self.last_snapshot is not None:  # the curve stays; the ETA goes
             self.query_one(LossChart).show(self.last_snapshot.progress, ended=True,
                                            width=max(20, self.query_one(LossChart).size.width - 12))
-        style = {"ok": "bold green", "stopped": "yellow"}.get(out.status, "bold red")
-        status = Text(f"{out.status}: {out.message}", style=style)
+        status = Text(f"{out.status}: {out.message}", style=outcome_style(out.status))
         ev = self.launcher.metrics.progress.last_eval if self.launcher is not None else None  # the follower is done
         if ev is not None:
             status.append(f" · last eval loss {ev['eval_loss']:.4f} at step {ev.get('step')}", style="bold")
         self._status(status)
-        if out.status == "failed" and out.failed_rank is not None:
+        if out.status == RunState.FAILED and out.failed_rank is not None:
             self.log_rank = out.failed_rank  # show what the failed node said
             self.notify(out.message, severity="error", title="Run failed", timeout=15)
         self.wizard.facts_changed()
@@ -393,7 +396,7 @@ class RunScreen(StepScreen):
         from ...run.after import AfterRunError, locate
         from ..chat import ChatScreen
 
-        if self.launcher is None or self.state.run_status != "ok":
+        if self.launcher is None or self.state.run_status != RunState.OK:
             self.notify("chat needs a run that finished training", severity="warning")
             return
         try:
@@ -404,13 +407,13 @@ class RunScreen(StepScreen):
         self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
     def action_stop(self) -> None:
-        if self.launcher is None or self.state.run_status != "running":
+        if self.launcher is None or self.state.run_status != RunState.RUNNING:
             self.notify("nothing running")
             return
 
         def answer(yes: Optional[bool]) -> None:
             if yes:
-                self._status(Text("stopping every node…", style="yellow"))
+                self._status(Text("stopping every node…", style=tone(WARNING)))
                 self._stop_wanted = True
                 self.launcher.request_stop()
 

@@ -16,20 +16,22 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Static
 
 from ...run import api
-from ..messages import ActionDone, NodeProgress
+from ..messages import ActionDone, SshProgress
 from ..modals import PasswordPrompt
-from ...wizard.state import connection_fix
+from ...wizard.state import NodeStatus, SshState, connection_fix
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
+from ..styles import FAIL, GOOD, WARNING, tone
 
 
-def _cell(s: str) -> Text:
-    if s in ("connected", "local", "ok"):
-        return Text(f"✔ {s}", style="green")
-    if s.startswith("error") or s.startswith("refused"):
-        return Text(f"✘ {s.removeprefix('error: ')[:70]}", style="red")
-    if s.endswith("ing"):
-        return Text(f"… {s}", style="yellow")
+def _cell(ns: NodeStatus, local: bool) -> Text:
+    s = SshState.LOCAL if local else SshState(ns.ssh)
+    if s in (SshState.CONNECTED, SshState.LOCAL):
+        return Text(f"✔ {s}", style=tone(GOOD))
+    if s.failed:  # a refused connection keeps its word: the host key changed, which is news
+        return Text(f"✘ {ns.ssh_error if s == SshState.ERROR else f'{s}: {ns.ssh_error}'}"[:72], style=tone(FAIL))
+    if s == SshState.CONNECTING:
+        return Text(f"… {s}", style=tone(WARNING))
     return Text(s, style="dim")
 
 
@@ -79,14 +81,13 @@ class SSHScreen(StepScreen):
         t.clear()
         for i, n in enumerate(st.preset.cluster.nodes):
             ns = st.node(i)
-            conn = "local" if n.is_local else ns.ssh
             addr = "this machine" if n.is_local else f"{n.user + '@' if n.user else ''}{n.host}:{n.port}"
-            t.add_row(str(i), n.label, addr, _cell(conn), Text(ns.host_key or "-", style="dim"))
+            t.add_row(str(i), n.label, addr, _cell(ns, n.is_local), Text(ns.host_key or "-", style="dim"))
         failed = Text()
         for i, n in enumerate(st.preset.cluster.nodes):  # in full, with the fix: the table cuts them
             ns = st.node(i)
-            if ns.ssh.startswith(("error", "refused")):
-                failed.append(f"✘ node {i} ({n.label}): {ns.ssh.split(': ', 1)[-1]}\n", style="red")
+            if SshState(ns.ssh).failed:
+                failed.append(f"✘ node {i} ({n.label}): {ns.ssh_error}\n", style=tone(FAIL))
                 if ns.fix:
                     failed.append(f"    fix: {ns.fix}\n", style="dim")
         self.query_one("#ssh-failures", Static).update(failed)
@@ -95,15 +96,15 @@ class SSHScreen(StepScreen):
             msg = Text("All-pairs check not run yet (v). Nodes log into each other for torchrun/DeepSpeed; "
                        "installing the key (k) also sets that up.", style="dim")
             if all(n.is_local for n in st.preset.cluster.nodes):
-                msg = Text("Every node is this machine: no SSH needed.", style="green")
+                msg = Text("Every node is this machine: no SSH needed.", style=tone(GOOD))
         else:
             labels = [n.label for n in st.preset.cluster.nodes]
-            msg = Text(key_summary(rep, st.preset) + "\n", style="green" if rep.ok else "yellow")
-            for line in rep.matrix_lines(labels) if hasattr(rep, "matrix_lines") else []:
-                msg.append(line + "\n", style="green" if line.endswith(": ok") else "red")
-            for i, e in sorted(getattr(rep, "installed", {}).items()):
+            msg = Text(key_summary(rep, st.preset) + "\n", style=tone(GOOD) if rep.ok else tone(WARNING))
+            for line in rep.matrix_lines(labels):
+                msg.append(line + "\n", style=tone(GOOD) if line.endswith(": ok") else tone(FAIL))
+            for i, e in sorted(rep.installed.items()):
                 if isinstance(e, BaseException):
-                    msg.append(f"install on node {i}: {e}\n", style="red")
+                    msg.append(f"install on node {i}: {e}\n", style=tone(FAIL))
         self.query_one("#pairs", Static).update(msg)
 
     # ---------------------------------------------------------------- connect
@@ -112,28 +113,26 @@ class SSHScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
     def connect_all(self) -> None:
-        res = self.connect_nodes(on_progress=lambda i, s: self.post_message(NodeProgress("ssh", i, s)))
+        res = self.connect_nodes(on_progress=lambda i, s: self.post_message(SshProgress(i, SshState(s))))
         for i, r in res.items():
             if isinstance(r, BaseException):
-                self.post_message(NodeProgress("ssh", i, "error", error=str(r), fix=connection_fix(r)))
+                self.post_message(SshProgress(i, SshState.ERROR, error=str(r), fix=connection_fix(r)))
             else:
-                self.post_message(NodeProgress("ssh", i, "connected", facts=api.host_key(r)))
+                self.post_message(SshProgress(i, SshState.CONNECTED, host_key=api.host_key(r)))
         self.post_message(ActionDone("ssh"))
 
-    def on_node_progress(self, msg: NodeProgress) -> None:
-        if msg.action != "ssh":
-            return
+    def on_ssh_progress(self, msg: SshProgress) -> None:
         ns = self.state.node(msg.index)
         ns.fix = msg.fix
-        if msg.status == "error":
+        if msg.state == SshState.ERROR:
             changed = "HOST KEY CHANGED" in (msg.error or "")
-            ns.ssh = f"{'refused' if changed else 'error'}: {msg.error}"
+            ns.ssh_failed(msg.error or "", refused=changed)
             if changed:
                 ns.host_key = "CHANGED: refused"
         else:
-            ns.ssh = msg.status
-            if msg.facts:
-                ns.host_key = msg.facts
+            ns.ssh, ns.ssh_error = msg.state, ""
+            if msg.host_key:
+                ns.host_key = msg.host_key
         self.refresh_all()
 
     def on_action_done(self, msg: ActionDone) -> None:
@@ -169,7 +168,10 @@ class SSHScreen(StepScreen):
     def _keys_done(self, rep) -> None:
         self.state.key_report = rep
         for i, v in rep.installed.items():
-            self.state.node(i).ssh = f"error: {v}" if isinstance(v, BaseException) else "key installed"
+            if isinstance(v, BaseException):
+                self.state.node(i).ssh_failed(str(v))
+            else:
+                self.state.node(i).ssh, self.state.node(i).ssh_error = SshState.KEY_INSTALLED, ""
         self.notify(key_summary(rep, self.state.preset), severity="information" if rep.ok else "error",
                     title="SSH keys")
         self.wizard.facts_changed()

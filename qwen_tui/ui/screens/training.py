@@ -25,11 +25,12 @@ from ...plan.estimate import GPUS
 from ...advice.report import NODES_WORTH_LIMIT
 from ...model.spec import known_hub_ids
 from ...base.field_words import plain
-from ..messages import ActionDone, ChangePreset
+from ..messages import ChangePreset, DataPreviewed
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from ..widgets.field_input import FieldInput
 from .base import StepScreen
+from ..styles import ERROR, FAIL, GOOD, NOTE_STRONG, WARNING, WARNING_STRONG, tone
 
 # What the model field completes as one types: the built-in tiny models and the known releases (dense, then the
 # mixture-of-experts sizes), whose shapes the live estimate knows offline.
@@ -177,7 +178,7 @@ class TrainingScreen(StepScreen):
                 # in plain words, naming the field as the form labels it (not pydantic's own text)
                 msg = "; ".join(plain(e.path, e.message, changes[path] if e.path == path else None, LABELS)
                                 for e in mine)
-                text = Text(msg, style="red") if msg else self._path_note(path, changes[path])
+                text = Text(msg, style=tone(FAIL)) if msg else self._path_note(path, changes[path])
                 w = self.query_one(f"#err-{_wid(path)}", Static)
                 w.update(text)
                 w.set_class(bool(text.plain), "-shown")
@@ -196,7 +197,7 @@ class TrainingScreen(StepScreen):
         where = os.path.join(self.wizard.base_dir, os.path.expanduser(text))
         if os.path.exists(where):
             return Text("")
-        return Text(f"{LABELS[path]}: {text} does not exist on this machine (node 0) yet", style="yellow")
+        return Text(f"{LABELS[path]}: {text} does not exist on this machine (node 0) yet", style=tone(WARNING))
 
     # ---------------------------------------------------------------- panel
     def refresh_state(self) -> None:
@@ -211,7 +212,7 @@ class TrainingScreen(StepScreen):
         title = self.query_one("#estimate-title", Label)
         if refused:  # what it shows is of the old values, not of what the form holds
             title.update(Text(f"Live estimate: stale, {', '.join(refused)} refused (old value used)",
-                              style="bold yellow"))
+                              style=tone(WARNING_STRONG)))
         else:
             title.update("Live estimate")
         title.set_class(bool(refused), "-stale")
@@ -221,28 +222,28 @@ class TrainingScreen(StepScreen):
         if est is not None:
             if est.model:
                 t.add_row("model", Text(est.model))
-            t.add_row("effective batch", Text(str(est.effective_batch), style="bold cyan"))
+            t.add_row("effective batch", Text(str(est.effective_batch), style=tone(NOTE_STRONG)))
             t.add_row("", Text(est.batch_formula, style="dim"))
             if est.memory_gib is not None and st.gpu_unknown:  # green here would read as "it fits"
-                t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB", style="yellow"))
+                t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB", style=tone(WARNING)))
                 t.add_row("", Text("GPU unknown: fit not checked (pick a GPU type, or probe the nodes)",
-                                   style="yellow"))
+                                   style=tone(WARNING)))
             elif est.memory_gib is not None:
                 fits = est.smallest_gpu_gib is None or est.memory_gib <= est.smallest_gpu_gib
                 smallest = f" of {est.smallest_gpu_gib:.0f} GiB (smallest GPU)" if est.smallest_gpu_gib else ""
                 t.add_row("memory per GPU", Text(f"{est.memory_gib:.1f} GiB{smallest}",
-                                                 style="green" if fits else "bold red"))
+                                                 style=tone(GOOD) if fits else tone(ERROR)))
             else:
                 t.add_row("memory per GPU", Text("-", style="dim"))
             gpu_run = not est.cpu  # the estimator models GPUs only
             step = est.step_seconds
-            unknown = Text("unknown (see below)", style="yellow")
+            unknown = Text("unknown (see below)", style=tone(WARNING))
             t.add_row("step time", Text("< 0.01 s" if step < 0.01 else f"{step:.2f} s")
                       if step is not None and gpu_run else unknown if gpu_run else Text("-"))
             t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}") if est.tokens_per_s and gpu_run
                       else unknown if gpu_run else Text("-"))
             if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
-                scaling = Text("not measured (link speed unknown)", style="yellow")
+                scaling = Text("not measured (link speed unknown)", style=tone(WARNING))
             else:
                 scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
             t.add_row("scaling", scaling)
@@ -250,7 +251,7 @@ class TrainingScreen(StepScreen):
                 # the bandwidth the estimate uses between nodes, and where it came from (rehearsal, NICs, iperf3)
                 bw = (f"{est.bandwidth_gbps:.3g} Gbit/s ({est.bandwidth_source}"
                       + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
-                t.add_row("between nodes", Text(bw or "not measured", style="" if bw else "yellow"))
+                t.add_row("between nodes", Text(bw or "not measured", style="" if bw else tone(WARNING)))
                 if est.nodes_worth_it is not None:
                     most = est.nodes_worth_it >= NODES_WORTH_LIMIT  # every node up to the limit pays
                     t.add_row("worth up to", Text(f"{est.nodes_worth_it}{'+' if most else ''} node(s)"))
@@ -290,18 +291,16 @@ class TrainingScreen(StepScreen):
             report = preview(preset, transport, facts, base_dir=self.wizard.base_dir,
                              local_python=self.wizard.local_python, bins=BINS)
         except DataPreviewError as e:
-            self.post_message(ActionDone("data-preview", error=str(e)))
+            self.post_message(DataPreviewed(error=str(e)))
             return
-        self.post_message(ActionDone("data-preview", result=(preset.model_dump_json(), report)))
+        self.post_message(DataPreviewed(preset.model_dump_json(), report))
 
-    def on_action_done(self, msg: ActionDone) -> None:
-        if msg.action != "data-preview":
-            return
+    def on_data_previewed(self, msg: DataPreviewed) -> None:
         panel = self.query_one(DataPanel)
         if msg.error:
             panel.show_error(msg.error)
             return
-        self._previewed, report = msg.result
+        self._previewed, report = msg.preset_json, msg.report
         panel.show_report(report, stale=self._previewed != self.state.preset.model_dump_json())
 
     # ---------------------------------------------------------------- fixes

@@ -8,14 +8,12 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from ...advice.rules import Advice
-
-_STYLE = {"error": ("✘", "bold red"), "warning": ("!", "yellow"), "info": ("i", "cyan")}
+from ..styles import GOOD, WARNING, level_style, tone
 
 
 def advice_text(a: Advice) -> Text:
-    mark, style = _STYLE.get(a.level, ("·", ""))
     t = Text()
-    t.append(f"{mark} {a.code} ", style=style)
+    t.append(f"{a.level.mark} {a.code} ", style=level_style(a.level))
     t.append(a.message)
     if a.fix is not None:
         t.append(f"\n   fix: {a.fix.label}", style="dim italic")
@@ -37,8 +35,8 @@ class AdviceList(OptionList):
         self.items = list(items)
         self.clear_options()
         if not items:
-            text = (Text("! no warnings, but GPU unknown: memory fit not checked", style="yellow") if gpu_unknown
-                    else Text("✔ no warnings", style="green"))
+            text = (Text("! no warnings, but GPU unknown: memory fit not checked", style=tone(WARNING)) if gpu_unknown
+                    else Text("✔ no warnings", style=tone(GOOD)))
             self.add_option(Option(text, id="none", disabled=True))
             return
         self.add_options([Option(advice_text(a), id=f"a{i}") for i, a in enumerate(items)])

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...cluster.facts import ClusterFacts
+from ..styles import FAIL, GOOD, tone
 from .bars import bar
 
 LINE_GBPS = 10.0
@@ -29,9 +30,9 @@ class BandwidthBars(Static):
                 why = (lk.bandwidth_error if lk else None) or "not measured"
                 t.add_row(f"{label} → master", Text("·" * width, style="dim"), Text(why[:40], style="dim"))
                 continue
-            colour = "green" if bw >= LINE_GBPS else "red"
+            colour = GOOD if bw >= LINE_GBPS else FAIL
             t.add_row(f"{label} → master", bar(bw / scale, width, colour, mark=LINE_GBPS / scale),
-                      Text(f"{bw:.1f} Gbit/s", style=colour))
+                      Text(f"{bw:.1f} Gbit/s", style=tone(colour)))
         if len(labels) < 2:
             t.add_row("", Text("one node: no link to measure", style="dim"), "")
         t.add_row("", Text(f"│ = {LINE_GBPS:g} Gbit/s", style="dim"), "")

@@ -6,11 +6,14 @@ from typing import Optional
 
 from rich.text import Text
 
+from ..styles import BAR_EMPTY, GOOD, tone
+
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
-def bar(frac: Optional[float], width: int, style: str = "green", mark: Optional[float] = None) -> Text:
-    """A bar `width` cells wide filled to `frac` (0..1); `mark` draws a │ at that fraction."""
+def bar(frac: Optional[float], width: int, colour: str = GOOD, mark: Optional[float] = None) -> Text:
+    """A bar `width` cells wide filled to `frac` (0..1) in `colour` (a theme variable: styles.GOOD, ...); `mark`
+    draws a │ at that fraction."""
     t = Text()
     if frac is None:
         return Text("?".center(width, "·"), style="dim")
@@ -22,7 +25,8 @@ def bar(frac: Optional[float], width: int, style: str = "green", mark: Optional[
     mark_at = None if mark is None else min(width - 1, int(mark * width))
     for i, c in enumerate(cells):
         if i == mark_at:
-            t.append("│" if c == " " else c, style=f"bold white on {style}" if c != " " else "bold white")
+            t.append("│" if c == " " else c,
+                     style=tone(f"bold $foreground on {colour}" if c != " " else "bold $foreground"))
         else:
-            t.append(c, style=f"{style} on grey15")
+            t.append(c, style=tone(f"{colour} on {BAR_EMPTY}"))
     return t

@@ -10,10 +10,10 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...advice.datapreview import histogram_lines, summary_lines
+from ..styles import ERROR, NOTE, WARNING_STRONG, level_style, tone
 
 HINT = "F9 previews the data: tokenized on the master with the model's own chat template, as the worker will"
 BINS = 8
-_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 class DataPanel(Static):
@@ -31,18 +31,18 @@ class DataPanel(Static):
 
     def show_error(self, message: str) -> None:
         self.report = None
-        self.update(Text(f"✘ {message}", style="bold red"))
+        self.update(Text(f"✘ {message}", style=tone(ERROR)))
 
     def show_report(self, report: dict[str, Any], stale: bool = False) -> None:
         self.report = report
         parts: list[Any] = []
         if stale:
-            parts.append(Text("the preset changed since: F9 to preview again", style="bold yellow"))
+            parts.append(Text("the preset changed since: F9 to preview again", style=tone(WARNING_STRONG)))
         parts += [Text(line) for line in summary_lines(report)]
-        parts += [Text(line, style="cyan") for line in histogram_lines(report["histogram"], width=24,
+        parts += [Text(line, style=tone(NOTE)) for line in histogram_lines(report["histogram"], width=24,
                                                                      max_length=report["model_max_length"])]
         for a in report["advice"]:
-            t = Text(f"{a['code']} ", style=_STYLE.get(a["level"], ""))
+            t = Text(f"{a['code']} ", style=level_style(a["level"]))
             t.append(a["message"])
             if a["fix"]:
                 t.append(f"\n   fix: {a['fix']['label']}" + (f"; {a['fix']['hint']}" if a["fix"]["hint"] else ""),

@@ -10,10 +10,10 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ...run.gpumon import NodeSample
+from ...run.states import JobState
+from ..styles import FAIL, GOOD, JOB, MEMORY, NOTE, WARNING, tone
 from .bars import bar
 
-_STATUS = {"running": "green", "ok": "bold green", "failed": "bold red", "lost": "bold red", "stopped": "yellow",
-           "pending": "dim", "stopping": "yellow", "unreachable": "bold yellow"}
 
 
 class GpuPanel(Static):
@@ -21,7 +21,8 @@ class GpuPanel(Static):
         super().__init__(**kw)
         self.rank, self.label = rank, label
         self.sample: Optional[NodeSample] = None
-        self.status, self.error = "pending", None
+        self.status: JobState = JobState.PENDING
+        self.error: Optional[str] = None
         self.note: Optional[str] = None  # where its stop is, while the run stops
         self.ended = False  # the run is over: no sample describes the node any more
         self.border_title = f"node {rank}: {label}"
@@ -32,39 +33,39 @@ class GpuPanel(Static):
         self.sample = s
         self._redraw()
 
-    def end(self, status: str) -> None:
+    def end(self, status: JobState) -> None:
         """The run ended: its outcome, and no last sample that would read as the node's load now."""
         self.ended, self.sample = True, None
         self.set_status(status, self.error)
 
-    def set_status(self, status: str, error: Optional[str], note: Optional[str] = None) -> None:
-        self.status, self.error, self.note = status, error, note
-        self.set_class(status in ("failed", "lost"), "-failed")
+    def set_status(self, status: JobState, error: Optional[str], note: Optional[str] = None) -> None:
+        self.status, self.error, self.note = JobState(status), error, note
+        self.set_class(status in (JobState.FAILED, JobState.LOST), "-failed")
         self._redraw()
 
     def _redraw(self) -> None:
         rows: list = []
         head = Text()
-        head.append(self.status, style=_STATUS.get(self.status, ""))
+        head.append(self.status, style=tone(JOB.get(self.status, "")))
         if self.note:
-            head.append(f": {self.note}", style="yellow")
+            head.append(f": {self.note}", style=tone(WARNING))
         rows.append(head)
         if self.error:
-            rows.append(Text(self.error[-300:], style="red"))
+            rows.append(Text(self.error[-300:], style=tone(FAIL)))
         s = self.sample
         if s is None and self.ended:
             rows.append(Text("not watched: the run has ended", style="dim"))
         elif s is None:
             rows.append(Text("waiting for the first sample…", style="dim"))
         elif s.error and not s.gpus:
-            rows.append(Text(f"monitor: {s.error}", style="yellow"))
+            rows.append(Text(f"monitor: {s.error}", style=tone(WARNING)))
         elif s.gpus:
             for g in s.gpus:
                 util = None if g.util_pct is None else g.util_pct / 100
                 line = Text(f"GPU{g.index} ")
-                line.append_text(bar(util, 10, "green"))
+                line.append_text(bar(util, 10, GOOD))
                 line.append(f" {g.util_pct or 0:3.0f}%  mem ")
-                line.append_text(bar(g.mem_fraction, 10, "magenta"))
+                line.append_text(bar(g.mem_fraction, 10, MEMORY))
                 used = (g.mem_used_mib or 0) / 1024
                 total = (g.mem_total_mib or 0) / 1024
                 line.append(f" {used:5.1f}/{total:.0f} GiB")
@@ -72,7 +73,7 @@ class GpuPanel(Static):
         else:
             line = Text("CPU  ")
             util = None if s.cpu_util_pct is None else s.cpu_util_pct / 100
-            line.append_text(bar(util, 14, "cyan"))
+            line.append_text(bar(util, 14, NOTE))
             line.append(f" {s.cpu_util_pct or 0:3.0f}%")
             rows.append(line)
             rows.append(Text(f"load {s.load1:.2f} on {s.cpu_count} cores (no GPU)", style="dim"))

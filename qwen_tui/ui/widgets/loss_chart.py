@@ -10,6 +10,7 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from ...run.metrics import TrainingProgress, fmt_duration
+from ..styles import CURVE, NOTE, WARNING, WARNING_STRONG, tone
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -39,7 +40,7 @@ def plot(values: list[float], width: int, height: int) -> list[Text]:
     for r in range(height - 1, -1, -1):
         t = Text()
         for lv in levels:
-            t.append(_BLOCKS[max(0, min(8, lv - r * 8))], style="bright_green")
+            t.append(_BLOCKS[max(0, min(8, lv - r * 8))], style=tone(CURVE))
         rows.append(t)
     rows[0] = Text(f"{hi:8.4f} ", style="dim") + rows[0]
     rows[-1] = Text(f"{lo:8.4f} ", style="dim") + rows[-1]
@@ -73,7 +74,7 @@ class LossChart(Static):
         info.append(f"   loss {last.get('loss', float('nan')):.4f}")
         ev = prog.last_eval
         if ev is not None:
-            info.append(f"   eval loss {ev['eval_loss']:.4f}", style="bold yellow")
+            info.append(f"   eval loss {ev['eval_loss']:.4f}", style=tone(WARNING_STRONG))
             info.append(f" (step {ev.get('step', '?')})", style="dim")
         if lr is not None:
             info.append(f"   lr {lr:.2e}")
@@ -86,10 +87,10 @@ class LossChart(Static):
         lrs = [v for v in lrs if isinstance(v, (int, float))]
         parts = [info, *plot(prog.losses, width, height)]
         if lrs:
-            parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style="cyan"))
+            parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style=tone(NOTE)))
         evs = [e["eval_loss"] for e in prog.evals]
         if len(evs) > 1:
-            parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style="yellow"))
+            parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style=tone(WARNING)))
         self.update(Group(*parts))
 
     def on_resize(self, _: Resize) -> None:

@@ -10,9 +10,8 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
-from ...wizard.state import BAD, LIVE, OK, STEPS, TITLES, WARN
-
-_MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), BAD: ("✘", "bold red"), LIVE: ("▶", "cyan")}
+from ...wizard.state import STEPS, TITLES
+from ..styles import STEP, tone
 SHORT = {"nodes": "Nodes", "ssh": "SSH", "network": "Net", "training": "Train", "review": "Review", "run": "Run"}
 
 
@@ -22,9 +21,9 @@ def stepper_text(current: str, statuses: dict[str, str], title: str, short: bool
         t.append(f" {title} ", style="bold reverse")
         t.append(" " if short else "  ")
     for i, step in enumerate(STEPS):
-        mark, colour = _MARK.get(statuses.get(step, ""), ("·", "dim"))
+        mark, colour = STEP.get(statuses.get(step, ""), ("·", "dim"))
         label = f"F{i + 1} {SHORT[step]}{mark}" if short else f" F{i + 1} {TITLES[step]} {mark} "
-        style = f"bold {colour} reverse" if step == current else colour
+        style = tone(f"bold {colour} reverse" if step == current else colour)
         t.append(label, style=style)
         if i < len(STEPS) - 1:
             t.append(" " if short else "›", style="dim")
