@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import N_NODES, PASSWORD, preset_dict
-from netns import NetnsCluster
+from support.cluster import N_NODES, PASSWORD, preset_dict
+from support.netns import NetnsCluster
 from qwen_tui.preset.schema import Preset
 
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from field_run import CpuThrottle, FieldCluster, no_job_left, records, steps_of
+from support.field_run import CpuThrottle, FieldCluster, no_job_left, records, steps_of
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import preset_dict
-from netns import sh
+from support.cluster import preset_dict
+from support.netns import sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from netns import sh
+from support.netns import sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 from qwen_tui.preset.schema import Preset, save_preset
 
 MAX_STEPS, SAVE_STEPS = 14, 4

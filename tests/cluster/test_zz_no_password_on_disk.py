@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from cluster_helpers import PASSWORD, REPO, preset_dict
+from support.cluster import PASSWORD, REPO, preset_dict
 
 
 def test_keys_cli_then_no_password_anywhere(cluster, sshdir, keyed, tmp_path, tmp_path_factory):

@@ -7,26 +7,16 @@ import json
 import socket
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
 
-from procs import run_processes
+from support.procs import run_processes
 from qwen_tui.preset.schema import Preset, load_preset
 from qwen_tui.run import api
 from qwen_tui.run.rundir import RunDir
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 
 def demo(tmp_path, **training) -> Preset:

@@ -18,8 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "qwen_tui", "training",
                 "presets"]
 

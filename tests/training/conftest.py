@@ -9,17 +9,9 @@ op (TORCH_EXTENSIONS_DIR).
 from __future__ import annotations
 
 import base64
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-_CACHE = Path(os.environ.get("QWEN_TUI_TEST_CACHE") or Path(tempfile.gettempdir()) / "qwen-tui-test-cache")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_CACHE / "torch_extensions"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from training.fast.loss import linear_cross_entropy_sum, shift_labels
 from training.fast.optim import make_adamw
 from training.fast.packing import balanced_bins, first_fit, pack, pack_batches, segment_ids
 from training.fast.step import micro_batch_loss_sum
-from worker_helpers import decide_for
+from support.worker import decide_for
 
 
 def _records(n: int, vocab: int, seed: int, lo: int = 4, hi: int = 60):
@@ -514,7 +514,9 @@ def test_the_probe_counts_the_adam_states_the_engine_creates_at_its_first_step(s
     import subprocess
     import sys
 
-    from worker_helpers import ROOT, free_port
+    from support.paths import ROOT
+
+    from support.ports import free_port
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PORT": str(free_port()), "STAGE": str(stage),
            "OMP_NUM_THREADS": "1"}

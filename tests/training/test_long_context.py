@@ -13,7 +13,7 @@ import torch
 
 from training import long_context
 from training.errors import InputError
-from worker_helpers import assert_ok, run_worker
+from support.worker import assert_ok, run_worker
 
 from test_sequence_parallel import files, flags, one, STEPS  # noqa: F401  (the same long records and reference)
 
@@ -104,7 +104,7 @@ def test_a_tile_recomputed_in_the_backward_runs_under_the_forwards_autocast(tiny
 
 
 def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
-    from worker_helpers import decide_for
+    from support.worker import decide_for
 
     from training.args import build_parser
 

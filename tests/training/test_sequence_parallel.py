@@ -19,7 +19,7 @@ from training import sequence_parallel as sp
 from training.errors import InputError
 from training.fast.packing import pack
 from training.finetune import main
-from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 MAX_LEN = 640
 STEPS = 6
@@ -69,7 +69,7 @@ def test_shapes_ulysses_cannot_split_are_refused_naming_the_flag(size, world, he
 
 
 def test_sequence_parallelism_needs_packing_and_leaves_compiling_to_the_user():
-    from worker_helpers import decide_for
+    from support.worker import decide_for
 
     from training.args import build_parser
 

@@ -13,7 +13,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.loss_chart import LossChart
 
-from .conftest import run_processes
+from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SIZE = (140, 44)

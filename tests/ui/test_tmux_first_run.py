@@ -22,7 +22,9 @@ import pytest
 
 from qwen_tui.preset.schema import load_preset
 
-from .conftest import free_port, run_processes
+from support.ports import free_port
+
+from support.procs import run_processes
 from .test_tmux import ROOT, tmux, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

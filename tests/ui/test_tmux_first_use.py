@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import DEMO, free_port
+from support.paths import DEMO
+
+from support.ports import free_port
 from .test_tmux import ROOT, tmux, wait_for
 from .test_tmux_first_run import keys, screen, stop_leftovers, type_into
 

@@ -9,11 +9,10 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ZERO2 = str(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml")
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import grimp
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "qwen_tui"
 
 

@@ -1,11 +1,12 @@
-"""Constants and preset builders shared by the cluster tests."""
+"""The namespace cluster's constants and the preset that reaches it, shared by the cluster tests."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import ROOT as REPO
+
 N_NODES = 3
 # A known password, hostile on purpose: no file or log may ever contain it.
 PASSWORD = "qt pa$$ 'w0rd'; $(touch /tmp/qt-pwned)"
