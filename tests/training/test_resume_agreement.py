@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support.paths import ROOT
 from support.ports import free_port
 from support.worker import demo_records, write_jsonl

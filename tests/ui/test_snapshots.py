@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from screenshots.snapshot_app import make_app, show_synthetic_run
+
 from support.paths import ROOT
 
 

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from support.paths import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")

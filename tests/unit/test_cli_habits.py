@@ -11,6 +11,7 @@ import sys
 import threading
 
 import pytest
+
 from support.paths import ROOT
 
 ZERO2 = str(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml")

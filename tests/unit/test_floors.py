@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import grimp
+
 from support.paths import ROOT
 
 PKG = ROOT / "qwen_tui"

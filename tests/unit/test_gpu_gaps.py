@@ -7,6 +7,7 @@ import importlib.util
 import json
 
 import pytest
+
 from support.paths import ROOT
 
 
