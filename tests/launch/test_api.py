@@ -9,28 +9,14 @@ import sys
 import uuid
 
 import pytest
-import yaml
 
 from support.procs import run_processes
-from qwen_tui.preset.schema import Preset, load_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run import api
 from qwen_tui.run.rundir import RunDir
-from support.paths import DEMO, ROOT
+from support.launch_api import demo, launch_until_started, request
+from support.paths import ROOT
 from support.ports import free_port
-
-
-def demo(tmp_path, **training) -> Preset:
-    data = yaml.safe_load(DEMO.read_text())
-    data["network"]["master_port"] = free_port()
-    data["training"].update(training)
-    data["training"]["output_dir"] = str(tmp_path / "out")
-    p = tmp_path / "demo.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return load_preset(p)
-
-
-def request(tmp_path, preset, run_id="r1", **kw) -> api.LaunchRequest:
-    return api.LaunchRequest(preset, tmp_path / "runs", run_id, base_dir=str(ROOT), local_python=sys.executable, **kw)
 
 
 def launch_expecting_no_start(req, conns) -> list:
@@ -187,9 +173,3 @@ def test_attach_finds_a_running_job_again_and_stop_ends_it_on_every_node(tmp_pat
             la.stop_all()
         first.close()
         second.close()
-
-
-def launch_until_started(req, conns) -> list:
-    events = list(api.launch(req, conns))
-    assert isinstance(events[-1], api.Started), events
-    return events

@@ -10,10 +10,9 @@ import uuid
 
 import pytest
 
-from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 from qwen_tui.run import api
-
-from .test_api import demo, launch_until_started, request
+from support.launch_api import demo, launch_until_started, request
+from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 
 from support.procs import run_processes
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ENDED = ("ok", "failed", "stopped")

@@ -11,7 +11,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.loss_chart import LossChart
 
 from support.procs import run_processes
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

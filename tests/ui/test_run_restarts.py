@@ -17,7 +17,7 @@ from qwen_tui.ui.app import WizardApp
 from support.procs import ranks_of_job, run_processes
 from support.restarts import first_checkpoint, kill_ranks_holding_the_run, records
 
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MAX_STEPS = 40

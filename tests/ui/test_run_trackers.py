@@ -10,7 +10,7 @@ import pytest
 from qwen_tui.ui.app import WizardApp
 
 from support.procs import run_processes
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
