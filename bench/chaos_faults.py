@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from field_run import CpuThrottle, records
+from support.field_run import CpuThrottle, records
 
 KINDS = ("ssh", "hang", "kill", "throttle")
 

@@ -4,7 +4,7 @@ injected at random moments, and one table of what each fault did to the run.
     sudo python bench/chaos_soak.py --minutes 20 --seed 1
 
 Run as root (network namespaces, sshd, iptables, cgroups). It brings up its own cluster with the test suite's
-implementation (tests/cluster/netns.py, field_run.py, login_user.py, put on sys.path: one namespace cluster
+implementation (tests/support/netns.py, field_run.py, login_user.py, with tests/ on sys.path: one namespace cluster
 implementation for the tests and the bench), sets up SSH keys from password-only nodes as `qwen-tui` does,
 and runs `qwen-tui replay` as a login user over SSH to every node, the master too. Each run trains the tiny
 model on CPU over gloo with training.restarts, a checkpoint every few steps and short monitor bounds; runs
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "cluster"), str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
 import chaos_faults as cf  # noqa: E402
 import chaos_report as cr  # noqa: E402
@@ -111,7 +111,7 @@ class Soak:
         Python, set again. field_run sets it at the start and restores the old modes at its end; another
         FieldCluster on the same machine (a test run beside the soak) restores them at its own end, and
         every node's next launch would then fail with "Permission denied" for a reason the soak did not inject."""
-        from field_run import _traversable
+        from support.field_run import _traversable
 
         while not self.done.wait(0.2):
             for path in (os.path.realpath(sys.executable), os.path.join(sys.base_prefix, "lib")):
@@ -261,7 +261,7 @@ class Soak:
 
 
 def cf_no_job_left(cluster) -> dict:
-    from field_run import no_job_left
+    from support.field_run import no_job_left
 
     return {str(i): p for i, p in no_job_left(cluster, 60).items()}
 
@@ -278,10 +278,10 @@ def kill_all(left: dict) -> None:
 def bring_up(base: Path):
     """The namespace cluster, keys set up from password-only nodes (as the `keyed` fixture does), and the
     login user's side of it."""
-    from field_run import FieldCluster
-    from netns import NetnsCluster
+    from support.field_run import FieldCluster
+    from support.netns import NetnsCluster
 
-    from cluster_helpers import preset_dict
+    from support.cluster import preset_dict
     from qwen_tui.nodes.keys import setup_keys
     from qwen_tui.preset.schema import Preset
 

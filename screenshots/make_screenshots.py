@@ -15,10 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "screenshots"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # qwen_tui from this checkout; snapshot_app sits beside this script
 os.chdir(ROOT)
 
-from tests.ui.snapshot_app import make_app, show_synthetic_run  # noqa: E402
+from snapshot_app import make_app, show_synthetic_run  # noqa: E402
 
 SIZE = (140, 44)
 SHOTS = [("1-nodes", "f1"), ("2-ssh", "f2"), ("3-network", "f3"), ("4-training", "f4"), ("5-review", "f5"),

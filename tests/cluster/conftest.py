@@ -2,6 +2,10 @@
 
 The fixture fails (never skips) when it cannot bring the cluster up: CI runs
 these tests as root and must notice when they did not run.
+
+After the last cluster test of the session, whatever order the tests ran in, no
+file the runs, the checks, the key setup or their logs wrote may hold the nodes'
+password (`pytest_runtest_teardown` below scans them).
 """
 
 from __future__ import annotations
@@ -10,21 +14,41 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import N_NODES, PASSWORD, preset_dict
-from netns import NetnsCluster
 from qwen_tui.preset.schema import Preset
+from support.cluster import N_NODES, PASSWORD, REPO, files_holding, preset_dict
+from support.netns import NetnsCluster
+
+HERE = Path(__file__).parent
+# The session's base temp dir, once the cluster is up: what the password scan reads.
+_session: dict[str, Path] = {}
+
+
+def _in_here(item) -> bool:
+    return Path(str(item.fspath)).is_relative_to(HERE)
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(here):
+        if _in_here(item):
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down: what they write is scanned too
+def pytest_runtest_teardown(item, nextitem):
+    """Once no cluster test follows (the last one of the session, in any order): no file under the session's
+    temp dir (node homes, sshd logs, run dirs, logs, known_hosts, presets, check results) or the checkout's
+    .qwen-tui/ and runs/ holds the password. A hit fails the teardown of that last test."""
+    if "basetemp" not in _session or (nextitem is not None and _in_here(nextitem)):
+        return
+    scanned, hits = files_holding(PASSWORD.encode(), [_session["basetemp"], REPO / ".qwen-tui", REPO / "runs"])
+    assert scanned > 20, f"the password scan read only {scanned} files"
+    assert hits == [], f"the nodes' password is written in {hits}"
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     c = NetnsCluster(tmp_path_factory.mktemp("nodes"), N_NODES, password=PASSWORD)
+    _session["basetemp"] = tmp_path_factory.getbasetemp()
     try:
         c.up()
         yield c

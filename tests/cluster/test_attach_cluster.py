@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset, save_preset

@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 
 
 def _write_preset(cluster, sshdir, path, **training):

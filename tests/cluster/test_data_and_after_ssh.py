@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 
 
 def _cli(*args, timeout=300):

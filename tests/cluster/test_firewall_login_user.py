@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from login_user import LoginUser
+from support.login_user import LoginUser
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all

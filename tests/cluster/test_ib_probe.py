@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import preset_dict
-from netns import sh
+from support.cluster import preset_dict
+from support.netns import node_mount_ns_pid, sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
-from test_limits import _node_mount_ns_pid
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 
@@ -47,12 +46,12 @@ def hcas_on_node1(cluster, tmp_path):
                 2: ("0000:0000:0000:0000:0000:ffff:0a28:010b", "IB/RoCE v1"),
                 3: ("0000:0000:0000:0000:0000:ffff:0a28:010b", "RoCE v2")})
     os.chmod(tmp_path, 0o755)
-    sh("nsenter", "-t", str(_node_mount_ns_pid(cluster, 1)), "-m", "mount", "--bind", str(cls), "/sys/class")
+    sh("nsenter", "-t", str(node_mount_ns_pid(cluster, 1)), "-m", "mount", "--bind", str(cls), "/sys/class")
     try:
         assert not os.path.exists("/sys/class/infiniband")  # this machine's sysfs is untouched
         yield
     finally:
-        sh("nsenter", "-t", str(_node_mount_ns_pid(cluster, 1)), "-m", "umount", "/sys/class")
+        sh("nsenter", "-t", str(node_mount_ns_pid(cluster, 1)), "-m", "umount", "/sys/class")
 
 
 def test_the_probe_finds_a_nodes_hca_ports_and_the_plan_tells_nccl(cluster, sshdir, keyed, hcas_on_node1):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan

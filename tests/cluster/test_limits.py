@@ -7,35 +7,23 @@ import os
 
 import pytest
 
-from netns import sh
+from support.netns import node_mount_ns_pid, sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-
-
-def _node_mount_ns_pid(cluster, i: int) -> int:
-    """A process of node i that lives in the node's own mount namespace (its sshd)."""
-    mine = os.readlink("/proc/self/ns/mnt")
-    for pid in sorted(cluster.sshd_pids(i)) + sorted(set(cluster.pids(i))):  # the sshd listener outlives sessions
-        try:
-            if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
-                return pid
-        except OSError:
-            continue
-    raise AssertionError(f"no process of node{i} in a mount namespace of its own")
 
 
 @pytest.fixture
 def small_shm_on_node1(cluster):
     """A 64 MiB tmpfs on /dev/shm in node1's own mount namespace (private: the host's stays)."""
     host_before = os.statvfs("/dev/shm").f_blocks
-    pid = _node_mount_ns_pid(cluster, 1)
+    pid = node_mount_ns_pid(cluster, 1)
     sh("nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", "/dev/shm")
     try:
         assert os.statvfs("/dev/shm").f_blocks == host_before  # nothing leaked to this machine
         yield
     finally:
         # any live process of the node's namespace: the one found first may have been a session that ended since
-        sh("nsenter", "-t", str(_node_mount_ns_pid(cluster, 1)), "-m", "umount", "/dev/shm")
+        sh("nsenter", "-t", str(node_mount_ns_pid(cluster, 1)), "-m", "umount", "/dev/shm")
 
 
 def test_a_64mb_dev_shm_on_one_node_is_named_with_the_fix(preset, cluster, small_shm_on_node1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.preset.schema import Preset
 

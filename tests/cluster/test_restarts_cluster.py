@@ -1,8 +1,11 @@
 """Recovery on the namespace cluster, the way users run it: `qwen-tui replay --exclude-failed` with
 `training.restarts: 1`; node 2's torchrun agent and ranks are killed mid-run, and the two nodes left
 finish the run from the last checkpoint with the same global batch while the loss keeps falling.
-Under plain DDP, and under DeepSpeed ZeRO-2 (Qwen's multi-node recipe), whose checkpoint of 3 processes the
-2 left resume through DeepSpeed's universal format, taking up the curve where the failed attempt had it."""
+Under DeepSpeed ZeRO-2 (Qwen's multi-node recipe), whose checkpoint of 3 processes the 2 left resume through
+DeepSpeed's universal format, taking up the curve where the failed attempt had it. Plain DDP goes through the
+same launcher, relaunch and batch re-split; its checkpoint resuming on fewer processes is
+tests/training/test_resume_other_world.py's DDP case, and DDP recovery through replay is
+tests/launch/test_restarts_local.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 from qwen_tui.preset.schema import Preset, save_preset
 
 MAX_STEPS, SAVE_STEPS = 14, 4
@@ -62,18 +65,17 @@ def _wait(what, cond, bound, proc, log, every=0.5):
     raise AssertionError(f"no {what} within {bound}s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.mark.parametrize("zero_stage", [None, 2], ids=["ddp", "zero2"])
 def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkpoint(cluster, sshdir, keyed,
-                                                                                      tmp_path, zero_stage):
-    extra = {"zero_stage": 2, "lora_dropout": 0.0} if zero_stage else {}  # no dropout: the curve repeats exactly
+                                                                                      tmp_path):
     d = preset_dict(cluster, sshdir, output_dir=str(tmp_path / "out"), max_steps=MAX_STEPS, save_strategy="steps",
                     save_steps=SAVE_STEPS, save_total_limit=None, learning_rate=5e-3, logging_steps=1,
-                    per_device_train_batch_size=2, gradient_accumulation_steps=1, restarts=1, **extra)
+                    per_device_train_batch_size=2, gradient_accumulation_steps=1, restarts=1,
+                    zero_stage=2, lora_dropout=0.0)  # no dropout: the curve repeats exactly
     d["name"] = "restarts"
     d["network"]["env"] = {"OMP_NUM_THREADS": "1"}  # three CPU "nodes" share two cores
-    if zero_stage:  # DeepSpeed's CPU op, built once for the test session (tests/training/conftest.py's cache)
-        d["network"]["env"]["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-            Path(os.environ.get("QWEN_TUI_TEST_CACHE") or "/tmp/qwen-tui-test-cache") / "torch_extensions")
+    # DeepSpeed's CPU op, built once for the test session (tests/conftest.py's cache)
+    d["network"]["env"]["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+        Path(os.environ.get("QWEN_TUI_TEST_CACHE") or "/tmp/qwen-tui-test-cache") / "torch_extensions")
     d["network"]["interface"] = "eth0"  # --skip-checks: no probe to find it
     d["cluster"]["shared_storage"] = True
     preset = tmp_path / "restarts.yaml"
@@ -153,15 +155,14 @@ def test_a_node_killed_mid_run_is_left_out_and_the_others_finish_from_the_checkp
         assert [r["step"] for r in later] == list(range(resumed + 1, MAX_STEPS + 1)), later
         losses = [r["loss"] for r in recs[:i2] if "loss" in r and "event" not in r] + [r["loss"] for r in later]
         assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.01, losses
-        if zero_stage:
-            # 3 processes' ZeRO-2 state resumed on 2: converted once, and the steps both attempts trained agree
-            assert starts[1]["zero_stage"] == 2 and (tmp_path / "out" / f"checkpoint-{resumed}" / "universal").is_dir()
-            first = {r["step"]: r["loss"] for r in recs[:i2]
-                     if "loss" in r and "event" not in r and r["step"] > resumed}
-            again = {r["step"]: r["loss"] for r in later}
-            assert first, (resumed, recs[:i2])  # the kill came after a step past the newest checkpoint
-            for step, loss in first.items():
-                assert again[step] == pytest.approx(loss, rel=1e-3), (step, first, again)
+        # 3 processes' ZeRO-2 state resumed on 2: converted once, and the steps both attempts trained agree
+        assert starts[1]["zero_stage"] == 2 and (tmp_path / "out" / f"checkpoint-{resumed}" / "universal").is_dir()
+        first = {r["step"]: r["loss"] for r in recs[:i2]
+                 if "loss" in r and "event" not in r and r["step"] > resumed}
+        again = {r["step"]: r["loss"] for r in later}
+        assert first, (resumed, recs[:i2])  # the kill came after a step past the newest checkpoint
+        for step, loss in first.items():
+            assert again[step] == pytest.approx(loss, rel=1e-3), (step, first, again)
         assert (tmp_path / "out" / f"checkpoint-{MAX_STEPS - MAX_STEPS % SAVE_STEPS}").is_dir()
 
         # `qwen-tui runs` shows the attempt

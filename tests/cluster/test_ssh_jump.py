@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 from qwen_tui.nodes.connect import _ssh_config, connect_all, resolve_target, transport_for
 from qwen_tui.nodes.hostkeys import UnknownHostKey
 from qwen_tui.nodes.ssh import SSHTransport, Unreachable

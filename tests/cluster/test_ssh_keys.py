@@ -10,7 +10,7 @@ import time
 import paramiko
 import pytest
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 from qwen_tui.nodes.connect import connect_all, transport_for
 from qwen_tui.nodes.hostkeys import ChangedHostKey, UnknownHostKey, fingerprint
 from qwen_tui.nodes.keys import setup_keys

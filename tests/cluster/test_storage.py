@@ -10,7 +10,7 @@ from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.storage import detect_shared_storage
 from qwen_tui.preset.schema import Preset
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 
 
 def _preset(cluster, sshdir, workdir, output_dir, shared):

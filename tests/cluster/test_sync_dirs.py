@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.sync import sync

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cluster_helpers import REPO, preset_dict
+from support.cluster import REPO, preset_dict
 from qwen_tui.preset.schema import Preset, save_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel

@@ -14,7 +14,7 @@ from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, PasswordPrompt
 
-from cluster_helpers import PASSWORD, preset_dict
+from support.cluster import PASSWORD, preset_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cluster_helpers import preset_dict
+from support.cluster import preset_dict
 from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, Notice

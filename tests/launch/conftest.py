@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .demo_run import EVAL_STEPS, demo_run
+from support.demo_run import EVAL_STEPS, demo_run
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .demo_run import EVAL_STEPS, demo_run, qwen_tui
+from support.demo_run import EVAL_STEPS, demo_run, qwen_tui
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.training.worker_helpers import eval_loss_of
+    from support.worker import eval_loss_of
 
     tok = AutoTokenizer.from_pretrained(out)
     base_dir = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]

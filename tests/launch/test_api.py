@@ -7,40 +7,16 @@ import json
 import socket
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 
-from procs import run_processes
-from qwen_tui.preset.schema import Preset, load_preset
+from support.procs import run_processes
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run import api
 from qwen_tui.run.rundir import RunDir
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def demo(tmp_path, **training) -> Preset:
-    data = yaml.safe_load(DEMO.read_text())
-    data["network"]["master_port"] = free_port()
-    data["training"].update(training)
-    data["training"]["output_dir"] = str(tmp_path / "out")
-    p = tmp_path / "demo.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return load_preset(p)
-
-
-def request(tmp_path, preset, run_id="r1", **kw) -> api.LaunchRequest:
-    return api.LaunchRequest(preset, tmp_path / "runs", run_id, base_dir=str(ROOT), local_python=sys.executable, **kw)
+from support.launch_api import demo, launch_until_started, request
+from support.paths import ROOT
+from support.ports import free_port
 
 
 def launch_expecting_no_start(req, conns) -> list:
@@ -197,9 +173,3 @@ def test_attach_finds_a_running_job_again_and_stop_ends_it_on_every_node(tmp_pat
             la.stop_all()
         first.close()
         second.close()
-
-
-def launch_until_started(req, conns) -> list:
-    events = list(api.launch(req, conns))
-    assert isinstance(events[-1], api.Started), events
-    return events

@@ -19,9 +19,7 @@ from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan.launch import LaunchPlan, NodeCommand
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
 
 
 def _plan(run_id: str, run_dir: Path, argv=("sleep", "60")) -> LaunchPlan:

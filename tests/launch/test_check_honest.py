@@ -8,16 +8,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import Preset
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
 
 
 def _preset(**node1) -> Preset:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 import shutil
 import subprocess
 import sys
@@ -20,18 +19,15 @@ import yaml
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 
 def _free_port_copy(tmp_path: Path, host1: str = "localhost") -> Path:
     """The demo preset on a free master port (the demo's may be busy with another run here)."""
     d = yaml.safe_load(DEMO.read_text())
     d["cluster"]["nodes"][1]["host"] = host1
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        d["network"]["master_port"] = so.getsockname()[1]
+    d["network"]["master_port"] = free_port()
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(d))
     return p

@@ -7,15 +7,12 @@ end record says stopped, and no process of the run is left."""
 import json
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from procs import assert_quiet_stop_logs, run_processes
 from qwen_tui.run import api
-
-from .test_api import demo, launch_until_started, request
-from .test_restarts_local import _ranks_of_job
+from support.launch_api import demo, launch_until_started, request
+from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 
 
 @pytest.mark.slow
@@ -55,16 +52,6 @@ def test_a_stop_mid_run_ends_every_node_quietly_and_says_how_far_it_is(tmp_path)
         conns.close()
 
 
-def _importing_torch(pgid: int) -> bool:
-    """Whether node `pgid`'s ranks all exist and have begun loading torch's libraries (the seconds of start-up
-    a user can stop in; the first few tens of ms of a new interpreter, before the worker runs, are not)."""
-    ranks = _ranks_of_job(pgid)
-    try:
-        return bool(ranks) and all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks)
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 def test_a_stop_while_the_workers_still_start_ends_every_node_quietly(tmp_path):
     # the user launches and stops at once: the ranks exist but are still importing torch and building the
@@ -76,7 +63,7 @@ def test_a_stop_while_the_workers_still_start_ends_every_node_quietly(tmp_path):
     try:
         pids = json.loads((la.run_dir.path / "pids.json").read_text())
         deadline = time.monotonic() + 60
-        while not all(_importing_torch(int(p)) for p in pids.values()):
+        while not all(importing_torch(int(p)) for p in pids.values()):
             assert time.monotonic() < deadline and la.poll() is None, "the ranks did not start importing torch"
             time.sleep(0.02)
         metrics = la.run_dir.path / "metrics.jsonl"

@@ -5,25 +5,20 @@ MEMLOCK_LIMITED (a CPU run over gloo pins no memory)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 
 @pytest.mark.slow
 def test_the_demos_check_says_each_thing_once_and_nothing_about_memlock(tmp_path):
     data = yaml.safe_load(DEMO.read_text())
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    data["network"]["master_port"] = s.getsockname()[1]
-    s.close()
+    data["network"]["master_port"] = free_port()
     p = tmp_path / "demo.yaml"
     p.write_text(yaml.safe_dump(data))
     res = subprocess.run([sys.executable, "-m", "qwen_tui", "check", str(p), "--bandwidth-seconds", "1"],

@@ -5,16 +5,15 @@ tokenized data) follow XDG_CACHE_HOME when QWEN_TUI_CACHE is not set; every file
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
+from support.ports import free_port
+
 NOISE = ("kernels-community", "FutureWarning", "is_gradient_checkpointing", "Setting accelerator to CPU",
          "warnings.warn(")
 
@@ -22,10 +21,7 @@ NOISE = ("kernels-community", "FutureWarning", "is_gradient_checkpointing", "Set
 @pytest.mark.slow
 def test_the_demos_log_is_free_of_library_noise_and_its_caches_follow_xdg(tmp_path):
     data = yaml.safe_load(DEMO.read_text())
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    data["network"]["master_port"] = s.getsockname()[1]
-    s.close()
+    data["network"]["master_port"] = free_port()
     data["training"].update(output_dir=str(tmp_path / "out"), max_steps=10, save_steps=10)
     p = tmp_path / "demo.yaml"
     p.write_text(yaml.safe_dump(data))

@@ -12,9 +12,8 @@ import signal
 import pytest
 
 from qwen_tui.nodes.jobs import local_procs
-
-from .test_restarts_local import (MAX_STEPS, SAVE_STEPS, _records, cli_in, kill_ranks_holding_the_run, preset_copy,
-                                  wait_for_first_checkpoint)
+from support.restarts import (MAX_STEPS, SAVE_STEPS, cli_in, kill_ranks_holding_the_run, preset_copy, records,
+                              wait_for_first_checkpoint)
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,7 @@ def test_attach_relaunches_a_run_whose_replay_was_killed(tmp_path):
         resumed = int(a2["resume_from"].rsplit("-", 1)[1])
         assert resumed >= ckpt
         assert (rd / "attempt-2" / "node-1.rc").read_text().strip() == "0"
-        recs = _records(rd / "metrics.jsonl")
+        recs = records(rd / "metrics.jsonl")
         starts = [r for r in recs if r.get("event") == "start"]
         assert [s["start_step"] for s in starts] == [0, resumed]
         after = [r["step"] for r in recs[recs.index(starts[1]):] if "loss" in r and "event" not in r]

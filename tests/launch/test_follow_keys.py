@@ -9,7 +9,6 @@ import os
 import pty
 import select
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -18,13 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from procs import assert_quiet_stop_logs, run_processes
+from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 from qwen_tui.run.rundir import RunDir
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
-from .test_restarts_local import _ranks_of_job
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -78,10 +76,7 @@ class Term:
 
 def demo_copy(tmp_path: Path) -> Path:
     data = yaml.safe_load(DEMO.read_text())
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    data["network"]["master_port"] = s.getsockname()[1]
-    s.close()
+    data["network"]["master_port"] = free_port()
     data["name"] = f"keys-{uuid.uuid4().hex[:8]}"  # in the run id: run_processes finds this run's processes
     data["training"].update(max_steps=100000, logging_steps=1, save_strategy="no", output_dir=str(tmp_path / "out"))
     p = tmp_path / "demo.yaml"
@@ -143,14 +138,6 @@ def test_replay_d_detaches_attach_ctrl_c_detaches_and_says_how_to_stop(tmp_path)
             assert status(rd) == "stopped"
 
 
-def _importing_torch(pgid: int) -> bool:
-    ranks = _ranks_of_job(pgid)
-    try:
-        return bool(ranks) and all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks)
-    except OSError:
-        return False
-
-
 def test_replay_ctrl_c_while_the_workers_start_stops_at_once_and_says_so(tmp_path):
     preset, runs = demo_copy(tmp_path), tmp_path / "runs"
     replay = Term(["replay", str(preset), "--runs-dir", str(runs)], tmp_path)
@@ -158,7 +145,7 @@ def test_replay_ctrl_c_while_the_workers_start_stops_at_once_and_says_so(tmp_pat
                     and (only_run(runs) / "pids.json").exists(), 120, "no started run")
     rd = only_run(runs)
     pids = json.loads((rd / "pids.json").read_text())
-    replay.wait_for(lambda: all(_importing_torch(int(p)) for p in pids.values()), 120, "no rank importing torch")
+    replay.wait_for(lambda: all(importing_torch(int(p)) for p in pids.values()), 120, "no rank importing torch")
     assert not trained(rd)
     t0 = time.monotonic()
     replay.type(b"\x03")

@@ -21,7 +21,7 @@ from qwen_tui.nodes.probe import probe_node
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import Preset
 
-from fakehub import fake_hub_cache
+from support.fakehub import fake_hub_cache
 
 @pytest.fixture
 def tiny_src(tiny_model) -> Path:

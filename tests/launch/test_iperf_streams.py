@@ -2,7 +2,6 @@
 test_shaped_link... does the same across network namespaces)."""
 
 import shutil
-import socket
 
 import pytest
 
@@ -10,6 +9,7 @@ from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.netcheck import check_bandwidth, iperf_pair
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import parse_preset
+from support.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 program")
 
@@ -21,12 +21,6 @@ cluster:
   - {host: localhost}
 training: {model: builtin:tiny, data: builtin:demo-chat, device: cpu, zero_stage: null}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_iperf_pair_runs_the_streams_it_asks_for():

@@ -5,7 +5,6 @@ line, and torchrun's "Root Cause ... error_file: <N/A>" report is not what the u
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from procs import run_processes
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.procs import run_processes
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 
 def preset_with(tmp_path: Path, **training) -> Path:
     data = yaml.safe_load(DEMO.read_text())
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    data["network"]["master_port"] = s.getsockname()[1]
-    s.close()
+    data["network"]["master_port"] = free_port()
     data["training"].update(output_dir=str(tmp_path / "out"), **training)
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(data))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from procs import run_processes
+from support.procs import run_processes
+from support.paths import DEMO
+from support.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -29,14 +29,6 @@ def preset_copy(tmp_path, port, **training):
     p = tmp_path / "demo.yaml"
     p.write_text(yaml.safe_dump(data))
     return p
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def qwen_tui(*args, cwd, timeout=600, **kw):

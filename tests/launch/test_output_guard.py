@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.paths import DEMO, ROOT
+from support.ports import free_port
+
 pytestmark = pytest.mark.slow
 
 
 def preset(tmp_path: Path, name: str, **training) -> Path:
     data = yaml.safe_load(DEMO.read_text())
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    data["network"]["master_port"] = s.getsockname()[1]
-    s.close()
+    data["network"]["master_port"] = free_port()
     data["training"].update(output_dir=str(tmp_path / "out"), **training)
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data))

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from procs import run_processes
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
+from support.procs import run_processes
+from support.paths import DEMO, ROOT
+from support.runs import fake_run
 
 
 def env_with_state(state: Path) -> dict:
@@ -26,20 +25,6 @@ def env_with_state(state: Path) -> dict:
 def qwen_tui(*args, cwd, env, timeout=120):
     return subprocess.run([sys.executable, "-m", "qwen_tui", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def fake_run(root: Path, run_id: str, started: float, status: str = "ok", losses=()) -> Path:
-    """A run directory as the launcher writes it (plan, preset, state, metrics), without training."""
-    d = root / run_id
-    d.mkdir(parents=True)
-    plan = {"run_id": run_id, "nodes": [{"label": "gpu-1", "local": True}, {"label": "gpu-2", "local": False}],
-            "metrics_file": str(d / "metrics.jsonl")}
-    (d / "plan.json").write_text(json.dumps(plan))
-    (d / "preset.yaml").write_text(f"version: 1\nname: {run_id.split('-')[0]}\n")
-    (d / "state.json").write_text(json.dumps({"status": status, "started": started}))
-    recs = [{"event": "start"}] + [{"step": i + 1, "loss": x} for i, x in enumerate(losses)] + [{"event": "end"}]
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return d
 
 
 def test_runs_root_follows_qwen_tui_runs_then_xdg(tmp_path, monkeypatch):

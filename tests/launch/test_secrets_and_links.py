@@ -17,9 +17,8 @@ import yaml
 from qwen_tui.nodes.jobs import JobRef, job_verdict, stop_job
 from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
 from qwen_tui.nodes.transport import LocalTransport
+from support.paths import DEMO, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
 SECRET = "hf_TopSecret_4242"
 
 

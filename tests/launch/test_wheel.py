@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
+
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "qwen_tui", "training",
                 "presets"]
 

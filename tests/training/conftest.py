@@ -1,4 +1,5 @@
-"""Fixtures for the worker's tests: the real Qwen vocabulary as a tokenizer.
+"""Fixtures for the worker's tests: the real Qwen vocabulary as a tokenizer; the long records and the
+one-process run on them that the long-context and sequence-parallel tests compare with, trained once.
 
 Training runs go through subprocesses (`python -m training.finetune` or
 torchrun), as users and the launcher run them; they share the tiny model built
@@ -9,17 +10,12 @@ op (TORCH_EXTENSIONS_DIR).
 from __future__ import annotations
 
 import base64
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_CACHE = Path(os.environ.get("QWEN_TUI_TEST_CACHE") or Path(tempfile.gettempdir()) / "qwen-tui-test-cache")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_CACHE / "torch_extensions"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from support.long_records import flags, write_long_records
+from support.worker import assert_ok, run_worker
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +45,17 @@ def qwen_tokenizer():
     assert fast("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
     assert fast.convert_tokens_to_ids("<|im_start|>") == 151644
     return fast
+
+
+@pytest.fixture(scope="session")
+def long_files(tmp_path_factory, tiny_model) -> dict[str, str]:
+    """Long multi-turn records (support/long_records.py): {"model": ..., "train": ...}."""
+    return write_long_records(tmp_path_factory.mktemp("long-records"), tiny_model)
+
+
+@pytest.fixture(scope="session")
+def long_one(tmp_path_factory, long_files):
+    """The worker on the long records in one process, the reference curve: run once for the session."""
+    run = run_worker(tmp_path_factory.mktemp("long-one") / "out", *flags(long_files))
+    assert_ok(run)
+    return run

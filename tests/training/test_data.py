@@ -10,7 +10,7 @@ from training.data import IGNORE_INDEX, ChatEncoder, Collator, StepSampler, buil
 from training.errors import InputError
 from training.records import load_conversations
 
-from worker_helpers import demo_records, write_jsonl
+from support.worker import demo_records, write_jsonl
 
 # Qwen2.5-Instruct's behaviour without tools: a default system prompt when none is given, ChatML turns.
 QWEN25_TEMPLATE = (

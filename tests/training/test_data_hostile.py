@@ -12,7 +12,7 @@ from training.data import ChatEncoder
 from training.errors import InputError
 from training.records import load_conversations
 
-from worker_helpers import demo_records, run_worker, write_jsonl
+from support.worker import demo_records, run_worker, write_jsonl
 
 GOOD = json.dumps({"id": "ok", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from qwen_tui.plan.launch import worker_args
 from qwen_tui.preset.schema import load_preset, save_preset
-from tests.training.worker_helpers import ROOT, assert_ok, run_worker
+from support.paths import ROOT
+from support.worker import assert_ok, run_worker
 
 KEYS = {"records", "usable", "dropped", "truncated", "tokens", "supervised_tokens", "length_percentiles",
         "tokens_per_epoch", "epoch_seconds"}

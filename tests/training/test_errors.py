@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 from training.finetune import main
-from worker_helpers import ROOT, demo_records, run_worker, write_jsonl
+from support.paths import ROOT
+from support.worker import demo_records, run_worker, write_jsonl
 
 GOOD = demo_records(40)
 

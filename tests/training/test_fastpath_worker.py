@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from worker_helpers import ROOT, demo_records, free_port, write_jsonl
+from support.paths import ROOT
+
+from support.ports import free_port
+
+from support.worker import demo_records, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,9 @@ import textwrap
 
 import pytest
 
-from worker_helpers import ROOT, run_interpreted
+from support.paths import ROOT
+
+from support.worker import run_interpreted
 
 _INTERPRETED = textwrap.dedent("""
     import json, os

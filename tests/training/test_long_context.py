@@ -13,9 +13,8 @@ import torch
 
 from training import long_context
 from training.errors import InputError
-from worker_helpers import assert_ok, run_worker
-
-from test_sequence_parallel import files, flags, one, STEPS  # noqa: F401  (the same long records and reference)
+from support.long_records import STEPS, flags
+from support.worker import assert_ok, run_worker
 
 
 def test_tile_counts_are_the_ones_torch_chunk_makes():
@@ -104,7 +103,7 @@ def test_a_tile_recomputed_in_the_backward_runs_under_the_forwards_autocast(tiny
 
 
 def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
-    from worker_helpers import decide_for
+    from support.worker import decide_for
 
     from training.args import build_parser
 
@@ -146,14 +145,14 @@ def test_long_records_tile_the_mlp_and_skip_the_memory_probe_by_default():
 
 
 @pytest.mark.slow
-def test_tiled_mlp_keeps_the_one_process_curve(tmp_path, files, one):  # noqa: F811
+def test_tiled_mlp_keeps_the_one_process_curve(tmp_path, long_files, long_one):
     # With checkpointed layers: each layer's recomputation runs the tiled MLP again (tiles reseeded alike).
-    run = run_worker(tmp_path / "out", *flags(files, "--tiled_mlp", "--tiled_mlp_tokens", "64",
+    run = run_worker(tmp_path / "out", *flags(long_files, "--tiled_mlp", "--tiled_mlp_tokens", "64",
                                               "--gradient_checkpointing"))
     assert_ok(run)
     assert "tiled MLP: 2 layers, tiles of 64 tokens" in run.stderr
     assert run.records[0]["fast_path"]["gradient_checkpointing"] is True
-    for a, b in zip(run.steps, one.steps, strict=True):
+    for a, b in zip(run.steps, long_one.steps, strict=True):
         # The same sums over other row splits of the MLP's matmuls (float32): far below any real difference.
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (a, b)

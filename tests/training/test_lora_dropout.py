@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from worker_helpers import decide_for, run_interpreted
+from support.worker import decide_for, run_interpreted
 
 
 _INTERPRETED = textwrap.dedent("""

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from worker_helpers import ROOT, assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
+from support.paths import ROOT
+
+from support.worker import assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from training.args import parse_args
-from worker_helpers import ROOT, Run, assert_ok, free_port
+from support.paths import ROOT
+from support.ports import free_port
+from support.worker import Run, assert_ok
 
 FULL = """torchrun $DISTRIBUTED_ARGS finetune.py \\
     --model_name_or_path $MODEL \\

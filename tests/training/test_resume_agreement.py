@@ -10,7 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from worker_helpers import ROOT, demo_records, free_port, write_jsonl
+
+from support.paths import ROOT
+from support.ports import free_port
+from support.worker import demo_records, write_jsonl
 
 from training.errors import InputError
 from training.resume_agreement import NodeHolds, choose

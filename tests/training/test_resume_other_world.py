@@ -1,6 +1,7 @@
-"""A ZeRO checkpoint saved by 2 processes resumes on 1 (a node lost, relaunched without it, the global batch
-kept by re-splitting it as qwen_tui.run.attempts.refit_batch does): the worker converts it to DeepSpeed's universal
-format once, and the weights, the Adam states, the LR schedule and the step count continue.
+"""A checkpoint saved by 2 processes resumes on 1 (a node lost, relaunched without it, the global batch kept by
+re-splitting it as qwen_tui.run.attempts.refit_batch does): under ZeRO the worker converts it to DeepSpeed's
+universal format once; under plain DDP it loads as it is. Either way the weights, the Adam states, the LR schedule
+and the step count continue.
 
 The criterion: after the checkpoint, the resumed run's losses and learning rates match the uninterrupted
 2-process run's step by step. The step after the resume depends on the restored weights, the next ones on the
@@ -15,7 +16,7 @@ import shutil
 
 import pytest
 
-from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +32,29 @@ def data(tmp_path_factory):
 @pytest.mark.parametrize("stage,method", [(2, "full"), (2, "lora"), (3, "full"), (3, "lora")],
                          ids=["zero2-full", "zero2-lora", "zero3-full", "zero3-lora"])
 def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, data, stage, method):
+    flags = ["--deepspeed", f"builtin:zero{stage}", *(FULL if method == "full" else LORA)]
+    two, one, out = _two_then_one(tmp_path, tiny_model, data, flags)
+    assert "saved by 2 processes, resuming on 1" in one.stderr
+    assert (out / "checkpoint-3" / "universal" / "zero").is_dir() and not list(out.glob("checkpoint-3/.universal*"))
+    _continues(two, one)
+    # It saves on: its own checkpoint (per-rank, world size 1) at the last step, and the final model.
+    assert (out / "checkpoint-6" / "ds").is_dir()
+
+
+def test_ddp_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, data):
+    """Plain DDP (no DeepSpeed): what a node lost mid-run leaves to the nodes left; the namespace cluster's
+    restart test (tests/cluster/test_restarts_cluster.py) runs the same through replay under ZeRO-2."""
+    two, one, out = _two_then_one(tmp_path, tiny_model, data, LORA)
+    assert not (out / "checkpoint-3" / "universal").exists()
+    _continues(two, one)
+    assert (out / "checkpoint-6").is_dir()
+
+
+def _two_then_one(tmp_path, tiny_model, data, flags):
+    """The run on 2 processes (checkpoints at steps 3 and 6), then its checkpoint-3 resumed on 1 process."""
     flags = ["--model_name_or_path", str(tiny_model), "--data_path", data, "--model_max_length", "128",
              "--logging_steps", "1", "--seed", "7", "--max_steps", "6", "--save_steps", "3", "--weight_decay", "0.1",
-             "--deepspeed", f"builtin:zero{stage}", *(FULL if method == "full" else LORA)]
+             *flags]
     two = run_worker(tmp_path / "two", *flags, "--per_device_train_batch_size", "2",
                      "--gradient_accumulation_steps", "2", nproc=2)
     assert_ok(two)
@@ -46,8 +67,12 @@ def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, d
     assert_ok(one)
     start = one.records[0]
     assert start["world_size"] == 1 and start["start_step"] == 3 and start["global_batch_size"] == 8
-    assert "saved by 2 processes, resuming on 1" in one.stderr
-    assert (out / "checkpoint-3" / "universal" / "zero").is_dir() and not list(out.glob("checkpoint-3/.universal*"))
+    return two, one, out
+
+
+def _continues(two, one) -> None:
+    """After the checkpoint the resumed run's losses, gradient norms and learning rates are the uninterrupted
+    run's, step by step."""
     ref, got = two.losses(), one.losses()
     assert sorted(got) == [4, 5, 6], got
     lr = {r["step"]: r["learning_rate"] for r in two.steps}
@@ -56,5 +81,3 @@ def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, d
         assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-4), (r["step"], got, ref)
         assert r["grad_norm"] == pytest.approx(norm[r["step"]], rel=1e-4), (r, norm)
         assert r["learning_rate"] == pytest.approx(lr[r["step"]], rel=1e-6), (r, lr)
-    # It saves on: its own checkpoint (per-rank, world size 1) at the last step, and the final model.
-    assert (out / "checkpoint-6" / "ds").is_dir()

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from worker_helpers import assert_ok, run_worker
+from support.worker import assert_ok, run_worker
 
 pytestmark = pytest.mark.slow
 

@@ -19,11 +19,8 @@ from training import sequence_parallel as sp
 from training.errors import InputError
 from training.fast.packing import pack
 from training.finetune import main
-from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
-
-MAX_LEN = 640
-STEPS = 6
-
+from support.long_records import MAX_LEN, STEPS, flags, record_lengths
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 class _Rec:
     def __init__(self, ids, labels):
@@ -69,7 +66,7 @@ def test_shapes_ulysses_cannot_split_are_refused_naming_the_flag(size, world, he
 
 
 def test_sequence_parallelism_needs_packing_and_leaves_compiling_to_the_user():
-    from worker_helpers import decide_for
+    from support.worker import decide_for
 
     from training.args import build_parser
 
@@ -98,67 +95,27 @@ def test_more_ranks_a_group_than_processes_exits_2(tmp_path, capsys, tiny_model)
 
 
 # ------------------------------------------------------------------ the worker over two processes
-@pytest.fixture(scope="module")
-def files(tmp_path_factory, tiny_model):
-    """Multi-turn records of 10 demo conversations each: every one longer than half of a row of MAX_LEN tokens,
-    so no two share a row and each is cut between the two ranks."""
-    recs = demo_records()
-    long = []
-    for i in range(0, 320, 10):
-        conv = [recs[i]["conversations"][0]]
-        for r in recs[i:i + 10]:
-            conv += [t for t in r["conversations"] if t["from"] != "system"]
-        long.append({"id": f"long-{i // 10:02d}", "conversations": conv})
-    d = tmp_path_factory.mktemp("spdata")
-    return {"model": str(tiny_model), "train": str(write_jsonl(d / "long.jsonl", long))}
-
-
-def record_lengths(files) -> list[int]:
-    from transformers import AutoTokenizer
-
-    from training.data import ChatEncoder, build_dataset
-    from training.records import load_conversations
-
-    tok = AutoTokenizer.from_pretrained(files["model"])
-    return [len(e.input_ids) for e in build_dataset(load_conversations(files["train"]), ChatEncoder(tok, MAX_LEN),
-                                                        lazy=False).items]
-
-
-def flags(files, *extra):
-    # Full fine-tuning without dropout: the one-process and two-process runs draw no random numbers in a step.
-    return ["--model_name_or_path", files["model"], "--data_path", files["train"], "--model_max_length", str(MAX_LEN),
-            "--packing_tokens", str(MAX_LEN), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
-            "2", "--learning_rate", "1e-3", "--max_steps", str(STEPS), "--save_strategy", "no", "--seed", "7",
-            "--eval_data_path", files["train"], "--per_device_eval_batch_size", "4", *extra]
-
-
-@pytest.fixture(scope="module")
-def one(tmp_path_factory, files):
-    run = run_worker(tmp_path_factory.mktemp("one") / "out", *flags(files))
-    assert_ok(run)
-    return run
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("config,extra", [
     ("zero2", []),
     ("zero3", ["--gradient_checkpointing"]),  # recomputed layers repeat their all-to-alls in the backward
     ("ddp", []),
 ], ids=["zero2", "zero3-checkpointing", "ddp"])
-def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, files, one, config, extra):
-    lengths = record_lengths(files)
+def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, long_files, long_one, config, extra):
+    lengths = record_lengths(long_files)
     assert min(lengths) > MAX_LEN // 2 and max(lengths) <= MAX_LEN, lengths  # one record a row, cut in two
     engine = [] if config == "ddp" else ["--deepspeed", f"builtin:{config}"]
-    run = run_worker(tmp_path / "out", *flags(files, *engine, "--sequence_parallel_size", "2", *extra), nproc=2)
+    run = run_worker(tmp_path / "out", *flags(long_files, *engine, "--sequence_parallel_size", "2", *extra),
+                     nproc=2)
     assert_ok(run)
     start = run.records[0]
     assert start["world_size"] == 2 and start["sequence_parallel_size"] == 2
-    assert start["zero_stage"] == (int(config[-1]) if engine else one.records[0]["zero_stage"])
-    assert start["global_batch_size"] == one.records[0]["global_batch_size"] == 2  # one data replica, not two
+    assert start["zero_stage"] == (int(config[-1]) if engine else long_one.records[0]["zero_stage"])
+    assert start["global_batch_size"] == long_one.records[0]["global_batch_size"] == 2  # one data replica, not two
     assert start["fast_path"]["labelled_logits"] is True and start["fast_path"]["packing"] is True
     assert "sequence parallelism: 2 ranks a group (1 group(s)), rank 0 holds share 0" in run.stderr
-    assert [r["step"] for r in run.steps] == [r["step"] for r in one.steps] == list(range(1, STEPS + 1))
-    for a, b in zip(run.steps, one.steps):
+    assert [r["step"] for r in run.steps] == [r["step"] for r in long_one.steps] == list(range(1, STEPS + 1))
+    for a, b in zip(run.steps, long_one.steps):
         # The same float32 sums in another order (ZeRO's flat partitions, attention per head group): 1e-4 is
         # far above what that moves (measured ~1e-7) and far below a share's loss dropped or counted twice
         # (a factor of ~2) or a gradient scaled by the group size.
@@ -168,7 +125,7 @@ def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, files, one, c
         assert a["tokens"] == b["tokens"] and a["label_tokens"] == b["label_tokens"], (a, b)
         assert a["micro_batches"] == 2  # one record a row: two rows a step, each cut between the ranks
     # Evaluation steps SP aside: each rank evaluates whole records of its own, padded batches, full attention.
-    (ev,), (ev_one,) = run.event("eval"), one.event("eval")
+    (ev,), (ev_one,) = run.event("eval"), long_one.event("eval")
     assert ev["eval_tokens"] == ev_one["eval_tokens"]
     assert ev["eval_loss"] == pytest.approx(ev_one["eval_loss"], rel=1e-4)
     losses = [r["loss"] for r in run.steps]
@@ -181,17 +138,17 @@ def test_two_ranks_of_one_sequence_reproduce_one_process(tmp_path, files, one, c
     assert json.loads(metrics.splitlines()[0])["event"] == "start"
 
 
-def test_data_preview_deals_records_to_groups_and_counts_those_past_a_limit(files, capsys):
+def test_data_preview_deals_records_to_groups_and_counts_those_past_a_limit(long_files, capsys):
     """training.datapreview (what `qwen-tui data` runs on the master) with SP 2 on 2 processes: one group, so a
     global batch of 1 x 2 records; and the records longer than a limit (qwen-tui passes the longest a GPU trains)."""
     from training.datapreview import main as preview_main
 
     rc = preview_main(["--world_size", "2", "--device", "cpu", "--longer_than", "450", "--",
-                       *flags(files, "--output_dir", "o", "--sequence_parallel_size", "2")])
+                       *flags(long_files, "--output_dir", "o", "--sequence_parallel_size", "2")])
     out = capsys.readouterr().out
     assert rc == 0, out
     rep = json.loads(out)
-    lengths = record_lengths(files)
+    lengths = record_lengths(long_files)
     assert rep["sequence_parallel_size"] == 2 and rep["global_batch_size"] == 2
     assert rep["steps_per_epoch"] == len(lengths) // 2
     assert rep["longer_than"] == {"tokens": 450, "records": sum(1 for n in lengths if n > 450),

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from training.args import build_parser
-from worker_helpers import ROOT
+from support.paths import ROOT
 
 ISSUE_FLAGS = """--model_name_or_path --data_path --eval_data_path --output_dir --model_max_length
 --per_device_train_batch_size --gradient_accumulation_steps --learning_rate --num_train_epochs --max_steps

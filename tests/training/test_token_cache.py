@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.worker_helpers import ROOT, Run, assert_ok, demo_records, write_jsonl
+from support.paths import ROOT
+
+from support.worker import Run, assert_ok, demo_records, write_jsonl
 from training.args import parse_args
 from training.errors import InputError
 

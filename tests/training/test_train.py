@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from worker_helpers import assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +219,9 @@ def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files)
     import subprocess
     import sys
 
-    from worker_helpers import ROOT, free_port
+    from support.paths import ROOT
+
+    from support.ports import free_port
 
     port = free_port()
     flags = common(files, "--learning_rate", "1e-3", "--max_steps", "4", "--save_strategy", "no",
@@ -390,7 +392,7 @@ def test_sigterm_stops_the_worker_quietly_with_a_stopped_record(tmp_path, files)
     import sys
     import time
 
-    from worker_helpers import ROOT
+    from support.paths import ROOT
 
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "training.finetune", "--output_dir", str(out), "--model_name_or_path", files["model"],

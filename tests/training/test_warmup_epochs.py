@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from textual.widgets import Input
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.data_panel import HINT, DataPanel
 
-from .conftest import DEMO, ROOT
+from support.paths import DEMO, ROOT
 
 pytestmark = pytest.mark.anyio
 SIZE = (140, 44)

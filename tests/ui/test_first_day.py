@@ -16,7 +16,9 @@ from qwen_tui.ui.help import HelpPanel
 from qwen_tui.ui.modals import Choose, Confirm, Form, Notice
 from qwen_tui.ui.screens.base import StepScreen
 
-from .conftest import DEMO, ROOT, slow_h200_facts
+from support.paths import DEMO, ROOT
+
+from support.facts import slow_h200_facts
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

@@ -11,7 +11,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.wizard.state import OK, WARN
 from qwen_tui.ui.widgets.advice_list import AdviceList
 
-from .conftest import ROOT
+from support.paths import ROOT
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)
@@ -72,7 +72,7 @@ async def test_gpu_unknown_is_amber_and_a_gpu_type_checks_the_fit(tmp_path):
 
 
 async def test_probed_gpus_decide_and_the_select_steps_aside(tmp_path):
-    from .conftest import slow_h200_facts
+    from support.facts import slow_h200_facts
 
     app = WizardApp(str(PRESET_7B), facts=slow_h200_facts(25.0), runs_root=str(tmp_path / "runs"), reattach=False)
     async with app.run_test(size=SIZE) as pilot:

@@ -12,7 +12,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.help import STEP_HELP, HelpPanel
 from qwen_tui.ui.widgets.advice_list import AdviceList
 
-from .conftest import DEMO, ROOT
+from support.paths import DEMO, ROOT
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)

@@ -7,7 +7,7 @@ import pytest
 
 from qwen_tui.ui.widgets.loss_chart import LossChart
 
-from .snapshot_app import make_app, show_synthetic_run
+from screenshots.snapshot_app import make_app, show_synthetic_run
 
 pytestmark = pytest.mark.anyio
 
@@ -18,7 +18,7 @@ def widest_line(chart: LossChart) -> int:
 
 
 async def test_chart_follows_the_terminal_size(monkeypatch):
-    from .conftest import ROOT
+    from support.paths import ROOT
 
     monkeypatch.chdir(ROOT)
     app = make_app()

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from .conftest import DEMO, ROOT
+from support.paths import DEMO, ROOT
 
 HEAVY = ["torch", "transformers", "deepspeed", "peft"]
 

@@ -13,7 +13,11 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.screens.network import verdict
 from qwen_tui.wizard.state import BAD, TODO, WARN, ProbeState, SshState
 
-from .conftest import DEMO, free_port, slow_h200_facts
+from support.paths import DEMO
+
+from support.ports import free_port
+
+from support.facts import slow_h200_facts
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)
@@ -71,7 +75,7 @@ async def test_an_unreachable_node_shows_in_full_with_its_fix_everywhere(tmp_pat
 
 
 async def test_review_says_every_check_passed_only_when_they_did(tmp_path, demo_copy):
-    from .snapshot_app import fixed_facts
+    from screenshots.snapshot_app import fixed_facts
 
     facts = fixed_facts()  # two probed nodes, a measured 6.2 Gbit/s link (a warning)
     links = facts.links
@@ -160,7 +164,7 @@ def test_step_levels_agree_with_check(tmp_path):
 
 
 async def test_each_finding_names_node_number_and_host_once(tmp_path):
-    from .snapshot_app import fixed_facts
+    from screenshots.snapshot_app import fixed_facts
 
     facts = fixed_facts()
     facts.nodes[1].versions = {"torch": "2.9.0", "transformers": "5.17.0"}  # node 1 disagrees with node 0

@@ -5,7 +5,6 @@ of the run left."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -13,20 +12,10 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.loss_chart import LossChart
 
-from .conftest import run_processes
+from support.pilot import SIZE, wait_until
+from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-SIZE = (140, 44)
-
-
-async def wait_until(pilot, pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        await pilot.pause(0.25)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 async def test_launch_watch_quit_reattach_stop_all(tmp_path, demo_copy, monkeypatch, stop_runs_after):

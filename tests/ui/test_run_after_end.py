@@ -4,7 +4,6 @@ the ETA goes; a new launch starts with an empty log; a healthy run is not marked
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -17,10 +16,10 @@ from qwen_tui.ui.widgets.loss_chart import LossChart
 from qwen_tui.ui.widgets.stepper import Stepper
 from qwen_tui.wizard.state import LIVE
 
-from .snapshot_app import make_app, show_synthetic_run, synthetic_progress
+from screenshots.snapshot_app import make_app, show_synthetic_run, synthetic_progress
+from support.paths import ROOT
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def bar(app) -> str:

@@ -10,8 +10,8 @@ import pytest
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.loss_chart import LossChart
 
-from .conftest import run_processes
-from .test_run import SIZE, wait_until
+from support.procs import run_processes
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from textual.widgets import Static
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Notice
 
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio]
 

@@ -12,8 +12,8 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.log_pane import LogPane
 
-from procs import assert_quiet_stop_logs, run_processes
-from .test_run import wait_until
+from support.procs import assert_quiet_stop_logs, run_processes
+from support.pilot import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 # 300+ characters with few spaces, as a traceback's line is

@@ -13,11 +13,11 @@ import signal
 import pytest
 from textual.widgets import Static
 
-from launch.test_restarts_local import _ranks_of_job, _records, first_checkpoint, kill_ranks_holding_the_run
 from qwen_tui.ui.app import WizardApp
+from support.procs import ranks_of_job, run_processes
+from support.restarts import first_checkpoint, kill_ranks_holding_the_run, records
 
-from .conftest import run_processes
-from .test_run import SIZE, wait_until
+from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MAX_STEPS = 40
@@ -33,7 +33,7 @@ async def _launch_to_a_checkpoint(app, pilot):
     await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
     first = run.launcher
     rd = first.run_dir.path
-    ckpt = await wait_until(pilot, lambda: first_checkpoint(_records(rd / "metrics.jsonl")), 240,
+    ckpt = await wait_until(pilot, lambda: first_checkpoint(records(rd / "metrics.jsonl")), 240,
                             "a checkpoint and a step after it")
     return run, first, rd, ckpt
 
@@ -85,7 +85,7 @@ async def test_a_reattached_wizard_relaunches_a_run_whose_launching_wizard_quit(
     async with app.run_test(size=SIZE) as pilot:
         run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot)
         pids = json.loads((rd / "pids.json").read_text())
-        held, victims = _ranks_of_job(pids["0"]), _ranks_of_job(pids["1"])
+        held, victims = ranks_of_job(pids["0"]), ranks_of_job(pids["1"])
         assert held and victims
         for pid in held + victims:  # the run waits while the wizard quits: the failure comes after it is gone
             os.kill(pid, signal.SIGSTOP)

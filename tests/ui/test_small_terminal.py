@@ -12,7 +12,7 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.wizard.state import BAD
 from qwen_tui.ui.widgets.stepper import Stepper
 
-from .conftest import DEMO
+from support.paths import DEMO
 
 pytestmark = pytest.mark.anyio
 SMALL = (100, 30)

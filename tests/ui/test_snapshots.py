@@ -5,13 +5,12 @@ pytest tests/ui/test_snapshots.py --snapshot-update"""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from .snapshot_app import make_app, show_synthetic_run
+from screenshots.snapshot_app import make_app, show_synthetic_run
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 @pytest.fixture(params=[(160, 48), (100, 30), (80, 24)], ids=["160x48", "100x30", "80x24"])

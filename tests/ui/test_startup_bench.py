@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from .conftest import ROOT
+from support.paths import ROOT
 
 
 def bench():

@@ -14,24 +14,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
+from support.tmux import tmux, wait_for
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
-
-
-def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True, timeout=10).stdout
-
-
-def wait_for(session: str, *texts: str, timeout: float = 20.0) -> str:
-    """The screen once every one of `texts` is on it (a screen is drawn in parts: its title can come first)."""
-    deadline = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = tmux("capture-pane", "-p", "-t", session)
-        if all(t in screen for t in texts):
-            return screen
-        time.sleep(0.2)
-    raise AssertionError(f"{texts!r} not all on screen after {timeout:g}s:\n{screen}")
 
 
 def test_first_two_steps_in_a_real_terminal(tmp_path):

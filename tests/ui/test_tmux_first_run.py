@@ -8,10 +8,8 @@ the new preset where the command line named it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -22,30 +20,14 @@ import pytest
 
 from qwen_tui.preset.schema import load_preset
 
-from .conftest import free_port, run_processes
-from .test_tmux import ROOT, tmux, wait_for
+from support.ports import free_port
+
+from support.paths import ROOT
+from support.tmux import keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 RUN_WAIT_S = 120.0  # one tiny CPU run: about 35 s on an idle 2-core machine, three times that under load
-
-
-def screen(session: str) -> str:
-    return tmux("capture-pane", "-p", "-t", session)
-
-
-def keys(session: str, *ks: str, pause: float = 0.3) -> None:
-    """Key by key, as a person types: a key sent while a step still mounts is not lost in a batch."""
-    for k in ks:
-        tmux("send-keys", "-t", session, k)
-        time.sleep(pause)
-
-
-def type_into(session: str, text: str) -> None:
-    """Replace the focused input's value."""
-    keys(session, "End", "C-u")
-    tmux("send-keys", "-t", session, "-l", text)
-    time.sleep(0.3)
 
 
 def choose(session: str, options: tuple[str, ...], moves: tuple[str, ...], picked: str) -> None:
@@ -70,16 +52,6 @@ def run_dir_on_screen(session: str, runs: Path, timeout: float) -> str:
     m = re.search(re.escape(f"run dir {runs}/") + r"(\S+)", s)
     assert m, s
     return m.group(1)
-
-
-def stop_leftovers(runs: Path) -> None:
-    """A failed test must leave no training behind: stop every run it started, then any straggler."""
-    exe = Path(sys.executable).with_name("qwen-tui")
-    for rd in sorted(runs.glob("*/")) if runs.is_dir() else []:
-        subprocess.run([str(exe), "attach", str(rd), "--stop"], capture_output=True, timeout=60,
-                       env={**os.environ, "QWEN_TUI_RUNS": str(runs)})
-        for pid in run_processes(rd.name):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_new_preset_to_two_finished_runs(tmp_path):

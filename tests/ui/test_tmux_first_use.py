@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import DEMO, free_port
-from .test_tmux import ROOT, tmux, wait_for
-from .test_tmux_first_run import keys, screen, stop_leftovers, type_into
+from support.paths import DEMO
+
+from support.ports import free_port
+from support.paths import ROOT
+from support.tmux import keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def _report():

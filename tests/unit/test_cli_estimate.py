@@ -1,14 +1,13 @@
 """qwen-tui estimate: stable JSON keys, human tables, facts and overrides, unknown models."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from qwen_tui.cli.main import main
 from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
+from support.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PRESET_14B = REPO / "presets" / "qwen2.5-14b-full-4node-zero3.yaml"
 STABLE_KEYS = {"gpu_memory_gb", "step_time_s", "tokens_per_second", "scaling_efficiency", "advice",
                "recommended", "model", "gpu", "step", "tokens_per_step", "error"}

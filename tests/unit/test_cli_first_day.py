@@ -11,11 +11,8 @@ from pathlib import Path
 import yaml
 
 from qwen_tui.preset.schema import Preset
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
-sys.path.insert(0, str(ROOT / "tests" / "launch"))
-from test_runs_anywhere import fake_run  # noqa: E402 - the run directory the launcher writes, without training
+from support.paths import DEMO, ROOT
+from support.runs import fake_run
 
 
 def qwen_tui(*argv, cwd=ROOT, columns=200, env_extra=None, timeout=120, **kw):

@@ -9,11 +9,11 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
+
 ZERO2 = str(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml")
 
 

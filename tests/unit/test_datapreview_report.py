@@ -1,11 +1,9 @@
 """The data preview's arithmetic and advice over worker counts (pure: no torch, no subprocess)."""
 
-from pathlib import Path
 
 from qwen_tui.advice.datapreview import build_report, histogram_lines, preview_command, summary_lines, tokens_per_second
 from qwen_tui.preset.schema import load_preset
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def counts(**kw):

@@ -15,8 +15,8 @@ from qwen_tui.plan.estimate_comm import (
 )
 from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, LinkFacts, NodeFacts
 from qwen_tui.model.spec import resolve_model
+from support.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SEVEN = resolve_model("Qwen/Qwen2.5-7B")
 H100 = dict(gpu_tflops=GPUS["H100"].bf16_tflops, intra_node_gbs=GPUS["H100"].intra_node_gbs,
             hbm_gbs=GPUS["H100"].hbm_gbs)

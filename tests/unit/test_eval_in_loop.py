@@ -1,6 +1,5 @@
 """Eval in the loop on qwen-tui's side: the preset fields, the worker flags, and the eval records followed."""
 
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -8,8 +7,7 @@ from rich.console import Console
 from qwen_tui.plan.launch import worker_args
 from qwen_tui.preset.schema import PresetError, load_preset
 from qwen_tui.run.metrics import TrainingProgress
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def test_eval_fields_reach_the_worker():

@@ -3,15 +3,14 @@
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run.export import FORMATS, render
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "presets").glob("*.yaml"))
 
 

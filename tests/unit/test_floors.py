@@ -12,7 +12,8 @@ from pathlib import Path
 
 import grimp
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
+
 PKG = ROOT / "qwen_tui"
 
 

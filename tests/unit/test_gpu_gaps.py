@@ -5,11 +5,10 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def _gaps():

@@ -12,8 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from qwen_tui.nodes.keys import KeyLocked, ensure_keypair, key_is_encrypted
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def _locked_key(d: Path, with_pub: bool) -> tuple[Path, str]:

@@ -2,7 +2,6 @@
 the ZeRO stage shards it), active parameters for FLOPs, the releases' shapes offline, the pitfalls advised."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,8 +10,8 @@ from qwen_tui.cli.main import main
 from qwen_tui.plan.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
 from qwen_tui.model.spec import KNOWN_MOE, UnknownModel, known_hub_ids, resolve_model, spec_from_config
 from qwen_tui.preset.schema import Preset
+from support.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[2]
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 

@@ -14,8 +14,8 @@ from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset, load_preset
 from training import dsconfig
 from training.args import parse_args
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "presets").glob("*.yaml"))
 
 

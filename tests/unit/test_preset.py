@@ -3,13 +3,12 @@
 import hashlib
 import os
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from qwen_tui.preset.schema import PresetError, dump_preset, load_preset, parse_preset, save_preset
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = textwrap.dedent("""\
     # header line one

@@ -9,15 +9,14 @@ import ast
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from qwen_tui.nodes import hubmodel, jobs, keys, netcheck, probe, ssh, storage, sync
 from qwen_tui.nodes.programs import PARTS, REMOTE, body, program
 from qwen_tui.run import evidence, gpumon, gpuseries, rehearsal, restarts, watchdog
 
-ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "qwen_tui"
 FILES = sorted(p.name for p in REMOTE.iterdir() if p.name.endswith((".py", ".sh")))
 PY = [n for n in FILES if n.endswith(".py")]

@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from support.ports import free_port
 
 from qwen_tui.run.rehearsal import SNIPPET, rehearsal_argv
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # two processes import torch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_ranks_meet_and_report_a_correct_all_reduce():

@@ -15,8 +15,7 @@ from qwen_tui.nodes.jobs import local_proc
 from qwen_tui.run import driver
 from qwen_tui.run.restarts import next_or_take_over
 from qwen_tui.run.rundir import RunDir
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import ROOT
 
 
 def _rundir(tmp_path: Path, **state) -> RunDir:

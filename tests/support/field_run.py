@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from cluster_helpers import REPO
-from login_user import LOGIN, UID, LoginUser
-
 from qwen_tui.preset.schema import Preset, save_preset
+from support.cluster import REPO
+from support.login_user import LOGIN, UID, LoginUser
 
 
 def _own(path: Path) -> None:

@@ -260,3 +260,15 @@ LogLevel ERROR
 
     def reset_shaping(self, i: int) -> None:
         self.ns(i, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+
+def node_mount_ns_pid(cluster, i: int) -> int:
+    """A process of node i that lives in the node's own mount namespace (its sshd)."""
+    mine = os.readlink("/proc/self/ns/mnt")
+    for pid in sorted(cluster.sshd_pids(i)) + sorted(set(cluster.pids(i))):  # the sshd listener outlives sessions
+        try:
+            if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no process of node{i} in a mount namespace of its own")

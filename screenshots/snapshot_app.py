@@ -1,5 +1,5 @@
-"""A deterministic wizard for snapshots and screenshots: the local-demo preset,
-fixed facts (two H200 nodes, a measured 6.2 Gbit/s link), a fixed base directory and Python,
+"""A deterministic wizard for the screenshots (make_screenshots.py) and the snapshot tests (tests/ui): the
+local-demo preset, fixed facts (two H200 nodes, a measured 6.2 Gbit/s link), a fixed base directory and Python,
 no re-attach, and a synthetic run on the Run screen (metrics and samples shaped
 like the real ones: the H200 nvidia-smi fixture, the worker's metrics lines)."""
 
@@ -14,7 +14,7 @@ from qwen_tui.run.metrics import TrainingProgress
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.messages import GpuSampleMsg, RunUpdate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "presets" / "local-demo.yaml"
 
 

@@ -1,5 +1,5 @@
-"""Processes of a run, found the way a user would: by what their command line names.
-Shared by the launch and wizard tests."""
+"""Processes of a run, found the way a user would: by what their command line names (or, for a node's ranks,
+the job mark in their environment). Shared by the launch and wizard tests."""
 
 import os
 from pathlib import Path
@@ -33,3 +33,30 @@ def assert_quiet_stop_logs(plan, when: str = "at step") -> None:
         assert "ChildFailedError" not in text and "SignalException" not in text, "\n".join(tail)
         assert any(f"stopped by request {when}" in ln for ln in tail), (
             f"node {c.rank}'s log does not end with the stop line:\n" + "\n".join(tail))
+
+
+def ranks_of_job(pgid: int) -> list[int]:
+    """The worker processes of one node's job: they carry its job mark (they run in sessions of their own)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"QWEN_TUI_JOB_PGID={pgid}".encode() in environ and b"training.finetune" in cmd \
+                and b"torch.distributed.run" not in cmd and not cmd.startswith(b"sh\0"):
+            out.append(int(d))
+    return out
+
+
+def importing_torch(pgid: int) -> bool:
+    """Whether node `pgid`'s ranks all exist and have begun loading torch's libraries (the seconds of start-up
+    a user can stop in; the first few tens of ms of a new interpreter, before the worker runs, are not)."""
+    ranks = ranks_of_job(pgid)
+    try:
+        return bool(ranks) and all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks)
+    except OSError:
+        return False

@@ -1,24 +1,17 @@
 """The demo preset replayed for real, as users run it (`qwen-tui replay` in a subprocess), with a few training
-fields changed; and the one such run that several tests read (tests/launch/conftest.py)."""
+fields changed; and the one such run that several tests read (the `demo_eval_run` fixture, tests/launch/conftest.py)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "presets" / "local-demo.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 
 def qwen_tui(*args: str, cwd: Path, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess:
@@ -31,7 +24,7 @@ def demo_run(tmp: Path, **training) -> Path:
     """The demo preset on a free port, `training` changed, replayed for real; returns its run directory (replay's
     output in replay.out beside runs/)."""
     data = yaml.safe_load(DEMO.read_text())
-    data["network"]["master_port"] = _free_port()
+    data["network"]["master_port"] = free_port()
     data["training"].update({"output_dir": str(tmp / "out"), **training})
     preset = tmp / "demo.yaml"
     preset.write_text(yaml.safe_dump(data))
