@@ -390,8 +390,3 @@ def run_network_check(preset: Preset, transports: dict[int, Transport], which: s
     else:
         findings += check_firewalls(preset, transports, out)
     return out, findings
-
-
-def gather_facts(preset: Preset, transports: dict[int, Transport]) -> ClusterFacts:
-    """What the launcher's pre-flight needs: the facts (findings go with them in run_checks)."""
-    return run_checks(preset, transports).facts

@@ -21,7 +21,6 @@ import time
 from typing import Optional
 
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
-from qwen_tui.cluster.ib import active_ports, nccl_ib_env
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
@@ -381,27 +380,3 @@ def check_bandwidth(preset: Preset, transports: dict[int, Transport], facts: Clu
 
 
 # ------------------------------------------------------------ interface variables
-
-def interface_env(preset: Preset, facts: ClusterFacts) -> dict[int, dict[str, str]]:
-    """Per node: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE, NCCL_IB_HCA and
-    NCCL_IB_GID_INDEX from the probe, unless the preset fixes them."""
-    out: dict[int, dict[str, str]] = {}
-    net = preset.network
-    for i in range(len(preset.cluster.nodes)):
-        env: dict[str, str] = {}
-        nf = facts.nodes.get(i)
-        iface = net.interface or (nf.route_interface if nf else None)
-        if iface:
-            env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
-        if net.nccl_ib_disable is not None:
-            env["NCCL_IB_DISABLE"] = "1" if net.nccl_ib_disable else "0"
-        elif nf is not None and nf.error is None:
-            usable = active_ports(nf.ib_ports) if nf.ib_ports else nf.ib_devices
-            env["NCCL_IB_DISABLE"] = "0" if usable else "1"
-        if env.get("NCCL_IB_DISABLE") != "1" and nf is not None:
-            env.update(nccl_ib_env(nf.ib_ports))
-        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"):
-            if k in net.env:
-                env[k] = net.env[k]
-        out[i] = env
-    return out

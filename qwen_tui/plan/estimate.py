@@ -102,7 +102,6 @@ Step time (`estimate_step`, `scaling`)
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -589,7 +588,3 @@ def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth
             return n - 1
         prev = tps
     return limit
-
-
-def round_sig(x: float, digits: int = 3) -> float:
-    return 0.0 if x == 0 else round(x, -int(math.floor(math.log10(abs(x)))) + digits - 1)

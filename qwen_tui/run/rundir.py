@@ -139,9 +139,6 @@ class RunDir:
         if starts is not None:
             write_json_atomic(self.path / "starts.json", {str(k): v for k, v in starts.items()})
 
-    def read_pids(self) -> dict[int, int]:
-        return {r: pid for r, (pid, _) in self.read_jobs().items()}
-
     def read_jobs(self, nnodes: Optional[int] = None) -> dict[int, tuple[int, Optional[int]]]:
         """rank -> (pid, start time or None), checked: ranks of the plan, integer pids."""
         pids, starts = self._read_json("pids.json", {}), self._read_json("starts.json", {})
