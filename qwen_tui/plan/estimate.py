@@ -74,7 +74,7 @@ Step time (`estimate_step`, `scaling`)
   the checkpoints).
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
   efficiency (model FLOPs utilisation) depends on the worker's path unless given,
-  each figure measured through the worker on one H200 (bench/results/, the test
+  each figure measured through the worker on one H200 ("runN" below is bench/results/*-runN.json; the test
   in tests/unit/test_estimate.py holds every run within 15%): without DeepSpeed
   the fast path (packing, fused loss, compiled layers, cuDNN attention, LM head
   on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full

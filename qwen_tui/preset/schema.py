@@ -316,7 +316,7 @@ class Preset(_Strict):
         dotted path of each problem (so a form shows it next to its input) when a value is refused.
         Fields the preset leaves at their defaults stay unset (exclude_unset): a local node's `python`
         that the preset never gave must stay unset, or the plan runs "python3" there instead of
-        qwen-tui's own interpreter (issue 18, bug 2)."""
+        qwen-tui's own interpreter."""
         import copy
 
         data = self.model_dump(mode="python", exclude_unset=True)
