@@ -21,7 +21,7 @@ from ...plan.launch import LaunchPlan, make_plan
 from ...preset.schema import dump_preset
 from ...base.redact import shown_env
 from ..modals import Form, Notice
-from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, step_of
+from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, NodeStatus, ProbeState, SshState, step_of
 from .base import StepScreen
 from ..styles import ERROR, GOOD, NOTE_STRONG, WARNING, tone
 
@@ -74,9 +74,11 @@ def checks_text(st) -> Text:
             bad = errs if status == BAD else warns
             why = "; ".join(a.code for a in bad) or ("GPU unknown: fit not checked" if st.gpu_unknown else "")
         elif step in ("nodes", "ssh"):
-            key = "probe" if step == "nodes" else "ssh"
+            def failed_here(ns: NodeStatus) -> bool:
+                return ns.probe == ProbeState.ERROR if step == "nodes" else SshState(ns.ssh).failed
+
             failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
-                      if getattr(st.node(i), key).startswith(("error", "refused"))]
+                      if failed_here(st.node(i))]
             codes = sorted({f.code for f in st.findings if (f.level == Level.ERROR) == (status == BAD)})
             why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
         elif step == "network":
