@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.paths import DEMO, ROOT
+from support.ports import free_port
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
-from support.paths import DEMO, ROOT
-from support.ports import free_port
 
 
 def _free_port_copy(tmp_path: Path, host1: str = "localhost") -> Path:

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import yaml
-
 from support.paths import DEMO, ROOT
 from support.ports import free_port
 

@@ -12,9 +12,10 @@ from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset, save_preset
 from qwen_tui.run import driver
-from qwen_tui.run.launcher import FAILED, Launcher, RunOutcome
+from qwen_tui.run.launcher import Launcher, RunOutcome
 from qwen_tui.run.restarts import Restarts
 from qwen_tui.run.rundir import RunDir, write_json_atomic
+from qwen_tui.run.states import JobState
 
 
 def _second_attempt(tmp_path, restarts: int):
@@ -41,7 +42,7 @@ def _second_attempt(tmp_path, restarts: int):
 
 
 def _failed(la, rank, rc=137):
-    la.nodes[rank].status, la.nodes[rank].rc = FAILED, rc
+    la.nodes[rank].status, la.nodes[rank].rc = JobState.FAILED, rc
     return RunOutcome("failed", f"node {rank} failed: exited with code {rc}", rank, la.nodes)
 
 

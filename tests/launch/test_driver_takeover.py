@@ -10,10 +10,17 @@ import os
 import signal
 
 import pytest
+from support.restarts import (
+    MAX_STEPS,
+    SAVE_STEPS,
+    cli_in,
+    kill_ranks_holding_the_run,
+    preset_copy,
+    records,
+    wait_for_first_checkpoint,
+)
 
 from qwen_tui.nodes.jobs import local_procs
-from support.restarts import (MAX_STEPS, SAVE_STEPS, cli_in, kill_ranks_holding_the_run, preset_copy, records,
-                              wait_for_first_checkpoint)
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support.procs import run_processes
 from support.paths import DEMO, ROOT
 from support.ports import free_port
+from support.procs import run_processes
 
 
 def preset_with(tmp_path: Path, **training) -> Path:

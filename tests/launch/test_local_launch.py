@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support.procs import run_processes
 from support.paths import DEMO
 from support.ports import free_port
+from support.procs import run_processes
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,10 @@ from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.attempts import attempt_note
-from qwen_tui.run.launcher import FAILED, LOST, Launcher, RunOutcome
+from qwen_tui.run.launcher import Launcher, RunOutcome
 from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
 from qwen_tui.run.rundir import RunDir
+from qwen_tui.run.states import JobState
 
 
 def _launcher(tmp_path, gpus=(1, 1, 1), **training):
@@ -33,7 +34,7 @@ def _launcher(tmp_path, gpus=(1, 1, 1), **training):
 
 def _failed(la, rank, rc=137):
     st = la.nodes[rank]
-    st.status, st.rc = FAILED, rc
+    st.status, st.rc = JobState.FAILED, rc
     return RunOutcome("failed", f"node {rank} (localhost) failed: exited with code {rc}", rank, la.nodes)
 
 
@@ -86,8 +87,8 @@ def test_the_node_whose_agent_was_killed_is_blamed_not_the_peers_that_saw_it_go(
         with open(c.log_path, "w") as f:
             f.write(logs[c.rank])
     for r in (0, 1):
-        la.nodes[r].status, la.nodes[r].rc = FAILED, 1
-    la.nodes[2].status, la.nodes[2].rc = FAILED, 137  # its torchrun agent died of SIGKILL
+        la.nodes[r].status, la.nodes[r].rc = JobState.FAILED, 1
+    la.nodes[2].status, la.nodes[2].rc = JobState.FAILED, 137  # its torchrun agent died of SIGKILL
     st, diag, _ = la._root_cause([la.nodes[0], la.nodes[1], la.nodes[2]])
     assert st.rank == 2 and diag.code == "KILLED"
 
@@ -99,19 +100,19 @@ def test_two_views_of_a_run_blame_the_node_the_first_one_saw_fail(tmp_path):
     for c in first_view.plan.nodes:
         with open(c.log_path, "w") as f:
             f.write("Killed\n" if c.rank == 2 else "")
-    first_view.nodes[2].status, first_view.nodes[2].rc = FAILED, 137
+    first_view.nodes[2].status, first_view.nodes[2].rc = JobState.FAILED, 137
     st, _, _ = first_view._agree_on_cause(*first_view._root_cause([first_view.nodes[2]]))
     assert st.rank == 2 and json.loads((rd.path / "state.json").read_text())["failing"] == {"attempt": 1, "rank": 2}
 
     second_view = Launcher(first_view.plan, first_view.transports, rd)
-    second_view.nodes[0].status, second_view.nodes[0].error = LOST, "its processes were killed (no exit code)"
+    second_view.nodes[0].status, second_view.nodes[0].error = JobState.LOST, "its processes were killed (no exit code)"
     assert second_view._root_cause([second_view.nodes[0]])[0].rank == 0  # alone, it would blame node 0
     st, diag, _ = second_view._agree_on_cause(*second_view._root_cause([second_view.nodes[0]]))
     assert st.rank == 2 and diag.code == "KILLED"
     # a later attempt's failure is its own
     rd.write_state(attempt=2)
     third = Launcher(first_view.plan, first_view.transports, rd, attempt=2)
-    third.nodes[1].status, third.nodes[1].rc = FAILED, 1
+    third.nodes[1].status, third.nodes[1].rc = JobState.FAILED, 1
     assert third._agree_on_cause(*third._root_cause([third.nodes[1]]))[0].rank == 1
 
 
@@ -124,7 +125,7 @@ def test_a_node_whose_rank_torchrun_saw_die_of_sigkill_is_blamed(tmp_path):
         with open(c.log_path, "w") as f:
             f.write(logs[c.rank])
     for r in (0, 1):
-        la.nodes[r].status, la.nodes[r].rc = FAILED, 1  # both agents exit 1
+        la.nodes[r].status, la.nodes[r].rc = JobState.FAILED, 1  # both agents exit 1
     assert la._root_cause([la.nodes[0], la.nodes[1]])[0].rank == 1
 
 

@@ -9,9 +9,15 @@ import os
 import signal
 
 import pytest
-
-from support.restarts import (MAX_STEPS, SAVE_STEPS, cli_in, kill_ranks_holding_the_run, preset_copy, records,
-                              wait_for_first_checkpoint)
+from support.restarts import (
+    MAX_STEPS,
+    SAVE_STEPS,
+    cli_in,
+    kill_ranks_holding_the_run,
+    preset_copy,
+    records,
+    wait_for_first_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 

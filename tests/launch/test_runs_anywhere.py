@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support.procs import run_processes
 from support.paths import DEMO, ROOT
+from support.procs import run_processes
 from support.runs import fake_run
 
 

@@ -18,7 +18,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from support.paths import ROOT
 
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "qwen_tui", "training",
@@ -105,7 +104,6 @@ def test_installed_demo_trains_for_real(installed):
     """`qwen-tui demo` from the wheel alone: both local nodes start the installed worker and the tiny model
     trains to the end (about 15 s here); --max-seconds bounds it should the machine be slow."""
     import json
-
     import time
 
     for _ in range(6):  # the demo's fixed port may be taken for a moment by another test on a shared machine

@@ -74,7 +74,7 @@ def checks_text(st) -> Text:
             bad = errs if status == BAD else warns
             why = "; ".join(a.code for a in bad) or ("GPU unknown: fit not checked" if st.gpu_unknown else "")
         elif step in ("nodes", "ssh"):
-            def failed_here(ns: NodeStatus) -> bool:
+            def failed_here(ns: NodeStatus, step: str = step) -> bool:
                 return ns.probe == ProbeState.ERROR if step == "nodes" else SshState(ns.ssh).failed
 
             failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
