@@ -51,8 +51,10 @@ async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path
         kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
 
         # the second attempt: a new launcher, and the status line says why and from where
-        await wait_until(pilot, lambda: run.launcher is not first and run.launcher.attempt == 2, 240,
-                         "the second attempt")
+        # the screen takes the new launcher before it writes the status line: wait for both
+        await wait_until(pilot, lambda: run.launcher is not first and run.launcher.attempt == 2
+                         and "attempt 2 of 2" in str(run.query_one("#run-status", Static).render()), 240,
+                         "the second attempt and its status line")
         status = str(run.query_one("#run-status", Static).render())
         assert status.startswith("running · attempt 2 of 2; after node 1 (localhost) failed"), status
         assert "resumed from " in status and "/checkpoint-" in status, status
@@ -100,8 +102,9 @@ async def test_a_reattached_wizard_relaunches_a_run_whose_launching_wizard_quit(
     app2 = WizardApp(str(preset), runs_root=str(runs), reattach=True)
     async with app2.run_test(size=SIZE) as pilot:
         run = app2.get_screen("run")
-        await wait_until(pilot, lambda: run.launcher is not None and run.launcher.attempt == 2, 240,
-                         "the second attempt, launched by the re-attached wizard")
+        await wait_until(pilot, lambda: run.launcher is not None and run.launcher.attempt == 2
+                         and "attempt 2 of 2" in str(run.query_one("#run-status", Static).render()), 240,
+                         "the second attempt, launched by the re-attached wizard, and its status line")
         status = str(run.query_one("#run-status", Static).render())
         assert "attempt 2 of 2; after node 1 (localhost) failed" in status, status
         await wait_until(pilot, lambda: app2.state.run_status in ("ok", "failed", "stopped"), 300, "the end")
