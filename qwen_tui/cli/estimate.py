@@ -120,7 +120,9 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
                    + (f"; bandwidth between nodes from {bw['source']}" if bw["gbps"] else ""))
         for col in ("nodes", "s/step", "tokens/s", "efficiency", "no overlap"):
             st.add_column(col, justify="right")
-        pct = lambda x: "unknown" if x is None else f"{x:.0%}"  # noqa: E731
+        def pct(x):
+            return "unknown" if x is None else f"{x:.0%}"
+
         for p in report["scaling_efficiency"]:
             st.add_row(str(p["nodes"]), "unknown" if p["step_time_s"] is None else f"{p['step_time_s']:.2f}",
                        "unknown" if p["tokens_per_second"] is None else f"{p['tokens_per_second']:,.0f}",

@@ -198,7 +198,9 @@ class RunShape:
         elif training is None:
             base = {}
         else:
-            g = lambda k, d: getattr(training, k, d)  # noqa: E731
+            def g(k, d):
+                return getattr(training, k, d)
+
             targets = g("lora_target_modules", None)
             base = dict(
                 method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),

@@ -149,7 +149,9 @@ class WizardApp(LaunchGuard, App[int]):
         old_nodes = self.state.preset.cluster.nodes
         self.state.preset = preset
         self.state.dirty = self.state.dirty or dirty
-        where = lambda nodes: [(n.host, n.user, n.port) for n in nodes]  # noqa: E731
+        def where(nodes):
+            return [(n.host, n.user, n.port) for n in nodes]
+
         if where(preset.cluster.nodes) != where(old_nodes):
             self.forget_connections()
         self.facts_changed()

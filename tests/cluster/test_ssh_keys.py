@@ -112,7 +112,6 @@ def test_unknown_host_key_refused_without_consent_then_recorded(preset, cluster,
 
 def test_changed_host_key_refused_naming_node_and_both_fingerprints(preset, cluster, tmp_path):
     kh = tmp_path / "known_hosts"
-    impostor = paramiko.Ed25519Key.from_private_key_file  # noqa: F841 (type reference only)
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 

@@ -78,7 +78,9 @@ async def test_import_dialog_shows_each_format_with_an_example(tmp_path, demo_co
         await pilot.pause()
         dlg = app.screen
         assert isinstance(dlg, ImportNodes)
-        shown = lambda: str(dlg.query_one("#import-format", Static).render())  # noqa: E731
+        def shown():
+            return str(dlg.query_one("#import-format", Static).render())
+
         assert "slots=8" in shown() and "Example" in shown()
         dlg.query_one("#kind", Select).value = "slurm"
         await pilot.pause()

@@ -21,8 +21,9 @@ ENDED = ("ok", "failed", "stopped")
 
 async def _launch_and_finish(app, pilot, run, previous_id):
     await pilot.press("l")
-    started = lambda: ((run.launcher is not None and run.launcher.plan.run_id != previous_id)  # noqa: E731
-                       or app.state.run_status == "failed")
+    def started():
+        return (run.launcher is not None and run.launcher.plan.run_id != previous_id) or app.state.run_status == "failed"
+
     asked = []
     while not started():
         # the questions before a launch: errors found, an output dir that holds the last run; launch anyway

@@ -126,7 +126,9 @@ def _preset(model, method="lora", zero_stage=3, nodes=2, **t):
 
 
 def test_advice_covers_the_moe_pitfalls():
-    by = lambda p: {a.code: a for a in advise(p, gpu="H100")}  # noqa: E731
+    def by(p):
+        return {a.code: a for a in advise(p, gpu="H100")}
+
     a = by(_preset("Qwen/Qwen3-30B-A3B", method="qlora", zero_stage=2))
     assert a["MOE_QLORA"].level == "error" and "bitsandbytes cannot quantize" in a["MOE_QLORA"].message
     assert a["MOE_QLORA"].fix.changes == {"training.method": "lora", "training.zero_stage": 3}
