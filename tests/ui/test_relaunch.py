@@ -22,7 +22,8 @@ ENDED = ("ok", "failed", "stopped")
 async def _launch_and_finish(app, pilot, run, previous_id):
     await pilot.press("l")
     def started():
-        return (run.launcher is not None and run.launcher.plan.run_id != previous_id) or app.state.run_status == "failed"
+        relaunched = run.launcher is not None and run.launcher.plan.run_id != previous_id
+        return relaunched or app.state.run_status == "failed"
 
     asked = []
     while not started():
