@@ -299,6 +299,49 @@ def host_key(transport: Transport) -> str:
     return transport.host_key()
 
 
+def master_transport(preset: Preset, conns: Connections) -> Optional[Transport]:
+    """Node 0's transport: this machine's own when node 0 is local (no connection needed), else
+    its open connection (None until the nodes are connected)."""
+    from ..nodes.transport import LocalTransport
+
+    master = preset.cluster.nodes[0]
+    return LocalTransport(master.label) if master.is_local else conns.get(0)
+
+
+def look_at_output_dir(preset: Preset, transport: Optional[Transport], *, base_dir: str, local_python: str,
+                       facts: Optional[ClusterFacts] = None) -> tuple[Optional[str], Optional[list[str]], str]:
+    """What node 0's output directory holds before a launch, for the wizard's question: (the directory,
+    its entries or None when it could not be looked at, why not). (None, None, "") when the run resumes
+    (continuing a run there is the point). A missing directory holds nothing. Blocking, bounded by
+    output_guard.LOOK_TIMEOUT_S."""
+    import posixpath
+
+    from ..nodes.transport import TransportError
+    from .output_guard import look
+
+    t = preset.training
+    if t.resume_from_checkpoint:
+        return None, None, ""
+    node0 = make_plan(preset, run_id="look", local_run_dir="runs/look", base_dir=base_dir, facts=facts,
+                      local_python=local_python).nodes[0]
+    out = t.output_dir if posixpath.isabs(t.output_dir) else posixpath.join(node0.workdir, t.output_dir)
+    if transport is None:
+        return out, None, "node 0 is not connected yet"
+    try:
+        return out, look(transport, out), ""
+    except TransportError as e:
+        return out, None, str(e)
+
+
+def preview_data(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str,
+                 local_python: str, bins: int = 16) -> dict[str, Any]:
+    """The data preview on node 0 (`transport`: master_transport's): token counts and lengths by the
+    worker's own tokenizer, timing from the estimate. Raises DataPreviewError (advice.datapreview)."""
+    from ..advice.datapreview import preview
+
+    return preview(preset, transport, facts, base_dir=base_dir, local_python=local_python, bins=bins)
+
+
 # ---------------------------------------------------------------- plan, start
 
 def plan(preset: Preset, *, run_id: str, root: Path, base_dir: str, local_python: str,
