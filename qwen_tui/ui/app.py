@@ -42,7 +42,7 @@ def _screens() -> dict[str, Any]:
             "review": ReviewScreen, "run": RunScreen}
 
 
-class WizardApp(LaunchGuard, App[int]):
+class WizardApp(App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere still find it
     TITLE = "qwen-tui"
     BINDINGS = [
@@ -87,6 +87,7 @@ class WizardApp(LaunchGuard, App[int]):
         # Local nodes without a python of their own run this one: Review shows it, launch uses it.
         self.local_python = local_python or sys.executable
         self.password: Optional[str] = None  # asked once in the SSH step; memory only
+        self.launch_guard = LaunchGuard(self)  # the questions before a launch (Review's l, the Run step's l)
 
     # ---------------------------------------------------------------- start
     def on_mount(self) -> None:
@@ -345,6 +346,14 @@ class WizardApp(LaunchGuard, App[int]):
                                      "running either way; reopening qwen-tui re-attaches."), done)
             return
         self.exit(0)
+
+    # ---------------------------------------------------------------- launch
+    def launch_asking(self, *, ask_errors: bool = True) -> None:
+        """Review's l and the Run step's l: the launch guard looks at node 0, asks, then launches."""
+        self.launch_guard.launch_asking(ask_errors=ask_errors)
+
+    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
+        self.launch_guard.worker_changed(ev)  # its look at node 0 runs in the App's worker
 
     # ---------------------------------------------------------------- errors and teardown
     def worker_failed(self, worker: Worker) -> None:

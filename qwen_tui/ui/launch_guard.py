@@ -7,37 +7,18 @@ come through here."""
 
 from __future__ import annotations
 
-import posixpath
 from functools import partial
-from typing import Any, Optional
+from typing import Optional
 
 from textual.worker import Worker, WorkerState
 
 from ..base.levels import Level
-from ..plan.launch import make_plan
+from ..run import api
 from ..run.states import RunState
 from .modals import Confirm
+from .wizard import Wizard
 
-LOOK_TIMEOUT_S = 10.0
-
-
-def look_at_output_dir(preset, base_dir: str, local_python: str, facts, transport) -> tuple[Optional[str], Any, str]:
-    """(output dir on node 0, its entries or None when it could not be looked at, why not). Blocking."""
-    from ..nodes.transport import TransportError
-
-    t = preset.training
-    if t.resume_from_checkpoint:  # continuing a run there is the point
-        return None, None, ""
-    node0 = make_plan(preset, run_id="look", local_run_dir="runs/look", base_dir=base_dir, facts=facts,
-                      local_python=local_python).nodes[0]
-    out = t.output_dir if posixpath.isabs(t.output_dir) else posixpath.join(node0.workdir, t.output_dir)
-    if transport is None:
-        return out, None, "node 0 is not connected yet"
-    try:
-        res = transport.run(["ls", "-A", "--", out], timeout=LOOK_TIMEOUT_S)
-    except TransportError as e:
-        return out, None, str(e)
-    return out, (res.stdout.split() if res.ok else []), ""  # a missing directory holds nothing
+LOOK = "launch-look"  # the look's worker: the App hands its state changes to LaunchGuard.worker_changed
 
 
 def questions(advice: list, out: Optional[str], entries: Optional[list[str]], ask_errors: bool) -> list[Confirm]:
@@ -56,28 +37,28 @@ def questions(advice: list, out: Optional[str], entries: Optional[list[str]], as
 
 
 class LaunchGuard:
-    """WizardApp's part: `launch_asking()` looks, asks, then starts the Run step's launch."""
+    """The App's helper (`app.launch_guard`): `launch_asking()` looks, asks, then starts the Run
+    step's launch. The App passes on its worker state changes (worker_changed)."""
 
-    _ask_errors = True
+    def __init__(self, app: Wizard) -> None:
+        self.app = app
+        self.ask_errors = True  # this launch asks about the checks' errors (Review's l; the Run step's does not)
 
     def launch_asking(self, *, ask_errors: bool = True) -> None:
-        from ..nodes.transport import LocalTransport
-
-        app: Any = self
+        app = self.app
         st = app.state
         if st.run_status in (RunState.RUNNING, RunState.STARTING):
             app.notify("a run is already going: see the Run step (F6)", severity="warning")
             return
         preset = st.preset.model_copy(deep=True)
-        master = preset.cluster.nodes[0]
-        transport = LocalTransport(master.label) if master.is_local else st.conns.get(0)
-        self._ask_errors = ask_errors
-        app.run_worker(partial(look_at_output_dir, preset, app.base_dir, app.local_python, st.facts, transport),
-                       thread=True, exit_on_error=False, group="launch-look", name="launch-look", exclusive=True)
+        self.ask_errors = ask_errors
+        app.run_worker(partial(api.look_at_output_dir, preset, api.master_transport(preset, st.conns),
+                               base_dir=app.base_dir, local_python=app.local_python, facts=st.facts),
+                       thread=True, exit_on_error=False, group=LOOK, name=LOOK, exclusive=True)
 
-    def on_worker_state_changed(self, ev: Worker.StateChanged) -> None:
-        app: Any = self
-        if ev.worker.name != "launch-look":
+    def worker_changed(self, ev: Worker.StateChanged) -> None:
+        app = self.app
+        if ev.worker.name != LOOK:
             return
         if ev.state == WorkerState.ERROR:
             app.worker_failed(ev.worker)
@@ -87,11 +68,11 @@ class LaunchGuard:
                 app.notify(f"could not look at {out} on node 0 ({why}): launching without that check",
                            severity="warning", title="Launch")
             errs = any(a.level == Level.ERROR for a in app.state.advice)
-            self._ask_then_launch(questions(app.state.advice, out, entries, self._ask_errors),
-                                  force=errs and self._ask_errors)
+            self._ask_then_launch(questions(app.state.advice, out, entries, self.ask_errors),
+                                  force=errs and self.ask_errors)
 
     def _ask_then_launch(self, asks: list[Confirm], force: bool) -> None:
-        app: Any = self
+        app = self.app
         if not asks:
             app.switch_screen("run")
             app.get_screen("run").launch(force=force)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable
 
+from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, Form
 
@@ -88,3 +89,43 @@ async def test_launch_into_an_output_dir_holding_a_run_asks(tmp_path, demo_copy,
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert launched == [False] and app.screen.STEP == "run"
+
+
+async def test_launch_asks_about_errors_then_the_output_dir_and_launches_only_after_both_yeses(tmp_path, demo_copy,
+                                                                                              monkeypatch):
+    """Review's l: the checks' errors first, then the output directory; a no to either launches nothing. The Run
+    step's l asks only about the output directory (its launch runs the checks itself)."""
+    preset = demo_copy()
+    (tmp_path / "out" / "checkpoint-20").mkdir(parents=True)
+    app = WizardApp(str(preset), runs_root=str(tmp_path / "runs"), reattach=False, base_dir=str(tmp_path),
+                    facts=ClusterFacts(master_port_free=False))  # an error: PORT_IN_USE
+    launched = []
+    async with app.run_test(size=SIZE) as pilot:
+        monkeypatch.setattr(app.get_screen("run"), "launch", lambda force=False: launched.append(force))
+        assert any(a.code == "PORT_IN_USE" for a in app.state.advice)
+        await pilot.press("f5")
+        await pilot.pause()
+
+        async def launch_answering(*answers: str) -> list[str]:
+            asked = []
+            await pilot.press("l")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            for key in answers:
+                assert isinstance(app.screen, Confirm)
+                asked.append(title(app))
+                await pilot.press(key)
+                await pilot.pause()
+            assert not isinstance(app.screen, Confirm)
+            return asked
+
+        assert await launch_answering("n") == ["Launch despite errors?"]
+        assert launched == [] and app.screen.STEP == "review"
+        assert await launch_answering("y", "n") == ["Launch despite errors?",
+                                                    "The output directory already holds a run"]
+        assert launched == [] and app.screen.STEP == "review"
+        assert await launch_answering("y", "y") == ["Launch despite errors?",
+                                                    "The output directory already holds a run"]
+        assert launched == [True] and app.screen.STEP == "run"  # forced past the errors it was told of
+        assert await launch_answering("y") == ["The output directory already holds a run"]
+        assert launched == [True, False]

@@ -24,6 +24,7 @@ from ...advice.rules import Advice
 from ...plan.estimate import GPUS
 from ...advice.report import NODES_WORTH_LIMIT
 from ...model.spec import known_hub_ids
+from ...run import api
 from ...base.field_words import plain
 from ..messages import ChangePreset, DataPreviewed
 from ..widgets.advice_list import AdviceList
@@ -271,11 +272,9 @@ class TrainingScreen(StepScreen):
     _previewed: Optional[str] = None  # the preset (as JSON) the shown preview is of
 
     def action_preview_data(self) -> None:
-        from ...nodes.transport import LocalTransport
-
         preset = self.state.preset.model_copy(deep=True)
         master = preset.cluster.nodes[0]
-        transport = LocalTransport(master.label) if master.is_local else self.state.conns.get(0)
+        transport = api.master_transport(preset, self.state.conns)
         panel = self.query_one(DataPanel)
         if transport is None:
             panel.show_error(f"node 0 ({master.label}) is not connected: connect in the SSH step (F2) first")
@@ -285,11 +284,11 @@ class TrainingScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data-preview")
     def _preview_data(self, preset, transport, facts) -> None:
-        from ...advice.datapreview import DataPreviewError, preview
+        from ...advice.datapreview import DataPreviewError
 
         try:
-            report = preview(preset, transport, facts, base_dir=self.wizard.base_dir,
-                             local_python=self.wizard.local_python, bins=BINS)
+            report = api.preview_data(preset, transport, facts, base_dir=self.wizard.base_dir,
+                                      local_python=self.wizard.local_python, bins=BINS)
         except DataPreviewError as e:
             self.post_message(DataPreviewed(error=str(e)))
             return
@@ -323,7 +322,7 @@ class TrainingScreen(StepScreen):
         self._apply(item)
 
     def on_option_list_option_selected(self, ev: OptionList.OptionSelected) -> None:
-        items = getattr(self.query_one(AdviceList), "items", [])
+        items = self.query_one(AdviceList).items
         idx = int(ev.option.id[1:]) if ev.option.id and ev.option.id.startswith("a") else None
         if idx is not None and idx < len(items):
             self._apply(items[idx])
