@@ -1,6 +1,7 @@
 """The floors (docs/architecture.md), read from the code: the import-linter contracts in pyproject.toml hold
 (each package of qwen_tui/ imports only those below it, no circles, no Textual below the faces, no torch in the
-tool, training/ never imports qwen_tui), and they fail when someone breaks them."""
+tool, training/ never imports qwen_tui, the wizard acts on the nodes only through the launch API), and they fail
+when someone breaks them."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ def test_breaking_the_floors_breaks_the_contracts(tmp_path):
     append("qwen_tui/base/atomic.py", "from qwen_tui.base import redact  # a circle inside base/")
     append("qwen_tui/model/spec.py", "import textual")
     append("training/errors.py", "import qwen_tui.base.shell")
+    # a screen choosing node 0's transport itself, as the Training screen once did
+    append("qwen_tui/ui/screens/training.py", "def _reach_node():\n    from qwen_tui.nodes.transport import LocalTransport")
 
     res = lint_imports(tmp_path)
     out = " ".join(res.stdout.split())
@@ -56,17 +59,20 @@ def test_breaking_the_floors_breaks_the_contracts(tmp_path):
     for broken in ("qwen_tui's floors: imports point down BROKEN",
                    "no modules or packages of qwen_tui import each other in a circle BROKEN",
                    "the core draws nothing: no Textual below the faces BROKEN",
-                   "the worker stands alone: training/ never imports qwen_tui BROKEN"):
+                   "the worker stands alone: training/ never imports qwen_tui BROKEN",
+                   "the wizard reaches the nodes only through the launch API (run.api), as the commands do BROKEN"):
         assert broken in out, out[-3000:]
     assert "qwen_tui.plan.outputs -> qwen_tui.run.api" in out, out[-3000:]
-    assert "2 kept, 4 broken" in out, out[-3000:]
+    assert "qwen_tui.ui.screens.training -> qwen_tui.nodes.transport" in out, out[-3000:]
+    assert "1 kept, 5 broken" in out, out[-3000:]
 
 
 def test_screens_talk_to_the_nodes_through_the_launch_api():
-    """The contract forbids screens to import what talks to the nodes; here: the screens that act on the nodes do
-    import the launch API (so the contract is not kept by screens that stopped acting)."""
+    """The contract forbids ui/ to import what talks to the nodes; here: the modules that act on the nodes do
+    import the launch API (so the contract is not kept by modules that stopped acting)."""
     g = grimp.build_graph("qwen_tui", cache_dir=None)
-    for screen in ("qwen_tui.ui.screens.nodes", "qwen_tui.ui.screens.network", "qwen_tui.ui.screens.ssh"):
+    for screen in ("qwen_tui.ui.screens.nodes", "qwen_tui.ui.screens.network", "qwen_tui.ui.screens.ssh",
+                   "qwen_tui.ui.screens.training", "qwen_tui.ui.launch_guard"):
         assert g.direct_import_exists(importer=screen, imported="qwen_tui.run.api"), screen
 
 

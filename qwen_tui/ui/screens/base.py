@@ -15,7 +15,7 @@ from textual.widgets import Footer, Static
 from textual.widgets._footer import FooterKey
 from textual.worker import Worker, WorkerState
 
-from ...nodes.results import NodeResults
+from ...run.api import NodeResults
 from ...wizard.state import STEPS, WizardState
 from ..messages import StateChanged
 from ..widgets.stepper import Stepper
