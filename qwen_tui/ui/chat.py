@@ -4,7 +4,7 @@ in a thread worker that posts its answer back; the model answers the whole conve
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -17,6 +17,10 @@ from textual.widgets import Input, Label, Static
 
 from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
 
+if TYPE_CHECKING:
+    from ..run.after import RunResult
+    from ..run.api import Transport
+
 
 class ChatReply(Message):
     def __init__(self, reply: str | None = None, error: str | None = None) -> None:
@@ -27,7 +31,7 @@ class ChatReply(Message):
 class ChatScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "close", "Close")]
 
-    def __init__(self, result: Any, transport: Any) -> None:
+    def __init__(self, result: RunResult, transport: Transport) -> None:
         super().__init__(classes="modal")
         self.result, self.transport = result, transport
         self.messages: list[dict[str, str]] = []

@@ -8,7 +8,7 @@ face that launched the run is gone."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from rich.text import Text
 from textual import work
@@ -56,6 +56,7 @@ class RunScreen(StepScreen):
         self._stop_wanted = False  # stop-all asked for this run (read by the follower's thread)
         self._checking: Optional[tuple[str, dict[int, list[str]]]] = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
+        self._pending: Optional[Callable[[], None]] = None  # a launch or attach asked for before the first compose
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -88,7 +89,7 @@ class RunScreen(StepScreen):
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
-        pending, self._pending = getattr(self, "_pending", None), None
+        pending, self._pending = self._pending, None
         if pending is not None:
             pending()
 
