@@ -376,9 +376,11 @@ class WizardApp(App[int]):
             "re-attaches to it.")))
 
     def on_unmount(self) -> None:
-        mon = getattr(self.get_screen("run"), "monitor", None) if "run" in self._installed_screens else None
-        if mon is not None:
-            mon.stop()
+        from .screens.run import RunScreen  # installed in on_mount: imported by then
+
+        run = self.get_screen("run") if "run" in self._installed_screens else None
+        if isinstance(run, RunScreen) and run.monitor is not None:
+            run.monitor.stop()
         self.state.conns.close()
 
 
