@@ -32,12 +32,6 @@ def state_file(ckpt: Path) -> Path | None:
     return None
 
 
-def is_checkpoint_staging(path: str | os.PathLike) -> bool:
-    """A `checkpoint-N.tmp` directory being written (see staging_dir), as opposed to a final model directory."""
-    name = Path(path).name
-    return name.endswith(".tmp") and CKPT_RE.match(name[:-4]) is not None
-
-
 def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     out = Path(output_dir)
     if not out.is_dir():

@@ -38,15 +38,16 @@ class Checkpointer:
         return self.env.local_rank == 0 if self.args.save_on_each_node else self.env.is_main
 
     # ------------------------------------------------------------------ the model
-    def save_model(self, out: Path) -> None:
-        """Writes the model (or the LoRA adapter) and tokenizer in HF format. Collective under ZeRO-3."""
+    def save_model(self, out: Path, for_resume: bool) -> None:
+        """Writes the model (or the LoRA adapter) and tokenizer in HF format: as it trains for a checkpoint to
+        resume from (`for_resume`), else in its export dtype. Collective under ZeRO-3."""
         if self.stage == 3:
             state_dict = self._gather_zero3_state_dict(trainable_only=self.method != "full")
             if self.is_saver:
-                save_pretrained_here(self.model, out, state_dict=state_dict)
+                save_pretrained_here(self.model, out, for_resume=for_resume, state_dict=state_dict)
                 self.tokenizer.save_pretrained(out)
         elif self.is_saver:
-            save_pretrained_here(self.model, out)
+            save_pretrained_here(self.model, out, for_resume=for_resume)
             self.tokenizer.save_pretrained(out)
 
     def _gather_zero3_state_dict(self, trainable_only: bool) -> dict | None:
@@ -92,7 +93,7 @@ class Checkpointer:
             if scaler is not None:
                 torch.save(scaler.state_dict(), tmp / "scaler.pt")
         torch.save(rng_state(), tmp / f"rng_state_{env.rank}.pth")
-        self.save_model(tmp)
+        self.save_model(tmp, for_resume=True)
         if self.is_saver:
             ckpt.write_json(tmp / ckpt.STATE_FILE, {**state, "time": time.time()})
         dist.barrier()
@@ -161,7 +162,7 @@ class Checkpointer:
             ckpt.clear(tmp)
             tmp.mkdir(parents=True)
         dist.barrier()
-        self.save_model(tmp)
+        self.save_model(tmp, for_resume=False)
         dist.barrier()
         if self.is_saver:
             ckpt.move_contents(tmp, out)

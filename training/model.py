@@ -15,7 +15,6 @@ import logging
 import os
 from pathlib import Path
 
-from training.checkpoint import is_checkpoint_staging
 from training.errors import InputError
 
 log = logging.getLogger("training")
@@ -295,24 +294,24 @@ def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer)
 
     base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    save_pretrained_here(merged, out_dir)
+    save_pretrained_here(merged, out_dir, for_resume=False)
     tokenizer.save_pretrained(out_dir)
 
 
-def save_pretrained_here(model, out_dir, **kwargs) -> None:
+def save_pretrained_here(model, out_dir, *, for_resume: bool, **kwargs) -> None:
     """model.save_pretrained on this process, whatever its global rank. Under torch.distributed, transformers
     (5.x) writes a model only on global rank 0 and silently skips the rest, so with --save_on_each_node the
     other nodes got a tokenizer and no weights; the worker decides who saves (the recipe's is_saver).
 
     A full model is saved as users load it: in its export dtype (export_dtype) and with use_cache true (it is
-    off only while training). A checkpoint to resume from keeps the weights exactly as they train."""
+    off only while training). A checkpoint to resume from (`for_resume`) keeps the weights exactly as they train."""
     # a PEFT model forwards attribute lookups to its base: its adapters keep their own dtype
     target = None if hasattr(model, "peft_config") else getattr(model, SAVE_DTYPE_ATTR, None)
-    if target is not None and not is_checkpoint_staging(out_dir):
+    if target is not None and not for_resume:
         kwargs["state_dict"] = _cast_state_dict(kwargs.get("state_dict") or model.state_dict(), target)
     _save_on_this_rank(model, out_dir, **kwargs)
     if target is not None:
-        _fix_saved_config(Path(out_dir), None if is_checkpoint_staging(out_dir) else target)
+        _fix_saved_config(Path(out_dir), None if for_resume else target)
 
 
 def _cast_state_dict(state: dict, dtype) -> dict:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from training import build_lock
+from training import build_lock, encoding
+from training.encoding import IGNORE_INDEX, DataStats, EagerDataset, Encoded
 from training.errors import InputError
 
 log = logging.getLogger("training.token_cache")
@@ -84,13 +85,12 @@ def settings() -> Settings:
 def _encoder_source() -> str:
     """The encoder's code: a change to it invalidates every cache. Without sources (a bytecode-only install),
     the module's compiled code stands in."""
-    from training import data
-
     try:
-        return inspect.getsource(data.ChatEncoder) + inspect.getsource(data.EagerDataset) + \
-            inspect.getsource(data._has_labels)
+        return inspect.getsource(encoding.ChatEncoder) + inspect.getsource(encoding.EagerDataset) + \
+            inspect.getsource(encoding._has_labels)
     except (OSError, TypeError):
-        return repr([data.ChatEncoder.encode.__code__.co_code, data.ChatEncoder.assistant_spans.__code__.co_code])
+        return repr([encoding.ChatEncoder.encode.__code__.co_code,
+                     encoding.ChatEncoder.assistant_spans.__code__.co_code])
 
 
 def cache_key(convs, encoder) -> str:
@@ -146,8 +146,6 @@ def _save(path: Path, ds) -> None:
 
 
 def _load(path: Path):
-    from training.data import DataStats, EagerDataset, Encoded, IGNORE_INDEX
-
     p = torch.load(path, map_location="cpu", weights_only=True)  # tensors, ints and strings only
     if p.get("format") != FORMAT:
         raise ValueError(f"format {p.get('format')!r}, expected {FORMAT}")
