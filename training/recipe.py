@@ -1,6 +1,6 @@
 """The fine-tuning recipe: set-up, evaluation and the end of a run; it wires the components of its rooms:
 training.builders (model, optimizer or DeepSpeed engine or DDP, data loader, each from its slice of the flags),
-training.fast_setup (the fast path on the built model), training.step_loop (the loop), training.checkpointer
+training.fast.apply (the fast path on the built model), training.step_loop (the loop), training.checkpoints.checkpointer
 (checkpoints, resume and the final save).
 
 Features: full / LoRA / Q-LoRA; plain DDP (or one process) and DeepSpeed
@@ -27,18 +27,22 @@ import uuid
 
 import torch
 
-from training import builders, dist, dsconfig, fast_setup, fastpath, long_context, sequence_parallel, shared_output
-from training.heartbeat import NoHeartbeat
-from training.step_timing import StepTimer
-from training import checkpoint as ckpt
-from training.checkpointer import Checkpointer
+from training import builders, dsconfig
+from training.checkpoints import directories as ckpt
+from training.checkpoints import shared_output
+from training.checkpoints.checkpointer import Checkpointer
+from training.data.batches import build_dataset, eval_batches
+from training.data.encoding import IGNORE_INDEX, ChatEncoder
+from training.data.records import load_conversations
+from training.fast import apply, choice, long_context, sequence_parallel
+from training.model.pretrained import (check_method, load_tokenizer, quantization_method, read_config_dict,
+                                       resolve_model_source)
+from training.runtime import dist
+from training.runtime.errors import InputError
+from training.runtime.heartbeat import NoHeartbeat
+from training.runtime.metrics import MetricsWriter
+from training.runtime.step_timing import StepTimer
 from training.step_loop import StepLoop
-from training.data import ChatEncoder, build_dataset, eval_batches, IGNORE_INDEX
-from training.errors import InputError
-from training.metrics import MetricsWriter
-from training.model import (check_method, load_tokenizer, quantization_method, read_config_dict,
-                            resolve_model_source)
-from training.records import load_conversations
 
 log = logging.getLogger("training")
 
@@ -46,7 +50,7 @@ log = logging.getLogger("training")
 class FinetuneRecipe(StepLoop):
     def __init__(self, args, heartbeat=None):
         self.args = args
-        self.heartbeat = heartbeat or NoHeartbeat()  # training.heartbeat: the phase this rank is in
+        self.heartbeat = heartbeat or NoHeartbeat()  # training.runtime.heartbeat: the phase this rank is in
         self.timer: StepTimer | None = None
         self.timing_group = None  # the logging gather's gloo group (several ranks)
         self.env = dist.read_env()
@@ -62,7 +66,7 @@ class FinetuneRecipe(StepLoop):
         self._retries_warned = 0  # allocator retries already warned about
         self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
         self.base_partition = None  # ZeRO-3: how much of the frozen base each rank holds
-        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.moe)
+        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.model.moe)
         self.last_ce = None  # the last micro-batch's cross-entropy part of its loss
         self.aux_sum = None  # and its load-balancing loss x real tokens (mixture of experts)
 
@@ -85,7 +89,7 @@ class FinetuneRecipe(StepLoop):
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
-        self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
+        self.fast = choice.decide(a, self.device, bool(a.deepspeed), self.stage)
         sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a, self.fast)
         long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
@@ -126,7 +130,7 @@ class FinetuneRecipe(StepLoop):
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
         # Packed steps agree on their rows and token counts on the packing thread, through a gloo group of their own.
         self.meta_group = dist.cpu_group(a.ddp_timeout) if self.fast.packing else None
-        # The logging gather of every rank's compute and wait (training.step_timing), on the host and on a group of
+        # The logging gather of every rank's compute and wait (training.runtime.step_timing), on the host and on a group of
         # its own: on the default NCCL group it would wait for the GPU work queued before it.
         self.timing_group = dist.cpu_group(a.ddp_timeout)
         if a.deepspeed:
@@ -140,7 +144,7 @@ class FinetuneRecipe(StepLoop):
             self.resume_dir, self.ds_config)
         self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
-        self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        self.loss_module = apply.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
         if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
             sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
                                       env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
@@ -240,7 +244,7 @@ class FinetuneRecipe(StepLoop):
     def _router_aux(self):
         """RouterAux for a mixture-of-experts model (None for a dense one): the config's coefficient unless
         --router_aux_loss_coef gives one; 0 collects nothing."""
-        from training import moe
+        from training.model import moe
 
         shape = moe.moe_shape(self.model_config)
         if shape is None:
@@ -261,7 +265,7 @@ class FinetuneRecipe(StepLoop):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _size_rows(self) -> None:
-        fast_setup.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
+        apply.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
                              self._autocast, self.wrapped, self.engine, getattr(self.train_ds, "items", None))
 
     # ------------------------------------------------------------- the loop
@@ -284,11 +288,11 @@ class FinetuneRecipe(StepLoop):
                       num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own. With num_tokens (the real
         tokens of the optimizer step over all ranks / world size) a mixture-of-experts model adds its routers'
-        load-balancing loss weighted by this micro-batch's share of them (training.moe). For metrics: self.last_ce
+        load-balancing loss weighted by this micro-batch's share of them (training.model.moe). For metrics: self.last_ce
         is the cross-entropy part, self.aux_sum the micro-batch's aux x its real tokens (None without)."""
         self.aux_sum = None
         if self.router is not None and num_tokens is not None and self.router.coef > 0:
-            from training.moe import real_token_mask
+            from training.model.moe import real_token_mask
 
             with self.router.collecting():
                 self.last_ce = self._forward_ce(batch, num_items, train)
@@ -336,7 +340,7 @@ class FinetuneRecipe(StepLoop):
         log.info("eval at step %d: loss %.4f over %d tokens", self.step, eval_loss, int(total[1]))
         return eval_loss
 
-    # ------------------------------------------------------------ checkpoints (training.checkpointer)
+    # ------------------------------------------------------------ checkpoints (training.checkpoints.checkpointer)
     def save_checkpoint(self) -> None:
         a, env = self.args, self.env
         self.heartbeat.phase("checkpoint")

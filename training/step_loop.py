@@ -4,8 +4,8 @@ evaluations and checkpoints at their steps.
 StepLoop is the loop half of training.recipe.FinetuneRecipe, which sets up what it uses: args, env, fast (the
 fast-path choices), device, model, loss_module, engine or ddp, optimizer, scheduler, scaler, loader, tokenizer,
 meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds, heartbeat (the
-phase the loop is in, training.heartbeat), timer and timing_group (each rank's compute and wait,
-training.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the
+phase the loop is in, training.runtime.heartbeat), timer and timing_group (each rank's compute and wait,
+training.runtime.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the
 supervised tokens of the whole step over all ranks (so accumulation and the number of processes do not change it).
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from training import dist, fastpath, profiling, sequence_parallel, step_timing, trackers
-from training.data import IGNORE_INDEX
-from training.fast import allocator
+from training.data.encoding import IGNORE_INDEX
+from training.fast import allocator, apply, sequence_parallel
+from training.runtime import dist, profiling, step_timing, trackers
 
 log = logging.getLogger("training")
 
@@ -31,7 +31,7 @@ log = logging.getLogger("training")
 class StepLoop:
     def train(self) -> None:
         gas = self.args.gradient_accumulation_steps
-        # --report_to: rank 0's trackers get every metrics record from here on (training.trackers).
+        # --report_to: rank 0's trackers get every metrics record from here on (training.runtime.trackers).
         sink = trackers.open_trackers(self.args, self.env.is_main)
         if sink is not None:
             self.metrics.add_sink(sink)
@@ -98,7 +98,7 @@ class StepLoop:
                     # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
                     num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
                     loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-                    # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.moe)
+                    # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.model.moe)
                     aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
                     num_tokens = self._device_scalar(max(n_tokens, 1.0) / env.world_size)
                     lr = self._current_lr()
@@ -216,7 +216,7 @@ class StepLoop:
         on the host, a step ahead."""
         f, a = self.fast, self.args
         pad_id = self.tokenizer.pad_token_id
-        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
         rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
@@ -244,7 +244,7 @@ class StepLoop:
         f, a = self.fast, self.args
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
-            filler = sequence_parallel.local(fastpath.empty_row(min(self._pad_multiple, f.packing_tokens),
+            filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
                                                                 self.tokenizer.pad_token_id, a.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
@@ -314,7 +314,7 @@ class StepLoop:
                  rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
 
     def _rank_times(self, w: "_Window", step_time: float) -> dict:
-        """rank_compute_s, rank_wait_s, rank_node of every rank (training.step_timing): one small gather on the
+        """rank_compute_s, rank_wait_s, rank_node of every rank (training.runtime.step_timing): one small gather on the
         host, on every rank at the same logged step. Left out of a record written after a failure."""
         wait = w.wait / w.steps
         compute = max(step_time - wait, 0.0)

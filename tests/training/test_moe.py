@@ -26,7 +26,7 @@ COEF = 0.5  # large enough that a dropped or mis-weighted load-balancing term sh
 
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory):
-    from training.tiny import build_tiny
+    from training.model.tiny import build_tiny
 
     d = tmp_path_factory.mktemp("moe")
     return {"qwen3_moe": str(build_tiny(d / "tiny-qwen3-moe", "qwen3_moe")),
@@ -37,8 +37,8 @@ def moe_models(tmp_path_factory):
 def data(tmp_path_factory, moe_models):
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+    from training.data.records import load_conversations
 
     d = tmp_path_factory.mktemp("moe-data")
     recs = demo_records()
@@ -62,8 +62,10 @@ def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_r
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.data import ChatEncoder, Collator, StepSampler, build_dataset
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+
+    from training.data.batches import Collator, StepSampler, build_dataset
+    from training.data.records import load_conversations
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ds = build_dataset(load_conversations(data_path), ChatEncoder(tok, 128), lazy=False)
@@ -221,7 +223,7 @@ def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data
 def test_expert_layout_is_read_from_the_config_on_the_meta_device(moe_models):
     """What the Q-LoRA and LoRA-dropout refusals decide on, before any weight loads: transformers 5 fuses the experts
     (3-D weights); a first layer with a dense MLP does not hide them; a config with no sparse layer has none."""
-    from training.moe import layout_of_config, moe_shape
+    from training.model.moe import layout_of_config, moe_shape
 
     for arch, path in moe_models.items():
         cfg = json.loads((Path(path) / "config.json").read_text())

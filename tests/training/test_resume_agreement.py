@@ -1,4 +1,4 @@
-"""Resuming when every node keeps its own checkpoints: the step all nodes agree on (training.resume_agreement)."""
+"""Resuming when every node keeps its own checkpoints: the step all nodes agree on (training.checkpoints.resume_agreement)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 from worker_helpers import ROOT, demo_records, free_port, write_jsonl
 
-from training.errors import InputError
-from training.resume_agreement import NodeHolds, choose
+from training.checkpoints.resume_agreement import NodeHolds, choose
+from training.runtime.errors import InputError
 
 
 def _h(node, *steps, host=None):

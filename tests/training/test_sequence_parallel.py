@@ -1,4 +1,4 @@
-"""Sequence parallelism (--sequence_parallel_size, training.sequence_parallel) on CPU with the tiny model.
+"""Sequence parallelism (--sequence_parallel_size, training.fast.sequence_parallel) on CPU with the tiny model.
 
 Two processes with --sequence_parallel_size 2 are one data-parallel replica that splits every packed row in
 two: each rank embeds, runs the MLPs and the loss for half of the row's tokens, and DeepSpeed's Ulysses
@@ -15,10 +15,10 @@ import json
 import pytest
 import torch
 
-from training import sequence_parallel as sp
-from training.errors import InputError
+from training.fast import sequence_parallel as sp
 from training.fast.packing import pack
 from training.finetune import main
+from training.runtime.errors import InputError
 from worker_helpers import assert_ok, demo_records, run_worker, write_jsonl
 
 MAX_LEN = 640
@@ -116,8 +116,10 @@ def files(tmp_path_factory, tiny_model):
 def record_lengths(files) -> list[int]:
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder, build_dataset
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+
+    from training.data.batches import build_dataset
+    from training.data.records import load_conversations
 
     tok = AutoTokenizer.from_pretrained(files["model"])
     return [len(e.input_ids) for e in build_dataset(load_conversations(files["train"]), ChatEncoder(tok, MAX_LEN),

@@ -16,7 +16,7 @@ import pytest
 
 from tests.training.worker_helpers import ROOT, Run, assert_ok, demo_records, write_jsonl
 from training.args import parse_args
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 BASE = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
 

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from training import token_cache
-from training.encoding import (CHATML_TEMPLATE, IGNORE_INDEX, ChatEncoder, DataStats, EagerDataset, Encoded,
-                               LazyDataset)
-from training.records import Conversation
-
-__all__ = ["CHATML_TEMPLATE", "IGNORE_INDEX", "ChatEncoder", "Collator", "DataStats", "EagerDataset", "Encoded",
-           "LazyDataset", "StepSampler", "build_dataset", "eval_batches"]
+from training.data import token_cache
+from training.data.encoding import IGNORE_INDEX, ChatEncoder, EagerDataset, Encoded, LazyDataset
+from training.data.records import Conversation
 
 
 def build_dataset(convs: list[Conversation], encoder: ChatEncoder, lazy: bool):

@@ -1,19 +1,10 @@
-"""The worker's side of the fast path (training.fast): which switches are on, and the pieces the loop needs.
+"""Which fast-path switches are on for this run, and why.
 
 decide()        resolves --packing, --fused_ce, --compile, --fused_adamw, --auto_micro_batch, --lora_input_cast,
                 --attention_kernel, --fused_lora_dropout, --labelled_logits_only and --overlap_steps, and reports
                 --expandable_segments (set by the entry point) where the user left them to us, and refuses
                 combinations that cannot work (each with the reason)
-FastLoss        the module DDP or DeepSpeed wraps when the loss is ours: one micro-batch (packed row or padded
-                batch) -> (summed token loss, labelled tokens); the decoder runs without building the full logits,
-                and the head and loss run in HeadLoss (under ZeRO-3 the module DeepSpeed gathers the head for)
-pack_step()     one optimizer step's records of this rank -> packed rows, padded with empty rows to `rows`
-probe_tokens()  the packed-row budget from two CUDA memory probes (training.fast.autobatch)
-set_lora_input_cast()
-                peft's cast of adapter inputs to the adapters' fp32, on or off (--lora_input_cast)
-
-The loss normalisation is the recipe's, unchanged: every micro-batch's summed loss is divided by the
-supervised tokens of the whole optimizer step over all ranks.
+FastChoice      the switches, each with the reason it is on or off (`why`), as the worker logs and records them
 """
 
 from __future__ import annotations
@@ -24,12 +15,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
-
-IGNORE_INDEX = -100
-
 
 @dataclass
 class FastChoice:
@@ -235,136 +223,3 @@ def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> 
     return FastChoice(packing=packing, ce=ce, compile=comp, fused_adamw=fused, auto_micro_batch=auto,
                       lora_input_cast=cast, attention=attention, fused_lora_dropout=fused_drop, overlap_steps=overlap,
                       expandable_segments=expandable, labelled_logits=labelled, why=why)
-
-
-def set_lora_input_cast(model, enabled: bool) -> int:
-    """Turns peft's cast of adapter inputs to the adapter dtype on or off in every LoRA layer; returns how many."""
-    n = 0
-    for m in model.modules():
-        if hasattr(m, "lora_A") and hasattr(m, "_cast_input_dtype"):
-            m.cast_input_dtype_enabled = enabled
-            n += 1
-    return n
-
-
-class HeadLoss(torch.nn.Module):
-    """The LM head and the loss as a module of its own, with no parameters of its own: hidden states -> (summed
-    token loss, labelled tokens). Under DeepSpeed ZeRO-3 the head's weight is registered as this module's external
-    parameter (shard_head_weight), so the engine gathers the partitioned weight for this module's forward and
-    backward only, and reduces its gradient like any other. The head is held outside the module tree: it stays
-    the model's, saved once under its own name."""
-
-    def __init__(self, head, ce: str, labelled_only: bool):
-        super().__init__()
-        self.__dict__["_head"] = head  # not a child module: no second path to its weight in state_dict
-        self.ce = ce
-        self.labelled_only = labelled_only
-
-    def forward(self, hidden: torch.Tensor, batch: dict):
-        from training.fast.step import head_loss_sum
-
-        return head_loss_sum(hidden, self._head.weight, batch, self.ce, labelled_only=self.labelled_only)
-
-
-class FastLoss(torch.nn.Module):
-    """model + our loss: forward(batch) -> (summed token loss, labelled tokens). DDP or the DeepSpeed engine wraps
-    this, so the forward they see is the one that runs (ZeRO-3's hooks gather each module's weights as it runs)."""
-
-    def __init__(self, model, ce: str, max_segment: int, labelled_only: bool = False):
-        super().__init__()
-        from training.fast.compile import lm_head_of
-
-        self.model = model
-        self.ce = ce
-        self.max_segment = max_segment
-        self.labelled_only = labelled_only
-        self.head_loss = HeadLoss(lm_head_of(model), ce, labelled_only)
-
-    def forward(self, batch: dict):
-        from training.fast.step import decoder_hidden
-
-        return self.head_loss(decoder_hidden(self.model, batch, self.max_segment), batch)
-
-    def shard_head_weight(self) -> None:
-        """ZeRO-3: the LM head's weight (the embedding's too, when tied) is gathered for head_loss, whose forward
-        uses it outside the head module's own forward."""
-        import deepspeed
-
-        deepspeed.zero.register_external_parameter(self.head_loss, self.head_loss._head.weight)
-
-
-class _Filler:
-    """A record of padding with no labels: what an empty row is made of."""
-
-    def __init__(self, n: int, pad_id: int):
-        self.input_ids = [pad_id] * n
-        self.labels = [IGNORE_INDEX] * n
-
-
-def empty_row(width: int, pad_id: int, max_segment: int) -> dict:
-    from training.fast.packing import pack
-
-    row = pack([_Filler(width, pad_id)], width, pad_id, None, max_segment)
-    row["real_tokens"], row["records"] = 0, 0
-    return row
-
-
-def pack_step(items, capacity: int, pad_id: int, pad_multiple: int, max_segment: int) -> list[dict]:
-    """One optimizer step's records of this rank as packed rows (first fit, in the sampler's order)."""
-    from training.fast.packing import pack_batches
-
-    return pack_batches(list(items), capacity, pad_id, pad_multiple=pad_multiple, max_segment=max_segment)
-
-
-def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, autocast, fraction: float,
-                 max_tokens: int, engine=None):
-    """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan.
-    engine: the DeepSpeed engine that wraps loss_module. Its optimizer states and gradient buffers exist already,
-    so the probes measure them; they run through the engine, as training does, with the loss times zero: the
-    gradients they add to the first step's accumulation are zeros (ZeRO-2/3 reduce every micro-batch, so
-    gradients cannot simply be dropped), with the same memory and kernels as a real micro-batch."""
-    from training.fast import autobatch
-    from training.fast.packing import pack
-    from training.fast.step import to_device
-
-    class _Rec:
-        def __init__(self, i: int):
-            self.input_ids = [(i * 7919 + j) % max(vocab - 1, 1) for j in range(max_segment)]
-            self.labels = list(self.input_ids)
-
-    def run(tokens: int):
-        from training.sequence_parallel import local
-
-        row = to_device(local(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0,
-                                   max_segment=max_segment)), device)
-        if engine is not None:
-            engine.set_gradient_accumulation_boundary(False)
-            s, _ = engine(row)
-            engine.backward(s * 0.0, scale_wrt_gas=False)
-            return
-        with autocast():
-            s, n = loss_module(row)
-        (s / n.clamp(min=1)).backward()
-        loss_module.zero_grad(set_to_none=True)
-
-    # The probes draw dropout masks; the run's random numbers start where they would without them.
-    with torch.random.fork_rng(devices=[device]):
-        return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction,
-                                    max_tokens=max_tokens, states_built=engine is not None,
-                                    optimizer=_torch_optimizer_of(engine) if engine is not None else None,
-                                    optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)
-
-
-def _torch_optimizer_of(engine):
-    """The torch optimizer inside a DeepSpeed engine's ZeRO optimizer (the one holding the Adam states)."""
-    opt = engine.optimizer
-    while opt is not None and not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):
-        opt = opt.optimizer
-    return opt if isinstance(opt, torch.optim.Optimizer) else None
-
-
-def _fp32_partitions_of(engine):
-    """The flat fp32 partitions a ZeRO-3 engine steps: it puts them in the torch optimizer's groups only inside its
-    step, so they are not there to be counted at the probe. None elsewhere (ZeRO-1/2 keep them in the groups)."""
-    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
-    return list(flats) if flats else None

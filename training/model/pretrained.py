@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 PREQUANTIZED = {"gptq": ("optimum", "gptqmodel"), "awq": ("awq",)}
@@ -27,10 +27,10 @@ HALF_NAMES = {"bfloat16", "float16"}
 def resolve_model_source(name_or_path: str, local_rank: int) -> str:
     """`builtin:tiny` (or tiny-moe, tiny-qwen2-moe) -> the cached tiny model; a local directory must hold a
     config.json."""
-    from training.tiny import BUILTINS
+    from training.model.tiny import BUILTINS
 
     if name_or_path in BUILTINS:
-        from training.tiny import ensure_builtin_tiny
+        from training.model.tiny import ensure_builtin_tiny
 
         return str(ensure_builtin_tiny(local_rank, name_or_path))
     if name_or_path.startswith("builtin:"):
@@ -104,7 +104,7 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
         return "qlora"
     if importlib.util.find_spec("bitsandbytes") is None:
         raise InputError("--q_lora needs the bitsandbytes package for 4-bit nf4 quantization")
-    from training.moe import layout_of_config, moe_shape
+    from training.model.moe import layout_of_config, moe_shape
 
     if moe_shape(config) and layout_of_config(config) == "fused":
         raise InputError(f"--q_lora: {args.model_name_or_path} is a mixture-of-experts model, and this transformers "
@@ -117,7 +117,7 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
 
 def _check_expert_lora(args, config: dict) -> None:
     """LoRA reaches fused experts through peft's target_parameters, which refuses dropout: said before loading."""
-    from training.moe import MLP_NAMES, layout_of_config, moe_shape
+    from training.model.moe import MLP_NAMES, layout_of_config, moe_shape
 
     asked = [m for m in args.lora_target_modules if m in MLP_NAMES]
     if not (asked and args.lora_dropout > 0 and moe_shape(config)) or layout_of_config(config) != "fused":
@@ -180,7 +180,7 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         kwargs["device_map"] = {"": "cpu" if sharded else device}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
-    # The worker adds the routers' load-balancing loss itself (training.moe), on every path, once.
+    # The worker adds the routers' load-balancing loss itself (training.model.moe), on every path, once.
     model.config.output_router_logits = False
     setattr(model, SAVE_DTYPE_ATTR, save_dtype)
     return model
@@ -236,7 +236,7 @@ def apply_method(args, model, method: str):
         )
     elif args.gradient_checkpointing:
         checkpointing(model, True)
-    from training import moe
+    from training.model import moe
 
     routers = moe.sparse_blocks(model)
     if method == "full":

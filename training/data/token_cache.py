@@ -35,9 +35,10 @@ from pathlib import Path
 
 import torch
 
-from training import build_lock, encoding
-from training.encoding import IGNORE_INDEX, DataStats, EagerDataset, Encoded
-from training.errors import InputError
+from training.data import encoding
+from training.data.encoding import IGNORE_INDEX, DataStats, EagerDataset, Encoded
+from training.runtime import build_lock
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training.token_cache")
 log.setLevel(logging.INFO)  # every rank's line, not only rank 0's: the logs count builds per node
@@ -59,7 +60,7 @@ _settings = Settings(directory=None)
 def default_dir() -> Path:
     """$QWEN_TUI_TOKENIZED_CACHE, else the cache root's tokenized/ ($QWEN_TUI_CACHE, else $XDG_CACHE_HOME/qwen-tui,
     else ~/.cache/qwen-tui)."""
-    from training.cachedir import cache_root
+    from training.runtime.cachedir import cache_root
 
     if os.environ.get("QWEN_TUI_TOKENIZED_CACHE"):
         return Path(os.environ["QWEN_TUI_TOKENIZED_CACHE"]).expanduser()

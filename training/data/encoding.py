@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.errors import InputError
-from training.records import Conversation
+from training.data.records import Conversation
+from training.runtime.errors import InputError
 
 IGNORE_INDEX = -100
 log = logging.getLogger("training")
@@ -165,7 +165,7 @@ class EagerDataset(torch.utils.data.Dataset):
 
     @classmethod
     def from_items(cls, items: list[Encoded], stats: DataStats) -> "EagerDataset":
-        """A data set tokenized earlier (training.token_cache)."""
+        """A data set tokenized earlier (training.data.token_cache)."""
         ds = cls.__new__(cls)
         ds.items, ds.stats = items, stats
         return ds
