@@ -79,7 +79,8 @@ def _attempt_of(state: dict) -> int:
     return a if type(a) is int else 1
 
 
-# How long a stopped worker may itself take to end (training/runtime/stop.py: node 0's first rank waits up to PEERS_BOUND_S
+# How long a stopped worker may itself take to end (training/runtime/stop.py: node 0's first rank waits up to
+# PEERS_BOUND_S
 # for the other agents, and a rank whose collective lost a peer waits up to PEER_STOP_WAIT_S for its own signal);
 # the stop's grace leaves it that and a margin before anything of the job gets a signal of its own.
 WORKER_STOP_BOUND_S = 5.0 + 3.0

@@ -1,4 +1,5 @@
-"""Resuming when every node keeps its own checkpoints: the step all nodes agree on (training.checkpoints.resume_agreement)."""
+"""Resuming when every node keeps its own checkpoints: the step all nodes agree on
+(training.checkpoints.resume_agreement)."""
 
 from __future__ import annotations
 

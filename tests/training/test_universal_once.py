@@ -1,5 +1,5 @@
-"""training/checkpoints/universal.py without a process group: which world size saved a checkpoint, which copies cannot be
-converted (and why), and the one-converter-others-wait lock: a live holder is waited for (with a bound, naming it),
+"""training/checkpoints/universal.py without a process group: which world size saved a checkpoint, which copies cannot
+be converted (and why), and the one-converter-others-wait lock: a live holder is waited for (with a bound, naming it),
 a stale one is taken over, and a failed conversion leaves neither its lock nor a half-written directory."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """bench/chaos_report.py: a fault's outcome from state.json's attempts and notices.jsonl, the steps trained again
-after a relaunch from metrics.jsonl, and a checkpoint judged complete only as training/checkpoints/checkpointer.py writes it
+after a relaunch from metrics.jsonl, and a checkpoint judged complete only as
+training/checkpoints/checkpointer.py writes it
 (real safetensors and torch files, then damaged ones)."""
 
 from __future__ import annotations

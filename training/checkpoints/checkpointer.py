@@ -1,9 +1,9 @@
 """Checkpoints and the final save: what a run writes, and what a resumed run reads back.
 
-A checkpoint is staged in checkpoint-N.tmp and published with one rename (training.checkpoints.directories), so a crash mid-save
-leaves the last complete one. It holds the model (or adapter) in Hugging Face format, the optimizer and scheduler (or
-DeepSpeed's own state), every rank's RNG state and finetune_state.json. Under ZeRO-3 the model's weights are gathered
-one module at a time on every rank, so with --save_on_each_node every node's first process writes them.
+A checkpoint is staged in checkpoint-N.tmp and published with one rename (training.checkpoints.directories), so a
+crash mid-save leaves the last complete one. It holds the model (or adapter) in Hugging Face format, the optimizer and
+scheduler (or DeepSpeed's own state), every rank's RNG state and finetune_state.json. Under ZeRO-3 the model's weights
+are gathered one module at a time on every rank, so with --save_on_each_node every node's first process writes them.
 A DeepSpeed checkpoint resumed on another number of processes is loaded through checkpoint-N/universal
 (training.checkpoints.universal), converted from it once.
 """
@@ -130,7 +130,8 @@ class Checkpointer:
 
     def _load_engine_state(self, d: Path, engine, device):
         """DeepSpeed's own state: as saved when the world size is the same, else through the universal format
-        (training.checkpoints.universal), whose slices any world size can load. Returns the loaded path (None: none there)."""
+        (training.checkpoints.universal), whose slices any world size can load. Returns the loaded path (None: none
+        there)."""
         saved = universal.saved_world_size(d, ckpt.read_state(d))
         if saved is None or saved == self.env.world_size or self.stage == 0:
             path, _ = engine.load_checkpoint(str(d), tag=universal.SAVED_TAG, load_module_strict=self.method == "full")

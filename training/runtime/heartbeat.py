@@ -12,8 +12,8 @@ the heartbeat costs the loop nothing. Two clocks in the file tell the faults apa
 
 Fields: rank, local_rank, node_rank (torchrun's GROUP_RANK), world_size, pid, host, step (optimizer steps done),
 phase (one of PHASES), phase_since (time.time() when it began), time (time.time() of this write), and compute_s,
-wait_s, step_time: this rank's seconds per step over the last logged window (training.runtime.step_timing), null until the
-first. The phase is the host's: on CUDA the host runs ahead of the GPU, so a rank whose GPU hangs shows the phase
+wait_s, step_time: this rank's seconds per step over the last logged window (training.runtime.step_timing), null until
+the first. The phase is the host's: on CUDA the host runs ahead of the GPU, so a rank whose GPU hangs shows the phase
 where its host next waits for the GPU (usually reading a step's loss back).
 
 Writing never fails the run: the first error (a full disk, a removed directory) is logged once and the heartbeat
