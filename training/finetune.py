@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.exit_code()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if stop.requested:  # node 0's agent leaves the exit barrier last, so the others see it (training/runtime/stop.py)
+        # node 0's agent leaves the exit barrier last, so the others see it (training/runtime/stop.py)
+        if stop.requested:
             let_peer_agents_check_out()
 
 
@@ -111,10 +112,10 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
     try:
         stop.arm()  # a stop that came during the imports ends here
         recipe.setup()
-        recipe.train()
+        trained = recipe.train()
         recipe.save_final()
-        if recipe.eval_ds is not None and getattr(recipe, "evaluated_step", None) != recipe.step:
-            recipe.evaluate()
+        if recipe.eval_ds is not None and trained.evaluated_step != trained.step:
+            recipe.evaluate(trained.step)
         recipe.finish()
         beat.done()
         return EXIT_OK
