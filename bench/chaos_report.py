@@ -191,7 +191,7 @@ def _safetensors_whole(path: Path) -> bool:
 
 
 def checkpoint_problem(d: Path, load_pt=None) -> Optional[str]:
-    """None when checkpoint directory `d` is complete as training/checkpointer.py writes it: its state file
+    """None when checkpoint directory `d` is complete as training/checkpoints/checkpointer.py writes it: its state file
     (step matching the name), the optimizer and scheduler (or DeepSpeed's state), every rank's RNG state, the
     model or adapter weights whole, the tokenizer. load_pt(path) loads a torch file (raises when damaged)."""
     if not d.is_dir():

@@ -3,7 +3,7 @@
     python bench/lora_input_cast_check.py [--out FILE.json] [--compiled]
 
 The worker's fast path turns peft's cast of each adapter's input to the fp32 adapter dtype off under CUDA
-autocast (training.fastpath, --lora_input_cast): autocast casts the dropped input back to bf16 for the
+autocast (training.fast.choice, --lora_input_cast): autocast casts the dropped input back to bf16 for the
 matmul anyway. Without dropout the two are the same computation, so the losses and gradients must be
 identical. With dropout (0.05) the masks are drawn for a tensor of another dtype, so they differ (ATen's
 kernel scales in fp32 and rounds once either way): the losses must stay close, and the adapter gradients
@@ -28,8 +28,8 @@ def run(cast: bool, dropout: float, compiled: bool, seed: int = 2, steps: int = 
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from training.fast.apply import set_lora_input_cast
     from training.fast.compile import compile_decoder_layers
-    from training.fastpath import set_lora_input_cast
 
     cfg = Qwen2Config(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                       num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=True, use_cache=False)

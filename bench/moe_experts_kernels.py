@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     import torch
 
     from bench.moe_speed import SHAPES
-    from training import moe_experts
+    from training.model import moe_experts
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="JSON results here")

@@ -42,7 +42,7 @@ PEAK_TFLOPS = 989.0
 MIN_LEN, MAX_LEN = 50, 1000
 STOCK_SEQ = 1024
 LORA = ["q_proj", "k_proj", "v_proj", "o_proj"]
-# From the public config.json of Qwen/Qwen3-30B-A3B; "tiny" is training/tiny.py's builtin:tiny-moe shape.
+# From the public config.json of Qwen/Qwen3-30B-A3B; "tiny" is training/model/tiny.py's builtin:tiny-moe shape.
 SHAPES = {
     "30b-a3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                     num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -87,7 +87,7 @@ def model_dir_for(tmp: Path, shape: str) -> Path:
     """The shape's config.json with the tiny built-in tokenizer (no weights: the worker's --random_init)."""
     from transformers import Qwen3MoeConfig
 
-    from training.tiny import build_tiny
+    from training.model.tiny import build_tiny
 
     tiny = build_tiny(tmp / "tiny-tokenizer")
     d = tmp / f"qwen3-moe-{shape}-random"
@@ -105,8 +105,8 @@ def model_dir_for(tmp: Path, shape: str) -> Path:
 def write_token_data(path: Path, records, tok) -> None:
     """The records as chat JSONL the worker reads: one user and one assistant turn of single-token words, as many
     tokens as the original (chat markup included; a word pair merging across the markup may shift one by a token)."""
-    from training.data import ChatEncoder
-    from training.records import Conversation
+    from training.data.encoding import ChatEncoder
+    from training.data.records import Conversation
 
     enc = ChatEncoder(tok, 10**6)
     words = [w[1:] for t, i in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])

@@ -450,9 +450,9 @@ def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, lis
     of chat records whose rendered token lengths are exactly those of `records`; returns them and the lengths."""
     from transformers import AutoTokenizer, Qwen2Config
 
-    from training.data import ChatEncoder
-    from training.records import Conversation
-    from training.tiny import build_tiny
+    from training.data.encoding import ChatEncoder
+    from training.data.records import Conversation
+    from training.model.tiny import build_tiny
 
     tiny = build_tiny(tmp / "tiny-tokenizer")
     model_dir = tmp / f"qwen2.5-{shape}-random"

@@ -43,6 +43,6 @@ def pytest_terminal_summary(terminalreporter):
 def tiny_model(tmp_path_factory) -> Path:
     """The tiny Qwen2 model and tokenizer, built once per test session for every folder (read it, never change it:
     copy it first)."""
-    from training.tiny import build_tiny
+    from training.model.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")

@@ -1,1 +1,16 @@
-"""The fine-tuning worker that torchrun starts on every node. Never imports qwen_tui."""
+"""The fine-tuning worker that torchrun starts on every node. Never imports qwen_tui.
+
+The programs (`python -m training.X`) and the recipe sit at the top; each package below imports only the
+ones under it (the import-linter contract in pyproject.toml checks it):
+
+    finetune, chat, merge, tiny, datapreview   the programs
+    recipe, step_loop, builders, dsconfig,     the recipe: set-up, the training loop, what it builds, the DeepSpeed
+    args, hf_flags                             config; the worker's flags
+    fast/          checkpoints/                the fast path (switches and kernels); checkpoints and resuming
+    model/                                     loading, adapting and saving the model (and the tiny built-in ones)
+    data/                                      chat records -> token ids, the tokenized cache, batches, data order
+    runtime/                                   the process: errors, collectives, heartbeat, stop, timing, trackers
+
+demo_data/ holds the built-in demo chat set (`builtin:demo-chat`) and the script that writes it; the shipped
+DeepSpeed configs (ds_config_zero2.json, ds_config_zero3.json) sit beside dsconfig.py.
+"""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from training.errors import InputError
 from training.hf_flags import add_bool, add_hf_flags, resolve
+from training.runtime.errors import InputError
 
 SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]
 DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -32,7 +32,7 @@ exit codes: 0 trained and saved; 2 bad input or configuration (nothing written);
 
 def _switch(group, name: str, on: str, off: str) -> None:
     """--NAME [True|False] and --no_NAME: one fast-path switch whose default (None) leaves the choice to
-    training.fastpath."""
+    training.fast.choice."""
     add_bool(group, name, on, default=None, off=off)
 
 

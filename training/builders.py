@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-from training import dist, fastpath, moe_experts
-from training.data import Collator, StepSampler
-from training.model import apply_method, load_model
+from training.data.batches import Collator, StepSampler
+from training.fast import apply
+from training.model import moe_experts
+from training.model.pretrained import apply_method, load_model
+from training.runtime import dist
 
 log = logging.getLogger("training")
 
@@ -47,7 +49,7 @@ def build_model(args, source: str, method: str, device, load_dtype, quant: str |
 
         # Tells from_pretrained to partition the weights across ranks as it loads them. transformers never does
         # that for a quantized model (and refuses a device_map then): a 4-bit base is quantized in host memory
-        # and partitioned by deepspeed.initialize (training.model.load_model).
+        # and partitioned by deepspeed.initialize (training.model.pretrained.load_model).
         hf_ds_config = HfDeepSpeedConfig(ds_config)
     if resume_dir and method == "full" and not args.deepspeed:
         source = str(resume_dir)  # the checkpoint holds the full model in HF format
@@ -57,7 +59,7 @@ def build_model(args, source: str, method: str, device, load_dtype, quant: str |
         fast.experts, fast.why["experts"] = experts
     model = apply_method(args, model, method)
     if method != "full" and not fast.lora_input_cast:
-        fastpath.set_lora_input_cast(model, False)
+        apply.set_lora_input_cast(model, False)
     if fast.fused_lora_dropout:
         from training.fast.lora_dropout import fuse_lora_dropout
 
@@ -160,9 +162,9 @@ def build_optimization(args, env, model, loss_module, fast, ds_config: dict | No
         # With our loss, DDP wraps model + loss, so the forward that DDP sees is the one that runs.
         # No broadcast of buffers before each step's first forward: a Qwen model's only buffers are the rotary
         # frequencies, which every rank computes alike; the broadcast was one more wait for all ranks each step,
-        # hidden inside the forward (training.step_timing would count it as compute). Experts kept as one module
+        # hidden inside the forward (training.runtime.step_timing would count it as compute). Experts kept as one module
         # each (transformers 4) get no gradient on a rank whose tokens none chose.
-        from training.moe import expert_layout
+        from training.model.moe import expert_layout
 
         opt.ddp = DistributedDataParallel(loss_module if loss_module is not None else model,
                                           device_ids=[device.index] if device.type == "cuda" else None,
@@ -184,7 +186,7 @@ def no_per_step_buffer_sync(ddp_class) -> dict:
 def place_shards(model, method: str, device, is_main: bool) -> dict:
     """ZeRO-3, after deepspeed.initialize: a 4-bit base's quantization constants follow its shards to the GPU.
     Returns how much of the frozen base each rank holds (about 1/world each), for the start record."""
-    from training.model import shard_quantized_base
+    from training.model.pretrained import shard_quantized_base
 
     if method == "qlora":
         shard_quantized_base(model, device)

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from training.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Chat:
     def __init__(self, args):
-        from training.model import load_tokenizer
-        from training.result import inspect, load_for_inference, pick_device, pick_dtype
+        from training.model.pretrained import load_tokenizer
+        from training.model.result import inspect, load_for_inference, pick_device, pick_dtype
 
         self.args = args
         self.out = inspect(args.output_dir, args.base)
@@ -49,7 +49,7 @@ class Chat:
                                         prefer_merged=not args.no_merged)
         self.tok = load_tokenizer(str(self.out.tokenizer_dir))
         if not getattr(self.tok, "chat_template", None):
-            from training.data import CHATML_TEMPLATE
+            from training.data.encoding import CHATML_TEMPLATE
 
             self.tok.chat_template = CHATML_TEMPLATE
         self.source = str(self.out.merged if self.out.merged and not args.no_merged else self.out.model_dir)

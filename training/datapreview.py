@@ -4,8 +4,8 @@
 
 WORKER_FLAGS are the worker's own (`--model_name_or_path --data_path --output_dir
 --model_max_length ...`, as the launcher passes them to training.finetune). The
-records are read and tokenized exactly as the worker does it (training.records,
-the model's tokenizer and chat template through training.data.ChatEncoder, and
+records are read and tokenized exactly as the worker does it (training.data.records,
+the model's tokenizer and chat template through training.data.encoding.ChatEncoder, and
 the worker's EagerDataset for the counts), so the counts here are the ones the
 worker's start record and log give. Prints one JSON object on stdout: the counts,
 the untruncated length of every record as percentiles and a histogram, the steps
@@ -24,7 +24,7 @@ import math
 import sys
 import time
 
-from training.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
 
 HIST_BINS = 16
 WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
@@ -54,14 +54,14 @@ class _MeasuringEncoder:
     one tokenization gives both the record's whole length (for the percentiles) and what the worker trains on."""
 
     def __init__(self, tokenizer, max_length: int):
-        from training.data import ChatEncoder
+        from training.data.encoding import ChatEncoder
 
         self.inner = ChatEncoder(tokenizer, 1 << 62)
         self.max_length = max_length
         self.full_lengths: list[int] = []
 
     def encode(self, conv):
-        from training.data import Encoded
+        from training.data.encoding import Encoded
 
         e = self.inner.encode(conv)
         self.full_lengths.append(len(e.input_ids))
@@ -71,15 +71,15 @@ class _MeasuringEncoder:
 
 
 def packing_on(args) -> bool:
-    """The worker's packing choice (training.fastpath.decide) as far as it follows from the flags: on unless
+    """The worker's packing choice (training.fast.choice.decide) as far as it follows from the flags: on unless
     --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
     return True if args.packing is None else bool(args.packing)
 
 
 def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
     """Share of the tokens the worker's batches compute that are padding, over the first epoch's steps in the
-    worker's own data order (training.data.StepSampler, every rank)."""
-    from training.data import StepSampler
+    worker's own data order (training.data.batches.StepSampler, every rank)."""
+    from training.data.batches import StepSampler
     from training.fast.packing import balanced_bins
 
     mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
@@ -100,7 +100,7 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
                 rows = [sum(lens[i] for i in b) for b in balanced_bins(lens, capacity)]
                 widths.append([min(capacity, -(-t // pad_multiple) * pad_multiple) for t in rows])
             most = max(len(w) for w in widths)
-            filler = min(pad_multiple, capacity)  # ranks with fewer rows run empty ones (training.fastpath.empty_row)
+            filler = min(pad_multiple, capacity)  # ranks with fewer rows run empty ones (training.fast.apply.empty_row)
             computed += sum(sum(w) + (most - len(w)) * filler for w in widths)
         else:
             for micro in per_rank:
@@ -113,9 +113,9 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
 
 
 def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
-    from training.data import EagerDataset
-    from training.model import load_tokenizer, resolve_model_source
-    from training.records import load_conversations
+    from training.data.encoding import EagerDataset
+    from training.data.records import load_conversations
+    from training.model.pretrained import load_tokenizer, resolve_model_source
 
     t0 = time.monotonic()
     convs = load_conversations(args.data_path)

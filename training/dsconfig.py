@@ -14,7 +14,7 @@ import logging
 import re
 from pathlib import Path
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 
@@ -88,8 +88,8 @@ def _set(path: str, cfg: dict, section: dict, key: str, value) -> None:
 
 def layer_numel(model_config: dict) -> int:
     """Parameters of one decoder layer of a Qwen2/2.5/3 config (projections; norms and biases are noise here);
-    of a mixture-of-experts layer, every expert's (training.moe)."""
-    from training.moe import layer_numel as moe_layer_numel
+    of a mixture-of-experts layer, every expert's (training.model.moe)."""
+    from training.model.moe import layer_numel as moe_layer_numel
 
     moe = moe_layer_numel(model_config)
     if moe is not None:

@@ -12,7 +12,7 @@
 `--help` lists every flag. Exit codes: 0 trained and saved; 2 bad input or
 configuration (one line on stderr naming the file, record or flag; nothing
 written to the output directory); SIGTERM stops it quietly with one line, "stopped by
-request at step N" (exit 0 under torchrun, see training/stop.py); 1 anything else (the traceback is on stderr
+request at step N" (exit 0 under torchrun, see training/runtime/stop.py); 1 anything else (the traceback is on stderr
 and metrics.jsonl gets an {"event": "end", "status": "error"} record).
 """
 
@@ -24,10 +24,10 @@ import signal
 import sys
 import traceback
 
-from training import heartbeat, stacks
 from training.args import parse_args
-from training.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
-from training.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
+from training.runtime import heartbeat, stacks
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.runtime.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
 
 log = logging.getLogger("training")
 
@@ -39,16 +39,16 @@ def _setup_logging() -> None:
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    from training import quiet
+    from training.runtime import quiet
 
-    quiet.install()  # library messages that say nothing about the run (training/quiet.py)
+    quiet.install()  # library messages that say nothing about the run (training/runtime/quiet.py)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # avoids fork warnings with loader workers
 
 
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
-    # SIGTERM is a quiet stop with one line, not a traceback (training/stop.py), from the first moment: a stop
+    # SIGTERM is a quiet stop with one line, not a traceback (training/runtime/stop.py), from the first moment: a stop
     # while torch is still being imported would otherwise kill the rank, and its torchrun agent would report
     # a failed child with a traceback. Noted until the imports are done (arm() below), then raised.
     stop = StopSignal()
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.exit_code()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if stop.requested:  # node 0's agent leaves the exit barrier last, so the others see it (training/stop.py)
+        # node 0's agent leaves the exit barrier last, so the others see it (training/runtime/stop.py)
+        if stop.requested:
             let_peer_agents_check_out()
 
 
@@ -72,7 +73,7 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from training import quiet
+    from training.runtime import quiet
 
     quiet.cpu_run(bool(args.use_cpu))
     rank = int(os.environ.get("RANK", "0"))
@@ -99,8 +100,8 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    from training.data import token_cache
     from training.recipe import FinetuneRecipe  # imports torch: only after the flags are known to be fine
-    from training import token_cache
 
     token_cache.configure(args.tokenized_cache_dir, args.tokenize_timeout)
 
@@ -111,10 +112,10 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
     try:
         stop.arm()  # a stop that came during the imports ends here
         recipe.setup()
-        recipe.train()
+        trained = recipe.train()
         recipe.save_final()
-        if recipe.eval_ds is not None and getattr(recipe, "evaluated_step", None) != recipe.step:
-            recipe.evaluate()
+        if recipe.eval_ds is not None and trained.evaluated_step != trained.step:
+            recipe.evaluate(trained.step)
         recipe.finish()
         beat.done()
         return EXIT_OK

@@ -13,8 +13,8 @@ import argparse
 import math
 import os
 
-from training.errors import InputError
-from training.trackers import default_logging_dir, which_trackers
+from training.runtime.errors import InputError
+from training.runtime.trackers import default_logging_dir, which_trackers
 
 TRUE_WORDS = {"true", "t", "yes", "y", "1", "on"}
 FALSE_WORDS = {"false", "f", "no", "n", "0", "off"}
@@ -53,7 +53,7 @@ def str2bool(text: str) -> bool:
 
 def add_bool(group, name: str, help: str, default=False, off: str | None = None) -> None:
     """--NAME, --NAME True|False and --no_NAME, as HF spells booleans. default=None keeps 'not given' visible
-    (the fast-path switches: None leaves the choice to training.fastpath). `off` documents --no_NAME."""
+    (the fast-path switches: None leaves the choice to training.fast.choice). `off` documents --no_NAME."""
     group.add_argument(f"--{name}", dest=name, type=str2bool, nargs="?", const=True, default=default,
                        metavar="BOOL", help=help)
     group.add_argument(f"--no_{name}", dest=name, action="store_false", help=off or argparse.SUPPRESS)

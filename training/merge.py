@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 
-from training.errors import EXIT_OK, InputError, report_failure
+from training.runtime.errors import EXIT_OK, InputError, report_failure
 
 # Relative difference of the two losses the check allows: the merged weights are the adapter's sum rounded once.
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 1e-2}
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _dtype_name(args, base: str) -> str:
     if args.dtype != "auto":
         return args.dtype
-    from training.model import read_config_dict
+    from training.model.pretrained import read_config_dict
 
     cfg = read_config_dict(base)
     name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
@@ -53,8 +53,8 @@ def merge(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.model import load_tokenizer, merge_adapter
-    from training.result import check_base_unquantized, eval_loss, inspect, load_for_inference
+    from training.model.pretrained import load_tokenizer, merge_adapter
+    from training.model.result import check_base_unquantized, eval_loss, inspect, load_for_inference
 
     out = inspect(args.output_dir, args.base)
     if out.kind == "full":

@@ -1,6 +1,6 @@
 """The fine-tuning recipe: set-up, evaluation and the end of a run; it wires the components of its rooms:
 training.builders (model, optimizer or DeepSpeed engine or DDP, data loader, each from its slice of the flags),
-training.fast_setup (the fast path on the built model), training.step_loop (the loop), training.checkpointer
+training.fast.apply (the fast path on the built model), training.step_loop (the loop), training.checkpoints.checkpointer
 (checkpoints, resume and the final save).
 
 Features: full / LoRA / Q-LoRA; plain DDP (or one process) and DeepSpeed
@@ -27,44 +27,46 @@ import uuid
 
 import torch
 
-from training import builders, dist, dsconfig, fast_setup, fastpath, long_context, sequence_parallel, shared_output
-from training.heartbeat import NoHeartbeat
-from training.step_timing import StepTimer
-from training import checkpoint as ckpt
-from training.checkpointer import Checkpointer
-from training.step_loop import StepLoop
-from training.data import ChatEncoder, build_dataset, eval_batches, IGNORE_INDEX
-from training.errors import InputError
-from training.metrics import MetricsWriter
-from training.model import (check_method, load_tokenizer, quantization_method, read_config_dict,
-                            resolve_model_source)
-from training.records import load_conversations
+from training import builders, dsconfig
+from training.checkpoints import directories as ckpt
+from training.checkpoints import shared_output
+from training.checkpoints.checkpointer import Checkpointer
+from training.data.batches import build_dataset, eval_batches
+from training.data.encoding import IGNORE_INDEX, ChatEncoder
+from training.data.records import load_conversations
+from training.fast import apply, choice, long_context, sequence_parallel
+from training.model.pretrained import (check_method, load_tokenizer, quantization_method, read_config_dict,
+                                       resolve_model_source)
+from training.runtime import dist
+from training.runtime.errors import InputError
+from training.runtime.heartbeat import NoHeartbeat
+from training.runtime.metrics import MetricsWriter
+from training.runtime.step_timing import StepTimer
+from training.step_loop import LoopResult, LoopState, StepLoop, StepLoss
 
 log = logging.getLogger("training")
 
 
-class FinetuneRecipe(StepLoop):
+class FinetuneRecipe:
     def __init__(self, args, heartbeat=None):
         self.args = args
-        self.heartbeat = heartbeat or NoHeartbeat()  # training.heartbeat: the phase this rank is in
+        self.heartbeat = heartbeat or NoHeartbeat()  # training.runtime.heartbeat: the phase this rank is in
         self.timer: StepTimer | None = None
         self.timing_group = None  # the logging gather's gloo group (several ranks)
         self.env = dist.read_env()
         self.metrics: MetricsWriter | None = None
         self.started = False
-        self.step = 0
+        self.start_step = 0  # 0, or the resumed checkpoint's step
+        self.loop: StepLoop | None = None  # while and after training: the step it reached
+        self.trained: LoopResult | None = None  # what the loop produced
         self.engine = None  # the DeepSpeed engine, when --deepspeed is given
         self.loss_module = None  # model + our loss (training.fast), when the fast path computes the loss
         self.ddp = None
         self.scaler = None
         self._hf_ds_config = None  # keeps transformers' ZeRO-3 hook alive while loading
-        self.lazy_truncated = 0  # with --lazy_preprocess: truncations met in training batches
-        self._retries_warned = 0  # allocator retries already warned about
         self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
         self.base_partition = None  # ZeRO-3: how much of the frozen base each rank holds
-        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.moe)
-        self.last_ce = None  # the last micro-batch's cross-entropy part of its loss
-        self.aux_sum = None  # and its load-balancing loss x real tokens (mixture of experts)
+        self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.model.moe)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -85,7 +87,7 @@ class FinetuneRecipe(StepLoop):
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
-        self.fast = fastpath.decide(a, self.device, bool(a.deepspeed), self.stage)
+        self.fast = choice.decide(a, self.device, bool(a.deepspeed), self.stage)
         sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a, self.fast)
         long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
@@ -107,12 +109,12 @@ class FinetuneRecipe(StepLoop):
         self.total_steps = a.max_steps if a.max_steps > 0 else math.ceil(a.num_train_epochs * self.steps_per_epoch)
         if self.resume_state:
             self._check_resume_compatible()
-            self.step = int(self.resume_state["step"])
+            self.start_step = int(self.resume_state["step"])
         # Which checkpoints are this run's (rotation deletes only those): kept across resumes, new for a fresh start.
         self.lineage = (self.resume_state or {}).get("lineage") or uuid.uuid4().hex
         if self.resume_state and env.is_main:  # never silently: `auto` may find a checkpoint the user forgot
             st = self.resume_state
-            log.info("resuming from %s (step %d%s)", self.resume_dir, self.step,
+            log.info("resuming from %s (step %d%s)", self.resume_dir, self.start_step,
                      f", saved by run {st['run_id']}" if st.get("run_id") else "")
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
@@ -126,8 +128,8 @@ class FinetuneRecipe(StepLoop):
         dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
         # Packed steps agree on their rows and token counts on the packing thread, through a gloo group of their own.
         self.meta_group = dist.cpu_group(a.ddp_timeout) if self.fast.packing else None
-        # The logging gather of every rank's compute and wait (training.step_timing), on the host and on a group of
-        # its own: on the default NCCL group it would wait for the GPU work queued before it.
+        # The logging gather of every rank's compute and wait (training.runtime.step_timing), on the host and on a
+        # group of its own: on the default NCCL group it would wait for the GPU work queued before it.
         self.timing_group = dist.cpu_group(a.ddp_timeout)
         if a.deepspeed:
             import deepspeed
@@ -140,7 +142,7 @@ class FinetuneRecipe(StepLoop):
             self.resume_dir, self.ds_config)
         self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
-        self.loss_module = fast_setup.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        self.loss_module = apply.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
         if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
             sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
                                       env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
@@ -160,12 +162,12 @@ class FinetuneRecipe(StepLoop):
         if a.deepspeed:
             self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
         loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
-                                        self.fast.packing, self.total_steps, self.step)
+                                        self.fast.packing, self.total_steps, self.start_step)
         self.collator, self.sampler, self.loader = loading.collator, loading.sampler, loading.loader
         self.checkpointer = Checkpointer(a, env, self.stage, self.method, self.model, self.tokenizer, self.source)
         if self.resume_dir:
             self.checkpointer.load_training_state(self.resume_dir, self.device, self.engine, self.optimizer,
-                                                  self.scheduler, self.scaler, self.step)
+                                                  self.scheduler, self.scaler, self.start_step)
 
         # 4. Only now does anything get written.
         os.makedirs(a.output_dir, exist_ok=True)
@@ -173,7 +175,7 @@ class FinetuneRecipe(StepLoop):
         self.metrics.write({
             "event": "start", "world_size": env.world_size,
             "sequence_parallel_size": a.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
-            "total_steps": self.total_steps, "start_step": self.step, "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps, "start_step": self.start_step, "steps_per_epoch": self.steps_per_epoch,
             "global_batch_size": self.global_batch, "micro_batch_size": a.per_device_train_batch_size,
             "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,
             "data": a.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
@@ -240,7 +242,7 @@ class FinetuneRecipe(StepLoop):
     def _router_aux(self):
         """RouterAux for a mixture-of-experts model (None for a dense one): the config's coefficient unless
         --router_aux_loss_coef gives one; 0 collects nothing."""
-        from training import moe
+        from training.model import moe
 
         shape = moe.moe_shape(self.model_config)
         if shape is None:
@@ -261,10 +263,29 @@ class FinetuneRecipe(StepLoop):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _size_rows(self) -> None:
-        fast_setup.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
+        apply.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
                              self._autocast, self.wrapped, self.engine, getattr(self.train_ds, "items", None))
 
     # ------------------------------------------------------------- the loop
+    @property
+    def step(self) -> int:
+        """The last optimizer step: the loop's while it runs (a stop or a failure names it), else where it began."""
+        return self.loop.step if self.loop is not None else self.start_step
+
+    def train(self) -> LoopResult:
+        """The step loop (training.step_loop) over what setup() built."""
+        self.loop = StepLoop(LoopState(
+            args=self.args, env=self.env, fast=self.fast, device=self.device, wrapped=self.wrapped,
+            engine=self.engine, ddp=self.ddp, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
+            trainable_params=self.trainable_params(), loader=self.loader, pad_id=self.tokenizer.pad_token_id,
+            meta_group=self.meta_group, timing_group=self.timing_group, metrics=self.metrics,
+            heartbeat=self.heartbeat, timer=self.timer, total_steps=self.total_steps,
+            steps_per_epoch=self.steps_per_epoch, start_step=self.start_step,
+            aux_loss=self.router is not None and self.router.coef > 0, forward_loss=self._forward_loss,
+            evaluate=self.evaluate if self.eval_ds is not None else None, save_checkpoint=self.save_checkpoint))
+        self.trained = self.loop.run()
+        return self.trained
+
     @property
     def wrapped(self):
         """What the forward pass goes through: the DeepSpeed engine, DDP, or the bare model."""
@@ -280,24 +301,22 @@ class FinetuneRecipe(StepLoop):
             return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
         return contextlib.nullcontext()
 
-    def _forward_loss(self, batch: dict, num_items: torch.Tensor, train: bool = True,
-                      num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_loss(self, batch: dict, num_items: torch.Tensor, num_tokens: torch.Tensor | None = None,
+                      train: bool = True) -> StepLoss:
         """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own. With num_tokens (the real
         tokens of the optimizer step over all ranks / world size) a mixture-of-experts model adds its routers'
-        load-balancing loss weighted by this micro-batch's share of them (training.moe). For metrics: self.last_ce
-        is the cross-entropy part, self.aux_sum the micro-batch's aux x its real tokens (None without)."""
-        self.aux_sum = None
+        load-balancing loss weighted by this micro-batch's share of them (training.model.moe); the StepLoss says
+        the cross-entropy part and the micro-batch's aux x its real tokens too."""
         if self.router is not None and num_tokens is not None and self.router.coef > 0:
-            from training.moe import real_token_mask
+            from training.model.moe import real_token_mask
 
             with self.router.collecting():
-                self.last_ce = self._forward_ce(batch, num_items, train)
+                ce = self._forward_ce(batch, num_items, train)
             mask, real = real_token_mask(batch)
             aux = self.router.aux(mask)
-            self.aux_sum = aux.detach().double() * real
-            return self.last_ce + self.router.coef * aux * (real / num_tokens)
-        self.last_ce = self._forward_ce(batch, num_items, train)
-        return self.last_ce
+            return StepLoss(ce + self.router.coef * aux * (real / num_tokens), ce, aux.detach().double() * real)
+        ce = self._forward_ce(batch, num_items, train)
+        return StepLoss(ce, ce)
 
     def _forward_ce(self, batch: dict, num_items: torch.Tensor, train: bool = True) -> torch.Tensor:
         if self.loss_module is not None:
@@ -315,8 +334,8 @@ class FinetuneRecipe(StepLoop):
 
     # ----------------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Token-mean loss on --eval_data_path over all ranks; logged as an {"event": "eval"} record."""
+    def evaluate(self, step: int) -> float:
+        """Token-mean loss on --eval_data_path over all ranks at `step`; logged as an {"event": "eval"} record."""
         a, env = self.args, self.env
         self.heartbeat.phase("eval")
         self.wrapped.eval()
@@ -327,27 +346,27 @@ class FinetuneRecipe(StepLoop):
             if not idx:
                 batch["labels"].fill_(IGNORE_INDEX)
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            loss = self._forward_loss(batch, torch.tensor(1.0, device=self.device), train=False)
+            loss = self._forward_loss(batch, torch.tensor(1.0, device=self.device), train=False).loss
             total += torch.stack([loss.detach().double(), (batch["labels"] != IGNORE_INDEX).sum().double()])
         total = dist.all_reduce_sum(total)
         self.wrapped.train()
         eval_loss = (total[0] / total[1].clamp(min=1)).item()
-        self.metrics.write({"event": "eval", "step": self.step, "eval_loss": eval_loss, "eval_tokens": int(total[1])})
-        log.info("eval at step %d: loss %.4f over %d tokens", self.step, eval_loss, int(total[1]))
+        self.metrics.write({"event": "eval", "step": step, "eval_loss": eval_loss, "eval_tokens": int(total[1])})
+        log.info("eval at step %d: loss %.4f over %d tokens", step, eval_loss, int(total[1]))
         return eval_loss
 
-    # ------------------------------------------------------------ checkpoints (training.checkpointer)
-    def save_checkpoint(self) -> None:
+    # ------------------------------------------------------------ checkpoints (training.checkpoints.checkpointer)
+    def save_checkpoint(self, step: int) -> None:
         a, env = self.args, self.env
         self.heartbeat.phase("checkpoint")
-        final = self.checkpointer.save_checkpoint(self.step, {
-            "step": self.step, "epoch": self.step / self.steps_per_epoch, "total_steps": self.total_steps,
+        final = self.checkpointer.save_checkpoint(step, {
+            "step": step, "epoch": step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
             "zero_stage": self.stage, "seed": a.seed, "model": a.model_name_or_path,
             "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
-            self.metrics.write({"event": "checkpoint", "step": self.step, "path": str(final)})
+            self.metrics.write({"event": "checkpoint", "step": step, "path": str(final)})
 
     def save_final(self) -> None:
         self.heartbeat.phase("checkpoint")
@@ -370,10 +389,12 @@ class FinetuneRecipe(StepLoop):
     def finish(self) -> None:
         self.heartbeat.phase("collective")
         sums = self.replica_checksums()
-        trunc = self.lazy_truncated if self.args.lazy_preprocess else self.train_ds.stats.truncated
+        trained = self.trained
+        trunc = ((trained.lazy_truncated if trained else 0) if self.args.lazy_preprocess
+                 else self.train_ds.stats.truncated)
         self.metrics.write({
             "event": "end", "status": "ok", "step": self.step, "total_steps": self.total_steps,
-            "train_runtime": getattr(self, "train_runtime", None), "truncated_records": trunc,
+            "train_runtime": trained.train_runtime if trained else None, "truncated_records": trunc,
             "replica_checksums": sums, "replicas_in_sync": None if sums is None else len(set(sums)) == 1,
             "output_dir": os.path.abspath(self.args.output_dir),
         })

@@ -1,11 +1,9 @@
 """The step loop: one optimizer step after another, with packing a step ahead, steps read back a step late, metrics,
 evaluations and checkpoints at their steps.
 
-StepLoop is the loop half of training.recipe.FinetuneRecipe, which sets up what it uses: args, env, fast (the
-fast-path choices), device, model, loss_module, engine or ddp, optimizer, scheduler, scaler, loader, tokenizer,
-meta_group (the packing thread's process group), metrics, total_steps, steps_per_epoch, eval_ds, heartbeat (the
-phase the loop is in, training.heartbeat), timer and timing_group (each rank's compute and wait,
-training.step_timing); and _forward_loss, evaluate, save_checkpoint. The loss of a step is normalised by the
+StepLoop reads a LoopState, which training.recipe.FinetuneRecipe.setup() builds (the flags, the process, the
+fast-path choices, the wrapped model and its optimizer, the loader, the metrics and heartbeat, and the recipe's
+forward, evaluation and checkpoint), and run() returns a LoopResult. The loss of a step is normalised by the
 supervised tokens of the whole step over all ranks (so accumulation and the number of processes do not change it).
 """
 
@@ -15,33 +13,98 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from training import dist, fastpath, profiling, sequence_parallel, step_timing, trackers
-from training.data import IGNORE_INDEX
-from training.fast import allocator
+from training.data.encoding import IGNORE_INDEX
+from training.fast import allocator, apply, sequence_parallel
+from training.fast.choice import FastChoice
+from training.runtime import dist, profiling, step_timing, trackers
+from training.runtime.dist import DistEnv
+from training.runtime.heartbeat import Heartbeat, NoHeartbeat
+from training.runtime.metrics import MetricsWriter
+from training.runtime.step_timing import StepTimer
 
 log = logging.getLogger("training")
 
 
+@dataclass
+class StepLoss:
+    """One micro-batch's forward: the loss backward runs on, and its parts for the metrics."""
+    loss: torch.Tensor
+    ce: torch.Tensor  # the cross-entropy part
+    aux_sum: torch.Tensor | None = None  # mixture of experts: the load-balancing loss x real tokens (None without)
+
+
+@dataclass
+class LoopState:
+    """What the step loop reads, set up by the recipe."""
+    args: Any  # the worker's flags (training.args)
+    env: DistEnv
+    fast: FastChoice
+    device: torch.device
+    wrapped: torch.nn.Module  # what the forward goes through: the DeepSpeed engine, DDP, or the bare model
+    engine: Any  # the DeepSpeed engine (None without --deepspeed)
+    ddp: Any  # DistributedDataParallel (None on one process or under DeepSpeed)
+    optimizer: Any
+    scheduler: Any
+    scaler: Any  # fp16's GradScaler (None without)
+    trainable_params: list[torch.nn.Parameter]
+    loader: Iterable
+    pad_id: int
+    meta_group: Any  # the packing thread's process group (several ranks, packing), else None
+    timing_group: Any  # the logging gather's process group (several ranks), else None
+    metrics: MetricsWriter
+    heartbeat: Heartbeat | NoHeartbeat  # the phase the loop is in (training.runtime.heartbeat)
+    timer: StepTimer  # each rank's compute and wait (training.runtime.step_timing)
+    total_steps: int
+    steps_per_epoch: int
+    start_step: int  # 0, or the resumed checkpoint's step
+    aux_loss: bool  # a mixture of experts whose load-balancing loss is logged
+    forward_loss: Callable[[dict, torch.Tensor, torch.Tensor], StepLoss]  # (batch, num_items, num_tokens)
+    evaluate: Callable[[int], float] | None  # at a step; None without evaluation data
+    save_checkpoint: Callable[[int], None]  # at a step
+
+
+@dataclass
+class LoopResult:
+    """What a finished loop produced."""
+    step: int  # the last optimizer step
+    evaluated_step: int | None  # the step the last evaluation ran at (None: none ran)
+    lazy_truncated: int  # with --lazy_preprocess: records truncated in training batches
+    train_runtime: float  # seconds
+
+
 class StepLoop:
-    def train(self) -> None:
+    def __init__(self, state: LoopState):
+        self.state = state
+        self.args, self.env, self.fast, self.device = state.args, state.env, state.fast, state.device
+        self.heartbeat, self.timer, self.metrics = state.heartbeat, state.timer, state.metrics
+        self.step = state.start_step  # read by the recipe while the loop runs (a stop or a failure names it)
+        self.evaluated_step: int | None = None
+        self.lazy_truncated = 0
+        self._retries_warned = 0  # allocator retries already warned about
+        self._window = _Window()
+        self._failing = False  # after a failure: no logging gather (the other ranks may be anywhere)
+
+    def run(self) -> LoopResult:
         gas = self.args.gradient_accumulation_steps
-        # --report_to: rank 0's trackers get every metrics record from here on (training.trackers).
+        # --report_to: rank 0's trackers get every metrics record from here on (training.runtime.trackers).
         sink = trackers.open_trackers(self.args, self.env.is_main)
         if sink is not None:
             self.metrics.add_sink(sink)
-        self.wrapped.train()
+        self.state.wrapped.train()
         # The tokenized records, the model and the tokenizer are millions of long-lived Python objects; a full
         # garbage collection walks all of them, tens of milliseconds at an arbitrary step while the GPU waits.
         # Frozen, the collector skips them (what the loop itself allocates is still collected).
         gc.collect()
         gc.freeze()
-        batches = iter(self.loader)
+        batches = iter(self.state.loader)
         # Packing runs one step ahead on a thread (the next step's job starts once this step's first micro-batch
         # is queued on the GPU), so the GPU does not wait for Python between steps.
         packer = ThreadPoolExecutor(1, thread_name_prefix="pack") if self.fast.packing else None
@@ -51,21 +114,20 @@ class StepLoop:
 
         pending = pack_next() if packer else None
         try:
-            self._train_loop(batches, pending, pack_next)
+            return self._train_loop(batches, pending, pack_next)
         finally:
             if packer:
                 packer.shutdown(wait=True, cancel_futures=True)
 
-    def _train_loop(self, batches, pending, pack_next) -> None:
+    def _train_loop(self, batches, pending, pack_next) -> LoopResult:
+        st = self.state
         a, env, hb, timer = self.args, self.env, self.heartbeat, self.timer
         gas = a.gradient_accumulation_steps
-        self._window = _Window()
-        self._failing = False
         hb.step = self.step
         t_start = time.perf_counter()
         queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
         try:
-            while self.step < self.total_steps:
+            while self.step < st.total_steps:
                 if queued is not None and a.profile_step == self.step + 1:
                     # Read back before the profiler starts: its start-up would count as the queued step's time.
                     self._record_step(queued, seconds=None)
@@ -98,28 +160,28 @@ class StepLoop:
                     # DDP and DeepSpeed average gradients over ranks; scaling by world size turns that into a sum.
                     num_items = self._device_scalar(max(n_labels, 1.0) / env.world_size)
                     loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-                    # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.moe)
+                    # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.model.moe)
                     aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
                     num_tokens = self._device_scalar(max(n_tokens, 1.0) / env.world_size)
                     lr = self._current_lr()
                 for i, batch in enumerate(micro):
                     last = i == len(micro) - 1
-                    if self.engine is not None and self.fast.packing:
+                    if st.engine is not None and self.fast.packing:
                         # A packed step has as many rows as its records need (the same on every rank), not the
                         # configured accumulation count: the engine is told which one ends the step.
-                        self.engine.set_gradient_accumulation_boundary(last)
-                    sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
+                        st.engine.set_gradient_accumulation_boundary(last)
+                    sync = contextlib.nullcontext() if (last or st.ddp is None) else st.ddp.no_sync()
                     with sync:
                         hb.phase("forward")
                         with mark("step: forward"):
-                            loss = self._forward_loss(batch, num_items, num_tokens=num_tokens)
+                            out = st.forward_loss(batch, num_items, num_tokens)
                         hb.phase("backward")
                         if last:  # the micro-batch whose backward waits for every rank's gradients
                             timer.arm()
                         with mark("step: backward"):
-                            self._backward(loss)
+                            self._backward(out.loss)
                         timer.disarm(now)
-                    if pending is None and self.fast.packing and self.step + 1 < self.total_steps:
+                    if pending is None and self.fast.packing and self.step + 1 < st.total_steps:
                         # The next step is packed from here on: with this micro-batch's kernels queued, the packing
                         # thread's Python runs while the main thread waits on the GPU. Started with the step, it
                         # held the GIL while the main thread had the first kernels to launch, and the GPU idled.
@@ -130,13 +192,13 @@ class StepLoop:
                         with mark("step: previous step's metrics"):
                             self._record_step(queued, seconds=t0 - queued.t0)
                         queued = None
-                    if self.engine is not None:
+                    if st.engine is not None:
                         if last:
                             hb.phase("optimizer")
-                        self.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
-                    loss_sum += self.last_ce.detach().double() * num_items.double()
-                    if self.aux_sum is not None:
-                        aux_sum += self.aux_sum
+                        st.engine.step()  # DeepSpeed counts micro-batches and updates on the last one
+                    loss_sum += out.ce.detach().double() * num_items.double()
+                    if out.aux_sum is not None:
+                        aux_sum += out.aux_sum
                 hb.phase("optimizer")
                 with mark("step: optimizer"):
                     grad_norm = self._optimizer_step()
@@ -147,10 +209,10 @@ class StepLoop:
                 loss_sum = dist.all_reduce_sum(torch.stack([loss_sum, aux_sum]))  # one collective for both
                 timer.end(self.step, started)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
-                due_eval = self.eval_ds is not None and self._eval_due()
+                due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
-                if (self.fast.overlap_steps and a.profile_step != self.step and self.step < self.total_steps
+                if (self.fast.overlap_steps and a.profile_step != self.step and self.step < st.total_steps
                         and not due_eval and not self._should_save()):
                     queued = done
                     continue
@@ -161,15 +223,15 @@ class StepLoop:
                     text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
                     log.info("profile of step %d (%s):\n%s", self.step, out, text)
                 if due_eval:
-                    self.evaluate()
+                    st.evaluate(self.step)
                     self.evaluated_step = self.step  # the run's end need not evaluate the same weights again
                 if self._should_save():
-                    self.save_checkpoint()
+                    st.save_checkpoint(self.step)
         except BaseException:
             if queued is not None:  # a step that finished before the failure still gets its metrics record
                 self._flush_after_error(queued)
             raise
-        self.train_runtime = time.perf_counter() - t_start
+        return LoopResult(self.step, self.evaluated_step, self.lazy_truncated, time.perf_counter() - t_start)
 
     def _record_step(self, q: "_Queued", seconds: float | None) -> None:
         """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
@@ -190,12 +252,12 @@ class StepLoop:
         w.aux_sum += aux_sum
         w.micro_batches += q.micro_batches
         w.empty_rows += int(q.n_empty)
-        if q.step % a.logging_steps == 0 or q.step == self.total_steps:
+        if q.step % a.logging_steps == 0 or q.step == self.state.total_steps:
             self._log_step(w, q.step, q.lr, grad_norm)
             self._window = _Window()
 
     def _flush_after_error(self, q: "_Queued") -> None:
-        self._failing = True  # the other ranks may be anywhere: no logging gather
+        self._failing = True
         try:
             self._record_step(q, seconds=None)
         except Exception as e:  # the device may be what failed; the original error is what gets raised
@@ -215,17 +277,17 @@ class StepLoop:
         runs (the busiest rank's count); and the seconds spent in the gather. Several ranks agree on these here,
         on the host, a step ahead."""
         f, a = self.fast, self.args
-        pad_id = self.tokenizer.pad_token_id
-        rows = fastpath.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        pad_id = self.state.pad_id
+        rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
         rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
         counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
                   float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
-        if self.meta_group is None:
+        if self.state.meta_group is None:
             return rows, counts + [0.0], len(rows), 0.0
         started = time.perf_counter()
-        ranks = dist.gather_floats(counts + [float(len(rows))], self.meta_group)
+        ranks = dist.gather_floats(counts + [float(len(rows))], self.state.meta_group)
         gather_s = time.perf_counter() - started
         most = int(max(r[3] for r in ranks))
         # The ranks of a sequence-parallel group ran the same records: each is counted once.
@@ -244,46 +306,47 @@ class StepLoop:
         f, a = self.fast, self.args
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
-            filler = sequence_parallel.local(fastpath.empty_row(min(self._pad_multiple, f.packing_tokens),
-                                                                self.tokenizer.pad_token_id, a.model_max_length))
+            filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
+                                                       self.state.pad_id, a.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
         return micro, torch.tensor(counts, dtype=torch.float64)
 
     def _current_lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.state.scheduler.get_last_lr()[0])
 
     def _backward(self, loss: torch.Tensor) -> None:
-        if self.engine is not None:
-            self.engine.backward(loss, scale_wrt_gas=False)  # our loss is already normalised per step
-        elif self.scaler is not None:
-            self.scaler.scale(loss).backward()
+        st = self.state
+        if st.engine is not None:
+            st.engine.backward(loss, scale_wrt_gas=False)  # our loss is already normalised per step
+        elif st.scaler is not None:
+            st.scaler.scale(loss).backward()
         else:
             loss.backward()
 
     def _optimizer_step(self) -> torch.Tensor | float:
-        a = self.args
-        if self.engine is not None:
-            norm = self.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
+        a, st = self.args, self.state
+        if st.engine is not None:
+            norm = st.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
             return float(norm) if norm is not None else float("nan")
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
+        if st.scaler is not None:
+            st.scaler.unscale_(st.optimizer)
         max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable_params(), max_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        norm = torch.nn.utils.clip_grad_norm_(st.trainable_params, max_norm)
+        if st.scaler is not None:
+            st.scaler.step(st.optimizer)
+            st.scaler.update()
         else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            st.optimizer.step()
+        st.scheduler.step()
+        st.optimizer.zero_grad(set_to_none=True)
         return norm  # on the device: _record_step reads it back (with --overlap_steps, a step later)
 
     def _log_step(self, w: "_Window", step: int, lr: float, grad_norm: float) -> None:
         rec = {
             "step": step,
-            "epoch": round(step / self.steps_per_epoch, 4),
+            "epoch": round(step / self.state.steps_per_epoch, 4),
             "loss": w.loss_sum / max(w.labels, 1.0),
             "learning_rate": lr,
             "grad_norm": grad_norm,
@@ -293,7 +356,7 @@ class StepLoop:
             "step_time": w.seconds / w.steps,
         }
         rec.update(self._rank_times(w, rec["step_time"]))
-        if self.router is not None and self.router.coef > 0:
+        if self.state.aux_loss:
             # the load-balancing loss per real token (the objective adds router_aux_loss_coef x this to the loss)
             rec["aux_loss"] = w.aux_sum / max(w.tokens, 1.0)
         if self.fast.packing:
@@ -310,11 +373,11 @@ class StepLoop:
                             else "use --expandable_segments or a lower --auto_memory_fraction")
                 self._retries_warned = rec["alloc_retries"]
         self.metrics.write(rec)
-        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.total_steps,
+        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f %.0f tok/s", step, self.state.total_steps,
                  rec["loss"], lr, grad_norm, rec["tokens_per_second"] or 0.0)
 
     def _rank_times(self, w: "_Window", step_time: float) -> dict:
-        """rank_compute_s, rank_wait_s, rank_node of every rank (training.step_timing): one small gather on the
+        """rank_compute_s, rank_wait_s, rank_node of every rank (training.runtime.step_timing): one small gather on the
         host, on every rank at the same logged step. Left out of a record written after a failure."""
         wait = w.wait / w.steps
         compute = max(step_time - wait, 0.0)
@@ -322,10 +385,10 @@ class StepLoop:
         mine = [compute, wait, float(self.env.node_rank)]
         if self._failing:
             return {}
-        if self.timing_group is None:
+        if self.state.timing_group is None:
             return step_timing.per_rank([mine])
         left = self.heartbeat.phase("collective")
-        gathered = dist.gather_floats(mine, self.timing_group)
+        gathered = dist.gather_floats(mine, self.state.timing_group)
         self.heartbeat.restore(left)
         return step_timing.per_rank(gathered)
 
@@ -333,7 +396,7 @@ class StepLoop:
         """--eval_strategy steps: every --eval_steps; epoch: at the last step of every epoch (as HF Trainer)."""
         a = self.args
         if a.eval_strategy == "epoch":
-            return self.step % self.steps_per_epoch == 0
+            return self.step % self.state.steps_per_epoch == 0
         return a.eval_steps > 0 and self.step % a.eval_steps == 0
 
     def _should_save(self) -> bool:
@@ -341,7 +404,7 @@ class StepLoop:
         if a.save_strategy == "steps":
             return self.step % a.save_steps == 0
         if a.save_strategy == "epoch":
-            return self.step % self.steps_per_epoch == 0
+            return self.step % self.state.steps_per_epoch == 0
         return False
 
 

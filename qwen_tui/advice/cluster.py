@@ -115,7 +115,7 @@ def version_mismatch(c: Context) -> Iterable[Advice]:
                          if pkg != "python" else "use the same Python on every node (cluster.nodes[].python)"))
 
 
-# The worker's fast path (with or without DeepSpeed) picks these up by itself where installed (training.fastpath);
+# The worker's fast path (with or without DeepSpeed) picks these up by itself where installed (training.fast.choice);
 # bench/results/train_speed-2026-11-30-H200.md measured what each is worth on an H200.
 FAST_KERNELS = {
     "liger-kernel": "Liger's fused loss (without it the worker runs its own chunked loss, slower)",

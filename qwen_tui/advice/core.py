@@ -24,7 +24,7 @@ MEMORY_TIGHT = 0.90  # of the GPU: fits, but a longer batch may not
 CKPT_OFF_HEADROOM = 0.85  # checkpointing off must leave this much of the GPU unused to be recommended
 ZERO3_SLOWER = 1.2  # ZeRO-3 at least this much slower than ZeRO-2 to warn
 DDP_FASTER = 1.2  # plain DDP (the worker's fast path) at least this much faster than ZeRO to warn
-QLORA_QUANT_METHODS = ("gptq", "awq", "bitsandbytes")  # what training/model.py can put LoRA on
+QLORA_QUANT_METHODS = ("gptq", "awq", "bitsandbytes")  # what training/model/pretrained.py can put LoRA on
 
 
 @dataclass(frozen=True)

@@ -349,8 +349,10 @@ _SUFFIX = re.compile(
 _QUANT = {"gptq-int4": ("gptq", 4), "gptq-int8": ("gptq", 8), "int4": ("gptq", 4), "int8": ("gptq", 8),
           "awq": ("awq", 4), "fp8": ("fp8", 8), "gguf": ("gguf", None)}
 
-TINY = _Shape(2, 64, 128, 4, 2, 1024, True)  # training/tiny.py: hidden 64, 2 layers, 4 heads, 2 KV, vocab 1024, tied
-# training/tiny.py's mixture-of-experts shapes: 8 experts of width 32, 2 a token (Qwen2-MoE's with a shared expert)
+# training/model/tiny.py: hidden 64, 2 layers, 4 heads, 2 KV, vocab 1024, tied
+TINY = _Shape(2, 64, 128, 4, 2, 1024, True)
+# training/model/tiny.py's mixture-of-experts shapes: 8 experts of width 32, 2 a token
+# (Qwen2-MoE's with a shared expert)
 TINY_MOE = {
     "builtin:tiny-moe": {**_moe("qwen3_moe", 2, 64, 4, 2, 8, 2, 32, 128), "head_dim": 16, "vocab_size": 1024},
     "builtin:tiny-qwen2-moe": {**_moe("qwen2_moe", 2, 64, 4, 2, 8, 2, 32, 128, shared=64), "head_dim": 16,

@@ -170,7 +170,7 @@ def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
     the job's. `on_phase(text)` hears each phase, for a face that shows the stop's progress.
 
     The ranks are asked first (SIGTERM to them alone): the worker ends quietly with one line
-    (training/stop.py), its torchrun agent then sees its workers done and exits on its own, and
+    (training/runtime/stop.py), its torchrun agent then sees its workers done and exits on its own, and
     the job shell writes the exit code; no agent is interrupted into printing a traceback.
     What is left after `grace` seconds gets SIGTERM, then SIGKILL."""
     say = on_phase or (lambda text: None)

@@ -5,13 +5,13 @@ Pure: no I/O. The driver that uses them is run/restarts.py.
 
 The global batch must not change across a resume: the worker refuses a checkpoint
 trained with another one, because the data order (global batches cut from one
-seeded permutation, training/data.py) and the step count depend on it. So with
+seeded permutation, training/data/batches.py) and the step count depend on it. So with
 fewer GPUs the per-device batch and the accumulation are re-split; when the global
 batch is not a multiple of the new world size it cannot be kept, and the relaunch
 is refused with the numbers rather than silently training something else.
 
 A ZeRO checkpoint resumes on fewer processes through DeepSpeed's universal format (the
-worker converts it, training/universal.py), when every rank's slice of it can be read.
+worker converts it, training/checkpoints/universal.py), when every rank's slice of it can be read.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def without_nodes(preset: Preset, gone: Iterable[int], *, resuming: bool) -> tup
 def zero_resume_blocker(preset: Preset) -> Optional[str]:
     """Why a ZeRO checkpoint of this preset cannot resume on another number of processes (None: it can).
 
-    The worker converts it to DeepSpeed's universal format (training/universal.py), which needs every rank's
+    The worker converts it to DeepSpeed's universal format (training/checkpoints/universal.py), which needs every rank's
     optimizer slice in one directory: with a copy of the checkpoints on each node, the lost node's slices
     are gone with it. Offloaded and 4-bit (Q-LoRA) optimizer states were not tried, so they are not claimed."""
     t, nodes = preset.training, preset.cluster.nodes

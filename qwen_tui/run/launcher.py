@@ -82,13 +82,14 @@ def _attempt_of(state: dict) -> int:
     return a if type(a) is int else 1
 
 
-# How long a stopped worker may itself take to end (training/stop.py: node 0's first rank waits up to PEERS_BOUND_S
+# How long a stopped worker may itself take to end (training/runtime/stop.py: node 0's first rank waits up to
+# PEERS_BOUND_S
 # for the other agents, and a rank whose collective lost a peer waits up to PEER_STOP_WAIT_S for its own signal);
 # the stop's grace leaves it that and a margin before anything of the job gets a signal of its own.
 WORKER_STOP_BOUND_S = 5.0 + 3.0
 STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
 # A worker stopped while it still imports torch and its libraries ends only once those imports are done (an
-# exception inside a C extension's import can crash it: training/stop.py), which took 9 s on a loaded 2-core
+# exception inside a C extension's import can crash it: training/runtime/stop.py), which took 9 s on a loaded 2-core
 # machine; killed at the usual grace, its log lost the stop line to torchrun's traceback. Before training has
 # started the stop waits this much longer for the workers to end on their own.
 STARTING_EXTRA_S = 20.0

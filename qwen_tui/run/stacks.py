@@ -19,7 +19,8 @@ from ..nodes.transport import Transport
 from ..plan.launch import NodeCommand
 
 STACK_WAIT_S = 6.0  # how long ranks get to write their dump after SIGUSR1 (the end line follows within a heartbeat)
-# the worker closes each dump with this line (training/stacks.py); what came before it since our last look is the dump
+# the worker closes each dump with this line (training/runtime/stacks.py); what came before it since our last
+# look is the dump
 END = b"=== end of stacks"
 
 

@@ -1,7 +1,7 @@
 """Which node holds every step back: each node's compute time per step against the other nodes'.
 
 The worker's metrics record of each logged step carries every rank's compute and wait time per step
-(`rank_compute_s`, `rank_wait_s`, `rank_node`: training/heartbeat.py explains how they are measured).
+(`rank_compute_s`, `rank_wait_s`, `rank_node`: training/runtime/heartbeat.py explains how they are measured).
 A node's compute time is its slowest rank's. A node slower than the median of the other nodes by
 `threshold` (0.2: 20%) and by at least MIN_GAP_S in `steps` logged records in a row is a straggler; it stops
 being one after as many records in a row within the threshold.

@@ -1,6 +1,6 @@
 """The hang watchdog: when no step finishes within a bound, name the rank that holds the run.
 
-Every rank of the worker writes a heartbeat (training/heartbeat.py: its step, the phase it is in and
+Every rank of the worker writes a heartbeat (training/runtime/heartbeat.py: its step, the phase it is in and
 since when, written every couple of seconds by a thread of its own). The launcher reads them from every
 node (read_heartbeats) and feeds them here. A run is hung when the highest step any rank has finished
 stays the same for `bound` seconds: the preset's monitor.hang_timeout, else 5 x the median step time and

@@ -132,7 +132,7 @@ def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, la
     preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
     la, conns = launched(preset, "stop")
     # The default grace, not the fixture's 5 s: a stopped worker itself may take up to WORKER_STOP_BOUND_S
-    # (training/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
+    # (training/runtime/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
     la.stop_grace = STOP_GRACE_S
     try:
         _wait_steps(la, 1)

@@ -128,7 +128,7 @@ def test_hf_settings_come_from_the_preset_over_qwen_tuis_and_the_token_stays_out
 
 
 def test_the_worker_loads_the_synced_copy_of_a_hub_id(tmp_path, monkeypatch, tiny_src):
-    from training.model import resolve_model_source
+    from training.model.pretrained import resolve_model_source
 
     monkeypatch.chdir(tmp_path)
     assert resolve_model_source("acme/tiny", 0) == "acme/tiny"  # nothing synced: the hub (or its cache) decides

@@ -28,8 +28,9 @@ def write_long_records(d: Path, tiny_model: Path) -> dict[str, str]:
 def record_lengths(files) -> list[int]:
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder, build_dataset
-    from training.records import load_conversations
+    from training.data.batches import build_dataset
+    from training.data.encoding import ChatEncoder
+    from training.data.records import load_conversations
 
     tok = AutoTokenizer.from_pretrained(files["model"])
     return [len(e.input_ids) for e in build_dataset(load_conversations(files["train"]), ChatEncoder(tok, MAX_LEN),

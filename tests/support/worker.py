@@ -25,11 +25,11 @@ def demo_records(n: int | None = None) -> list[dict]:
 
 
 def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False, zero_stage: int = 2):
-    """training.fastpath.decide for these worker flags (the required ones filled in) on this device type."""
+    """training.fast.choice.decide for these worker flags (the required ones filled in) on this device type."""
     import torch
 
     from training.args import build_parser
-    from training.fastpath import decide
+    from training.fast.choice import decide
 
     base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
     return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed, zero_stage)
@@ -88,8 +88,10 @@ def eval_loss_of(model, tokenizer, data_path: str, max_length: int = 8192) -> fl
     """Token-mean loss of a reloaded model on a data file, through the worker's own data path."""
     import torch
 
-    from training.data import IGNORE_INDEX, ChatEncoder, Collator, build_dataset
-    from training.records import load_conversations
+    from training.data.encoding import IGNORE_INDEX, ChatEncoder
+
+    from training.data.batches import Collator, build_dataset
+    from training.data.records import load_conversations
 
     ds = build_dataset(load_conversations(data_path), ChatEncoder(tokenizer, max_length), lazy=False)
     col = Collator(tokenizer.pad_token_id)

@@ -25,7 +25,7 @@ def qwen_tokenizer():
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from training.tiny import QWEN_SPLIT
+    from training.model.tiny import QWEN_SPLIT
 
     class _Converter(TikTokenConverter):
         @staticmethod

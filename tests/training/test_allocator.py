@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.errors import InputError
 from training.fast.allocator import ENV, configure
+from training.runtime.errors import InputError
 
 
 def test_auto_and_explicit_on_add_the_setting_and_keep_the_users_other_options():

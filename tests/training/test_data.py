@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from training.data import IGNORE_INDEX, ChatEncoder, Collator, StepSampler, build_dataset, eval_batches
-from training.errors import InputError
-from training.records import load_conversations
+from training.data.batches import Collator, StepSampler, build_dataset, eval_batches
+from training.data.encoding import IGNORE_INDEX, ChatEncoder
+from training.data.records import load_conversations
+from training.runtime.errors import InputError
 
 from support.worker import demo_records, write_jsonl
 

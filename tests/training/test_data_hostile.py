@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from training.data import ChatEncoder
-from training.errors import InputError
-from training.records import load_conversations
+from training.data.encoding import ChatEncoder
+from training.data.records import load_conversations
+from training.runtime.errors import InputError
 
 from support.worker import demo_records, run_worker, write_jsonl
 

@@ -181,7 +181,7 @@ def test_pack_lists_the_supervised_positions_and_their_targets():
 def test_labelled_logits_give_the_same_loss_and_gradients(lora):
     """The LM head on the supervised positions only: the same summed loss, count and gradients of every
     parameter (a tied head too) as the head on every position."""
-    from training.fastpath import empty_row
+    from training.fast.apply import empty_row
 
     grads = {}
     for only in (False, True):
@@ -215,7 +215,7 @@ def test_labelled_logits_give_the_same_loss_and_gradients(lora):
 
 
 def test_labelled_logits_switch_is_decided_with_packing_and_refused_without():
-    from training.errors import InputError
+    from training.runtime.errors import InputError
 
     auto = _decide(argv=[], device="cpu")
     assert auto.packing and auto.ce == "chunked" and auto.labelled_logits
@@ -232,7 +232,7 @@ def test_labelled_logits_switch_is_decided_with_packing_and_refused_without():
 def test_the_fast_path_runs_under_every_zero_stage(monkeypatch):
     """Under ZeRO-1/2/3 the engine wraps model + loss: packed rows without the full logits (ZeRO-3 gathers the
     LM head for the loss), compiled layers, fused AdamW and the memory probe, which runs once the engine exists."""
-    import training.fastpath as fp
+    import training.fast.choice as fp
 
     for stage in (1, 2, 3):
         z = decide_for(["--use_lora"], "cpu", deepspeed=True, zero_stage=stage)
@@ -459,9 +459,9 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
     """size_rows probes again with checkpointing on the real tiny model, keeps it where worth_checkpointing says
     so and turns it back off where not. The probe itself measures CUDA memory (none here): it is replaced by the
     plans the H200 measured, chosen by whether the model is checkpointing at the time of the probe."""
-    from training import fast_setup, fastpath
     from training.args import parse_args
-    from training.model import checkpointing_is_on
+    from training.fast import apply
+    from training.model.pretrained import checkpointing_is_on
 
     model = _tiny()
     off = _h200_plan(66.99, 75.56, 56.74) if short else _h200_plan(27.96, 40.24, 1.20)
@@ -473,11 +473,11 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
         probed.append(checkpointing_is_on(model))
         return on if checkpointing_is_on(model) else off
 
-    monkeypatch.setattr(fastpath, "probe_tokens", probe)
+    monkeypatch.setattr(apply, "probe_tokens", probe)
     args = parse_args(["--model_name_or_path", "x", "--data_path", "y", "--output_dir", "z", *argv])
     fast = SimpleNamespace(auto_micro_batch=True, gradient_checkpointing=bool(args.gradient_checkpointing),
                            packing=False, attention="flash", packing_tokens=None)
-    fast_setup.size_rows(model, None, fast, args, {"vocab_size": 512}, torch.device("cpu"), None, model)
+    apply.size_rows(model, None, fast, args, {"vocab_size": 512}, torch.device("cpu"), None, model)
     assert fast.gradient_checkpointing is expect and checkpointing_is_on(model) is expect
     assert fast.packing_tokens == (on.tokens if expect else off.tokens)
     assert probed == ([False, True] if short and not argv else [False])
@@ -486,7 +486,7 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
 LAZY_STATES = r"""
 import json, os, torch, deepspeed
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-from training.fastpath import _fp32_partitions_of, _torch_optimizer_of
+from training.fast.apply import _fp32_partitions_of, _torch_optimizer_of
 from training.fast.autobatch import lazy_state_bytes
 got = {}
 for stage in (2, 3):  # one engine after the other in one process: the imports and the process group paid once
@@ -539,7 +539,7 @@ def _decide(argv=(), device="cuda", deepspeed=False):
 
 
 def test_lora_input_cast_is_dropped_only_where_autocast_recasts_it():
-    import training.fastpath as fp
+    import training.fast.choice as fp
 
     real = fp._varlen_available
     fp._varlen_available = lambda: True  # decide() asks about packing too; this test is about the cast
@@ -563,7 +563,7 @@ def test_adapter_inputs_in_bf16_give_the_same_loss_and_gradients_under_autocast(
     once: bench/lora_input_cast_check.py measures it on the GPU.)"""
     from peft import LoraConfig, get_peft_model
 
-    from training.fastpath import set_lora_input_cast
+    from training.fast.apply import set_lora_input_cast
 
     def run(cast: bool):
         model = _tiny(seed=3).to(torch.bfloat16)
@@ -589,9 +589,9 @@ def test_adapter_inputs_in_bf16_give_the_same_loss_and_gradients_under_autocast(
 
 
 def test_attention_kernel_is_cudnn_only_where_it_can_run_with_bounded_plans(monkeypatch):
-    import training.fastpath as fp
-    from training.errors import InputError
+    import training.fast.choice as fp
     from training.fast.attention import cudnn_unfit
+    from training.runtime.errors import InputError
 
     auto = _decide(argv=["--bf16"], device="cpu")
     assert auto.attention == "flash" and auto.why["attention_kernel"] == "n/a: no packed rows on CUDA"
@@ -662,21 +662,21 @@ def test_cudnn_self_test_passes_an_agreeing_kernel_and_names_a_failing_or_wrong_
 
 
 def test_the_fast_setup_gives_the_self_test_the_models_attention_shape():
-    """The recipe's side of the automatic cuDNN choice (training.fast_setup), on CPU: the shape and dtype it hands
+    """The recipe's side of the automatic cuDNN choice (training.fast.apply), on CPU: the shape and dtype it hands
     over, and a self-test that cannot run here (no varlen kernel, no cuDNN) comes back as a reason, not an
     exception."""
     from types import SimpleNamespace
 
-    from training import fast_setup
+    from training.fast import apply
     from training.fast.attention import cudnn_self_test
 
     seven = {"num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
-    assert fast_setup.attention_shape(seven) == (28, 4, 128)
-    assert fast_setup.attention_dtype(SimpleNamespace(fp16=False)) == torch.bfloat16
-    assert fast_setup.attention_dtype(SimpleNamespace(fp16=True)) == torch.float16
+    assert apply.attention_shape(seven) == (28, 4, 128)
+    assert apply.attention_dtype(SimpleNamespace(fp16=False)) == torch.bfloat16
+    assert apply.attention_dtype(SimpleNamespace(fp16=True)) == torch.float16
     qwen3 = {"num_attention_heads": 4, "hidden_size": 64, "head_dim": 32}  # Qwen3 sets head_dim itself
-    assert fast_setup.attention_shape(qwen3) == (4, 4, 32)
-    got = cudnn_self_test(*fast_setup.attention_shape(qwen3), torch.bfloat16, torch.device("cpu"), 2048)
+    assert apply.attention_shape(qwen3) == (4, 4, 32)
+    got = cudnn_self_test(*apply.attention_shape(qwen3), torch.bfloat16, torch.device("cpu"), 2048)
     assert got.startswith("cuDNN's attention failed its self-test (")
 
 

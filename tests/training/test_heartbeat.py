@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from training import dist
 from training.args import parse_args
-from training.errors import InputError
-from training.heartbeat import PHASES, Heartbeat, NoHeartbeat, from_args
-from training.stacks import StackFile
+from training.runtime import dist
+from training.runtime.errors import InputError
+from training.runtime.heartbeat import PHASES, Heartbeat, NoHeartbeat, from_args
+from training.runtime.stacks import StackFile
 
 FIELDS = {"rank", "local_rank", "node_rank", "world_size", "pid", "host", "step", "phase", "phase_since", "time",
           "compute_s", "wait_s", "step_time"}
@@ -158,7 +158,7 @@ def test_step_timer_sees_the_gradient_reach_layer_0_only_when_armed(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.step_timing import StepTimer
+    from training.runtime.step_timing import StepTimer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     timer = StepTimer(torch.device("cpu"), model, several=True)
@@ -196,7 +196,7 @@ def test_step_timer_hook_works_on_compiled_layers(tiny_model):
     from transformers import AutoModelForCausalLM
 
     from training.fast.compile import compile_decoder_layers
-    from training.step_timing import StepTimer
+    from training.runtime.step_timing import StepTimer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     timer = StepTimer(torch.device("cpu"), model, several=True)

@@ -1,4 +1,4 @@
-"""Long records on one GPU: the tiled MLP (--tiled_mlp, training.long_context) on CPU with the tiny model.
+"""Long records on one GPU: the tiled MLP (--tiled_mlp, training.fast.long_context) on CPU with the tiny model.
 
 Tiling changes where the MLP's activations live, not what is computed: the worker's curve with tiles of 64
 tokens on rows of 350-600 tokens must be the untiled one's; LoRA dropout inside a tile draws the same masks
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import long_context
-from training.errors import InputError
+from training.fast import long_context
+from training.runtime.errors import InputError
 from support.long_records import STEPS, flags
 from support.worker import assert_ok, run_worker
 

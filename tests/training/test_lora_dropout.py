@@ -156,7 +156,7 @@ def _decide(argv, device="cpu", deepspeed=False):
 
 
 def test_fused_dropout_is_decided_with_its_reason_and_refused_where_it_cannot_run():
-    from training.errors import InputError
+    from training.runtime.errors import InputError
 
     assert _decide(["--use_lora"]).why["fused_lora_dropout"].startswith("off: opt-in")
     assert not _decide(["--use_lora"]).fused_lora_dropout

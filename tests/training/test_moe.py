@@ -28,7 +28,7 @@ COEF = 0.5  # large enough that a dropped or mis-weighted load-balancing term sh
 
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory):
-    from training.tiny import build_tiny
+    from training.model.tiny import build_tiny
 
     d = tmp_path_factory.mktemp("moe")
     return {"qwen3_moe": str(build_tiny(d / "tiny-qwen3-moe", "qwen3_moe")),
@@ -39,8 +39,8 @@ def moe_models(tmp_path_factory):
 def data(tmp_path_factory, moe_models):
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+    from training.data.records import load_conversations
 
     d = tmp_path_factory.mktemp("moe-data")
     recs = demo_records()
@@ -64,8 +64,10 @@ def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_r
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.data import ChatEncoder, Collator, StepSampler, build_dataset
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+
+    from training.data.batches import Collator, StepSampler, build_dataset
+    from training.data.records import load_conversations
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     ds = build_dataset(load_conversations(data_path), ChatEncoder(tok, 128), lazy=False)
@@ -224,7 +226,7 @@ def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data
 def test_expert_layout_is_read_from_the_config_on_the_meta_device(moe_models):
     """What the Q-LoRA and LoRA-dropout refusals decide on, before any weight loads: transformers 5 fuses the experts
     (3-D weights); a first layer with a dense MLP does not hide them; a config with no sparse layer has none."""
-    from training.moe import layout_of_config, moe_shape
+    from training.model.moe import layout_of_config, moe_shape
 
     for arch, path in moe_models.items():
         cfg = json.loads((Path(path) / "config.json").read_text())
@@ -250,7 +252,7 @@ def test_experts_kernels_give_the_eager_loss_and_gradients(moe_models, impl, com
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training import moe_experts
+    from training.model import moe_experts
     from training.fast.compile import compile_decoder_layers
 
     ref = AutoModelForCausalLM.from_pretrained(moe_models["qwen3_moe"], dtype=torch.float32)
@@ -276,9 +278,9 @@ def test_experts_choice_is_eager_on_cpu_and_grouped_where_asked(moe_models):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training import moe_experts
-    from training.errors import InputError
-    from training.tiny import build_tiny
+    from training.model import moe_experts
+    from training.runtime.errors import InputError
+    from training.model.tiny import build_tiny
 
     cpu = torch.device("cpu")
     impl, why = moe_experts.choose("auto", cpu, has_interface=True)
@@ -309,7 +311,7 @@ def test_router_logits_hooks_compile_one_graph_for_all_layers():
     from torch._dynamo.utils import counters
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from training import moe
+    from training.model import moe
     from training.fast.compile import compile_decoder_layers
 
     torch._dynamo.reset()

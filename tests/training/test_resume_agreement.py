@@ -1,4 +1,5 @@
-"""Resuming when every node keeps its own checkpoints: the step all nodes agree on (training.resume_agreement)."""
+"""Resuming when every node keeps its own checkpoints: the step all nodes agree on
+(training.checkpoints.resume_agreement)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from support.paths import ROOT
 from support.ports import free_port
 from support.worker import demo_records, write_jsonl
 
-from training.errors import InputError
-from training.resume_agreement import NodeHolds, choose
+from training.checkpoints.resume_agreement import NodeHolds, choose
+from training.runtime.errors import InputError
 
 
 def _h(node, *steps, host=None):

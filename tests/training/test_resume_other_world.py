@@ -7,7 +7,8 @@ The criterion: after the checkpoint, the resumed run's losses and learning rates
 2-process run's step by step. The step after the resume depends on the restored weights, the next ones on the
 restored Adam moments too (a fresh Adam's first update is about lr * sign(g), far from a continued one).
 Resumed and uninterrupted agree to about 1e-6 here; with DeepSpeed's ZeRO-3 universal load left unrepaired (one
-`step` tensor shared by the parameter groups, training/checkpointer.py) they parted by 1.6e-3 at the second step.
+`step` tensor shared by the parameter groups, training/checkpoints/checkpointer.py) they parted by 1.6e-3 at the
+second step.
 """
 
 from __future__ import annotations

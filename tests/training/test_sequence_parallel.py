@@ -1,4 +1,4 @@
-"""Sequence parallelism (--sequence_parallel_size, training.sequence_parallel) on CPU with the tiny model.
+"""Sequence parallelism (--sequence_parallel_size, training.fast.sequence_parallel) on CPU with the tiny model.
 
 Two processes with --sequence_parallel_size 2 are one data-parallel replica that splits every packed row in
 two: each rank embeds, runs the MLPs and the loss for half of the row's tokens, and DeepSpeed's Ulysses
@@ -15,10 +15,10 @@ import json
 import pytest
 import torch
 
-from training import sequence_parallel as sp
-from training.errors import InputError
+from training.fast import sequence_parallel as sp
 from training.fast.packing import pack
 from training.finetune import main
+from training.runtime.errors import InputError
 from support.long_records import MAX_LEN, STEPS, flags, record_lengths
 from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 

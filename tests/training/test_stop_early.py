@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from training.stop import StopRequested, StopSignal
+from training.runtime.stop import StopRequested, StopSignal
 
 
 def test_a_signal_before_arm_is_noted_and_raised_at_arm():

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from training.stop import StopSignal, peer_gone
+from training.runtime.stop import StopSignal, peer_gone
 
 
 def test_peer_gone_knows_gloo_and_nccl_words_only_in_a_run_of_several(monkeypatch):
@@ -40,7 +40,7 @@ def test_await_stop_returns_when_the_signal_comes_and_gives_up_at_its_bound():
 def test_the_launchers_stop_grace_covers_the_workers_own_stop_waits():
     # qwen_tui does not import the worker (it runs on other nodes), so the bound is written twice: keep them one
     from qwen_tui.run.launcher import STOP_GRACE_S, WORKER_STOP_BOUND_S
-    from training.stop import PEER_STOP_WAIT_S, PEERS_BOUND_S
+    from training.runtime.stop import PEER_STOP_WAIT_S, PEERS_BOUND_S
 
     assert WORKER_STOP_BOUND_S >= PEERS_BOUND_S + PEER_STOP_WAIT_S
     assert STOP_GRACE_S > WORKER_STOP_BOUND_S

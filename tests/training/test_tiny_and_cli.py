@@ -43,7 +43,7 @@ def test_tiny_builds_deterministically_and_concurrently(tmp_path, tiny_model):
     for name in names:
         assert (out / name).read_bytes() == (tiny_model / name).read_bytes(), name
     # idempotent: a second build leaves the existing model alone
-    from training.tiny import build_tiny
+    from training.model.tiny import build_tiny
 
     before = (out / "model.safetensors").stat().st_mtime_ns
     assert build_tiny(out) == out and (out / "model.safetensors").stat().st_mtime_ns == before
@@ -65,7 +65,7 @@ def test_tiny_loads_offline_with_auto_classes(tiny_model):
 
 
 def test_builtin_tiny_resolves_into_the_cache(tmp_path, monkeypatch):
-    from training.model import resolve_model_source
+    from training.model.pretrained import resolve_model_source
 
     monkeypatch.setenv("QWEN_TUI_CACHE", str(tmp_path))
     path = resolve_model_source("builtin:tiny", local_rank=0)
@@ -74,7 +74,7 @@ def test_builtin_tiny_resolves_into_the_cache(tmp_path, monkeypatch):
 
 def test_worker_never_imports_qwen_tui():
     """training/ runs on nodes that may not have the UI package: it talks back only through files."""
-    code = ("import sys, training.finetune, training.recipe, training.tiny; "
+    code = ("import sys, training.finetune, training.recipe, training.model.tiny; "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'qwen_tui']; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Tokenize once (training/token_cache.py): the key, the file, who builds and who waits.
+"""Tokenize once (training/data/token_cache.py): the key, the file, who builds and who waits.
 
 In-process tests drive one rank by its LOCAL_RANK; the torchrun tests run two real gloo ranks that share the
 cache and count, in their logs, how often it was built, reused and loaded."""
@@ -16,7 +16,7 @@ from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    from training import token_cache
+    from training.data import token_cache
 
     monkeypatch.setenv("QWEN_TUI_RUN_ID", "job-a")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -29,25 +29,25 @@ def cache(tmp_path, monkeypatch):
 def _encoder(tiny_model, max_length=64):
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder
+    from training.data.encoding import ChatEncoder
 
     return ChatEncoder(AutoTokenizer.from_pretrained(str(tiny_model)), max_length)
 
 
 def _convs(tmp_path, n=24, name="d.jsonl", records=None):
-    from training.records import load_conversations
+    from training.data.records import load_conversations
 
     return load_conversations(str(write_jsonl(tmp_path / name, records or demo_records(n))))
 
 
 def _build(tmp_path, tiny_model, max_length=64, convs=None):
-    from training.data import build_dataset
+    from training.data.batches import build_dataset
 
     return build_dataset(convs or _convs(tmp_path), _encoder(tiny_model, max_length), lazy=False)
 
 
 def test_loaded_cache_equals_the_fresh_tokenization(tmp_path, tiny_model, cache, caplog):
-    from training.data import EagerDataset
+    from training.data.encoding import EagerDataset
 
     caplog.set_level("INFO", logger="training.token_cache")
     convs = _convs(tmp_path, records=demo_records(24) + [{"messages": [
@@ -68,7 +68,7 @@ def test_loaded_cache_equals_the_fresh_tokenization(tmp_path, tiny_model, cache,
 
 
 def test_key_follows_data_tokenizer_template_and_max_length(tmp_path, tiny_model):
-    from training.token_cache import cache_key
+    from training.data.token_cache import cache_key
 
     convs = _convs(tmp_path)
     enc = _encoder(tiny_model)
@@ -88,7 +88,7 @@ def test_key_follows_data_tokenizer_template_and_max_length(tmp_path, tiny_model
 
 
 def test_a_waiting_rank_times_out_with_a_clear_error(tmp_path, tiny_model, cache, monkeypatch):
-    from training import token_cache
+    from training.data import token_cache
 
     monkeypatch.setenv("LOCAL_RANK", "1")  # not a builder: nobody builds for it
     token_cache.configure(str(cache.directory), timeout_s=0.5)
@@ -99,9 +99,9 @@ def test_a_waiting_rank_times_out_with_a_clear_error(tmp_path, tiny_model, cache
 
 
 def test_a_waiter_loads_what_the_builder_wrote_and_raises_its_failure(tmp_path, tiny_model, cache, monkeypatch):
-    from training.data import build_dataset
-    from training.errors import InputError
-    from training.token_cache import cache_key
+    from training.data.batches import build_dataset
+    from training.data.token_cache import cache_key
+    from training.runtime.errors import InputError
 
     convs = _convs(tmp_path)
     key = cache_key(convs, _encoder(tiny_model))
@@ -114,7 +114,7 @@ def test_a_waiter_loads_what_the_builder_wrote_and_raises_its_failure(tmp_path, 
         build_dataset(convs, _encoder(tiny_model), lazy=False)
     # a note of an earlier job is not this run's failure: the waiter waits (here, out its bound)
     note.write_text(json.dumps({"host": "node7", "pid": 12, "job": "job-old", "error": "x", "input_error": True}))
-    from training import token_cache
+    from training.data import token_cache
 
     token_cache.configure(str(cache.directory), timeout_s=0.5)
     with pytest.raises(TimeoutError):
@@ -122,12 +122,12 @@ def test_a_waiter_loads_what_the_builder_wrote_and_raises_its_failure(tmp_path, 
 
 
 def test_the_builder_leaves_a_failure_note_and_no_cache(tmp_path, tiny_model, cache):
-    from training.errors import InputError
+    from training.runtime.errors import InputError
 
     bad = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}]
     enc = _encoder(tiny_model)
     enc.tok.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"  # drops every reply
-    from training.data import build_dataset
+    from training.data.batches import build_dataset
 
     with pytest.raises(InputError, match="dropped or rewrote"):
         build_dataset(_convs(tmp_path, records=bad), enc, lazy=False)
@@ -137,7 +137,7 @@ def test_the_builder_leaves_a_failure_note_and_no_cache(tmp_path, tiny_model, ca
 
 
 def test_a_stale_lock_is_taken_over_and_a_corrupt_file_rebuilt(tmp_path, tiny_model, cache, caplog):
-    from training.token_cache import STALE_S, cache_key
+    from training.data.token_cache import STALE_S, cache_key
 
     caplog.set_level("INFO", logger="training.token_cache")
     convs = _convs(tmp_path)
@@ -156,7 +156,7 @@ def test_a_stale_lock_is_taken_over_and_a_corrupt_file_rebuilt(tmp_path, tiny_mo
 
 
 def test_none_disables_the_cache(tmp_path, tiny_model, cache, caplog):
-    from training import token_cache
+    from training.data import token_cache
 
     caplog.set_level("INFO", logger="training.token_cache")
     token_cache.configure("none", 5)

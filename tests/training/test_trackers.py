@@ -18,7 +18,7 @@ from support.paths import ROOT
 
 from support.worker import Run, assert_ok, demo_records, write_jsonl
 from training.args import parse_args
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 BASE = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
 

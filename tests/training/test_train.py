@@ -55,8 +55,8 @@ def full_run(tmp_path_factory, files):
 def over_128_tokens(files) -> int:
     from transformers import AutoTokenizer
 
-    from training.data import ChatEncoder
-    from training.records import load_conversations
+    from training.data.encoding import ChatEncoder
+    from training.data.records import load_conversations
 
     enc = ChatEncoder(AutoTokenizer.from_pretrained(files["model"]), 10_000)
     return sum(len(enc.encode(c).input_ids) > 128 for c in load_conversations(files["train"]))

@@ -1,5 +1,5 @@
-"""training/universal.py without a process group: which world size saved a checkpoint, which copies cannot be
-converted (and why), and the one-converter-others-wait lock: a live holder is waited for (with a bound, naming it),
+"""training/checkpoints/universal.py without a process group: which world size saved a checkpoint, which copies cannot
+be converted (and why), and the one-converter-others-wait lock: a live holder is waited for (with a bound, naming it),
 a stale one is taken over, and a failed conversion leaves neither its lock nor a half-written directory."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from training import universal
+from training.checkpoints import universal
 
 
 def ckpt_with_ranks(tmp_path, ranks, stage3=False):

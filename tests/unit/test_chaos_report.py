@@ -1,5 +1,6 @@
 """bench/chaos_report.py: a fault's outcome from state.json's attempts and notices.jsonl, the steps trained again
-after a relaunch from metrics.jsonl, and a checkpoint judged complete only as training/checkpointer.py writes it
+after a relaunch from metrics.jsonl, and a checkpoint judged complete only as
+training/checkpoints/checkpointer.py writes it
 (real safetensors and torch files, then damaged ones)."""
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_only_a_fault_that_should_end_an_attempt_justifies_it():
 
 
 def _checkpoint(d: Path, step: int = 20, world: int = 3) -> Path:
-    """A LoRA checkpoint with every file training/checkpointer.py writes for a run without DeepSpeed."""
+    """A LoRA checkpoint with every file training/checkpoints/checkpointer.py writes for a run without DeepSpeed."""
     d.mkdir(parents=True)
     save_file({"base_model.model.lora_A.weight": torch.randn(8, 64)}, d / "adapter_model.safetensors")
     (d / "adapter_config.json").write_text("{}")

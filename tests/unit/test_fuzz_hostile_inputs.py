@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.cli.main import main
-from training.errors import InputError
-from training.records import load_conversations
+from training.data.records import load_conversations
+from training.runtime.errors import InputError
 
 CASES = 120
 DEMO = (Path(__file__).resolve().parents[2] / "presets" / "local-demo.yaml").read_text()

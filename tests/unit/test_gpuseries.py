@@ -11,7 +11,7 @@ import pytest
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.run.gpumon import NodeSample, group_stream
 from qwen_tui.run.gpuseries import GpuSeriesWriter, reports_to_tracker, series_path
-from training.trackers import NodeGpuFeed
+from training.runtime.trackers import NodeGpuFeed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 # the columns of the fixtures' --query-gpu (tests/fixtures/nvidia-smi/README.md)

@@ -61,7 +61,7 @@ def test_lora_count_matches_peft():
 
 
 def test_builtin_tiny_matches_training_tiny():
-    from training import tiny
+    from training.model import tiny
 
     spec = resolve_model("builtin:tiny")
     assert (spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.vocab) == (64, 2, 4, 2, tiny.VOCAB_SIZE)

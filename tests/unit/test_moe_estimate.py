@@ -184,7 +184,7 @@ def test_235b_full_fine_tuning_does_not_fit_eight_nodes_and_the_advice_says_what
 
 @pytest.mark.parametrize("name,kind", [("builtin:tiny-moe", "qwen3_moe"), ("builtin:tiny-qwen2-moe", "qwen2_moe")])
 def test_builtin_tiny_moe_matches_training_tiny(name, kind):
-    from training import tiny
+    from training.model import tiny
 
     spec = resolve_model(name)
     cfg = tiny._config(kind, vocab_size=tiny.VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

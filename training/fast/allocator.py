@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 ENV = "PYTORCH_CUDA_ALLOC_CONF"
 KEY = "expandable_segments"

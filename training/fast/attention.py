@@ -22,7 +22,7 @@ kernel_inputs() turns a row's boundaries into what the kernel is given:
   to 128, so nearly every new width built a backward plan mid-step, and its plan cache (128 entries,
   first in first out) turned over. bound_cudnn_totals() sizes every backward plan for the widest row
   the run can have: one plan per record count then serves every width, and warm_cudnn builds it.
-  With that bound cuDNN is the worker's automatic choice where it can run (cudnn_unfit; fastpath.decide),
+  With that bound cuDNN is the worker's automatic choice where it can run (cudnn_unfit; training.fast.choice.decide),
   for heads it takes (cudnn_shape_unfit) and once it has matched FlashAttention 2 on a small row
   (cudnn_self_test); otherwise flash, with the reason in the fast-path summary.
 """

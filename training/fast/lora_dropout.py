@@ -314,7 +314,7 @@ def fuse_lora_dropout(model) -> int:
     n = 0
     for m in model.modules():
         if not (hasattr(m, "lora_A") and hasattr(m, "lora_dropout")) or type(m).__name__ == "ParamWrapper":
-            continue  # peft's LoRA on 3-D expert weights (training.moe) builds its delta from lora_A's weight
+            continue  # peft's LoRA on 3-D expert weights (training.model.moe) builds its delta from lora_A's weight
         for name, drop in list(m.lora_dropout.items()):
             lin = m.lora_A[name] if name in m.lora_A else None
             if type(drop) is not nn.Dropout or type(lin) is not nn.Linear or drop.p <= 0:

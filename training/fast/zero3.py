@@ -4,7 +4,7 @@ and backward of the module that owns it.
 - Each decoder layer is one ZeRO-3 leaf module: its weights (LoRA adapters included) are gathered together in
   one collective before the layer runs, rather than one per projection, and the modules inside the layer carry
   no hooks, so the layer's forward compiles as one graph (training.fast.compile, forward_only).
-- A mixture-of-experts block is a leaf module as well (training.moe): its router sends each rank's tokens to
+- A mixture-of-experts block is a leaf module as well (training.model.moe): its router sends each rank's tokens to
   different experts, and hooks per expert would gather different weights on different ranks.
 - The LM head and the loss run in FastLoss.head_loss, outside the head module's own forward: the head's weight
   is registered as that module's external parameter, so it is gathered there (and for its backward) and its
@@ -27,7 +27,7 @@ def prepare(model, loss_module=None) -> int:
     with it; returns how many layers."""
     from deepspeed.utils import set_z3_leaf_modules
 
-    from training.moe import zero3_leaf_types
+    from training.model.moe import zero3_leaf_types
 
     layers = decoder_of(model).layers
     # A mixture-of-experts layer's sparse block is a leaf too (inside the layer's gather, and on its own wherever

@@ -27,7 +27,7 @@ import types
 
 import torch
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 

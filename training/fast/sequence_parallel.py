@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 IGNORE_INDEX = -100

@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
-BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).with_name("demo_data") / "demo_chat.jsonl"}
+BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).parents[1] / "demo_data" / "demo_chat.jsonl"}
 ROLES = {"system": "system", "user": "user", "assistant": "assistant",
          # ShareGPT spellings, common in data sets that otherwise follow Qwen's format
          "human": "user", "gpt": "assistant"}

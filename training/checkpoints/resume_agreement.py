@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 

@@ -9,7 +9,7 @@ gpu/node<R>/gpu<I>/util (%), gpu/node<R>/gpu<I>/mem_used_gib and, for CPU-only n
 
 accelerate's tracker classes are not used: they log through accelerate's logger, which refuses to run without an
 accelerate state (PartialState), and creating one in this worker would set up its own view of the process group and
-devices beside training.dist. The libraries' calls here are the ones those classes make.
+devices beside training.runtime.dist. The libraries' calls here are the ones those classes make.
 
 Nothing here imports a tracker library until a tracker opens; which_trackers() checks that the named ones are
 installed while the flags are parsed, so a missing package fails in seconds with the pip command to fix it.
@@ -26,7 +26,7 @@ import sys
 import time
 from datetime import datetime
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 
@@ -156,7 +156,7 @@ OPENERS = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
 
 
 class Trackers:
-    """The open trackers of rank 0; a sink of training.metrics.MetricsWriter (log_record gets every record)."""
+    """The open trackers of rank 0; a sink of training.runtime.metrics.MetricsWriter (log_record gets every record)."""
 
     def __init__(self, names: list[str], args, gpu_feed: "NodeGpuFeed | None" = None):
         self.names = names

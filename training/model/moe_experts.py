@@ -131,7 +131,7 @@ def choose(requested: str, device: torch.device, has_interface: bool) -> tuple[s
 def apply(model, requested: str, device: torch.device) -> tuple[str, str] | None:
     """Sets the experts implementation of a mixture-of-experts `model` (through a peft wrapper); returns
     (implementation, why), or None for a model without sparse blocks."""
-    from training.moe import sparse_blocks
+    from training.model.moe import sparse_blocks
 
     if not sparse_blocks(model):
         return None
@@ -144,7 +144,7 @@ def apply(model, requested: str, device: torch.device) -> tuple[str, str] | None
             raise RuntimeError(f"experts implementation {impl!r} asked, transformers set "
                                f"{base.config._experts_implementation!r}")
     elif requested not in ("auto", "eager"):
-        from training.errors import InputError
+        from training.runtime.errors import InputError
 
         raise InputError(f"--experts_implementation {requested}: this transformers runs the experts as separate "
                          "MLP modules (no experts implementations); leave it to auto")

@@ -20,8 +20,8 @@ import os
 import secrets
 from datetime import timedelta
 
-from training.errors import InputError
-from training.resume_agreement import agent_store
+from training.checkpoints.resume_agreement import agent_store
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 

@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "finetune_state.json"
@@ -30,12 +30,6 @@ def state_file(ckpt: Path) -> Path | None:
         if (ckpt / name).is_file():
             return ckpt / name
     return None
-
-
-def is_checkpoint_staging(path: str | os.PathLike) -> bool:
-    """A `checkpoint-N.tmp` directory being written (see staging_dir), as opposed to a final model directory."""
-    name = Path(path).name
-    return name.endswith(".tmp") and CKPT_RE.match(name[:-4]) is not None
 
 
 def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -53,7 +47,7 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]
 def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
     """`auto` -> the latest complete checkpoint in output_dir (None when there is none yet).
 
-    Under torchrun the ranks agree first (training.resume_agreement): with a copy of the checkpoints on each
+    Under torchrun the ranks agree first (training.checkpoints.resume_agreement): with a copy of the checkpoints on each
     node, `auto` is the newest step every node holds complete, and an explicit checkpoint must be complete on
     every node; otherwise every rank refuses, naming the nodes."""
     if not arg:
@@ -81,7 +75,7 @@ _ALONE = object()
 
 def _agreed(found: list[tuple[int, Path]], want: int | None):
     """The step the ranks agreed on (None: start afresh), or _ALONE where there are no other ranks to ask."""
-    from training import resume_agreement
+    from training.checkpoints import resume_agreement
 
     timeout = float(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800)
     holds = resume_agreement.gather_holds([s for s, _ in found], timeout)

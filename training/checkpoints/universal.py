@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from training import build_lock, dist
-from training.errors import InputError
+from training.runtime import build_lock, dist
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 

@@ -1,11 +1,11 @@
 """Checkpoints and the final save: what a run writes, and what a resumed run reads back.
 
-A checkpoint is staged in checkpoint-N.tmp and published with one rename (training.checkpoint), so a crash mid-save
-leaves the last complete one. It holds the model (or adapter) in Hugging Face format, the optimizer and scheduler (or
-DeepSpeed's own state), every rank's RNG state and finetune_state.json. Under ZeRO-3 the model's weights are gathered
-one module at a time on every rank, so with --save_on_each_node every node's first process writes them.
+A checkpoint is staged in checkpoint-N.tmp and published with one rename (training.checkpoints.directories), so a
+crash mid-save leaves the last complete one. It holds the model (or adapter) in Hugging Face format, the optimizer and
+scheduler (or DeepSpeed's own state), every rank's RNG state and finetune_state.json. Under ZeRO-3 the model's weights
+are gathered one module at a time on every rank, so with --save_on_each_node every node's first process writes them.
 A DeepSpeed checkpoint resumed on another number of processes is loaded through checkpoint-N/universal
-(training.universal), converted from it once.
+(training.checkpoints.universal), converted from it once.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint as ckpt
-from training import dist, universal
-from training.errors import InputError
-from training.model import merge_adapter, save_pretrained_here
+from training.checkpoints import directories as ckpt
+from training.checkpoints import universal
+from training.model.pretrained import merge_adapter, save_pretrained_here
+from training.runtime import dist
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 
@@ -38,15 +39,16 @@ class Checkpointer:
         return self.env.local_rank == 0 if self.args.save_on_each_node else self.env.is_main
 
     # ------------------------------------------------------------------ the model
-    def save_model(self, out: Path) -> None:
-        """Writes the model (or the LoRA adapter) and tokenizer in HF format. Collective under ZeRO-3."""
+    def save_model(self, out: Path, for_resume: bool) -> None:
+        """Writes the model (or the LoRA adapter) and tokenizer in HF format: as it trains for a checkpoint to
+        resume from (`for_resume`), else in its export dtype. Collective under ZeRO-3."""
         if self.stage == 3:
             state_dict = self._gather_zero3_state_dict(trainable_only=self.method != "full")
             if self.is_saver:
-                save_pretrained_here(self.model, out, state_dict=state_dict)
+                save_pretrained_here(self.model, out, for_resume=for_resume, state_dict=state_dict)
                 self.tokenizer.save_pretrained(out)
         elif self.is_saver:
-            save_pretrained_here(self.model, out)
+            save_pretrained_here(self.model, out, for_resume=for_resume)
             self.tokenizer.save_pretrained(out)
 
     def _gather_zero3_state_dict(self, trainable_only: bool) -> dict | None:
@@ -92,7 +94,7 @@ class Checkpointer:
             if scaler is not None:
                 torch.save(scaler.state_dict(), tmp / "scaler.pt")
         torch.save(rng_state(), tmp / f"rng_state_{env.rank}.pth")
-        self.save_model(tmp)
+        self.save_model(tmp, for_resume=True)
         if self.is_saver:
             ckpt.write_json(tmp / ckpt.STATE_FILE, {**state, "time": time.time()})
         dist.barrier()
@@ -128,7 +130,8 @@ class Checkpointer:
 
     def _load_engine_state(self, d: Path, engine, device):
         """DeepSpeed's own state: as saved when the world size is the same, else through the universal format
-        (training.universal), whose slices any world size can load. Returns the loaded path (None: none there)."""
+        (training.checkpoints.universal), whose slices any world size can load. Returns the loaded path (None: none
+        there)."""
         saved = universal.saved_world_size(d, ckpt.read_state(d))
         if saved is None or saved == self.env.world_size or self.stage == 0:
             path, _ = engine.load_checkpoint(str(d), tag=universal.SAVED_TAG, load_module_strict=self.method == "full")
@@ -161,7 +164,7 @@ class Checkpointer:
             ckpt.clear(tmp)
             tmp.mkdir(parents=True)
         dist.barrier()
-        self.save_model(tmp)
+        self.save_model(tmp, for_resume=False)
         dist.barrier()
         if self.is_saver:
             ckpt.move_contents(tmp, out)

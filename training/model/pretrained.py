@@ -15,8 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from training.checkpoint import is_checkpoint_staging
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 PREQUANTIZED = {"gptq": ("optimum", "gptqmodel"), "awq": ("awq",)}
@@ -28,10 +27,10 @@ HALF_NAMES = {"bfloat16", "float16"}
 def resolve_model_source(name_or_path: str, local_rank: int) -> str:
     """`builtin:tiny` (or tiny-moe, tiny-qwen2-moe) -> the cached tiny model; a local directory must hold a
     config.json."""
-    from training.tiny import BUILTINS
+    from training.model.tiny import BUILTINS
 
     if name_or_path in BUILTINS:
-        from training.tiny import ensure_builtin_tiny
+        from training.model.tiny import ensure_builtin_tiny
 
         return str(ensure_builtin_tiny(local_rank, name_or_path))
     if name_or_path.startswith("builtin:"):
@@ -105,7 +104,7 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
         return "qlora"
     if importlib.util.find_spec("bitsandbytes") is None:
         raise InputError("--q_lora needs the bitsandbytes package for 4-bit nf4 quantization")
-    from training.moe import layout_of_config, moe_shape
+    from training.model.moe import layout_of_config, moe_shape
 
     if moe_shape(config) and layout_of_config(config) == "fused":
         raise InputError(f"--q_lora: {args.model_name_or_path} is a mixture-of-experts model, and this transformers "
@@ -118,7 +117,7 @@ def check_method(args, config: dict, on_cuda: bool, stage: int) -> str:
 
 def _check_expert_lora(args, config: dict) -> None:
     """LoRA reaches fused experts through peft's target_parameters, which refuses dropout: said before loading."""
-    from training.moe import MLP_NAMES, layout_of_config, moe_shape
+    from training.model.moe import MLP_NAMES, layout_of_config, moe_shape
 
     asked = [m for m in args.lora_target_modules if m in MLP_NAMES]
     if not (asked and args.lora_dropout > 0 and moe_shape(config)) or layout_of_config(config) != "fused":
@@ -181,7 +180,7 @@ def load_model(args, source: str, method: str, device, load_dtype, quant: str | 
         kwargs["device_map"] = {"": "cpu" if sharded else device}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; training only wastes memory on it
-    # The worker adds the routers' load-balancing loss itself (training.moe), on every path, once.
+    # The worker adds the routers' load-balancing loss itself (training.model.moe), on every path, once.
     model.config.output_router_logits = False
     setattr(model, SAVE_DTYPE_ATTR, save_dtype)
     return model
@@ -237,7 +236,7 @@ def apply_method(args, model, method: str):
         )
     elif args.gradient_checkpointing:
         checkpointing(model, True)
-    from training import moe
+    from training.model import moe
 
     routers = moe.sparse_blocks(model)
     if method == "full":
@@ -295,24 +294,24 @@ def merge_adapter(source: str, adapter_dir: str, out_dir: str, dtype, tokenizer)
 
     base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    save_pretrained_here(merged, out_dir)
+    save_pretrained_here(merged, out_dir, for_resume=False)
     tokenizer.save_pretrained(out_dir)
 
 
-def save_pretrained_here(model, out_dir, **kwargs) -> None:
+def save_pretrained_here(model, out_dir, *, for_resume: bool, **kwargs) -> None:
     """model.save_pretrained on this process, whatever its global rank. Under torch.distributed, transformers
     (5.x) writes a model only on global rank 0 and silently skips the rest, so with --save_on_each_node the
     other nodes got a tokenizer and no weights; the worker decides who saves (the recipe's is_saver).
 
     A full model is saved as users load it: in its export dtype (export_dtype) and with use_cache true (it is
-    off only while training). A checkpoint to resume from keeps the weights exactly as they train."""
+    off only while training). A checkpoint to resume from (`for_resume`) keeps the weights exactly as they train."""
     # a PEFT model forwards attribute lookups to its base: its adapters keep their own dtype
     target = None if hasattr(model, "peft_config") else getattr(model, SAVE_DTYPE_ATTR, None)
-    if target is not None and not is_checkpoint_staging(out_dir):
+    if target is not None and not for_resume:
         kwargs["state_dict"] = _cast_state_dict(kwargs.get("state_dict") or model.state_dict(), target)
     _save_on_this_rank(model, out_dir, **kwargs)
     if target is not None:
-        _fix_saved_config(Path(out_dir), None if is_checkpoint_staging(out_dir) else target)
+        _fix_saved_config(Path(out_dir), None if for_resume else target)
 
 
 def _cast_state_dict(state: dict, dtype) -> dict:

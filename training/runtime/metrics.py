@@ -2,7 +2,7 @@
 
 The monitor tails this file while training runs, so a record is written in
 one call and flushed at once; the file is never rewritten. Sinks (rank 0's
-trackers, training.trackers) get every record as written, so they log the
+trackers, training.runtime.trackers) get every record as written, so they log the
 same figures.
 """
 

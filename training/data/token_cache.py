@@ -35,8 +35,10 @@ from pathlib import Path
 
 import torch
 
-from training import build_lock
-from training.errors import InputError
+from training.data import encoding
+from training.data.encoding import IGNORE_INDEX, DataStats, EagerDataset, Encoded
+from training.runtime import build_lock
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training.token_cache")
 log.setLevel(logging.INFO)  # every rank's line, not only rank 0's: the logs count builds per node
@@ -58,7 +60,7 @@ _settings = Settings(directory=None)
 def default_dir() -> Path:
     """$QWEN_TUI_TOKENIZED_CACHE, else the cache root's tokenized/ ($QWEN_TUI_CACHE, else $XDG_CACHE_HOME/qwen-tui,
     else ~/.cache/qwen-tui)."""
-    from training.cachedir import cache_root
+    from training.runtime.cachedir import cache_root
 
     if os.environ.get("QWEN_TUI_TOKENIZED_CACHE"):
         return Path(os.environ["QWEN_TUI_TOKENIZED_CACHE"]).expanduser()
@@ -84,13 +86,12 @@ def settings() -> Settings:
 def _encoder_source() -> str:
     """The encoder's code: a change to it invalidates every cache. Without sources (a bytecode-only install),
     the module's compiled code stands in."""
-    from training import data
-
     try:
-        return inspect.getsource(data.ChatEncoder) + inspect.getsource(data.EagerDataset) + \
-            inspect.getsource(data._has_labels)
+        return inspect.getsource(encoding.ChatEncoder) + inspect.getsource(encoding.EagerDataset) + \
+            inspect.getsource(encoding._has_labels)
     except (OSError, TypeError):
-        return repr([data.ChatEncoder.encode.__code__.co_code, data.ChatEncoder.assistant_spans.__code__.co_code])
+        return repr([encoding.ChatEncoder.encode.__code__.co_code,
+                     encoding.ChatEncoder.assistant_spans.__code__.co_code])
 
 
 def cache_key(convs, encoder) -> str:
@@ -146,8 +147,6 @@ def _save(path: Path, ds) -> None:
 
 
 def _load(path: Path):
-    from training.data import DataStats, EagerDataset, Encoded, IGNORE_INDEX
-
     p = torch.load(path, map_location="cpu", weights_only=True)  # tensors, ints and strings only
     if p.get("format") != FORMAT:
         raise ValueError(f"format {p.get('format')!r}, expected {FORMAT}")

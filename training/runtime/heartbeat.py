@@ -12,8 +12,8 @@ the heartbeat costs the loop nothing. Two clocks in the file tell the faults apa
 
 Fields: rank, local_rank, node_rank (torchrun's GROUP_RANK), world_size, pid, host, step (optimizer steps done),
 phase (one of PHASES), phase_since (time.time() when it began), time (time.time() of this write), and compute_s,
-wait_s, step_time: this rank's seconds per step over the last logged window (training.step_timing), null until the
-first. The phase is the host's: on CUDA the host runs ahead of the GPU, so a rank whose GPU hangs shows the phase
+wait_s, step_time: this rank's seconds per step over the last logged window (training.runtime.step_timing), null until
+the first. The phase is the host's: on CUDA the host runs ahead of the GPU, so a rank whose GPU hangs shows the phase
 where its host next waits for the GPU (usually reading a step's loss back).
 
 Writing never fails the run: the first error (a full disk, a removed directory) is logged once and the heartbeat
@@ -47,7 +47,7 @@ class Heartbeat:
         self.step = 0
         self._phase = ("start", time.time())  # one tuple, so the thread never reads a phase with another's start
         self._figures = (None, None, None)  # compute_s, wait_s, step_time
-        self._tick = tick  # called by the thread after each write (training.stacks: copies new stack dumps)
+        self._tick = tick  # called by the thread after each write (training.runtime.stacks: copies new stack dumps)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._broken = False

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.errors import InputError
+from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 
@@ -31,7 +31,7 @@ class RunOutput:
 
 def inspect(model_dir: str, base: str | None = None) -> RunOutput:
     """Reads OUTPUT_DIR; `base` (a model name, path or builtin:tiny) overrides the adapter's recorded base."""
-    from training.model import resolve_model_source
+    from training.model.pretrained import resolve_model_source
 
     d = Path(model_dir).expanduser()
     if not d.is_dir():
@@ -74,7 +74,7 @@ def pick_dtype(name: str, device):
 
 
 def check_base_unquantized(source: str) -> None:
-    from training.model import quantization_method, read_config_dict
+    from training.model.pretrained import quantization_method, read_config_dict
 
     quant = quantization_method(read_config_dict(source))
     if quant in ("gptq", "awq"):
@@ -103,8 +103,10 @@ def eval_loss(model, tokenizer, data_path: str, max_length: int, max_records: in
     """Token-mean loss on (the first `max_records` records of) a chat file, through the worker's encoder."""
     import torch
 
-    from training.data import IGNORE_INDEX, ChatEncoder, Collator, build_dataset
-    from training.records import load_conversations
+    from training.data.encoding import IGNORE_INDEX, ChatEncoder
+
+    from training.data.batches import Collator, build_dataset
+    from training.data.records import load_conversations
 
     convs = load_conversations(data_path)[:max_records]
     ds = build_dataset(convs, ChatEncoder(tokenizer, max_length), lazy=False)
