@@ -25,14 +25,13 @@ import logging
 
 import torch
 
+from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
 from training.fast.autobatch import worth_checkpointing
 from training.model.pretrained import checkpointing
 from training.runtime import dist
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
-
-IGNORE_INDEX = -100
 
 
 def attention_shape(model_config: dict) -> tuple[int, int, int]:

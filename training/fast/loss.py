@@ -26,7 +26,8 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
+
 IMPLS = ("liger", "chunked", "plain")
 # Liger's chunks: 2,048 rows of bf16 logits are 0.6 GiB at Qwen's 152k vocabulary, and the two memory
 # probes (rows of 2,048 and 4,096 tokens, training.fast.autobatch) both meet exactly that transient.

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-IGNORE_INDEX = -100
+from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
 
 
 def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:

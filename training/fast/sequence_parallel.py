@@ -29,10 +29,10 @@ import math
 
 import torch
 
+from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
-IGNORE_INDEX = -100
 
 _active: "SequenceParallel | None" = None  # the process's group, once install() has run
 
