@@ -14,7 +14,7 @@ from qwen_tui.plan.launch import make_plan
 
 @pytest.fixture(scope="module")
 def probed(cluster, sshdir, keyed):
-    from cluster_helpers import preset_dict
+    from support.cluster import preset_dict
     from qwen_tui.preset.schema import Preset
 
     preset = Preset.model_validate(preset_dict(cluster, sshdir))
@@ -76,7 +76,7 @@ def test_rehearsal_fails_fast_naming_the_node_with_a_wrong_interface(probed, clu
 
 
 def test_rehearsal_logs_stay_out_of_the_workdir(probed, cluster, tmp_path):
-    from cluster_helpers import REPO
+    from support.cluster import REPO
 
     assert not (REPO / ".qwen-tui" / "rehearsal").exists()
     failed = list((cluster.nodes[2].home / ".qwen-tui" / "rehearsal").glob("*/node-2.log"))

@@ -22,8 +22,9 @@ def test_lines_parse_into_samples_and_the_loop_ends_with_its_reader():
     threading.Thread(target=lambda: lines.put(p.stdout.readline()) or lines.put(p.stdout.readline()),
                      daemon=True).start()
     try:
-        assert CPU_LOOP_MARK.encode() in open(f"/proc/{p.pid}/cmdline", "rb").read()
         first, second = lines.get(timeout=10), lines.get(timeout=10)
+        # read once it has written: right after Popen the child may not have exec'd yet (an empty cmdline)
+        assert CPU_LOOP_MARK.encode() in open(f"/proc/{p.pid}/cmdline", "rb").read()
         stat, ncpu, load1 = first.rstrip("\n").split("\t")
         cpus = sum(1 for ln in open("/proc/stat") if ln.startswith("cpu") and ln[3:4].isdigit())
         assert stat.startswith("cpu ") and int(ncpu) == cpus and float(load1) >= 0
