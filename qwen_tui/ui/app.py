@@ -188,9 +188,9 @@ class WizardApp(App[int]):
         """Apply an advice item's fix. A fix that changes nothing in the preset (an instruction: install,
         open a port) is shown as what to do, never announced as applied. True when the preset changed."""
         fix = item.fix
-        changes = dict(getattr(fix, "changes", {}) or {}) if fix is not None else {}
+        changes = dict(fix.changes) if fix is not None else {}
         if not changes:
-            hint = getattr(fix, "hint", None) if fix is not None else None
+            hint = fix.hint if fix is not None else None
             label = fix.label if fix is not None else ""
             what = f"{label}: {hint}" if hint else label or "This finding has no automatic fix."
             self.push_screen(Notice(f"{item.code}: to do by hand", f"{item.message}\n\n{what}\n\n"
