@@ -13,11 +13,11 @@ import os
 import sys
 from typing import Any
 
-from .estimate import gpu_name
 from ..advice.datapreview import DEFAULT_TIMEOUT_S, DataPreviewError, histogram_lines, preview, summary_lines
 from ..plan.estimate import GPUS
-from ..cluster.facts import ClusterFacts
 from ..preset.schema import load_preset
+from .estimate import gpu_name
+from .facts_file import read_facts_file
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,10 +46,9 @@ def run(args: argparse.Namespace) -> int:
     facts = None
     if args.facts:
         try:
-            with open(args.facts, encoding="utf-8") as f:
-                facts = ClusterFacts.from_dict(json.load(f))
-        except (OSError, ValueError, TypeError) as e:
-            print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
+            facts = read_facts_file(args.facts)
+        except ValueError as e:
+            print(f"qwen-tui: {e}", file=sys.stderr)
             return 2
     master = preset.cluster.nodes[0]
     try:

@@ -12,12 +12,12 @@ import json
 import sys
 from typing import Any
 
-from ..plan.estimate import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY, GPUS
-from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..advice.report import NODES_WORTH_LIMIT, build_report, model_line
-from ..cluster.facts import ClusterFacts
+from ..plan.estimate import FAST_PATH_EFFICIENCY, GPUS, ZERO_EFFICIENCY
+from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..preset.schema import load_preset
 from ..run import styles
+from .facts_file import read_facts_file
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -163,12 +163,9 @@ def run(args: argparse.Namespace) -> int:
     facts = None
     if args.facts:
         try:
-            with open(args.facts, encoding="utf-8") as f:
-                data = json.load(f)
-            # ClusterFacts.to_dict(), or the whole `qwen-tui check --json/--out` result that holds it
-            facts = ClusterFacts.from_dict(data["facts"] if isinstance(data.get("facts"), dict) else data)
-        except (OSError, ValueError, TypeError, AttributeError) as e:
-            print(f"qwen-tui: {args.facts}: cannot read facts: {e}", file=sys.stderr)
+            facts = read_facts_file(args.facts)
+        except ValueError as e:
+            print(f"qwen-tui: {e}", file=sys.stderr)
             return 2
     for name in ("bandwidth_gbps", "nic_gbps", "nics", "intra_node_gbs"):
         v = getattr(args, name)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from qwen_tui.cli.facts_file import read_facts_file
 from qwen_tui.cli.main import main
 from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
 from support.paths import ROOT as REPO
@@ -171,3 +172,15 @@ def test_data_gpu_in_any_case():
     from qwen_tui.cli.main import build_parser
 
     assert build_parser().parse_args(["data", "p.yaml", "--gpu", "h200"]).gpu == "H200"
+
+
+def test_a_facts_file_is_the_facts_or_a_check_result_holding_them_and_else_a_clear_refusal(tmp_path):
+    facts = ClusterFacts(nodes={0: NodeFacts(hostname="node0")})
+    (tmp_path / "facts.json").write_text(json.dumps(facts.to_dict()))
+    (tmp_path / "check.json").write_text(json.dumps({"ok": True, "facts": facts.to_dict()}))
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for name in ("facts.json", "check.json"):
+        assert read_facts_file(str(tmp_path / name)).nodes[0].hostname == "node0"
+    for name in ("bad.json", "missing.json"):
+        with pytest.raises(ValueError, match=f"{name}: cannot read facts"):
+            read_facts_file(str(tmp_path / name))
