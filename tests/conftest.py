@@ -5,10 +5,17 @@
   every test that reads one.
 - In CI (CI=true) a skipped test fails the run: tests that need root, sshd or
   network namespaces must run there, not quietly skip.
+- The suite runs on two pytest-xdist workers (README's command). Tests that hold
+  one thing of this machine run on one worker, one after another: the namespace
+  cluster (its node names, addresses and iptables rules are fixed), and the
+  shipped demo preset (its master port 29533, its output and runs directories
+  in the checkout, the port checks that expect that port free).
 """
 
 import os
+import re
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -37,6 +44,25 @@ def pytest_terminal_summary(terminalreporter):
     if os.environ.get("CI") and _skipped:
         terminalreporter.write_line(
             f"CI: {len(_skipped)} test(s) skipped; in CI every test must run: " + ", ".join(_skipped[:10]), red=True)
+
+
+_TESTS = Path(__file__).parent
+# A test module that names the demo preset as shipped (not a copy on a free port: support.demo_run, demo_copy).
+_SHIPPED_DEMO = re.compile(r"\bDEMO\b|local-demo")
+
+
+@cache
+def _names_shipped_demo(path: str) -> bool:
+    return bool(_SHIPPED_DEMO.search(Path(path).read_text(encoding="utf-8")))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.is_relative_to(_TESTS / "cluster"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif _names_shipped_demo(str(path)):
+            item.add_marker(pytest.mark.xdist_group("shipped-demo"))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import yaml
 from support.paths import DEMO, ROOT
 from support.ports import free_port
+from support.tmux import tmux, wait_for
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
@@ -48,27 +48,29 @@ def test_checking_streams_each_nodes_outcome_before_the_result(tmp_path):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_check_on_a_terminal_shows_a_live_line_per_node(tmp_path):
-    from tests.ui.test_tmux import tmux, wait_for
-
+    """Everything the check writes to the terminal is recorded (tmux pipe-pane, attached before the check starts),
+    so the live line's changes are read in order, however fast they come and however busy the machine is."""
     session = f"qc-{uuid.uuid4().hex[:8]}"
     p = _free_port_copy(tmp_path)
-    cmd = (f"stty cols 150 rows 40; cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} "
+    go, stream = tmp_path / "go", tmp_path / "terminal.out"
+    cmd = (f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.1; done; stty cols 150 rows 40; "
+           f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} "
            f"{shlex.quote(sys.executable)} -m qwen_tui.cli check {shlex.quote(str(p))} --no-rehearsal "
            "--bandwidth-seconds 1; echo EXITED=$?; sleep 30")
     tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "40", cmd)
     try:
+        tmux("pipe-pane", "-t", session, "-o", f"cat >> {shlex.quote(str(stream))}")
+        go.touch()
         # while it runs: the check now, and each node's line with what finished (ssh) and what runs
         s = wait_for(session, "0 localhost", "1 localhost", "✔ ssh", timeout=60)
         assert "… " in s and "qwen-tui check /" not in s
-        seen = {s}
-        deadline = time.monotonic() + 120
-        while "EXITED=" not in s and time.monotonic() < deadline:
-            s = tmux("capture-pane", "-p", "-t", session)
-            seen.add(s)
-            time.sleep(0.3)
-        assert any("✔ probe" in x and "qwen-tui check /" not in x for x in seen)  # the line changed
+        s = wait_for(session, "EXITED=", timeout=120)
         assert "EXITED=0" in s and "all checks passed" in s
         assert "✔ ssh" not in s  # the live lines are gone; the matrix stays
+        raw = stream.read_text(encoding="utf-8", errors="replace")
+        # the line changed as the checks finished: probe, then port, then bandwidth, all before the matrix
+        order = [raw.find(x) for x in ("✔ probe", "✔ port", "✔ bandwidth", "qwen-tui check /")]
+        assert -1 not in order and order == sorted(order), order
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
 

@@ -110,7 +110,7 @@ def test_trackers_get_the_metrics_and_every_nodes_gpus_from_a_real_run(tmp_path,
     from qwen_tui.nodes.transport import LocalTransport
     from qwen_tui.run.gpumon import NodeSample
     from qwen_tui.run.gpuseries import GpuSeriesWriter
-    from tests.unit.test_gpuseries import stream_ticks
+    from support.gpu_stream import stream_ticks
 
     recs = demo_records()
     data = write_jsonl(tmp_path / "train.jsonl", recs[:24])

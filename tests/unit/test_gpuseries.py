@@ -9,20 +9,10 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.run.gpumon import NodeSample, group_stream
+from qwen_tui.run.gpumon import NodeSample
 from qwen_tui.run.gpuseries import GpuSeriesWriter, reports_to_tracker, series_path
+from support.gpu_stream import stream_ticks
 from training.runtime.trackers import NodeGpuFeed
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
-# the columns of the fixtures' --query-gpu (tests/fixtures/nvidia-smi/README.md)
-FIELDS = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total", "memory.used", "memory.free",
-          "utilization.gpu", "utilization.memory", "temperature.gpu", "power.draw", "power.limit")
-
-
-def stream_ticks():
-    """The H200's six `-lms` rows (GPU 0, busy), one tick each."""
-    return list(group_stream(iter((FIXTURES / "query_stream.csv").read_text().splitlines()), FIELDS))
-
 
 def test_writer_appends_one_mean_line_per_node_and_the_worker_reads_it(tmp_path):
     path = str(tmp_path / "run" / "gpus.jsonl")
