@@ -5,7 +5,7 @@
   every test that reads one.
 - In CI (CI=true) a skipped test fails the run: tests that need root, sshd or
   network namespaces must run there, not quietly skip.
-- The suite runs on two pytest-xdist workers (README's command). Tests that hold
+- The suite runs on three pytest-xdist workers (README's command). Tests that hold
   one thing of this machine run on one worker, one after another: the namespace
   cluster (its node names, addresses and iptables rules are fixed), and the
   shipped demo preset (its master port 29533, its output and runs directories
@@ -26,6 +26,9 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_CACHE / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers share the cores: one thread a process (this one and what it starts), not one each per core.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 _skipped: list[str] = []
 
@@ -56,6 +59,7 @@ def _names_shipped_demo(path: str) -> bool:
     return bool(_SHIPPED_DEMO.search(Path(path).read_text(encoding="utf-8")))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))

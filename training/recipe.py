@@ -67,6 +67,33 @@ class FinetuneRecipe:
         self.meta_group = None  # the packing thread's gloo group (several ranks, packing)
         self.base_partition = None  # ZeRO-3: how much of the frozen base each rank holds
         self.router = None  # mixture of experts: the routers' logits and their load-balancing loss (training.model.moe)
+        # What setup() finds out and builds, in its order; None until it has run.
+        self.ds_raw = None  # the DeepSpeed config as given
+        self.stage = 0  # its ZeRO stage (0 without --deepspeed)
+        self.device: torch.device | None = None
+        self.resume_dir = None  # the checkpoint this run continues from, and its saved state
+        self.resume_state: dict | None = None
+        self.source = None  # the model's local directory
+        self.model_config: dict | None = None
+        self.quant = None  # the checkpoint's own quantization (GPTQ, AWQ), if any
+        self.method = None  # full, lora or qlora
+        self.fast = None  # the fast path's switches (training.fast.choice)
+        self.data_env = None  # ranks as the data sees them (one per sequence-parallel group)
+        self.tokenizer = None
+        self.train_ds = None
+        self.eval_ds = None
+        self.global_batch = 0
+        self.steps_per_epoch = 0
+        self.total_steps = 0
+        self.lineage = ""  # one id for a run and every run resumed from it
+        self.ds_config = None  # the DeepSpeed config with its 'auto' fields filled
+        self.model = None
+        self.optimizer = None
+        self.scheduler = None
+        self.collator = None
+        self.sampler = None
+        self.loader = None
+        self.checkpointer: Checkpointer | None = None
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -264,7 +291,7 @@ class FinetuneRecipe:
 
     def _size_rows(self) -> None:
         apply.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
-                             self._autocast, self.wrapped, self.engine, getattr(self.train_ds, "items", None))
+                             self._autocast, self.wrapped, self.engine, self.train_ds.items)
 
     # ------------------------------------------------------------- the loop
     @property

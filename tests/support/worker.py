@@ -67,6 +67,12 @@ class Run:
         return {r["step"]: r["loss"] for r in self.steps}
 
 
+def one_process_threads() -> str:
+    """Threads for a one-process run: the suite's setting where it has one (one a process on the parallel
+    workers, which share the cores: tests/conftest.py), else both cores."""
+    return os.environ.get("OMP_NUM_THREADS", "2")
+
+
 def run_worker(out: Path, *flags: str, nproc: int = 1, timeout: int = 420) -> Run:
     """Runs the worker as users do: `python -m training.finetune`, or torchrun for several processes."""
     if nproc == 1:
@@ -74,7 +80,7 @@ def run_worker(out: Path, *flags: str, nproc: int = 1, timeout: int = 420) -> Ru
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "training.finetune"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1" if nproc > 1 else "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1" if nproc > 1 else one_process_threads()}
     res = subprocess.run([*cmd, "--output_dir", str(out), *flags], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=timeout)
     return Run(res.returncode, res.stdout, res.stderr, out)

@@ -19,7 +19,7 @@ import pytest
 from training.args import parse_args
 from support.paths import ROOT
 from support.ports import free_port
-from support.worker import Run, assert_ok
+from support.worker import Run, assert_ok, one_process_threads
 
 FULL = """torchrun $DISTRIBUTED_ARGS finetune.py \\
     --model_name_or_path $MODEL \\
@@ -179,7 +179,7 @@ def test_qwen_command_trains_the_tiny_model(name, tmp_path, tiny_model):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "1", "--node_rank",
            "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "training.finetune",
            *worker_argv(COMMANDS[name], str(tiny_model), out), *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": one_process_threads()}
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     run = Run(res.returncode, res.stdout, res.stderr, out)
     assert_ok(run)

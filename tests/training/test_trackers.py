@@ -16,7 +16,7 @@ import pytest
 
 from support.paths import ROOT
 
-from support.worker import Run, assert_ok, demo_records, write_jsonl
+from support.worker import Run, assert_ok, demo_records, one_process_threads, write_jsonl
 from training.args import parse_args
 from training.runtime.errors import InputError
 
@@ -123,7 +123,7 @@ def test_trackers_get_the_metrics_and_every_nodes_gpus_from_a_real_run(tmp_path,
     writer.add(NodeSample(rank=1, cpu_util_pct=42.0))
     assert writer.flush() == 2
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "WANDB_MODE": "offline",
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": one_process_threads(), "WANDB_MODE": "offline",
            "WANDB_DIR": str(tmp_path / "wandb"), "WANDB_SILENT": "true",
            "MLFLOW_TRACKING_URI": f"file:{tmp_path / 'mlruns'}", "MLFLOW_ALLOW_FILE_STORE": "true"}
     (tmp_path / "wandb").mkdir()

@@ -184,6 +184,9 @@ class LazyDataset(torch.utils.data.Dataset):
     training loop sums what the batches report instead.
     """
 
+    # Nothing is tokenized up front: the fast path's row sizing (which reads EagerDataset.items) goes without.
+    items: None = None
+
     def __init__(self, convs: list[Conversation], encoder: ChatEncoder):
         self.convs = convs
         self.encoder = encoder
