@@ -9,7 +9,8 @@
   one thing of this machine run on one worker, one after another: the namespace
   cluster (its node names, addresses and iptables rules are fixed), and the
   shipped demo preset (its master port 29533, its output and runs directories
-  in the checkout, the port checks that expect that port free).
+  in the checkout, the port checks that expect that port free), and the tests
+  that drive tmux (one tmux server per user).
 """
 
 import os
@@ -50,8 +51,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 _TESTS = Path(__file__).parent
-# A test module that names the demo preset as shipped (not a copy on a free port: support.demo_run, demo_copy).
-_SHIPPED_DEMO = re.compile(r"\bDEMO\b|local-demo")
+# A test module that names the demo preset as shipped (not a copy on a free port: support.demo_run, demo_copy),
+# or drives a real terminal: tmux's one server per user exits with its last session, and a new-session racing
+# that exit fails, so the terminal tests take turns too.
+_SHIPPED_DEMO = re.compile(r"\bDEMO\b|local-demo|support\.tmux")
 
 
 @cache
