@@ -53,13 +53,13 @@ def pytest_terminal_summary(terminalreporter):
 _TESTS = Path(__file__).parent
 # A test module that names the demo preset as shipped (not a copy on a free port: support.demo_run, demo_copy),
 # or drives a real terminal: tmux's one server per user exits with its last session, and a new-session racing
-# that exit fails, so the terminal tests take turns too.
-_SHIPPED_DEMO = re.compile(r"\bDEMO\b|local-demo|support\.tmux")
+# that exit fails. Such modules take turns.
+_TAKES_TURNS = re.compile(r"\bDEMO\b|local-demo|support\.tmux")
 
 
 @cache
-def _names_shipped_demo(path: str) -> bool:
-    return bool(_SHIPPED_DEMO.search(Path(path).read_text(encoding="utf-8")))
+def _takes_turns(path: str) -> bool:
+    return bool(_TAKES_TURNS.search(Path(path).read_text(encoding="utf-8")))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups off the items
@@ -68,8 +68,8 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath))
         if path.is_relative_to(_TESTS / "cluster"):
             item.add_marker(pytest.mark.xdist_group("cluster"))
-        elif _names_shipped_demo(str(path)):
-            item.add_marker(pytest.mark.xdist_group("shipped-demo"))
+        elif _takes_turns(str(path)):
+            item.add_marker(pytest.mark.xdist_group("demo-and-terminal"))
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,7 @@ class Summary:
     notes: list[str] = field(default_factory=list)
 
 
-def count_words(n: float) -> str:
+def human_count(n: float) -> str:
     """A parameter count in the unit that shows it: '7.62 B', '1.3 M' (a tiny test model is not '0.00 B')."""
     for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= scale:
@@ -146,11 +146,11 @@ def count_words(n: float) -> str:
 
 def model_line(m: dict) -> str:
     """'30.53 B parameters, 3.35 B active a token (8 of 128 experts)' from a report's model entry."""
-    line = f"{count_words(m['params'])} parameters"
+    line = f"{human_count(m['params'])} parameters"
     if m.get("moe"):
         moe = m["moe"]
         shared = ", + a shared expert" if moe.get("shared_expert_intermediate_size") else ""
-        line += (f", {count_words(m['active_params'])} active a token ({moe['experts_per_token']} of "
+        line += (f", {human_count(m['active_params'])} active a token ({moe['experts_per_token']} of "
                  f"{moe['experts']} experts{shared})")
     return line
 

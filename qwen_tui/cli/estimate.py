@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from ..advice.report import NODES_WORTH_LIMIT, build_report, count_words, model_line
+from ..advice.report import NODES_WORTH_LIMIT, build_report, human_count, model_line
 from ..plan.estimate import FAST_PATH_EFFICIENCY, GPUS, ZERO_EFFICIENCY
 from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..preset.schema import load_preset
@@ -91,7 +91,7 @@ def _print_human(report: dict[str, Any], preset_path: str) -> None:
     m = report["gpu_memory_gb"]
     if m:
         mdl = report["model"]
-        con.print(f"model {mdl['name']}: {model_line(mdl)}, {count_words(mdl['trainable_params'])} trained")
+        con.print(f"model {mdl['name']}: {model_line(mdl)}, {human_count(mdl['trainable_params'])} trained")
         tb = Table(title=f"Memory per {'process' if report['cpu'] else 'GPU'} (GiB) at the peak: {m['phase']}")
         for col in ("weights", "gradients", "optimizer", "activations", "logits", "overhead", "total"):
             tb.add_column(col, justify="right")

@@ -1,14 +1,14 @@
 """The model's size as the estimate and the Training step say it: in the unit that shows it, so the tiny demo
 model reads '139.8 K parameters', never '0.00 B parameters'."""
 
-from qwen_tui.advice.report import count_words, model_line
+from qwen_tui.advice.report import human_count, model_line
 
 
 def test_counts_take_the_unit_that_shows_them():
-    assert count_words(7_615_616_512) == "7.62 B"
-    assert count_words(1_310_720) == "1.3 M"
-    assert count_words(139_776) == "139.8 K"
-    assert count_words(640) == "640"
+    assert human_count(7_615_616_512) == "7.62 B"
+    assert human_count(1_310_720) == "1.3 M"
+    assert human_count(139_776) == "139.8 K"
+    assert human_count(640) == "640"
 
 
 def test_a_tiny_dense_model_and_a_mixture_of_experts():
