@@ -73,9 +73,10 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from training.runtime import quiet
+    from training.runtime import quiet, unused_imports
 
     quiet.cpu_run(bool(args.use_cpu))
+    unused_imports.refuse_bitsandbytes_unless(args.q_lora)  # before peft or transformers can import it
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         for line in args.flag_warnings:  # HF flags accepted from a copied command that change nothing here

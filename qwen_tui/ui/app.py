@@ -133,18 +133,25 @@ class WizardApp(App[int]):
                 why = "; ".join(plain_message(f.message) for f in errors
                                 if f.path == path or f.path.startswith(path + "."))
                 self.state.field_errors[path] = (value, why or str(e))
-            screen = self.screen
+            screen = self.shown_screen()
             if hasattr(screen, "show_field_errors"):
                 screen.show_field_errors(errors, msg.changes)
-            else:
+            elif screen is not None:
                 self.notify(str(e), severity="error", title="Not applied")
-            self.screen.post_message(StateChanged())  # the stepper marks the step
+            if screen is not None:
+                screen.post_message(StateChanged())  # the stepper marks the step
             return
         for path in msg.changes:
             self.state.field_errors.pop(path, None)
-        if hasattr(self.screen, "show_field_errors"):
-            self.screen.show_field_errors([], msg.changes)
+        screen = self.shown_screen()
+        if hasattr(screen, "show_field_errors"):
+            screen.show_field_errors([], msg.changes)
         self.set_preset(new, note=msg.note)
+
+    def shown_screen(self) -> Optional[Screen]:
+        """The screen on top, or None once the App has closed its screens: a form's last change (a field's blur as
+        the App quits) can arrive after them, and is then only recorded."""
+        return self.screen_stack[-1] if self.screen_stack else None
 
     def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None:
         old_nodes = self.state.preset.cluster.nodes
@@ -161,7 +168,9 @@ class WizardApp(App[int]):
 
     def facts_changed(self) -> None:
         self.state.recompute()
-        self.screen.post_message(StateChanged())
+        screen = self.shown_screen()
+        if screen is not None:
+            screen.post_message(StateChanged())
 
     def forget_connections(self) -> None:
         """Nodes changed: connections and per-node checks no longer describe them."""

@@ -30,6 +30,21 @@ def on_screen(app, w) -> bool:
     return mine(r.x) and mine(r.right - 1)  # both ends: not half under another widget
 
 
+
+async def test_a_refused_value_that_arrives_as_the_app_closes_is_kept_without_a_crash(tmp_path, demo_copy):
+    """A form's last change can reach the App after its screens are gone (a fresh clone's run saw a refused
+    value's message handled during shutdown, under load): it is recorded, and nothing is drawn on no screen."""
+    from qwen_tui.ui.messages import ChangePreset
+
+    app = WizardApp(str(demo_copy()), runs_root=str(tmp_path / "runs"), reattach=False)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+    assert not app.screen_stack
+    app.on_change_preset(ChangePreset({"training.save_steps": "often"}))
+    assert app.state.field_errors["training.save_steps"][0] == "often"
+    app.on_change_preset(ChangePreset({"training.save_steps": 9}))
+    assert app.state.preset.training.save_steps == 9 and not app.state.field_errors
+
 @pytest.mark.parametrize("key,step", [("f1", "nodes"), ("f2", "ssh"), ("f3", "network"), ("f4", "training"),
                                       ("f5", "review"), ("f6", "run")])
 async def test_every_step_and_key_fits_100x30(tmp_path, key, step):
