@@ -70,7 +70,7 @@ def test_a_missing_tracker_package_exits_2_before_anything_is_written(tmp_path):
     env["RANK"] = "1"
     proc = subprocess.run([sys.executable, "-c", BLOCK_WANDB.replace("from training.finetune import main",
                                                                      "from training.args import parse_args as main")
-                           .replace("sys.exit(main(sys.argv[1:]))", "print(main(sys.argv[1:]).report_to)"),
+                           .replace("sys.exit(main(sys.argv[1:]))", "print(main(sys.argv[1:]).hf.report_to)"),
                            *BASE, "--report_to", "wandb"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "['wandb']", proc.stderr[-2000:]
