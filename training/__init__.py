@@ -10,6 +10,7 @@ ones under it (the import-linter contract in pyproject.toml checks it):
     model/                                     loading, adapting and saving the model (and the tiny built-in ones)
     data/                                      chat records -> token ids, the tokenized cache, batches, data order
     runtime/                                   the process: errors, collectives, heartbeat, stop, timing, trackers
+    flags                                      the flags' typed groups (WorkerFlags), read on every floor
 
 demo_data/ holds the built-in demo chat set (`builtin:demo-chat`) and the script that writes it; the shipped
 DeepSpeed configs (ds_config_zero2.json, ds_config_zero3.json) sit beside dsconfig.py.

@@ -4,6 +4,8 @@ Names follow Hugging Face TrainingArguments (and Qwen's finetune.py) so users
 can bring their commands along: booleans take --x, --x True|False and --no_x, and
 HF's other spellings (--evaluation_strategy, --report_to, --optim, ...) are mapped
 or accepted with a warning (training.hf_flags).
+parse_args returns them as typed groups (training.flags.WorkerFlags: `flags.train.learning_rate`), whose fields
+hold the defaults; the parser here holds the spelling and the help of each flag.
 Everything here is cheap: no torch import, so a bad flag fails in milliseconds.
 """
 
@@ -12,11 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 
+from training.flags import DEFAULT_LORA_TARGETS, WorkerFlags, field_group, flag_defaults
 from training.hf_flags import add_bool, add_hf_flags, resolve
 from training.runtime.errors import InputError
 
 SCHEDULERS = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"]
-DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 EPILOG = """\
 examples:
@@ -33,7 +35,7 @@ exit codes: 0 trained and saved; 2 bad input or configuration (nothing written);
 def _switch(group, name: str, on: str, off: str) -> None:
     """--NAME [True|False] and --no_NAME: one fast-path switch whose default (None) leaves the choice to
     training.fast.choice."""
-    add_bool(group, name, on, default=None, off=off)
+    add_bool(group, name, on, off=off)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,92 +61,92 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data_path", required=True,
                    help="JSON or JSON-lines file of chat records: Qwen's {'id', 'conversations': [{'from', 'value'}]} "
                    "or OpenAI-style {'messages': [{'role', 'content'}]}; 'builtin:demo-chat' is the shipped demo set")
-    d.add_argument("--eval_data_path", default=None, help="optional evaluation file in the same formats; "
+    d.add_argument("--eval_data_path", help="optional evaluation file in the same formats; "
                    "its loss is logged at the end (and every --eval_steps)")
-    d.add_argument("--model_max_length", type=int, default=8192,
+    d.add_argument("--model_max_length", type=int,
                    help="maximum tokens per record; longer records are truncated and counted (default 8192)")
     add_bool(d, "lazy_preprocess",
                    help="tokenize records on the fly instead of all up front (records are still validated up front)")
-    d.add_argument("--tokenized_cache_dir", default=None, metavar="DIR|none",
+    d.add_argument("--tokenized_cache_dir", metavar="DIR|none",
                    help="where the tokenized data is cached, keyed by the data's checksum, the tokenizer, the chat "
                    "template and --model_max_length: local rank 0 of each node (one rank in all when every node "
                    "sees DIR) tokenizes, the other ranks load it, a later run reuses it; 'none' tokenizes on every "
                    "rank (default $QWEN_TUI_TOKENIZED_CACHE, else $XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized)")
-    d.add_argument("--tokenize_timeout", type=float, default=3600.0, metavar="SECONDS",
+    d.add_argument("--tokenize_timeout", type=float, metavar="SECONDS",
                    help="how long a rank waits for another rank's tokenized cache before it gives up (default 3600)")
-    d.add_argument("--dataloader_num_workers", type=int, default=0,
+    d.add_argument("--dataloader_num_workers", type=int,
                    help="data loader worker processes (default 0: tokenize in the training process)")
 
     t = p.add_argument_group("training")
     t.add_argument("--output_dir", required=True, help="where checkpoints, the final model and metrics.jsonl go")
-    t.add_argument("--per_device_train_batch_size", type=int, default=8, help="micro-batch size per process (default 8)")
-    t.add_argument("--per_device_eval_batch_size", type=int, default=None,
+    t.add_argument("--per_device_train_batch_size", type=int, help="micro-batch size per process (default 8)")
+    t.add_argument("--per_device_eval_batch_size", type=int,
                    help="evaluation batch size per process (default: the training micro-batch size)")
-    t.add_argument("--gradient_accumulation_steps", type=int, default=1,
+    t.add_argument("--gradient_accumulation_steps", type=int,
                    help="micro-batches per optimizer step (default 1)")
-    t.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
-    t.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs to train (default 3; ignored if --max_steps > 0)")
-    t.add_argument("--max_steps", type=int, default=-1, help="optimizer steps to train; overrides --num_train_epochs when > 0")
-    t.add_argument("--warmup_ratio", type=float, default=0.0, help="fraction of steps for linear warm-up (default 0)")
-    t.add_argument("--lr_scheduler_type", default="linear", choices=SCHEDULERS, help="learning-rate schedule (default linear)")
-    t.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay, not applied to biases and norms (default 0)")
-    t.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1 (default 0.9)")
-    t.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2 (default 0.999; Qwen's recipes use 0.95)")
-    t.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
-    t.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping norm; 0 disables (default 1.0)")
+    t.add_argument("--learning_rate", type=float, help="peak learning rate (default 5e-5)")
+    t.add_argument("--num_train_epochs", type=float, help="epochs to train (default 3; ignored if --max_steps > 0)")
+    t.add_argument("--max_steps", type=int, help="optimizer steps to train; overrides --num_train_epochs when > 0")
+    t.add_argument("--warmup_ratio", type=float, help="fraction of steps for linear warm-up (default 0)")
+    t.add_argument("--lr_scheduler_type", choices=SCHEDULERS, help="learning-rate schedule (default linear)")
+    t.add_argument("--weight_decay", type=float, help="AdamW weight decay, not applied to biases and norms (default 0)")
+    t.add_argument("--adam_beta1", type=float, help="AdamW beta1 (default 0.9)")
+    t.add_argument("--adam_beta2", type=float, help="AdamW beta2 (default 0.999; Qwen's recipes use 0.95)")
+    t.add_argument("--adam_epsilon", type=float, help="AdamW epsilon (default 1e-8)")
+    t.add_argument("--max_grad_norm", type=float, help="gradient clipping norm; 0 disables (default 1.0)")
     add_bool(t, "bf16", help="train in bfloat16 mixed precision")
     add_bool(t, "fp16", help="train in float16 mixed precision (CUDA only; not with --bf16)")
-    add_bool(t, "gradient_checkpointing", default=None,
+    add_bool(t, "gradient_checkpointing",
              help="recompute activations in backward to save memory. Default: off, except that the fast path's "
                   "memory probe turns it on where it is needed or pays (see --auto_micro_batch); "
                   "--no_gradient_checkpointing keeps it off unless not even one record fits without it")
-    t.add_argument("--seed", type=int, default=42, help="seed for initialisation, dropout and data order (default 42)")
-    t.add_argument("--deepspeed", default=None, metavar="CONFIG",
+    t.add_argument("--seed", type=int, help="seed for initialisation, dropout and data order (default 42)")
+    t.add_argument("--deepspeed", metavar="CONFIG",
                    help="DeepSpeed JSON config, or a shipped one: builtin:zero2, builtin:zero3 (training/ds_config_zero*.json), "
                    "optionally with _offload_optimizer or _offload_all (ZeRO-3); its 'auto' fields are filled from "
                    "these flags; the ZeRO stage comes from it")
-    t.add_argument("--sequence_parallel_size", type=int, default=1, metavar="N",
+    t.add_argument("--sequence_parallel_size", type=int, metavar="N",
                    help="spread every packed row over N consecutive ranks (DeepSpeed's Ulysses attention): each "
                    "holds 1/N of the row's tokens, so records N times longer fit; N divides the number of "
                    "processes, and the model's attention heads divide among N ranks (default 1: off)")
-    add_bool(t, "tiled_mlp", default=None,
+    add_bool(t, "tiled_mlp",
              help="compute every layer's MLP in tiles of --tiled_mlp_tokens tokens, forward and backward "
              "(DeepSpeed's TiledMLP): long records need a tile's MLP activations, not a row's, for one more MLP "
              "forward a step. Default: on where a rank's share of --model_max_length is over 32768 tokens (one "
              "process, ZeRO-1/2, or ZeRO-3 with sequence parallelism over all ranks)")
-    t.add_argument("--tiled_mlp_tokens", type=int, default=8192, metavar="N",
+    t.add_argument("--tiled_mlp_tokens", type=int, metavar="N",
                    help="tokens of one MLP tile with --tiled_mlp (default 8192; rows no longer run untiled)")
     add_bool(t, "use_cpu", help="train on CPU with gloo (chosen automatically without CUDA)")
-    t.add_argument("--ddp_timeout", type=int, default=int(os.environ.get("QWEN_TUI_NCCL_TIMEOUT") or 1800),
+    t.add_argument("--ddp_timeout", type=int,
                    help="seconds a process waits for the others (process-group set-up and collectives); "
                    "default $QWEN_TUI_NCCL_TIMEOUT or 1800")
 
     s = p.add_argument_group("saving and logging")
-    s.add_argument("--save_strategy", default="steps", choices=["no", "steps", "epoch"],
+    s.add_argument("--save_strategy", choices=["no", "steps", "epoch"],
                    help="when to write checkpoints (default steps)")
-    s.add_argument("--save_steps", type=int, default=500, help="checkpoint every N optimizer steps (default 500)")
-    s.add_argument("--save_total_limit", type=int, default=None, help="keep at most N checkpoints, deleting the oldest")
+    s.add_argument("--save_steps", type=int, help="checkpoint every N optimizer steps (default 500)")
+    s.add_argument("--save_total_limit", type=int, help="keep at most N checkpoints, deleting the oldest")
     add_bool(s, "save_on_each_node",
                    help="every node writes its own checkpoints (clusters without shared storage)")
-    s.add_argument("--resume_from_checkpoint", default=None, metavar="PATH|auto",
+    s.add_argument("--resume_from_checkpoint", metavar="PATH|auto",
                    help="continue from a checkpoint directory, or 'auto' for the latest complete one in --output_dir")
-    s.add_argument("--logging_steps", type=int, default=1, help="write a metrics record every N optimizer steps (default 1)")
-    s.add_argument("--eval_steps", type=int, default=0, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
-    s.add_argument("--metrics_file", default=None, help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
-    s.add_argument("--profile_step", type=int, default=0, metavar="N",
+    s.add_argument("--logging_steps", type=int, help="write a metrics record every N optimizer steps (default 1)")
+    s.add_argument("--eval_steps", type=int, help="evaluate every N steps when --eval_data_path is given (default 0: at the end only)")
+    s.add_argument("--metrics_file", help="metrics JSON-lines file (default OUTPUT_DIR/metrics.jsonl)")
+    s.add_argument("--profile_step", type=int, metavar="N",
                    help="run optimizer step N under torch.profiler and write its most expensive kernels to "
                    "OUTPUT_DIR/profile-stepN.txt (main process; default 0: no profile)")
     add_bool(s, "profile_trace",
                    help="with --profile_step: also write the step's Chrome trace to OUTPUT_DIR/profile-stepN.json.gz "
                    "(open it in chrome://tracing or Perfetto; bench/gpu_gaps.py lists where the GPU waited)")
-    s.add_argument("--heartbeat_dir", default=None, metavar="DIR",
+    s.add_argument("--heartbeat_dir", metavar="DIR",
                    help="keep DIR/rank-<RANK>.json up to date for a monitor: the rank's step, the phase it is in "
                    "(start, data, forward, backward, optimizer, collective, eval, checkpoint, done) and since when, "
                    "rewritten every --heartbeat_interval seconds even while the rank waits; SIGUSR1 then writes every "
                    "thread's stack to DIR/stack-rank-<RANK>.txt, and on CUDA PyTorch's NCCL flight recorder dumps "
                    "to DIR/nccl_trace_rank_<RANK> on a collective timeout. DIR is relative to the working "
                    "directory (default: none)")
-    s.add_argument("--heartbeat_interval", type=float, default=2.0, metavar="SECONDS",
+    s.add_argument("--heartbeat_interval", type=float, metavar="SECONDS",
                    help="seconds between two writes of the heartbeat file (default 2)")
 
     f = p.add_argument_group(
@@ -157,11 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                "record and no token attends across records). Default: on where the attention supports packed "
                "rows (flash varlen on CUDA, per-record attention on CPU)",
             off="padded micro-batches of --per_device_train_batch_size records instead")
-    f.add_argument("--packing_tokens", type=int, default=None, metavar="N",
+    f.add_argument("--packing_tokens", type=int, metavar="N",
                    help="tokens per packed row (one row is one micro-batch; a step's records take as many rows as "
                    "they need, and every process runs the same number). Default: measured by --auto_micro_batch on "
                    "CUDA, else --per_device_train_batch_size x --model_max_length")
-    f.add_argument("--fused_ce", default="auto", choices=["auto", "liger", "chunked", "off"],
+    f.add_argument("--fused_ce", choices=["auto", "liger", "chunked", "off"],
                    help="cross-entropy without the full logits: Liger's fused linear cross-entropy (CUDA, needs "
                    "liger-kernel) or a chunked torch version (any device); off = transformers' own loss (full "
                    "logits). Default auto: liger where available, else chunked (under ZeRO-3 the partitioned LM head "
@@ -196,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                "Triton; not with --deepspeed. On the 7B shape it keeps 27%% less activation memory a token "
                "(longer packed rows, or no gradient checkpointing) at the same speed. Default: off",
             off="peft's own dropout module in front of each adapter")
-    f.add_argument("--attention_kernel", default="auto", choices=["auto", "flash", "cudnn"],
+    f.add_argument("--attention_kernel", choices=["auto", "flash", "cudnn"],
                    help="the varlen attention of packed rows on CUDA: flash (PyTorch's FlashAttention 2) or cudnn "
                    "(cuDNN's fused attention; needs the nvidia-cudnn-frontend package and a Hopper or newer GPU; "
                    "a 7B LoRA step measured 3%% faster with it on an H200). Default auto: cudnn where both are "
@@ -219,29 +221,29 @@ def build_parser() -> argparse.ArgumentParser:
                "then frees its cache and retries, a device-wide synchronisation each time. Default: on for "
                "CUDA, unless PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments",
             off="PyTorch's default CUDA allocator segments")
-    f.add_argument("--auto_memory_fraction", type=float, default=0.85,
+    f.add_argument("--auto_memory_fraction", type=float,
                    help="share of the GPU's memory --auto_micro_batch plans for (default 0.85)")
-    f.add_argument("--auto_max_tokens", type=int, default=65536,
+    f.add_argument("--auto_max_tokens", type=int,
                    help="largest packed row --auto_micro_batch may pick (default 65536)")
 
     lo = p.add_argument_group("LoRA / Q-LoRA")
     add_bool(lo, "use_lora", help="train LoRA adapters (peft) instead of all weights")
     add_bool(lo, "q_lora",
                     help="Q-LoRA: LoRA on a 4-bit nf4 base (bitsandbytes) or on an already GPTQ/AWQ-quantized checkpoint; implies --use_lora")
-    lo.add_argument("--lora_r", type=int, default=64, help="LoRA rank (default 64)")
-    lo.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha (default 16)")
-    lo.add_argument("--lora_dropout", type=float, default=0.05, help="LoRA dropout (default 0.05)")
-    lo.add_argument("--lora_target_modules", nargs="+", default=[DEFAULT_LORA_TARGETS], metavar="NAMES",
+    lo.add_argument("--lora_r", type=int, help="LoRA rank (default 64)")
+    lo.add_argument("--lora_alpha", type=int, help="LoRA alpha (default 16)")
+    lo.add_argument("--lora_dropout", type=float, help="LoRA dropout (default 0.05)")
+    lo.add_argument("--lora_target_modules", nargs="+", metavar="NAMES",
                     help="module names to adapt, comma- or space-separated (Qwen's finetune.py takes a list) "
                     f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
     add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
 
     moe = p.add_argument_group("mixture of experts (Qwen3-MoE, Qwen2-MoE)")
-    moe.add_argument("--router_aux_loss_coef", type=float, default=None, metavar="COEF",
+    moe.add_argument("--router_aux_loss_coef", type=float, metavar="COEF",
                      help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
                      "(logged as aux_loss in metrics.jsonl); 0 leaves it out. Default: the model config's "
                      "router_aux_loss_coef (0.001 in Qwen's releases)")
-    moe.add_argument("--experts_implementation", default="auto", choices=("auto", "lean", "grouped_mm", "eager"),
+    moe.add_argument("--experts_implementation", choices=("auto", "lean", "grouped_mm", "eager"),
                      help="the kernel of the fused experts (transformers 5): lean (grouped matmuls, less kept for "
                      "the backward), grouped_mm (transformers' grouped matmuls) or eager (a loop over the experts). "
                      "Default auto: lean on CUDA where torch has a grouped matmul, eager elsewhere")
@@ -249,64 +251,85 @@ def build_parser() -> argparse.ArgumentParser:
              help="train the routers (each sparse MoE block's gate): with LoRA they are saved with the adapter "
              "(peft modules_to_save). Default: the routers stay frozen, whatever the method")
     add_hf_flags(p)
+    _take_defaults(p)
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parses and checks flags. argparse exits with 2 on an unknown or malformed flag itself.
-
-    `args.flag_warnings` holds one line for each HF flag given that has no effect here (the worker logs them)."""
-    args = build_parser().parse_args(argv)
-    if args.q_lora:
-        args.use_lora = True
-    if args.metrics_file is None:
-        args.metrics_file = os.path.join(args.output_dir, "metrics.jsonl")
-    if args.per_device_eval_batch_size is None:
-        args.per_device_eval_batch_size = args.per_device_train_batch_size
-    args.lora_target_modules = [m.strip() for item in args.lora_target_modules for m in item.split(",") if m.strip()]
-    args.flag_warnings = resolve(args)
-    check_args(args)
-    return args
+def _take_defaults(p: argparse.ArgumentParser) -> None:
+    """Every flag's default from its field in training.flags (the one place defaults live). A flag with no field
+    fails here, when the parser is built, rather than vanishing from WorkerFlags."""
+    dests = {a.dest for a in p._actions if a.dest != "help"}
+    unknown = sorted(dests - set(field_group()))
+    if unknown:
+        raise TypeError(f"flags without a field in training.flags: {', '.join(unknown)}")
+    p.set_defaults(**flag_defaults())
 
 
-def check_args(args: argparse.Namespace) -> None:
-    positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                "model_max_length", "logging_steps", "lora_r", "lora_alpha"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise InputError(f"--{name} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        raise InputError(f"--learning_rate must be positive, got {args.learning_rate}")
-    if args.max_steps <= 0 and args.num_train_epochs <= 0:
+def parse_args(argv: list[str] | None = None) -> WorkerFlags:
+    """Parses, resolves and checks flags. argparse exits with 2 on an unknown or malformed flag itself.
+
+    `flags.notes.hf_warnings` holds one line for each HF flag given that has no effect here (the worker logs them)."""
+    flags = WorkerFlags.from_namespace(build_parser().parse_args(argv))
+    resolve_defaults(flags)
+    flags.notes.hf_warnings = resolve(flags)
+    check_args(flags)
+    return flags
+
+
+def resolve_defaults(flags: WorkerFlags) -> None:
+    """The defaults that follow from other flags, and --lora_target_modules split into names."""
+    if flags.lora.q_lora:
+        flags.lora.use_lora = True
+    if flags.save.metrics_file is None:
+        flags.save.metrics_file = os.path.join(flags.train.output_dir, "metrics.jsonl")
+    if flags.train.per_device_eval_batch_size is None:
+        flags.train.per_device_eval_batch_size = flags.train.per_device_train_batch_size
+    flags.lora.lora_target_modules = [m.strip() for item in flags.lora.lora_target_modules
+                                      for m in item.split(",") if m.strip()]
+
+
+def check_args(flags: WorkerFlags) -> None:
+    m, d, t, s, f, lo = flags.model, flags.data, flags.train, flags.save, flags.fast, flags.lora
+    positive = {"per_device_train_batch_size": t.per_device_train_batch_size,
+                "per_device_eval_batch_size": t.per_device_eval_batch_size,
+                "gradient_accumulation_steps": t.gradient_accumulation_steps, "model_max_length": d.model_max_length,
+                "logging_steps": s.logging_steps, "lora_r": lo.lora_r, "lora_alpha": lo.lora_alpha}
+    for name, value in positive.items():
+        if value <= 0:
+            raise InputError(f"--{name} must be positive, got {value}")
+    if t.learning_rate <= 0:
+        raise InputError(f"--learning_rate must be positive, got {t.learning_rate}")
+    if t.max_steps <= 0 and t.num_train_epochs <= 0:
         raise InputError("give --max_steps > 0 or --num_train_epochs > 0")
-    if not 0.0 <= args.warmup_ratio < 1.0:
-        raise InputError(f"--warmup_ratio must be in [0, 1), got {args.warmup_ratio}")
-    if not 0.0 <= args.lora_dropout < 1.0:
-        raise InputError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
-    if args.save_strategy == "steps" and args.save_steps <= 0:
-        raise InputError(f"--save_steps must be positive with --save_strategy steps, got {args.save_steps}")
-    if args.use_lora and not args.lora_target_modules:
+    if not 0.0 <= t.warmup_ratio < 1.0:
+        raise InputError(f"--warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
+    if not 0.0 <= lo.lora_dropout < 1.0:
+        raise InputError(f"--lora_dropout must be in [0, 1), got {lo.lora_dropout}")
+    if s.save_strategy == "steps" and s.save_steps <= 0:
+        raise InputError(f"--save_steps must be positive with --save_strategy steps, got {s.save_steps}")
+    if lo.use_lora and not lo.lora_target_modules:
         raise InputError("--lora_target_modules is empty")
-    if args.merge_lora and not args.use_lora:
+    if lo.merge_lora and not lo.use_lora:
         raise InputError("--merge_lora needs --use_lora (there is no adapter to merge)")
-    if args.router_aux_loss_coef is not None and args.router_aux_loss_coef < 0:
-        raise InputError(f"--router_aux_loss_coef must be 0 or more, got {args.router_aux_loss_coef:g}")
-    if args.packing_tokens is not None and args.packing_tokens < args.model_max_length:
-        raise InputError(f"--packing_tokens {args.packing_tokens} is less than --model_max_length "
-                         f"{args.model_max_length}: the longest record must fit in one packed row")
-    if not 0.05 <= args.auto_memory_fraction <= 1.0:
-        raise InputError(f"--auto_memory_fraction must be in [0.05, 1], got {args.auto_memory_fraction}")
-    if args.packing is False and (args.packing_tokens is not None or args.auto_micro_batch):
+    coef = flags.moe.router_aux_loss_coef
+    if coef is not None and coef < 0:
+        raise InputError(f"--router_aux_loss_coef must be 0 or more, got {coef:g}")
+    if f.packing_tokens is not None and f.packing_tokens < d.model_max_length:
+        raise InputError(f"--packing_tokens {f.packing_tokens} is less than --model_max_length "
+                         f"{d.model_max_length}: the longest record must fit in one packed row")
+    if not 0.05 <= f.auto_memory_fraction <= 1.0:
+        raise InputError(f"--auto_memory_fraction must be in [0.05, 1], got {f.auto_memory_fraction}")
+    if f.packing is False and (f.packing_tokens is not None or f.auto_micro_batch):
         raise InputError("--packing_tokens and --auto_micro_batch size packed rows; they need packing (drop --no_packing)")
-    if args.profile_trace and args.profile_step <= 0:
+    if s.profile_trace and s.profile_step <= 0:
         raise InputError("--profile_trace writes the trace of --profile_step N; give --profile_step too")
-    if args.random_init and args.resume_from_checkpoint:
+    if m.random_init and s.resume_from_checkpoint:
         raise InputError("--random_init would ignore the checkpoint's weights; drop it to resume")
-    if args.tokenize_timeout <= 0:
-        raise InputError(f"--tokenize_timeout must be positive, got {args.tokenize_timeout:g}")
-    if args.sequence_parallel_size < 1:
-        raise InputError(f"--sequence_parallel_size must be at least 1, got {args.sequence_parallel_size}")
-    if args.heartbeat_interval <= 0:
-        raise InputError(f"--heartbeat_interval must be positive, got {args.heartbeat_interval:g}")
-    if args.model_max_length < 8:
-        raise InputError(f"--model_max_length {args.model_max_length} is too short for a chat turn")
+    if d.tokenize_timeout <= 0:
+        raise InputError(f"--tokenize_timeout must be positive, got {d.tokenize_timeout:g}")
+    if t.sequence_parallel_size < 1:
+        raise InputError(f"--sequence_parallel_size must be at least 1, got {t.sequence_parallel_size}")
+    if s.heartbeat_interval <= 0:
+        raise InputError(f"--heartbeat_interval must be positive, got {s.heartbeat_interval:g}")
+    if d.model_max_length < 8:
+        raise InputError(f"--model_max_length {d.model_max_length} is too short for a chat turn")

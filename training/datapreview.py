@@ -24,6 +24,7 @@ import math
 import sys
 import time
 
+from training.flags import WorkerFlags
 from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
 
 HIST_BINS = 16
@@ -70,25 +71,26 @@ class _MeasuringEncoder:
         return Encoded(e.input_ids[: self.max_length], e.labels[: self.max_length], True)
 
 
-def packing_on(args) -> bool:
+def packing_on(args: WorkerFlags) -> bool:
     """The worker's packing choice (training.fast.choice.decide) as far as it follows from the flags: on unless
     --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
-    return True if args.packing is None else bool(args.packing)
+    return True if args.fast.packing is None else bool(args.fast.packing)
 
 
-def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
+def padding_waste(lengths: list[int], args: WorkerFlags, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
     """Share of the tokens the worker's batches compute that are padding, over the first epoch's steps in the
     worker's own data order (training.data.batches.StepSampler, every rank)."""
     from training.data.batches import StepSampler
     from training.fast.packing import balanced_bins
 
-    mb, gas = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    capacity = args.packing_tokens or mb * args.model_max_length
+    mb, gas = args.train.per_device_train_batch_size, args.train.gradient_accumulation_steps
+    capacity = args.fast.packing_tokens or mb * args.data.model_max_length
     base = 128 if cuda else 8  # the recipe's row widths (FinetuneRecipe._pad_multiple), a multiple of the SP size
-    pad_multiple = base * args.sequence_parallel_size // math.gcd(base, args.sequence_parallel_size)
+    pad_multiple = base * args.train.sequence_parallel_size // math.gcd(base, args.train.sequence_parallel_size)
     collate_multiple = 8 if cuda else 1  # the recipe's Collator for unpacked micro-batches
     steps = min(steps_per_epoch, WASTE_STEPS)
-    samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, args.seed, steps)) for r in range(world_size)]
+    samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, args.train.seed, steps))
+                for r in range(world_size)]
     real = computed = 0
     for _ in range(steps):
         per_rank = [[next(s) for _ in range(gas)] for s in samplers]
@@ -112,31 +114,33 @@ def padding_waste(lengths: list[int], args, world_size: int, steps_per_epoch: in
             "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
 
 
-def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
+def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
     from training.data.encoding import EagerDataset
     from training.data.records import load_conversations
     from training.model.pretrained import load_tokenizer, resolve_model_source
 
     t0 = time.monotonic()
-    convs = load_conversations(args.data_path)
-    tokenizer = load_tokenizer(resolve_model_source(args.model_name_or_path, 0))
-    enc = _MeasuringEncoder(tokenizer, args.model_max_length)
+    convs = load_conversations(args.data.data_path)
+    tokenizer = load_tokenizer(resolve_model_source(args.model.model_name_or_path, 0))
+    enc = _MeasuringEncoder(tokenizer, args.data.model_max_length)
     ds = EagerDataset(convs, enc)
     s = ds.stats
     full = sorted(enc.full_lengths)
     used = [len(e.input_ids) for e in ds.items]
     # The ranks of a sequence-parallel group share their records: the sampler deals to the groups.
-    data_world = max(1, world_size // args.sequence_parallel_size)
-    global_batch = data_world * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    data_world = max(1, world_size // args.train.sequence_parallel_size)
+    global_batch = data_world * args.train.per_device_train_batch_size * args.train.gradient_accumulation_steps
     steps_per_epoch = len(ds) // global_batch
-    total_steps = (args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch))
+    total_steps = (args.train.max_steps if args.train.max_steps > 0
+                   else math.ceil(args.train.num_train_epochs * steps_per_epoch))
     records_per_epoch = steps_per_epoch * global_batch
     # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
     tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
     waste = padding_waste(used, args, data_world, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
         else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
-        "data": args.data_path, "model": args.model_name_or_path, "model_max_length": args.model_max_length,
+        "data": args.data.data_path, "model": args.model.model_name_or_path,
+        "model_max_length": args.data.model_max_length,
         "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
         "truncated_ids": s.truncated_ids[:5],
         "tokens": s.tokens, "supervised_tokens": s.label_tokens,
@@ -145,7 +149,7 @@ def preview(args, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_tha
         "histogram": histogram(full, bins),
         "world_size": world_size, "global_batch_size": global_batch, "steps_per_epoch": steps_per_epoch,
         "total_steps": total_steps, "records_per_epoch": records_per_epoch, "tokens_per_epoch": tokens_per_epoch,
-        "sequence_parallel_size": args.sequence_parallel_size,
+        "sequence_parallel_size": args.train.sequence_parallel_size,
         # records (as cut to model_max_length) longer than the caller's limit: the longest a GPU trains
         "longer_than": ({"tokens": longer_than, "records": sum(1 for n in used if n > longer_than),
                          "longest": max(used, default=0)} if longer_than else None),

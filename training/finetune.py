@@ -75,16 +75,16 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
         return EXIT_BAD_INPUT
     from training.runtime import quiet, unused_imports
 
-    quiet.cpu_run(bool(args.use_cpu))
-    unused_imports.refuse_bitsandbytes_unless(args.q_lora)  # before peft or transformers can import it
+    quiet.cpu_run(bool(args.train.use_cpu))
+    unused_imports.refuse_bitsandbytes_unless(args.lora.q_lora)  # before peft or transformers can import it
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        for line in args.flag_warnings:  # HF flags accepted from a copied command that change nothing here
+        for line in args.notes.hf_warnings:  # HF flags accepted from a copied command that change nothing here
             log.warning("%s", line)
     # `kill -USR1 PID` writes every thread's stack (to the log, or DIR/stack-rank-N.txt with --heartbeat_dir) and
     # the run carries on: where a hung rank waits. Both start before torch is imported, so a rank that hangs in
     # its set-up is seen too.
-    dumps = stacks.register(args.heartbeat_dir, rank)
+    dumps = stacks.register(args.save.heartbeat_dir, rank)
     beat = heartbeat.from_args(args, tick=dumps.check if dumps is not None else None)
     try:
         return _train(args, stop, held, beat)
@@ -96,7 +96,7 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
     from training.fast.allocator import configure
 
     try:  # the allocator reads its settings once, when torch starts CUDA: before torch is imported
-        args.expandable_segments, args.expandable_why = configure(args.expandable_segments)
+        args.fast.expandable_segments, args.notes.expandable_why = configure(args.fast.expandable_segments)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -104,7 +104,7 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
     from training.data import token_cache
     from training.recipe import FinetuneRecipe  # imports torch: only after the flags are known to be fine
 
-    token_cache.configure(args.tokenized_cache_dir, args.tokenize_timeout)
+    token_cache.configure(args.data.tokenized_cache_dir, args.data.tokenize_timeout)
 
     from transformers.utils import logging as hf_logging
 

@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 
+from training.flags import WorkerFlags
 from training.runtime.errors import InputError
 from training.runtime.trackers import default_logging_dir, which_trackers
 
@@ -39,7 +40,7 @@ NO_EFFECT = {
     "lora_bias": ({}, "LoRA trains no biases (peft bias='none')"),
 }
 # Quietly accepted: what launchers pass (deepspeed's launcher adds --local_rank; torchrun sets LOCAL_RANK).
-SILENT = {"local_rank": {"type": int, "default": -1}}
+SILENT = {"local_rank": {"type": int}}
 
 
 def str2bool(text: str) -> bool:
@@ -51,11 +52,10 @@ def str2bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (True/False, yes/no, 1/0), got {text!r}")
 
 
-def add_bool(group, name: str, help: str, default=False, off: str | None = None) -> None:
-    """--NAME, --NAME True|False and --no_NAME, as HF spells booleans. default=None keeps 'not given' visible
-    (the fast-path switches: None leaves the choice to training.fast.choice). `off` documents --no_NAME."""
-    group.add_argument(f"--{name}", dest=name, type=str2bool, nargs="?", const=True, default=default,
-                       metavar="BOOL", help=help)
+def add_bool(group, name: str, help: str, off: str | None = None) -> None:
+    """--NAME, --NAME True|False and --no_NAME, as HF spells booleans (the default is the field's in
+    training.flags: None keeps 'not given' visible). `off` documents --no_NAME."""
+    group.add_argument(f"--{name}", dest=name, type=str2bool, nargs="?", const=True, metavar="BOOL", help=help)
     group.add_argument(f"--no_{name}", dest=name, action="store_false", help=off or argparse.SUPPRESS)
 
 
@@ -65,74 +65,74 @@ def add_hf_flags(p: argparse.ArgumentParser) -> None:
         "Hugging Face TrainingArguments compatibility",
         "Accepted so that HF Trainer commands (Qwen's finetune_ds.sh, finetune_lora_ds.sh, finetune_qlora_ds.sh) "
         "run unchanged. Booleans also take --x True/False and --no_x.")
-    h.add_argument("--eval_strategy", "--evaluation_strategy", dest="eval_strategy", default=None,
-                   choices=EVAL_STRATEGIES,
+    h.add_argument("--eval_strategy", "--evaluation_strategy", dest="eval_strategy", choices=EVAL_STRATEGIES,
                    help="no: evaluate --eval_data_path once, at the end; steps: also every --eval_steps (default "
                    "--logging_steps); epoch: at the end of every epoch. Default: steps when --eval_steps > 0, "
                    "else no")
-    h.add_argument("--warmup_steps", type=int, default=0,
+    h.add_argument("--warmup_steps", type=int,
                    help="linear warm-up over N optimizer steps; overrides --warmup_ratio when > 0 (needs --max_steps "
                    "for now, else a warning)")
-    h.add_argument("--optim", default="adamw_torch",
+    h.add_argument("--optim",
                    help="optimizer name: adamw_torch, adamw_hf or adamw mean AdamW (fused as --fused_adamw decides); "
                    "adamw_torch_fused turns --fused_adamw on; any other name warns that AdamW is used")
-    h.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
+    h.add_argument("--report_to", nargs="+", metavar="TRACKER",
                    help="where rank 0 also logs the metrics: tensorboard, wandb, mlflow (several, space- or "
                    "comma-separated), all (every one installed) or none (default: OUTPUT_DIR/metrics.jsonl only). "
                    "wandb reads WANDB_PROJECT (default qwen-tui), WANDB_MODE, WANDB_DIR; mlflow reads "
                    "MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME (default qwen-tui)")
-    h.add_argument("--logging_dir", default=None,
+    h.add_argument("--logging_dir",
                    help="TensorBoard's event files (default OUTPUT_DIR/runs/DATE_HOST, as HF)")
-    h.add_argument("--run_name", default=None,
+    h.add_argument("--run_name",
                    help="the run's name in W&B and MLflow (default: the output directory's name)")
-    h.add_argument("--node_gpu_file", default=None, metavar="PATH",
+    h.add_argument("--node_gpu_file", metavar="PATH",
                    help="JSON lines of every node's GPU load, appended by qwen-tui's monitor while it follows the "
                    "run; with --report_to, rank 0 logs them beside the loss (default: gpus.jsonl beside "
                    "--metrics_file)")
     h.add_argument("--no_cuda", dest="use_cpu", type=str2bool, nargs="?", const=True, metavar="BOOL",
-                   help="HF's older name of --use_cpu")
+                   help="HF's older name of --use_cpu")  # the training group's field, spelled the HF way
     for name, (kw, why) in NO_EFFECT.items():
         text = f"accepted for HF compatibility; no effect: {why}"
         if kw.get("bool"):
-            add_bool(h, name, text, default=None)
+            add_bool(h, name, text)
         else:
-            h.add_argument(f"--{name}", default=None, help=text)
+            h.add_argument(f"--{name}", help=text)
     for name, kw in SILENT.items():
         h.add_argument(f"--{name}", help=argparse.SUPPRESS, **kw)
 
 
-def resolve(args: argparse.Namespace) -> list[str]:
+def resolve(flags: WorkerFlags) -> list[str]:
     """Maps the HF spellings onto the worker's own flags; returns one warning per flag that has no effect."""
+    hf, t, s = flags.hf, flags.train, flags.save
     warnings = []
     for name, (_, why) in NO_EFFECT.items():
-        if getattr(args, name) is not None:
+        if getattr(hf, name) is not None:
             warnings.append(f"--{name} has no effect here: {why}")
     # Only rank 0 logs, so only it needs the trackers' packages (checked here, before anything loads).
-    args.report_to = which_trackers(args.report_to, check=int(os.environ.get("RANK", "0")) == 0)
-    if args.logging_dir is None:
-        args.logging_dir = default_logging_dir(args.output_dir)
-    if args.run_name is None:
-        args.run_name = os.path.basename(os.path.normpath(os.path.abspath(args.output_dir)))
-    if args.node_gpu_file is None:
-        args.node_gpu_file = os.path.join(os.path.dirname(os.path.abspath(args.metrics_file)), "gpus.jsonl")
-    if args.optim not in ADAMW:
-        warnings.append(f"--optim {args.optim} has no effect here: the worker trains with AdamW "
+    hf.report_to = which_trackers(hf.report_to, check=int(os.environ.get("RANK", "0")) == 0)
+    if hf.logging_dir is None:
+        hf.logging_dir = default_logging_dir(t.output_dir)
+    if hf.run_name is None:
+        hf.run_name = os.path.basename(os.path.normpath(os.path.abspath(t.output_dir)))
+    if hf.node_gpu_file is None:
+        hf.node_gpu_file = os.path.join(os.path.dirname(os.path.abspath(s.metrics_file)), "gpus.jsonl")
+    if hf.optim not in ADAMW:
+        warnings.append(f"--optim {hf.optim} has no effect here: the worker trains with AdamW "
                         "(or the optimizer of a --deepspeed config)")
-    elif args.optim == "adamw_torch_fused" and args.fused_adamw is None:
-        args.fused_adamw = True
-    if args.eval_strategy is None:
-        args.eval_strategy = "steps" if args.eval_steps > 0 else "no"
-    if args.eval_strategy == "no":
-        args.eval_steps = 0
-    elif args.eval_strategy == "steps" and args.eval_steps <= 0:
-        args.eval_steps = args.logging_steps  # HF's default for eval_steps
-    elif args.eval_strategy == "epoch":
-        args.eval_steps = 0  # the step loop evaluates at each epoch's last step
-    if args.warmup_steps < 0:
-        raise InputError(f"--warmup_steps must be >= 0, got {args.warmup_steps}")
-    if args.warmup_steps > 0 and args.max_steps > 0:
-        args.warmup_ratio = warmup_ratio_for(args.warmup_steps, args.max_steps)
-    if args.bf16 and args.fp16:
+    elif hf.optim == "adamw_torch_fused" and flags.fast.fused_adamw is None:
+        flags.fast.fused_adamw = True
+    if hf.eval_strategy is None:
+        hf.eval_strategy = "steps" if s.eval_steps > 0 else "no"
+    if hf.eval_strategy == "no":
+        s.eval_steps = 0
+    elif hf.eval_strategy == "steps" and s.eval_steps <= 0:
+        s.eval_steps = s.logging_steps  # HF's default for eval_steps
+    elif hf.eval_strategy == "epoch":
+        s.eval_steps = 0  # the step loop evaluates at each epoch's last step
+    if hf.warmup_steps < 0:
+        raise InputError(f"--warmup_steps must be >= 0, got {hf.warmup_steps}")
+    if hf.warmup_steps > 0 and t.max_steps > 0:
+        t.warmup_ratio = warmup_ratio_for(hf.warmup_steps, t.max_steps)
+    if t.bf16 and t.fp16:
         raise InputError("--bf16 and --fp16 are mutually exclusive; give one of them")
     return warnings
 

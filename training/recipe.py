@@ -35,6 +35,7 @@ from training.data.batches import build_dataset, eval_batches
 from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
 from training.fast import apply, choice, long_context, sequence_parallel
+from training.flags import WorkerFlags
 from training.model.pretrained import (check_method, load_tokenizer, quantization_method, read_config_dict,
                                        resolve_model_source)
 from training.runtime import dist
@@ -48,7 +49,7 @@ log = logging.getLogger("training")
 
 
 class FinetuneRecipe:
-    def __init__(self, args, heartbeat=None):
+    def __init__(self, args: WorkerFlags, heartbeat=None):
         self.args = args
         self.heartbeat = heartbeat or NoHeartbeat()  # training.runtime.heartbeat: the phase this rank is in
         self.timer: StepTimer | None = None
@@ -99,41 +100,46 @@ class FinetuneRecipe:
     def setup(self) -> None:
         a, env = self.args, self.env
         # 1. Cheap checks of the input, in the order a user would fix them.
-        self.ds_raw = dsconfig.load(a.deepspeed) if a.deepspeed else None
+        self.ds_raw = dsconfig.load(a.train.deepspeed) if a.train.deepspeed else None
         self.stage = dsconfig.zero_stage(self.ds_raw)
-        self.device = dist.pick_device(env, a.use_cpu)
-        if a.deepspeed and self.device.type == "cpu":
+        self.device = dist.pick_device(env, a.train.use_cpu)
+        if a.train.deepspeed and self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # also when --use_cpu on a GPU machine
-        train_convs = load_conversations(a.data_path)
-        eval_convs = load_conversations(a.eval_data_path) if a.eval_data_path else None
-        if a.save_on_each_node:  # a node-local copy each, unless output_dir turns out to be one for all
-            a.save_on_each_node = shared_output.decide(a.output_dir, float(a.ddp_timeout))  # the collectives' bound
-        self.resume_dir = ckpt.resolve_resume(a.resume_from_checkpoint, a.output_dir)
+        train_convs = load_conversations(a.data.data_path)
+        eval_convs = load_conversations(a.data.eval_data_path) if a.data.eval_data_path else None
+        if a.save.save_on_each_node:  # resolved at run time: a node-local copy each, unless output_dir turns out
+            # to be one directory for all nodes (bounded by the collectives' timeout)
+            a.save.save_on_each_node = shared_output.decide(a.train.output_dir, float(a.train.ddp_timeout))
+        self.resume_dir = ckpt.resolve_resume(a.save.resume_from_checkpoint, a.train.output_dir)
         self.resume_state = ckpt.read_state(self.resume_dir) if self.resume_dir else None
-        self.source = resolve_model_source(a.model_name_or_path, env.local_rank)
+        self.source = resolve_model_source(a.model.model_name_or_path, env.local_rank)
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
         self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
-        self.fast = choice.decide(a, self.device, bool(a.deepspeed), self.stage)
-        sequence_parallel.check_shape(a.sequence_parallel_size, env.world_size, self.model_config)
+        self.fast = choice.decide(a, self.device, bool(a.train.deepspeed), self.stage)
+        sequence_parallel.check_shape(a.train.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a, self.fast)
-        long_context.decide(a, self.fast, env.world_size, self.stage if a.deepspeed else None, bool(a.deepspeed))
-        self.data_env = sequence_parallel.data_env(env, a.sequence_parallel_size)  # one data rank per SP group
+        # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing, in place
+        long_context.decide(a, self.fast, env.world_size, self.stage if a.train.deepspeed else None,
+                            bool(a.train.deepspeed))
+        self.data_env = sequence_parallel.data_env(env, a.train.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
-        encoder = ChatEncoder(self.tokenizer, a.model_max_length)
-        self.train_ds = build_dataset(train_convs, encoder, a.lazy_preprocess)
-        self.eval_ds = build_dataset(eval_convs, encoder, a.lazy_preprocess) if eval_convs else None
+        encoder = ChatEncoder(self.tokenizer, a.data.model_max_length)
+        self.train_ds = build_dataset(train_convs, encoder, a.data.lazy_preprocess)
+        self.eval_ds = build_dataset(eval_convs, encoder, a.data.lazy_preprocess) if eval_convs else None
         self._log_data_stats()
-        self.global_batch = self.data_env.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
+        mb, gas = a.train.per_device_train_batch_size, a.train.gradient_accumulation_steps
+        self.global_batch = self.data_env.world_size * mb * gas
         self.steps_per_epoch = len(self.train_ds) // self.global_batch
         if self.steps_per_epoch == 0:
-            who = "processes" if a.sequence_parallel_size == 1 else "sequence-parallel groups"
-            raise InputError(f"{a.data_path}: {len(self.train_ds)} usable records, fewer than one global batch of "
-                             f"{self.global_batch} (= {self.data_env.world_size} {who} x "
-                             f"{a.per_device_train_batch_size} x {a.gradient_accumulation_steps} accumulation)")
-        self.total_steps = a.max_steps if a.max_steps > 0 else math.ceil(a.num_train_epochs * self.steps_per_epoch)
+            who = "processes" if a.train.sequence_parallel_size == 1 else "sequence-parallel groups"
+            raise InputError(f"{a.data.data_path}: {len(self.train_ds)} usable records, fewer than one global batch "
+                             f"of {self.global_batch} (= {self.data_env.world_size} {who} x "
+                             f"{mb} x {gas} accumulation)")
+        self.total_steps = (a.train.max_steps if a.train.max_steps > 0
+                            else math.ceil(a.train.num_train_epochs * self.steps_per_epoch))
         if self.resume_state:
             self._check_resume_compatible()
             self.start_step = int(self.resume_state["step"])
@@ -145,40 +151,42 @@ class FinetuneRecipe:
                      f", saved by run {st['run_id']}" if st.get("run_id") else "")
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
-        self.ds_config = (dsconfig.fill(a.deepspeed, self.ds_raw, a, env.world_size, hidden, self.device.type == "cpu",
-                                        dsconfig.layer_numel(self.model_config), self.fast.compile)
+        self.ds_config = (dsconfig.fill(a.train.deepspeed, self.ds_raw, a, env.world_size, hidden,
+                                        self.device.type == "cpu", dsconfig.layer_numel(self.model_config),
+                                        self.fast.compile)
                           if self.ds_raw else None)
 
         # 3. Processes, model, optimizer.
         if self.device.type == "cuda":
-            dist.flight_recorder_defaults(a.heartbeat_dir)  # read when the NCCL process group starts
-        dist.init(env, self.device, a.ddp_timeout, need_group=bool(a.deepspeed))
+            dist.flight_recorder_defaults(a.save.heartbeat_dir)  # read when the NCCL process group starts
+        dist.init(env, self.device, a.train.ddp_timeout, need_group=bool(a.train.deepspeed))
         # Packed steps agree on their rows and token counts on the packing thread, through a gloo group of their own.
-        self.meta_group = dist.cpu_group(a.ddp_timeout) if self.fast.packing else None
+        self.meta_group = dist.cpu_group(a.train.ddp_timeout) if self.fast.packing else None
         # The logging gather of every rank's compute and wait (training.runtime.step_timing), on the host and on a
         # group of its own: on the default NCCL group it would wait for the GPU work queued before it.
-        self.timing_group = dist.cpu_group(a.ddp_timeout)
-        if a.deepspeed:
+        self.timing_group = dist.cpu_group(a.train.ddp_timeout)
+        if a.train.deepspeed:
             import deepspeed
 
             # Before the model loads: ZeRO-3 partitions weights while loading and must know the world.
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
-        torch.manual_seed(a.seed)
+        torch.manual_seed(a.train.seed)
         self.model, self._hf_ds_config = builders.build_model(
             a, self.source, self.method, self.device, self._load_dtype(), self.quant, self.stage, self.fast,
             self.resume_dir, self.ds_config)
         self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = apply.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
-        if a.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
-            sequence_parallel.install(self.model, self.model_config, a.sequence_parallel_size, env.world_size,
-                                      env.rank, self.tokenizer.pad_token_id, self.loss_module, float(a.ddp_timeout))
-        if a.tiled_mlp:
-            log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, a.tiled_mlp_tokens),
-                     a.tiled_mlp_tokens)
+        if a.train.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
+            sequence_parallel.install(self.model, self.model_config, a.train.sequence_parallel_size, env.world_size,
+                                      env.rank, self.tokenizer.pad_token_id, self.loss_module,
+                                      float(a.train.ddp_timeout))
+        if a.train.tiled_mlp:
+            tiles = a.train.tiled_mlp_tokens
+            log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, tiles), tiles)
         # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
         self.timer = StepTimer(self.device, self.model, env.world_size > 1)
-        if not a.deepspeed:
+        if not a.train.deepspeed:
             self._size_rows()  # the probes add the optimizer states that are not there yet
         opt = builders.build_optimization(a, env, self.model, self.loss_module, self.fast, self.ds_config,
                                           self.device, self.total_steps)
@@ -186,7 +194,7 @@ class FinetuneRecipe:
             opt.optimizer, opt.scheduler, opt.engine, opt.ddp, opt.scaler)
         if self.stage == 3:
             self.base_partition = builders.place_shards(self.model, self.method, self.device, env.is_main)
-        if a.deepspeed:
+        if a.train.deepspeed:
             self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
         loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
                                         self.fast.packing, self.total_steps, self.start_step)
@@ -197,53 +205,54 @@ class FinetuneRecipe:
                                                   self.scheduler, self.scaler, self.start_step)
 
         # 4. Only now does anything get written.
-        os.makedirs(a.output_dir, exist_ok=True)
-        self.metrics = MetricsWriter(a.metrics_file, enabled=env.is_main)
+        os.makedirs(a.train.output_dir, exist_ok=True)
+        self.metrics = MetricsWriter(a.save.metrics_file, enabled=env.is_main)
         self.metrics.write({
             "event": "start", "world_size": env.world_size,
-            "sequence_parallel_size": a.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
+            "sequence_parallel_size": a.train.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
             "total_steps": self.total_steps, "start_step": self.start_step, "steps_per_epoch": self.steps_per_epoch,
-            "global_batch_size": self.global_batch, "micro_batch_size": a.per_device_train_batch_size,
-            "gradient_accumulation_steps": a.gradient_accumulation_steps, "model": a.model_name_or_path,
-            "data": a.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
+            "global_batch_size": self.global_batch, "micro_batch_size": a.train.per_device_train_batch_size,
+            "gradient_accumulation_steps": a.train.gradient_accumulation_steps, "model": a.model.model_name_or_path,
+            "data": a.data.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
             "truncated_records": self.train_ds.stats.truncated, "dropped_records": self.train_ds.stats.dropped,
             # every token and the supervised ones (None with --lazy_preprocess: counted as batches are made)
-            "tokens": None if a.lazy_preprocess else self.train_ds.stats.tokens,
-            "supervised_tokens": None if a.lazy_preprocess else self.train_ds.stats.label_tokens,
-            "model_max_length": a.model_max_length, "device": self.device.type,
-            "precision": "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
+            "tokens": None if a.data.lazy_preprocess else self.train_ds.stats.tokens,
+            "supervised_tokens": None if a.data.lazy_preprocess else self.train_ds.stats.label_tokens,
+            "model_max_length": a.data.model_max_length, "device": self.device.type,
+            "precision": "bf16" if a.train.bf16 else "fp16" if a.train.fp16 else "fp32",
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
-            "lazy_preprocess": a.lazy_preprocess, "fast_path": self.fast.record(),
+            "lazy_preprocess": a.data.lazy_preprocess, "fast_path": self.fast.record(),
             "base_partition": self.base_partition,
             "moe": None if self.router is None else {
                 "experts": self.router.shape.num_experts, "experts_per_token": self.router.shape.top_k,
                 "moe_layers": self.router.layers, "router_aux_loss_coef": self.router.coef,
-                "shared_expert": self.router.shape.shared_expert, "train_router": bool(a.train_router)},
+                "shared_expert": self.router.shape.shared_expert, "train_router": bool(a.moe.train_router)},
         })
         self.started = True
         if env.is_main:
             log.info("%s", self.fast.summary())
         log.info("training %s for %d steps (%d per epoch, global batch %d) on %d process(es), %s%s",
                  self.method, self.total_steps, self.steps_per_epoch, self.global_batch, env.world_size,
-                 self.device.type, f", ZeRO-{self.stage}" if a.deepspeed else "")
+                 self.device.type, f", ZeRO-{self.stage}" if a.train.deepspeed else "")
 
     def _log_data_stats(self) -> None:
         s, a = self.train_ds.stats, self.args
         if not self.env.is_main:
             return  # every rank tokenizes the same data: one report is enough
-        if a.lazy_preprocess:
+        if a.data.lazy_preprocess:
             log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)",
-                     a.data_path, s.records)
+                     a.data.data_path, s.records)
             return
-        log.info("%s: %d records, %d tokens, %d of them supervised", a.data_path, s.records, s.tokens, s.label_tokens)
+        log.info("%s: %d records, %d tokens, %d of them supervised", a.data.data_path, s.records, s.tokens,
+                 s.label_tokens)
         if s.truncated:
             shown = ", ".join(s.truncated_ids[:5]) + (" ..." if s.truncated > 5 else "")
             log.warning("%s: %d record(s) longer than --model_max_length %d were truncated (ids: %s)",
-                        a.data_path, s.truncated, a.model_max_length, shown)
+                        a.data.data_path, s.truncated, a.data.model_max_length, shown)
         if s.dropped:
             log.warning("%s: %d record(s) had no assistant token left after truncation and are skipped",
-                        a.data_path, s.dropped)
+                        a.data.data_path, s.dropped)
 
     def _check_resume_compatible(self) -> None:
         st = self.resume_state
@@ -259,10 +268,10 @@ class FinetuneRecipe:
 
     def _load_dtype(self):
         a = self.args
-        half = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else None
+        half = torch.bfloat16 if a.train.bf16 else torch.float16 if a.train.fp16 else None
         if half is None:
             return torch.float32
-        if a.deepspeed or self.method != "full":
+        if a.train.deepspeed or self.method != "full":
             return half  # DeepSpeed keeps its own fp32 master copy; a LoRA base is frozen
         return torch.float32  # plain full fine-tuning: fp32 weights, autocast for the compute
 
@@ -273,16 +282,17 @@ class FinetuneRecipe:
 
         shape = moe.moe_shape(self.model_config)
         if shape is None:
-            if self.args.router_aux_loss_coef is not None or self.args.train_router:
+            if self.args.moe.router_aux_loss_coef is not None or self.args.moe.train_router:
                 log.warning("--router_aux_loss_coef and --train_router apply to mixture-of-experts models only; "
-                            "%s is dense", self.args.model_name_or_path)
+                            "%s is dense", self.args.model.model_name_or_path)
             return None
-        coef = shape.aux_coef if self.args.router_aux_loss_coef is None else float(self.args.router_aux_loss_coef)
+        given = self.args.moe.router_aux_loss_coef
+        coef = shape.aux_coef if given is None else float(given)
         router = moe.RouterAux(self.model, shape, coef)
         if self.env.is_main:
             log.info("mixture of experts: %d MoE layers of %d experts, %d a token%s; load-balancing loss x %g%s",
                      router.layers, shape.num_experts, shape.top_k, " + a shared expert" if shape.shared_expert
-                     else "", coef, " (--router_aux_loss_coef)" if self.args.router_aux_loss_coef is not None
+                     else "", coef, " (--router_aux_loss_coef)" if self.args.moe.router_aux_loss_coef is not None
                      else " (the model config's router_aux_loss_coef)")
         return router
 
@@ -324,8 +334,8 @@ class FinetuneRecipe:
 
     def _autocast(self):
         a = self.args
-        if self.engine is None and (a.bf16 or a.fp16):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.bf16 else torch.float16)
+        if self.engine is None and (a.train.bf16 or a.train.fp16):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16 if a.train.bf16 else torch.float16)
         return contextlib.nullcontext()
 
     def _forward_loss(self, batch: dict, num_items: torch.Tensor, num_tokens: torch.Tensor | None = None,
@@ -367,7 +377,7 @@ class FinetuneRecipe:
         self.heartbeat.phase("eval")
         self.wrapped.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for idx in eval_batches(len(self.eval_ds), env.world_size, env.rank, a.per_device_eval_batch_size):
+        for idx in eval_batches(len(self.eval_ds), env.world_size, env.rank, a.train.per_device_eval_batch_size):
             # A rank without records left still runs a forward (ZeRO-3 gathers weights collectively).
             batch = self.collator([self.eval_ds[i] for i in (idx or [0])])
             if not idx:
@@ -389,7 +399,7 @@ class FinetuneRecipe:
         final = self.checkpointer.save_checkpoint(step, {
             "step": step, "epoch": step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
-            "zero_stage": self.stage, "seed": a.seed, "model": a.model_name_or_path,
+            "zero_stage": self.stage, "seed": a.train.seed, "model": a.model.model_name_or_path,
             "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
@@ -417,13 +427,13 @@ class FinetuneRecipe:
         self.heartbeat.phase("collective")
         sums = self.replica_checksums()
         trained = self.trained
-        trunc = ((trained.lazy_truncated if trained else 0) if self.args.lazy_preprocess
+        trunc = ((trained.lazy_truncated if trained else 0) if self.args.data.lazy_preprocess
                  else self.train_ds.stats.truncated)
         self.metrics.write({
             "event": "end", "status": "ok", "step": self.step, "total_steps": self.total_steps,
             "train_runtime": trained.train_runtime if trained else None, "truncated_records": trunc,
             "replica_checksums": sums, "replicas_in_sync": None if sums is None else len(set(sums)) == 1,
-            "output_dir": os.path.abspath(self.args.output_dir),
+            "output_dir": os.path.abspath(self.args.train.output_dir),
         })
 
     def fail(self, error: BaseException) -> None:

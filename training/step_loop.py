@@ -24,6 +24,7 @@ import torch
 from training.data.encoding import IGNORE_INDEX
 from training.fast import allocator, apply, sequence_parallel
 from training.fast.choice import FastChoice
+from training.flags import WorkerFlags
 from training.runtime import dist, profiling, step_timing, trackers
 from training.runtime.dist import DistEnv
 from training.runtime.heartbeat import Heartbeat, NoHeartbeat
@@ -44,7 +45,7 @@ class StepLoss:
 @dataclass
 class LoopState:
     """What the step loop reads, set up by the recipe."""
-    args: Any  # the worker's flags (training.args)
+    args: WorkerFlags
     env: DistEnv
     fast: FastChoice
     device: torch.device
@@ -93,7 +94,7 @@ class StepLoop:
         self._failing = False  # after a failure: no logging gather (the other ranks may be anywhere)
 
     def run(self) -> LoopResult:
-        gas = self.args.gradient_accumulation_steps
+        gas = self.args.train.gradient_accumulation_steps
         # --report_to: rank 0's trackers get every metrics record from here on (training.runtime.trackers).
         sink = trackers.open_trackers(self.args, self.env.is_main)
         if sink is not None:
@@ -122,17 +123,17 @@ class StepLoop:
     def _train_loop(self, batches, pending, pack_next) -> LoopResult:
         st = self.state
         a, env, hb, timer = self.args, self.env, self.heartbeat, self.timer
-        gas = a.gradient_accumulation_steps
+        gas = a.train.gradient_accumulation_steps
         hb.step = self.step
         t_start = time.perf_counter()
         queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
         try:
             while self.step < st.total_steps:
-                if queued is not None and a.profile_step == self.step + 1:
+                if queued is not None and a.save.profile_step == self.step + 1:
                     # Read back before the profiler starts: its start-up would count as the queued step's time.
                     self._record_step(queued, seconds=None)
                     queued = None
-                prof = profiling.start(self.device) if a.profile_step == self.step + 1 and env.is_main else None
+                prof = profiling.start(self.device) if a.save.profile_step == self.step + 1 and env.is_main else None
                 mark = profiling.marker(prof)
                 t0 = time.perf_counter()
                 now = self.step + 1  # the step under way
@@ -212,14 +213,14 @@ class StepLoop:
                 due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
-                if (self.fast.overlap_steps and a.profile_step != self.step and self.step < st.total_steps
+                if (self.fast.overlap_steps and a.save.profile_step != self.step and self.step < st.total_steps
                         and not due_eval and not self._should_save()):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
                 if prof is not None:
-                    out = Path(a.output_dir) / f"profile-step{self.step}.txt"
-                    trace = out.with_suffix(".json.gz") if a.profile_trace else None
+                    out = Path(a.train.output_dir) / f"profile-step{self.step}.txt"
+                    trace = out.with_suffix(".json.gz") if a.save.profile_trace else None
                     text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
                     log.info("profile of step %d (%s):\n%s", self.step, out, text)
                 if due_eval:
@@ -241,18 +242,18 @@ class StepLoop:
         grad_norm = float(q.grad_norm)
         if seconds is None:
             seconds = time.perf_counter() - q.t0
-        if q.n_trunc and a.lazy_preprocess:
+        if q.n_trunc and a.data.lazy_preprocess:
             self.lazy_truncated += int(q.n_trunc)
             if self.env.is_main:
                 log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
-                            q.step, int(q.n_trunc), a.model_max_length)
+                            q.step, int(q.n_trunc), a.data.model_max_length)
         w = self._window
         w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
         w.wait += self.timer.take(q.step)
         w.aux_sum += aux_sum
         w.micro_batches += q.micro_batches
         w.empty_rows += int(q.n_empty)
-        if q.step % a.logging_steps == 0 or q.step == self.state.total_steps:
+        if q.step % a.save.logging_steps == 0 or q.step == self.state.total_steps:
             self._log_step(w, q.step, q.lr, grad_norm)
             self._window = _Window()
 
@@ -278,7 +279,7 @@ class StepLoop:
         on the host, a step ahead."""
         f, a = self.fast, self.args
         pad_id = self.state.pad_id
-        rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.model_max_length)
+        rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
         rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
@@ -307,7 +308,7 @@ class StepLoop:
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
             filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
-                                                       self.state.pad_id, a.model_max_length))
+                                                       self.state.pad_id, a.data.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
@@ -332,7 +333,7 @@ class StepLoop:
             return float(norm) if norm is not None else float("nan")
         if st.scaler is not None:
             st.scaler.unscale_(st.optimizer)
-        max_norm = a.max_grad_norm if a.max_grad_norm > 0 else float("inf")
+        max_norm = a.train.max_grad_norm if a.train.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(st.trainable_params, max_norm)
         if st.scaler is not None:
             st.scaler.step(st.optimizer)
@@ -395,15 +396,15 @@ class StepLoop:
     def _eval_due(self) -> bool:
         """--eval_strategy steps: every --eval_steps; epoch: at the last step of every epoch (as HF Trainer)."""
         a = self.args
-        if a.eval_strategy == "epoch":
+        if a.hf.eval_strategy == "epoch":
             return self.step % self.state.steps_per_epoch == 0
-        return a.eval_steps > 0 and self.step % a.eval_steps == 0
+        return a.save.eval_steps > 0 and self.step % a.save.eval_steps == 0
 
     def _should_save(self) -> bool:
         a = self.args
-        if a.save_strategy == "steps":
-            return self.step % a.save_steps == 0
-        if a.save_strategy == "epoch":
+        if a.save.save_strategy == "steps":
+            return self.step % a.save.save_steps == 0
+        if a.save.save_strategy == "epoch":
             return self.step % self.state.steps_per_epoch == 0
         return False
 

@@ -24,15 +24,23 @@ def demo_records(n: int | None = None) -> list[dict]:
     return build()[:n] if n else build()
 
 
+def parsed_flags(argv=()):
+    """The worker's flags (WorkerFlags) as argparse reads these (the required ones filled in), before parse_args
+    resolves and checks them."""
+    from training.args import build_parser
+    from training.flags import WorkerFlags
+
+    base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
+    return WorkerFlags.from_namespace(build_parser().parse_args(base + list(argv)))
+
+
 def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False, zero_stage: int = 2):
     """training.fast.choice.decide for these worker flags (the required ones filled in) on this device type."""
     import torch
 
-    from training.args import build_parser
     from training.fast.choice import decide
 
-    base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
-    return decide(build_parser().parse_args(base + list(argv)), torch.device(device), deepspeed, zero_stage)
+    return decide(parsed_flags(argv), torch.device(device), deepspeed, zero_stage)
 
 
 def run_interpreted(script: str, timeout: float = 600) -> dict:

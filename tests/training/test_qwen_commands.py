@@ -116,45 +116,46 @@ def worker_argv(command: str, model: str, out: Path) -> list[str]:
 @pytest.mark.parametrize("name", COMMANDS)
 def test_qwen_command_parses_with_hf_meanings(name, tmp_path):
     args = parse_args(worker_argv(COMMANDS[name], "builtin:tiny", tmp_path / "out"))
-    assert args.flag_warnings == []  # every flag Qwen passes has its meaning here
-    assert (args.bf16, args.fp16) == ((False, True) if name == "qlora" else (True, False))
-    assert args.lazy_preprocess is True and args.gradient_checkpointing is True
-    assert args.use_lora is (name != "full") and args.q_lora is (name == "qlora")
-    assert args.eval_strategy == "no" and args.eval_steps == 0
-    assert args.lr_scheduler_type == "cosine" and args.adam_beta2 == 0.95 and args.save_total_limit == 10
-    assert args.deepspeed.endswith("ds_config_zero2.json") and args.model_max_length == 512
-    assert args.packing is None  # not given: the fast path still decides
+    assert args.notes.hf_warnings == []  # every flag Qwen passes has its meaning here
+    assert (args.train.bf16, args.train.fp16) == ((False, True) if name == "qlora" else (True, False))
+    assert args.data.lazy_preprocess is True and args.train.gradient_checkpointing is True
+    assert args.lora.use_lora is (name != "full") and args.lora.q_lora is (name == "qlora")
+    assert args.hf.eval_strategy == "no" and args.save.eval_steps == 0
+    assert args.train.lr_scheduler_type == "cosine" and args.train.adam_beta2 == 0.95
+    assert args.save.save_total_limit == 10
+    assert args.train.deepspeed.endswith("ds_config_zero2.json") and args.data.model_max_length == 512
+    assert args.fast.packing is None  # not given: the fast path still decides
 
 
 def test_hf_boolean_spellings_and_their_negations():
     base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
-    assert parse_args(base + ["--use_lora"]).use_lora is True
-    assert parse_args(base + ["--use_lora", "True"]).use_lora is True
-    assert parse_args(base + ["--use_lora", "False"]).use_lora is False
-    assert parse_args(base + ["--use_lora=yes"]).use_lora is True
-    assert parse_args(base + ["--use_lora", "--no_use_lora"]).use_lora is False  # the last one wins, as in HF
-    assert parse_args(base + ["--packing", "False"]).packing is False  # a fast-path switch, stated
-    assert parse_args(base + ["--no_packing"]).packing is False
-    assert parse_args(base + ["--compile", "true"]).compile is True
-    assert parse_args(base + ["--gradient_checkpointing", "0"]).gradient_checkpointing is False
+    assert parse_args(base + ["--use_lora"]).lora.use_lora is True
+    assert parse_args(base + ["--use_lora", "True"]).lora.use_lora is True
+    assert parse_args(base + ["--use_lora", "False"]).lora.use_lora is False
+    assert parse_args(base + ["--use_lora=yes"]).lora.use_lora is True
+    assert parse_args(base + ["--use_lora", "--no_use_lora"]).lora.use_lora is False  # the last one wins, as in HF
+    assert parse_args(base + ["--packing", "False"]).fast.packing is False  # a fast-path switch, stated
+    assert parse_args(base + ["--no_packing"]).fast.packing is False
+    assert parse_args(base + ["--compile", "true"]).fast.compile is True
+    assert parse_args(base + ["--gradient_checkpointing", "0"]).train.gradient_checkpointing is False
 
 
 def test_hf_flags_without_effect_warn_and_mapped_ones_take_effect():
     base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
     args = parse_args(base + ["--report_to", "wandb", "--optim", "adafactor", "--run_name", "x", "--do_train",
                               "--eval_strategy", "epoch", "--logging_strategy", "steps"])
-    joined = "\n".join(args.flag_warnings)
+    joined = "\n".join(args.notes.hf_warnings)
     for flag in ("--optim adafactor", "--do_train", "--logging_strategy"):
         assert flag in joined, joined
-    assert len(args.flag_warnings) == 3  # --report_to, --run_name and --eval_strategy epoch take effect
-    assert args.report_to == ["wandb"] and args.run_name == "x" and args.eval_strategy == "epoch"
+    assert len(args.notes.hf_warnings) == 3  # --report_to, --run_name and --eval_strategy epoch take effect
+    assert args.hf.report_to == ["wandb"] and args.hf.run_name == "x" and args.hf.eval_strategy == "epoch"
     args = parse_args(base + ["--eval_strategy", "steps", "--logging_steps", "5", "--optim", "adamw_torch_fused",
                               "--warmup_steps", "3", "--max_steps", "7", "--lora_target_modules", "q_proj", "v_proj"])
-    assert args.flag_warnings == [] and args.eval_steps == 5 and args.fused_adamw is True
-    assert args.lora_target_modules == ["q_proj", "v_proj"]
+    assert args.notes.hf_warnings == [] and args.save.eval_steps == 5 and args.fast.fused_adamw is True
+    assert args.lora.lora_target_modules == ["q_proj", "v_proj"]
     import math
 
-    assert math.ceil(args.warmup_ratio * 7) == 3  # the recipe's own rounding gives exactly 3 warm-up steps
+    assert math.ceil(args.train.warmup_ratio * 7) == 3  # the recipe's own rounding gives exactly 3 warm-up steps
 
 
 def test_hf_flag_errors_exit_2_naming_the_flag(tmp_path):

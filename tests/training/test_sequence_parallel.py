@@ -66,13 +66,10 @@ def test_shapes_ulysses_cannot_split_are_refused_naming_the_flag(size, world, he
 
 
 def test_sequence_parallelism_needs_packing_and_leaves_compiling_to_the_user():
-    from support.worker import decide_for
-
-    from training.args import build_parser
+    from support.worker import decide_for, parsed_flags
 
     def parsed(*extra):
-        return build_parser().parse_args(["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o",
-                                          "--sequence_parallel_size", "2", *extra])
+        return parsed_flags(["--sequence_parallel_size", "2", *extra])
 
     with pytest.raises(InputError, match="--sequence_parallel_size 2 shards packed rows; it needs packing"):
         sp.check_fast_path(parsed("--no_packing"), decide_for(["--no_packing"]))

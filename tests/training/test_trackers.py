@@ -25,16 +25,17 @@ BASE = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
 
 def test_report_to_takes_hfs_spellings(monkeypatch):
     monkeypatch.setenv("RANK", "0")
-    assert parse_args(BASE).report_to == []
-    assert parse_args(BASE + ["--report_to", "none"]).report_to == []
-    assert parse_args(BASE + ["--report_to", "tensorboard,wandb"]).report_to == ["tensorboard", "wandb"]
-    assert parse_args(BASE + ["--report_to", "wandb", "TensorBoard", "wandb"]).report_to == ["wandb", "tensorboard"]
+    assert parse_args(BASE).hf.report_to == []
+    assert parse_args(BASE + ["--report_to", "none"]).hf.report_to == []
+    assert parse_args(BASE + ["--report_to", "tensorboard,wandb"]).hf.report_to == ["tensorboard", "wandb"]
+    assert parse_args(BASE + ["--report_to", "wandb", "TensorBoard", "wandb"]).hf.report_to == ["wandb", "tensorboard"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert parse_args(BASE + ["--report_to", "all"]).report_to == ["tensorboard", "wandb", "mlflow"]  # installed here
+    # all: every one installed (all three are, here)
+    assert parse_args(BASE + ["--report_to", "all"]).hf.report_to == ["tensorboard", "wandb", "mlflow"]
     args = parse_args(BASE + ["--report_to", "tensorboard", "--run_name", "exp1"])
-    assert args.flag_warnings == [] and args.run_name == "exp1"
-    assert Path(args.logging_dir).parent == Path("o/runs")  # HF's default: OUTPUT_DIR/runs/DATE_HOST
-    assert parse_args(BASE + ["--logging_dir", "tb"]).logging_dir == "tb"
+    assert args.notes.hf_warnings == [] and args.hf.run_name == "exp1"
+    assert Path(args.hf.logging_dir).parent == Path("o/runs")  # HF's default: OUTPUT_DIR/runs/DATE_HOST
+    assert parse_args(BASE + ["--logging_dir", "tb"]).hf.logging_dir == "tb"
     with pytest.raises(InputError, match="--report_to tensorbord: unknown tracker"):
         parse_args(BASE + ["--report_to", "tensorbord"])
     with pytest.raises(InputError, match="none cannot be combined"):
@@ -69,7 +70,7 @@ def test_a_missing_tracker_package_exits_2_before_anything_is_written(tmp_path):
     env["RANK"] = "1"
     proc = subprocess.run([sys.executable, "-c", BLOCK_WANDB.replace("from training.finetune import main",
                                                                      "from training.args import parse_args as main")
-                           .replace("sys.exit(main(sys.argv[1:]))", "print(main(sys.argv[1:]).report_to)"),
+                           .replace("sys.exit(main(sys.argv[1:]))", "print(main(sys.argv[1:]).hf.report_to)"),
                            *BASE, "--report_to", "wandb"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "['wandb']", proc.stderr[-2000:]

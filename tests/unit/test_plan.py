@@ -214,8 +214,8 @@ def test_report_to_reaches_the_worker_which_reads_the_monitors_series_beside_its
     assert all("--report_to" in c.argv for c in plan.nodes)  # every rank parses the same flags; rank 0 logs
     monkeypatch.setenv("RANK", "0")
     args = parse_args(argv[argv.index("training.finetune") + 1:])
-    assert args.report_to == ["tensorboard", "wandb"]
-    assert args.node_gpu_file == series_path(plan.metrics_file) == "/w/.qwen-tui/runs/r1/gpus.jsonl"
+    assert args.hf.report_to == ["tensorboard", "wandb"]
+    assert args.hf.node_gpu_file == series_path(plan.metrics_file) == "/w/.qwen-tui/runs/r1/gpus.jsonl"
     assert "--report_to" not in make_plan(parse_preset(FOUR.replace("method: full", "method: full\n  report_to: none")),
                                           run_id="r1", local_run_dir="/runs/r1").nodes[0].argv
     with pytest.raises(PresetError, match="report_to"):

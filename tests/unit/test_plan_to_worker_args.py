@@ -35,18 +35,20 @@ def check_worker_side(preset: Preset, tmp_path: Path) -> None:
     for argv in worker_argvs(preset, tmp_path):
         args = parse_args(argv)  # argparse exits (SystemExit) on an unknown flag; check_args raises InputError
         t = preset.training
-        assert (args.model_name_or_path, args.data_path, args.max_steps) == (t.model, t.data, t.max_steps)
-        assert bool(args.use_lora) == (t.method in ("lora", "qlora")) and bool(args.q_lora) == (t.method == "qlora")
-        assert args.bf16 == (t.precision == "bf16") and args.fp16 == (t.precision == "fp16")
+        assert (args.model.model_name_or_path, args.data.data_path, args.train.max_steps) == (t.model, t.data,
+                                                                                               t.max_steps)
+        assert bool(args.lora.use_lora) == (t.method in ("lora", "qlora"))
+        assert bool(args.lora.q_lora) == (t.method == "qlora")
+        assert args.train.bf16 == (t.precision == "bf16") and args.train.fp16 == (t.precision == "fp16")
         if t.zero_stage is None:
-            assert args.deepspeed is None
+            assert args.train.deepspeed is None
             continue
-        raw = dsconfig.load(args.deepspeed)
+        raw = dsconfig.load(args.train.deepspeed)
         assert dsconfig.zero_stage(raw) == t.zero_stage
         model_config = {"hidden_size": spec.hidden, "num_attention_heads": spec.heads,
                         "num_key_value_heads": spec.kv_heads, "intermediate_size": spec.intermediate}
         world = sum(n.gpus for n in preset.cluster.nodes)
-        cfg = dsconfig.fill(args.deepspeed, raw, args, world, spec.hidden, on_cpu=t.device == "cpu",
+        cfg = dsconfig.fill(args.train.deepspeed, raw, args, world, spec.hidden, on_cpu=t.device == "cpu",
                             layer_params=dsconfig.layer_numel(model_config))
         assert cfg["train_batch_size"] == t.per_device_train_batch_size * t.gradient_accumulation_steps * world
         offloaded = cfg["zero_optimization"].get("offload_optimizer", {}).get("device")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from training.flags import WorkerFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -80,7 +81,7 @@ def _cudnn_unfit() -> str | None:
 @dataclass(frozen=True)
 class _Run:
     """What every switch's decider reads: the worker's flags and the facts of this run."""
-    args: Any
+    args: WorkerFlags
     device: torch.device
     deepspeed: bool
     zero_stage: int
@@ -91,11 +92,11 @@ class _Run:
 
     @property
     def lora(self) -> bool:
-        return bool(getattr(self.args, "use_lora", False) or getattr(self.args, "q_lora", False))
+        return bool(self.args.lora.use_lora or self.args.lora.q_lora)
 
     @property
     def half(self) -> bool:
-        return bool(self.args.bf16 or getattr(self.args, "fp16", False))
+        return bool(self.args.train.bf16 or self.args.train.fp16)
 
 
 # A decider: (the run, the switches decided before it) -> (its choice, why), or InputError for an explicit
@@ -104,8 +105,8 @@ Decider = Callable[[_Run, dict[str, Any]], tuple[Any, str]]
 
 
 def _packing(r: _Run, _: dict) -> tuple[bool, str]:
-    if r.args.packing is not None:
-        return bool(r.args.packing), "as given"
+    if r.args.fast.packing is not None:
+        return bool(r.args.fast.packing), "as given"
     if r.cuda and not _varlen_available():
         return False, "off: this torch has no flash varlen attention for packed rows"
     why = "on: varlen attention of packed rows" if r.cuda else "on: per-record attention on CPU"
@@ -118,7 +119,7 @@ def _fused_ce(r: _Run, chosen: dict) -> tuple[str, str]:
     # Under ZeRO-3 the LM head's weight is partitioned: the loss runs inside a module DeepSpeed gathers it for
     # (training.fast.apply.HeadLoss).
     liger_ok = r.cuda and importlib.util.find_spec("liger_kernel") is not None
-    given = r.args.fused_ce
+    given = r.args.fast.fused_ce
     if given == "auto":
         if liger_ok:
             return "liger", "liger: CUDA and liger-kernel installed"
@@ -136,8 +137,8 @@ def _fused_ce(r: _Run, chosen: dict) -> tuple[str, str]:
 def _compile(r: _Run, _: dict) -> tuple[bool, str]:
     # Under ZeRO-3 each layer is one DeepSpeed leaf module, gathered whole, and its forward is compiled inside
     # DeepSpeed's hooks (training.fast.compile).
-    if r.args.compile is not None:
-        return bool(r.args.compile), "as given"
+    if r.args.fast.compile is not None:
+        return bool(r.args.fast.compile), "as given"
     from training.fast.compile import compile_available
 
     comp = compile_available(r.device)
@@ -146,31 +147,31 @@ def _compile(r: _Run, _: dict) -> tuple[bool, str]:
 
 def _fused_adamw(r: _Run, _: dict) -> tuple[bool, str]:
     # Under DeepSpeed: the client optimizer the engine steps on its flat fp32 partitions.
-    if r.args.fused_adamw is not None:
-        return bool(r.args.fused_adamw), "as given"
+    if r.args.fast.fused_adamw is not None:
+        return bool(r.args.fast.fused_adamw), "as given"
     return r.cuda, "on: CUDA" if r.cuda else "off: CUDA only by default"
 
 
 def _auto_micro_batch(r: _Run, chosen: dict) -> tuple[bool, str]:
     # The memory probe (under DeepSpeed it runs after the engine has built its optimizer states).
     a, packing = r.args, chosen["packing"]
-    if a.auto_micro_batch is None:
-        auto = r.cuda and packing and a.packing_tokens is None
+    if a.fast.auto_micro_batch is None:
+        auto = r.cuda and packing and a.fast.packing_tokens is None
         return auto, ("on: CUDA with packing" + (" (measured after the engine is built)" if r.deepspeed else "")
-                      if auto else "off: --packing_tokens given" if a.packing_tokens is not None
+                      if auto else "off: --packing_tokens given" if a.fast.packing_tokens is not None
                       else "off: needs CUDA and packing")
-    auto = bool(a.auto_micro_batch)
+    auto = bool(a.fast.auto_micro_batch)
     if auto and not (r.cuda and packing):
         raise InputError("--auto_micro_batch measures CUDA memory for packed rows: it needs a CUDA GPU and packing")
-    if auto and a.packing_tokens is not None:
+    if auto and a.fast.packing_tokens is not None:
         raise InputError("--auto_micro_batch picks the packed-row size itself; drop --packing_tokens or it")
     return auto, "as given"
 
 
 def _lora_input_cast(r: _Run, _: dict) -> tuple[bool, str]:
     # peft's cast of adapter inputs to fp32 (the adapters' dtype).
-    if r.args.lora_input_cast is not None:
-        return bool(r.args.lora_input_cast), "as given"
+    if r.args.fast.lora_input_cast is not None:
+        return bool(r.args.fast.lora_input_cast), "as given"
     cast = not (r.lora and r.cuda and r.half and not r.deepspeed)
     if not r.lora:
         return cast, "n/a: no adapters"
@@ -185,7 +186,7 @@ def _lora_input_cast(r: _Run, _: dict) -> tuple[bool, str]:
 
 def _attention_kernel(r: _Run, chosen: dict) -> tuple[str, str]:
     # The varlen kernel of packed rows.
-    given, packing = getattr(r.args, "attention_kernel", "auto"), chosen["packing"]
+    given, packing = r.args.fast.attention_kernel, chosen["packing"]
     if given == "auto":
         # cuDNN where it can run with its backward plans bounded: with one plan per record count a 7B LoRA step
         # ran 3.0% faster than with FlashAttention 2, and attention took 111 ms of device time against 168 ms
@@ -211,13 +212,13 @@ def _attention_kernel(r: _Run, chosen: dict) -> tuple[str, str]:
 def _fused_lora_dropout(r: _Run, _: dict) -> tuple[bool, str]:
     # LoRA dropout inside the adapter's first matmul.
     a = r.args
-    if getattr(a, "fused_lora_dropout", None) is None:
+    if a.fast.fused_lora_dropout is None:
         # Opt-in: on the 7B shape it measured the same speed as peft's dropout (bench/results runs 15 and 16),
         # with 27% less activation memory a token (longer rows, or no checkpointing, where memory is short).
-        drop = float(getattr(a, "lora_dropout", 0.0) or 0.0)
+        drop = float(a.lora.lora_dropout or 0.0)
         return False, ("n/a: no adapters" if not r.lora else "n/a: --lora_dropout 0" if drop <= 0
                        else "off: opt-in (saves activation memory; measured no faster)")
-    fused_drop = bool(a.fused_lora_dropout)
+    fused_drop = bool(a.fast.fused_lora_dropout)
     if fused_drop:
         if not r.lora:
             raise InputError("--fused_lora_dropout fuses LoRA's dropout: it needs --use_lora or --q_lora")
@@ -235,12 +236,12 @@ def _fused_lora_dropout(r: _Run, _: dict) -> tuple[bool, str]:
 def _labelled_logits_only(r: _Run, chosen: dict) -> tuple[bool, str]:
     # The LM head on supervised positions only.
     packing, ce = chosen["packing"], chosen["ce"]
-    if getattr(r.args, "labelled_logits_only", None) is None:
+    if r.args.fast.labelled_logits_only is None:
         labelled = packing and ce in ("liger", "chunked")
         return labelled, ("on: packed rows with a fused loss (no logits for prompt tokens)" if labelled
                           else "off: needs packing" if not packing
                           else f"off: loss {ce} (the reference path keeps every logit)")
-    labelled = bool(r.args.labelled_logits_only)
+    labelled = bool(r.args.fast.labelled_logits_only)
     if labelled and not packing:
         raise InputError("--labelled_logits_only selects a packed row's supervised positions: it needs packing "
                          "(drop --no_packing or --deepspeed)")
@@ -249,19 +250,18 @@ def _labelled_logits_only(r: _Run, chosen: dict) -> tuple[bool, str]:
 
 def _overlap_steps(r: _Run, _: dict) -> tuple[bool, str]:
     # Reading the loss back a step late.
-    if r.args.overlap_steps is not None:
-        return bool(r.args.overlap_steps), "as given"
+    if r.args.fast.overlap_steps is not None:
+        return bool(r.args.fast.overlap_steps), "as given"
     return r.cuda, ("on: CUDA (the GPU is not left idle while the host logs and starts the next step)" if r.cuda
                     else "off: on CPU every operation waits anyway")
 
 
 def _expandable_segments(r: _Run, _: dict) -> tuple[bool, str]:
     # The allocator: the entry point (training.finetune) sets it before torch starts CUDA; this only reports it.
-    expandable = bool(getattr(r.args, "expandable_segments", False)) and r.cuda
+    expandable = bool(r.args.fast.expandable_segments) and r.cuda
     if not r.cuda:
         return expandable, "n/a: CUDA only"
-    return expandable, getattr(r.args, "expandable_why", None) or ("on" if expandable else
-                                                                   "off: not set before CUDA started")
+    return expandable, r.args.notes.expandable_why or ("on" if expandable else "off: not set before CUDA started")
 
 
 # (FastChoice's field, its key in `why`: the flag's name, decider), in the order they are decided and reported;
@@ -281,7 +281,7 @@ DECIDERS: tuple[tuple[str, str, Decider], ...] = (
 )
 
 
-def decide(args, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> FastChoice:
+def decide(args: WorkerFlags, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> FastChoice:
     """The fast-path switches for this run; raises InputError for an explicit choice that cannot work.
     zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (said in the reasons)."""
     run = _Run(args, device, deepspeed, zero_stage)

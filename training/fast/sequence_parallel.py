@@ -30,6 +30,7 @@ import math
 import torch
 
 from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
+from training.flags import WorkerFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -83,18 +84,18 @@ def engine_missing() -> str | None:
     return None
 
 
-def check_fast_path(args, fast) -> None:
+def check_fast_path(args: WorkerFlags, fast) -> None:
     """SP shards packed rows: packing is needed. Compiled layers are turned off unless asked for (the Ulysses
     wrapper's collectives sit inside every layer; they were never measured compiled)."""
-    if args.sequence_parallel_size <= 1:
+    if args.train.sequence_parallel_size <= 1:
         return
     missing = engine_missing()
     if missing:
-        raise InputError(f"--sequence_parallel_size {args.sequence_parallel_size}: {missing}")
+        raise InputError(f"--sequence_parallel_size {args.train.sequence_parallel_size}: {missing}")
     if not fast.packing:
-        raise InputError(f"--sequence_parallel_size {args.sequence_parallel_size} shards packed rows; it needs "
+        raise InputError(f"--sequence_parallel_size {args.train.sequence_parallel_size} shards packed rows; it needs "
                          "packing (drop --no_packing)")
-    if fast.compile and args.compile is None:
+    if fast.compile and args.fast.compile is None:
         fast.compile = False
         fast.why["compile"] = "off: sequence parallelism (its all-to-alls run inside every layer)"
     fast.labelled_logits = True

@@ -26,6 +26,7 @@ import sys
 import time
 from datetime import datetime
 
+from training.flags import WorkerFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -86,10 +87,10 @@ def numbers(record: dict, prefix: str, skip=("step", "time", "event")) -> dict[s
     return out
 
 
-def scalar_config(args) -> dict:
+def scalar_config(args: WorkerFlags) -> dict:
     """The flags a tracker can store as its run's configuration: strings, numbers, booleans (lists joined)."""
     cfg = {}
-    for k, v in sorted(vars(args).items()):
+    for k, v in sorted(args.by_name().items()):
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))
         if v is None or isinstance(v, (str, int, float, bool)):
@@ -98,10 +99,10 @@ def scalar_config(args) -> dict:
 
 
 class _TensorBoard:
-    def __init__(self, args, config: dict):
+    def __init__(self, args: WorkerFlags, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.dir = args.logging_dir
+        self.dir = args.hf.logging_dir
         self.writer = SummaryWriter(self.dir)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
 
@@ -115,12 +116,12 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, args, config: dict):
+    def __init__(self, args: WorkerFlags, config: dict):
         import wandb
 
         # WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE (offline, ...) and WANDB_DIR are read by wandb itself.
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "qwen-tui"), name=args.run_name,
-                              config=config, dir=os.environ.get("WANDB_DIR") or args.output_dir)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "qwen-tui"), name=args.hf.run_name,
+                              config=config, dir=os.environ.get("WANDB_DIR") or args.train.output_dir)
         self.dir = self.run.dir
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -131,13 +132,13 @@ class _WandB:
 
 
 class _MLflow:
-    def __init__(self, args, config: dict):
+    def __init__(self, args: WorkerFlags, config: dict):
         import mlflow
 
         # MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME are read by mlflow, as under HF Trainer.
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qwen-tui")
         self.mlflow = mlflow
-        self.run = mlflow.start_run(run_name=args.run_name)
+        self.run = mlflow.start_run(run_name=args.hf.run_name)
         self.dir = self.run.info.artifact_uri
         limit = mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
         params = [(k, v) for k, v in config.items() if len(str(v)) <= limit]
@@ -158,7 +159,7 @@ OPENERS = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
 class Trackers:
     """The open trackers of rank 0; a sink of training.runtime.metrics.MetricsWriter (log_record gets every record)."""
 
-    def __init__(self, names: list[str], args, gpu_feed: "NodeGpuFeed | None" = None):
+    def __init__(self, names: list[str], args: WorkerFlags, gpu_feed: "NodeGpuFeed | None" = None):
         self.names = names
         self.gpu_feed = gpu_feed
         config = scalar_config(args)
@@ -258,12 +259,12 @@ class NodeGpuFeed:
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
-def open_trackers(args, is_main: bool) -> Trackers | None:
+def open_trackers(args: WorkerFlags, is_main: bool) -> Trackers | None:
     """Rank 0's trackers for this run, or None (other ranks, or --report_to none)."""
-    if not is_main or not args.report_to:
+    if not is_main or not args.hf.report_to:
         return None
     t0 = time.perf_counter()
-    feed = NodeGpuFeed(args.node_gpu_file) if args.node_gpu_file else None
-    trackers = Trackers(args.report_to, args, feed)
-    log.info("trackers %s opened in %.1f s", ", ".join(args.report_to), time.perf_counter() - t0)
+    feed = NodeGpuFeed(args.hf.node_gpu_file) if args.hf.node_gpu_file else None
+    trackers = Trackers(args.hf.report_to, args, feed)
+    log.info("trackers %s opened in %.1f s", ", ".join(args.hf.report_to), time.perf_counter() - t0)
     return trackers
