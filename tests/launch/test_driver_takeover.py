@@ -12,9 +12,9 @@ import signal
 import pytest
 from support.restarts import (
     MAX_STEPS,
+    HoldAtFirstCheckpoint,
     SAVE_STEPS,
     cli_in,
-    kill_ranks_holding_the_run,
     preset_copy,
     records,
     wait_for_first_checkpoint,
@@ -34,13 +34,13 @@ def test_attach_relaunches_a_run_whose_replay_was_killed(tmp_path):
         replay = cli("replay", str(preset), out=out)
     attach = None
     try:
-        rd, ckpt = wait_for_first_checkpoint(replay, runs, tmp_path / "replay.log")
-        driver = json.loads((rd / "state.json").read_text()).get("driver")
-        assert driver and driver["pid"] == replay.pid  # replay recorded itself as the run's driver
-        pids = json.loads((rd / "pids.json").read_text())
-        # replay dies without a word (no cleanup, its record stays, it is a zombie until reaped); the run goes on
-        os.kill(replay.pid, signal.SIGKILL)
-        kill_ranks_holding_the_run(pids, "1")
+        with HoldAtFirstCheckpoint(runs) as hold:
+            rd, ckpt = wait_for_first_checkpoint(replay, hold, tmp_path / "replay.log")
+            driver = json.loads((rd / "state.json").read_text()).get("driver")
+            assert driver and driver["pid"] == replay.pid  # replay recorded itself as the run's driver
+            # replay dies without a word (no cleanup, its record stays, it is a zombie until reaped); the run goes on
+            os.kill(replay.pid, signal.SIGKILL)
+            hold.kill("1")
         with open(tmp_path / "attach.log", "wb") as out:
             attach = cli("attach", "last", out=out)
         assert attach.wait(timeout=300) == 0, (tmp_path / "attach.log").read_text()[-4000:]

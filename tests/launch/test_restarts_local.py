@@ -11,9 +11,9 @@ import signal
 import pytest
 from support.restarts import (
     MAX_STEPS,
+    HoldAtFirstCheckpoint,
     SAVE_STEPS,
     cli_in,
-    kill_ranks_holding_the_run,
     preset_copy,
     records,
     wait_for_first_checkpoint,
@@ -37,8 +37,9 @@ def test_a_killed_rank_is_relaunched_on_the_same_nodes_and_attach_follows(tmp_pa
                 with open(tmp_path / "attach.log", "wb") as out:
                     attach = cli("attach", "last", out=out)
 
-        rd, ckpt = wait_for_first_checkpoint(replay, runs, tmp_path / "replay.log", on_run_dir=attach_once)
-        kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
+        with HoldAtFirstCheckpoint(runs) as hold:
+            rd, ckpt = wait_for_first_checkpoint(replay, hold, tmp_path / "replay.log", on_run_dir=attach_once)
+            hold.kill("1")
         assert replay.wait(timeout=400) == 0, (tmp_path / "replay.log").read_text()[-4000:]
         assert attach.wait(timeout=120) == 0, (tmp_path / "attach.log").read_text()[-4000:]
         followed = (tmp_path / "attach.log").read_text()

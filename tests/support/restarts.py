@@ -4,11 +4,13 @@ others are held."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,38 +61,74 @@ def cli_in(tmp_path: Path, runs: Path):
     return cli
 
 
-def wait_for_first_checkpoint(replay, runs: Path, log: Path, on_run_dir=None, bound: float = 240):
-    """(run directory, first checkpoint's step) of the run `replay` launched, polled every 50 ms;
-    `on_run_dir(rd)` is called at each look once the run directory exists."""
+class HoldAtFirstCheckpoint:
+    """Holds a run at its first checkpoint so the caller can act there, however loaded the machine: a thread of
+    its own polls the run directory under `runs` every 10 ms, and once the first checkpoint and a step after it
+    are logged it stops node `holder`'s ranks (SIGSTOP); every rank then waits in its next collective. A tiny run
+    steps every few tens of ms, so a caller that looked itself (every 0.25 s from a Pilot, later under load)
+    could find the run already finished. `kill(victim)` SIGKILLs node `victim`'s ranks and lets the held ones
+    go on; leaving the `with` lets them go on whatever happened."""
+
+    def __init__(self, runs: Path, holder: str = "0"):
+        self.runs, self.holder = runs, holder
+        self.run_dir: Path | None = None
+        self.ckpt: int | None = None
+        self.held: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "HoldAtFirstCheckpoint":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        self._resume()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            pids = next(iter(self.runs.glob("*/pids.json")), None) if self.runs.is_dir() else None
+            if pids is not None:
+                self.run_dir = pids.parent
+                ckpt = first_checkpoint(records(self.run_dir / "metrics.jsonl"))
+                if ckpt is not None:
+                    self.held = ranks_of_job(json.loads(pids.read_text())[self.holder])
+                    for pid in self.held:
+                        os.kill(pid, signal.SIGSTOP)
+                    self.ckpt = ckpt  # set last: a caller that sees it finds the run held
+                    return
+            self._done.wait(0.01)
+
+    def _resume(self) -> None:
+        for pid in self.held:
+            with contextlib.suppress(ProcessLookupError):  # a rank that already ended has nothing to go on with
+                os.kill(pid, signal.SIGCONT)
+        self.held = []
+
+    def kill(self, victim: str = "1") -> list[int]:
+        """SIGKILL node `victim`'s ranks while the run is held, then let the held ranks go on. Returns the
+        killed pids."""
+        assert self.ckpt is not None and self.run_dir is not None, "the run is not held yet"
+        assert self.held, f"node {self.holder} had no rank to hold at checkpoint {self.ckpt}"
+        try:
+            victims = ranks_of_job(json.loads((self.run_dir / "pids.json").read_text())[victim])
+            assert victims, f"node {victim} has no rank left to kill"
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            self._resume()
+        return victims
+
+
+def wait_for_first_checkpoint(replay, hold: HoldAtFirstCheckpoint, log: Path, on_run_dir=None, bound: float = 240):
+    """(run directory, first checkpoint's step) once `hold` holds the run `replay` launched, looked at every
+    50 ms; `on_run_dir(rd)` is called at each look once the run directory exists."""
     deadline = time.monotonic() + bound
-    rd, ckpt = None, None
-    while time.monotonic() < deadline and ckpt is None:
+    while time.monotonic() < deadline and hold.ckpt is None:
         assert replay.poll() is None, log.read_text()[-3000:]
-        pids = next(iter(runs.glob("*/pids.json")), None) if runs.is_dir() else None
-        if pids is not None:
-            rd = pids.parent
-            ckpt = first_checkpoint(records(rd / "metrics.jsonl"))
-            if on_run_dir is not None:
-                on_run_dir(rd)
+        if hold.run_dir is not None and on_run_dir is not None:
+            on_run_dir(hold.run_dir)
         time.sleep(0.05)
-    assert ckpt, log.read_text()[-3000:]
-    return rd, ckpt
-
-
-def kill_ranks_holding_the_run(pids: dict, victim: str, holder: str = "0") -> list[int]:
-    """SIGKILL node `victim`'s ranks while node `holder`'s are stopped (SIGSTOP), then let those go on: a tiny run
-    steps every few tens of ms, and with the run held the kill lands where the caller saw it, not after the
-    victim's ranks have already finished. Returns the killed pids."""
-    held = ranks_of_job(pids[holder])
-    assert held, f"node {holder} has no rank to hold"
-    try:
-        for pid in held:
-            os.kill(pid, signal.SIGSTOP)
-        victims = ranks_of_job(pids[victim])
-        assert victims, f"node {victim} has no rank left to kill"
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        for pid in held:
-            os.kill(pid, signal.SIGCONT)
-    return victims
+    assert hold.ckpt, log.read_text()[-3000:]
+    return hold.run_dir, hold.ckpt

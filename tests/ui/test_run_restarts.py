@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from qwen_tui.ui.app import WizardApp
 from support.procs import ranks_of_job, run_processes
-from support.restarts import first_checkpoint, kill_ranks_holding_the_run, records
+from support.restarts import HoldAtFirstCheckpoint
 
 from support.pilot import SIZE, wait_until
 
@@ -23,19 +23,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MAX_STEPS = 40
 
 
-async def _launch_to_a_checkpoint(app, pilot):
-    """Launch from the Run step (F6, l) and wait for the first checkpoint and a step after it: the Run screen,
-    the first attempt's launcher, its run directory and the checkpoint's step."""
+async def _launch_to_a_checkpoint(app, pilot, hold):
+    """Launch from the Run step (F6, l) and wait until `hold` holds the run at its first checkpoint with a step
+    after it: the Run screen, the first attempt's launcher, its run directory and the checkpoint's step."""
     await pilot.press("f6")
     await pilot.pause()
     await pilot.press("l")
     run = app.get_screen("run")
     await wait_until(pilot, lambda: run.launcher is not None or app.state.run_status == "failed", 90, "launch")
     first = run.launcher
-    rd = first.run_dir.path
-    ckpt = await wait_until(pilot, lambda: first_checkpoint(records(rd / "metrics.jsonl")), 240,
-                            "a checkpoint and a step after it")
-    return run, first, rd, ckpt
+    await wait_until(pilot, lambda: hold.ckpt, 240, "a checkpoint and a step after it")
+    assert hold.run_dir == first.run_dir.path
+    return run, first, hold.run_dir, hold.ckpt
 
 
 async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path, demo_copy, monkeypatch,
@@ -47,8 +46,9 @@ async def test_a_failed_attempt_is_relaunched_and_the_screen_follows_it(tmp_path
     monkeypatch.chdir(tmp_path)
     app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
-        run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot)
-        kill_ranks_holding_the_run(json.loads((rd / "pids.json").read_text()), "1")
+        with HoldAtFirstCheckpoint(runs) as hold:
+            run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot, hold)
+            hold.kill("1")
 
         # the second attempt: a new launcher, and the status line says why and from where
         # the screen takes the new launcher before it writes the status line: wait for both
@@ -85,19 +85,16 @@ async def test_a_reattached_wizard_relaunches_a_run_whose_launching_wizard_quit(
     monkeypatch.chdir(tmp_path)
     app = WizardApp(str(preset), runs_root=str(runs), reattach=False)
     async with app.run_test(size=SIZE) as pilot:
-        run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot)
-        pids = json.loads((rd / "pids.json").read_text())
-        held, victims = ranks_of_job(pids["0"]), ranks_of_job(pids["1"])
-        assert held and victims
-        for pid in held + victims:  # the run waits while the wizard quits: the failure comes after it is gone
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            await pilot.press("ctrl+q")
-        finally:
-            for pid in victims:
-                os.kill(pid, signal.SIGKILL)
-            for pid in held:
-                os.kill(pid, signal.SIGCONT)
+        with HoldAtFirstCheckpoint(runs) as hold:
+            run, first, rd, ckpt = await _launch_to_a_checkpoint(app, pilot, hold)
+            victims = ranks_of_job(json.loads((rd / "pids.json").read_text())["1"])
+            assert victims
+            for pid in victims:  # the run waits while the wizard quits: the failure comes after it is gone
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                await pilot.press("ctrl+q")
+            finally:
+                hold.kill("1")
 
     app2 = WizardApp(str(preset), runs_root=str(runs), reattach=True)
     async with app2.run_test(size=SIZE) as pilot:
