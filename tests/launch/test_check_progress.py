@@ -16,7 +16,7 @@ import pytest
 import yaml
 from support.paths import DEMO, ROOT
 from support.ports import free_port
-from support.tmux import tmux, wait_for
+from support.tmux import end_session, tmux, wait_for
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
@@ -74,7 +74,7 @@ def test_check_on_a_terminal_shows_a_live_line_per_node(tmp_path):
                                                    ("✔ probe", "✔ port", "[✔✘] bandwidth", "qwen-tui check /"))]
         assert -1 not in order and order == sorted(order), order
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        end_session(session)
 
 
 def test_check_with_an_unreachable_node_prints_its_matrix_and_exits_1(tmp_path):

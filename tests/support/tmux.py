@@ -13,8 +13,25 @@ from pathlib import Path
 from support.procs import run_processes
 
 
+def _server(args: tuple[str, ...]) -> list[str]:
+    """`-L SESSION`: each session on a tmux server of its own. tmux keeps one server per user that exits with its
+    last session, and a new-session that reaches it while it exits fails ("server exited unexpectedly"), however
+    the tests take turns; servers of their own never meet."""
+    flag = "-s" if "-s" in args else "-t"
+    return ["-L", args[args.index(flag) + 1]]
+
+
 def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True, timeout=10).stdout
+    """`tmux ARGS` on the server of the session that ARGS name (-s or -t)."""
+    return subprocess.run(["tmux", *_server(args), *args], check=True, capture_output=True, text=True,
+                          timeout=10).stdout
+
+
+def end_session(session: str) -> None:
+    """The session and its server gone, whatever state the test left them in."""
+    subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True, timeout=10)
+    # the server leaves its socket file behind
+    (Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / session).unlink(missing_ok=True)
 
 
 def wait_for(session: str, *texts: str, timeout: float = 20.0) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.paths import ROOT
-from support.tmux import tmux, wait_for
+from support.tmux import end_session, tmux, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
@@ -48,4 +47,4 @@ def test_first_two_steps_in_a_real_terminal(tmp_path):
         tmux("send-keys", "-t", session, "y")
         wait_for(session, "EXITED=0")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        end_session(session)

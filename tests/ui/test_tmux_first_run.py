@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import sys
 import time
 import uuid
@@ -23,7 +22,7 @@ from qwen_tui.preset.schema import load_preset
 from support.ports import free_port
 
 from support.paths import ROOT
-from support.tmux import keys, screen, stop_leftovers, tmux, type_into, wait_for
+from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -156,5 +155,5 @@ def test_new_preset_to_two_finished_runs(tmp_path):
         wait_for(session, "EXITED=0", timeout=30)
         assert time.monotonic() - t0 < 280
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        end_session(session)
         stop_leftovers(runs)

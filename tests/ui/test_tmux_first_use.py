@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import sys
 import time
 import uuid
@@ -22,7 +21,7 @@ from support.paths import DEMO
 
 from support.ports import free_port
 from support.paths import ROOT
-from support.tmux import keys, screen, stop_leftovers, tmux, type_into, wait_for
+from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -188,5 +187,5 @@ def test_first_use_at_80x24(tmp_path):
         keys(session, "y")
         wait_for(session, "AGAIN=0", timeout=30)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        end_session(session)
         stop_leftovers(runs)
