@@ -77,6 +77,7 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
 
     quiet.cpu_run(bool(args.train.use_cpu))
     unused_imports.refuse_bitsandbytes_unless(args.lora.q_lora)  # before peft or transformers can import it
+    unused_imports.refuse_mlflow_unless(args.hf.report_to)  # before deepspeed can import it
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         for line in args.notes.hf_warnings:  # HF flags accepted from a copied command that change nothing here

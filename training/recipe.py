@@ -38,7 +38,7 @@ from training.fast import apply, choice, long_context, sequence_parallel
 from training.flags import WorkerFlags
 from training.model.pretrained import (check_method, load_tokenizer, quantization_method, read_config_dict,
                                        resolve_model_source)
-from training.runtime import dist
+from training.runtime import dist, unused_imports
 from training.runtime.errors import InputError
 from training.runtime.heartbeat import NoHeartbeat
 from training.runtime.metrics import MetricsWriter
@@ -168,6 +168,7 @@ class FinetuneRecipe:
         if a.train.deepspeed:
             import deepspeed
 
+            unused_imports.skip_deepspeed_cpu_shm_op(self.device.type)
             # Before the model loads: ZeRO-3 partitions weights while loading and must know the world.
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(a.train.seed)

@@ -1,7 +1,8 @@
 """A run without --q_lora never imports bitsandbytes (peft and transformers' scheduler module would, at ~1 s of
 CPU a rank), and both libraries then see it as not installed.
 With --q_lora it is imported as usual: the Q-LoRA runs of tests/training/test_train.py load their 4-bit base
-through it."""
+through it. A run that does not report to MLflow never imports mlflow (deepspeed would, ~1 s a rank), and on CPU
+DeepSpeed's shared-memory op for inference is never built or loaded."""
 
 import subprocess
 import sys
@@ -29,3 +30,33 @@ def _probe(q_lora: bool) -> list[str]:
 def test_without_q_lora_bitsandbytes_is_never_imported_and_reads_as_absent():
     assert _probe(False) == ["True", "False", "False", "False"]
 
+
+
+_DEEPSPEED_PROBE = """
+import sys
+from training.runtime.unused_imports import refuse_mlflow_unless, skip_deepspeed_cpu_shm_op
+refused = refuse_mlflow_unless({report_to!r})
+import deepspeed
+from deepspeed.comm.torch import build_shm_op
+print(refused, sys.modules.get("mlflow") is not None, skip_deepspeed_cpu_shm_op("cpu"), build_shm_op() is None)
+"""
+
+
+def _deepspeed_probe(report_to: list[str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _DEEPSPEED_PROBE.format(report_to=report_to)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split()[-4:]
+
+
+def test_deepspeed_imports_no_mlflow_and_builds_no_cpu_op_unless_mlflow_is_reported_to():
+    # Without the skip, build_shm_op compiles the op (a minute of g++) and returns it.
+    assert _deepspeed_probe(["none"]) == ["True", "False", "True", "True"]
+    assert _deepspeed_probe(["tensorboard,mlflow"]) == ["False", "True", "True", "True"]
+    assert _deepspeed_probe(["all"])[:2] == ["False", "True"]
+
+
+def test_the_shm_op_is_left_alone_on_gpu_nodes():
+    from training.runtime.unused_imports import skip_deepspeed_cpu_shm_op
+
+    assert skip_deepspeed_cpu_shm_op("cuda") is False
