@@ -31,6 +31,7 @@ import torch
 
 from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
 from training.flags import WorkerFlags
+from training.runtime import unused_imports
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -196,8 +197,9 @@ def install(model, model_config: dict, sp_size: int, world_size: int, rank: int,
     from training.fast.attention import NAME, packed_attention_forward
 
     if not ds_comm.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() and
-                                   next(model.parameters()).is_cuda else "gloo")
+        on_gpu = torch.cuda.is_available() and next(model.parameters()).is_cuda
+        unused_imports.skip_deepspeed_cpu_shm_op("cuda" if on_gpu else "cpu")
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     group = make_groups(sp_size, world_size, rank, timeout_s)
     heads = int(model_config["num_attention_heads"])
     uattn = UlyssesSPAttentionHF(
