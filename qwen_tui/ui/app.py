@@ -141,11 +141,16 @@ class WizardApp(App[int]):
             if screen is not None:
                 screen.post_message(StateChanged())  # the stepper marks the step
             return
-        for path in msg.changes:
-            self.state.field_errors.pop(path, None)
+        refused = [path for path in msg.changes if self.state.field_errors.pop(path, None) is not None]
         screen = self.shown_screen()
         if hasattr(screen, "show_field_errors"):
             screen.show_field_errors([], msg.changes)
+        if new == self.state.preset:
+            # the screens ask for every edit, in the order typed (a field filled from the preset too): one
+            # that changes nothing leaves the preset clean, and only a refusal it takes back is news
+            if refused and screen is not None:
+                screen.post_message(StateChanged())
+            return
         self.set_preset(new, note=msg.note)
 
     def shown_screen(self) -> Optional[Screen]:

@@ -16,6 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
+from .widgets.ordered_keys import OrderedInput
 
 if TYPE_CHECKING:
     from ..run.after import RunResult
@@ -43,7 +44,7 @@ class ChatScreen(ModalScreen[None]):
             with VerticalScroll(id="chat-log"):
                 yield Static(Text("Type a message and press Enter; Esc closes. The model loads on the master for "
                                   "each reply.", style="dim"), id="chat-hint")
-            yield Input(placeholder="your message", id="chat-input")
+            yield OrderedInput(placeholder="your message", id="chat-input")
 
     def on_mount(self) -> None:
         self.query_one("#chat-input", Input).focus()

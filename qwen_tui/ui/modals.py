@@ -11,6 +11,8 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
+from .widgets.ordered_keys import OrderedInput, OrderedSelect
+
 
 class Confirm(ModalScreen[bool]):
     """Yes/no. `y` / `n` (or Escape) answer from the keyboard."""
@@ -90,7 +92,7 @@ class PasswordPrompt(ModalScreen[Optional[str]]):
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
             yield Static(self.body, classes="dialog-body", markup=False)
-            yield Input(password=True, placeholder="password", id="password")
+            yield OrderedInput(password=True, placeholder="password", id="password")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("OK (enter)", id="ok", variant="primary")
                 yield Button("Cancel (esc)", id="cancel")
@@ -133,9 +135,9 @@ class Form(ModalScreen[Optional[dict[str, Any]]]):
                     for name, label, value in self.fields:
                         yield Label(label)
                         if name in self.choices:
-                            yield Select(self.choices[name], value=value, allow_blank=False, id=f"f-{name}")
+                            yield OrderedSelect(self.choices[name], value=value, allow_blank=False, id=f"f-{name}")
                         else:
-                            yield Input(value=value, id=f"f-{name}")
+                            yield OrderedInput(value=value, id=f"f-{name}")
             yield Static(self.error, classes="field-error", id="form-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("OK (ctrl+s)", id="ok", variant="primary")
@@ -200,7 +202,7 @@ class ImportNodes(ModalScreen[Optional[tuple[str, str]]]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label("Import nodes", classes="dialog-title")
-            yield Select([("hostfile (host slots=N)", "hostfile"), ("SLURM node list", "slurm"),
+            yield OrderedSelect([("hostfile (host slots=N)", "hostfile"), ("SLURM node list", "slurm"),
                           ("~/.ssh/config hosts", "ssh_config")], value="hostfile", allow_blank=False,
                          id="kind")
             yield Static(IMPORT_FORMATS["hostfile"], id="import-format", classes="dialog-body", markup=False)

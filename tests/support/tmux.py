@@ -58,9 +58,9 @@ def keys(session: str, *ks: str, pause: float = 0.3) -> None:
 
 
 def type_into(session: str, text: str) -> None:
-    """Replace the focused input's value."""
-    keys(session, "End", "C-u")
-    tmux("send-keys", "-t", session, "-l", text)
+    """Replace the focused input's value: End, C-u and the text in one write, as a busy machine delivers what a
+    person typed (the app must keep their order)."""
+    tmux("send-keys", "-t", session, "End", "C-u", *text)
     time.sleep(0.3)
 
 

@@ -116,16 +116,12 @@ class StepScreen(Screen):
         self.refresh_state()
 
     def change(self, path: str, value) -> None:
-        """Ask the App to set one preset field, unless it already holds that value
-        (inputs fire Changed when they are filled from the preset)."""
+        """Ask the App to set one preset field. Always asked, even when the preset seen here holds that value
+        (as when a field is filled from it): edits still queued for the App may change it first, and the App
+        leaves the preset clean when a change changes nothing."""
         from ..messages import ChangePreset
 
-        try:
-            same = self.state.preset.get_path(path) == value
-        except (AttributeError, IndexError, KeyError):
-            same = False
-        if not same:
-            self.post_message(ChangePreset({path: value}))
+        self.post_message(ChangePreset({path: value}))
 
     def refresh_state(self) -> None:
         """Redraw this screen from `self.state`."""

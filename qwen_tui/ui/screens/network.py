@@ -24,6 +24,7 @@ from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
 from ...wizard.state import BAD, WARN, finding_line
 from ..widgets.field_input import FieldInput
+from ..widgets.ordered_keys import OrderedSelect
 from .base import StepScreen
 from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
@@ -74,7 +75,7 @@ class NetworkScreen(StepScreen):
             yield FieldInput(id="interface", placeholder="auto (from the probe)", classes="short")
         with Horizontal(classes="row"):
             yield Label("backend", classes="field-label")
-            yield Select([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")], id="backend",
+            yield OrderedSelect([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")], id="backend",
                          allow_blank=False, value=self.state.preset.network.backend, classes="short")
             yield Label("rendezvous timeout (s)", classes="field-label")
             yield FieldInput(id="rdzv_timeout", type="integer", classes="short")

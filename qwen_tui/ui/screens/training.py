@@ -30,6 +30,7 @@ from ..messages import ChangePreset, DataPreviewed
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from ..widgets.field_input import FieldInput
+from ..widgets.ordered_keys import OrderedSelect
 from .base import StepScreen
 from ..styles import ERROR, FAIL, GOOD, NOTE_STRONG, WARNING, WARNING_STRONG, tone
 
@@ -100,7 +101,7 @@ class TrainingScreen(StepScreen):
                         # initial values at construction: a Select set later would first
                         # announce its default option as a change
                         if isinstance(kind, list):
-                            yield Select(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
+                            yield OrderedSelect(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
                                          compact=True)
                         elif path == "training.model":  # completes the known releases, MoE sizes included
                             yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
@@ -111,7 +112,7 @@ class TrainingScreen(StepScreen):
                     if path == "training.device":
                         with Horizontal(classes="form-row"):
                             yield Label("GPU type", classes="field-label")
-                            yield Select(GPU_CHOICES, id="gpu-type", allow_blank=False,
+                            yield OrderedSelect(GPU_CHOICES, id="gpu-type", allow_blank=False,
                                          value=self.state.gpu or NO_GPU_TYPE, compact=True)
             with VerticalScroll(id="live"):
                 yield Label("Live estimate", classes="section", id="estimate-title")
@@ -154,9 +155,8 @@ class TrainingScreen(StepScreen):
             return
         text = ev.value.strip()
         value: Optional[str] = None if (kind == "opt" and not text) else text
-        cur = self.state.preset.get_path(path)
-        if _shown(cur) == (value or "") and path not in self.state.field_errors:
-            return  # filled from the preset, or unchanged
+        # every edit goes to the App, in order: whether it changes anything is for the App to say, when it
+        # comes to it (the preset seen here may still lack the edits queued before this one)
         self.post_message(ChangePreset({path: value}))
 
     def on_select_changed(self, ev: Select.Changed) -> None:
