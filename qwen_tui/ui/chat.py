@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
-from .widgets.ordered_keys import OrderedInput
+from .widgets.form_inputs import OrderedInput
 
 if TYPE_CHECKING:
     from ..run.after import RunResult

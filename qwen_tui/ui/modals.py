@@ -11,7 +11,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from .widgets.ordered_keys import OrderedInput, OrderedSelect
+from .widgets.form_inputs import OrderedInput, OrderedSelect
 
 
 class Confirm(ModalScreen[bool]):

@@ -23,8 +23,7 @@ from ..messages import NetChecked, NetOneChecked, NetProgress, Synced
 from ..modals import Confirm, Notice
 from ..widgets.bandwidth import BandwidthBars
 from ...wizard.state import BAD, WARN, finding_line
-from ..widgets.field_input import FieldInput
-from ..widgets.ordered_keys import OrderedSelect
+from ..widgets.form_inputs import FieldInput, OrderedSelect
 from .base import StepScreen
 from ..styles import FAIL, GOOD, WARNING, level_style, tone
 

@@ -19,7 +19,7 @@ from ...run import api
 from ..messages import ActionDone, SshProgress
 from ..modals import PasswordPrompt
 from ...wizard.state import NodeStatus, SshState, connection_fix
-from ..widgets.field_input import FieldInput
+from ..widgets.form_inputs import FieldInput
 from .base import StepScreen
 from ..styles import FAIL, GOOD, WARNING, tone
 

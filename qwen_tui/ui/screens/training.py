@@ -29,8 +29,7 @@ from ...base.field_words import plain
 from ..messages import ChangePreset, DataPreviewed
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
-from ..widgets.field_input import FieldInput
-from ..widgets.ordered_keys import OrderedSelect
+from ..widgets.form_inputs import FieldInput, OrderedSelect
 from .base import StepScreen
 from ..styles import ERROR, FAIL, GOOD, NOTE_STRONG, WARNING, WARNING_STRONG, tone
 

@@ -1,4 +1,4 @@
-"""Form widgets that keep every key in the order it was typed.
+"""The inputs and selects of the forms and dialogs: they keep every key in the order it was typed.
 
 Textual hands a key to the widget that had the focus when the App read it. An Input inserts a printable key
 in its own queue at once, but its editing keys (backspace, ctrl+u, end, ...) and tab are bindings, and a bound
@@ -7,7 +7,11 @@ master trains too) the keys typed after it so land first: "ctrl+u 0.002" ended a
 "tab 4" typed the 4 into the field being left (Textual issue 6605). These widgets run their own bindings, and
 the moves of focus, in their own queue, in order with the rest, and hand a key that was queued here before the
 focus moved to the widget that has it now. Other keys (a step's F-keys, ctrl+s) still go to the App: their
-actions may remove this very widget, which its own queue could not wait for."""
+actions may remove this very widget, which its own queue could not wait for.
+
+`FieldInput`, the input of a step's form, also leaves `?` to the step (its help), so that `?` never types over a
+field's value (a focused Input selects its text, and the next key replaces it). No preset field takes a `?`;
+dialogs (a path, a chat) use `OrderedInput`, where `?` types as usual."""
 
 from __future__ import annotations
 
@@ -49,3 +53,8 @@ class OrderedInput(KeysInOrder, Input):
 
 class OrderedSelect(KeysInOrder, Select):
     pass
+
+
+class FieldInput(OrderedInput):
+    def check_consume_key(self, key: str, character: str | None) -> bool:
+        return key != "question_mark" and super().check_consume_key(key, character)
