@@ -55,16 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     previous = stop.install()
     held: dict = {}  # the recipe, once it exists: the step a stop came at
     try:
-        return _run(argv, stop, held)
+        code = _run(argv, stop, held)
     except StopRequested:  # while the recipe tidied up, after it had handled its own
         recipe = held.get("recipe")
         log.warning("%s", stop.line(recipe.step if recipe is not None and recipe.started else None))
-        return stop.exit_code()
+        code = stop.exit_code()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        # node 0's agent leaves the exit barrier last, so the others see it (training/runtime/stop.py)
-        if stop.requested:
-            let_peer_agents_check_out()
+    if stop.requested:
+        # node 0's agent leaves the exit barrier last, so the others see it (training/runtime/stop.py); on node 0's
+        # first rank this process becomes the waiter and does not come back
+        let_peer_agents_check_out(code)
+    return code
 
 
 def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:

@@ -16,6 +16,11 @@ store, which node 0's agent hosts. Node 0's agent leaves the barrier, and takes 
 it, as soon as it checks in last; an agent still between its check-in and its wait then loses
 the store and logs "Error waiting on exit barrier" with a traceback. So node 0's first worker,
 when stopped, waits (bounded) until every other node's agent has checked in before it exits.
+It waits as another program: it replaces itself (exec) with `python -m training.runtime.stop CODE`,
+so that the process its agent watches stays while its threads and connections go at once. Waiting
+in the worker itself kept the process group's connections open (destroying the group does not close
+them while DDP's reducer still holds it), and a peer blocked in a collective with it could then not
+stop, nor its agent check in, before the bound ran out: the race came back on every late stop.
 """
 
 from __future__ import annotations
@@ -134,28 +139,61 @@ def peer_gone(e: BaseException) -> bool:
     return several and any(w in text for w in _PEER_GONE)
 
 
-def let_peer_agents_check_out(bound: float = PEERS_BOUND_S) -> bool:
-    """On node 0's first worker of a multi-node torchrun job: wait until every other node's agent has
-    checked in to the exit barrier (see the module docstring). True when they have (or when there is
-    nothing to wait for); False after `bound` seconds or when the store cannot be read."""
-    env = os.environ
+def _waits_for_peers(env) -> bool:
+    """Whether this is node 0's first worker of a multi-node torchrun job (the one that waits)."""
     try:
         nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
-        mine = env.get("GROUP_RANK") == "0" and env.get("LOCAL_RANK") == "0"
         port = int(env.get("MASTER_PORT", "0"))
     except ValueError:
+        return False
+    return (env.get("GROUP_RANK") == "0" and env.get("LOCAL_RANK") == "0" and nodes > 1 and bool(port)
+            and bool(env.get("TORCHELASTIC_RUN_ID")))
+
+
+def let_peer_agents_check_out(code: int) -> None:
+    """On node 0's first worker of a multi-node torchrun job, stopped: become the waiter (the module docstring)
+    and exit with `code` once every other node's agent has checked in to the exit barrier, or after
+    PEERS_BOUND_S. Anywhere else, return at once."""
+    if not _waits_for_peers(os.environ):
+        return
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd in os.listdir("/proc/self/fd"):
+        if int(fd) > 2:
+            try:
+                os.set_inheritable(int(fd), False)  # the exec closes it (the process group's sockets among them)
+            except OSError:  # the listing's own descriptor, gone by now
+                continue
+    try:
+        # c10d's warnings (a client socket's unresolved host name in a network namespace, as the worker said
+        # already) would end the node's log, after the stop line
+        os.execve(sys.executable, [sys.executable, "-u", "-m", "training.runtime.stop", str(code)],
+                  {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    except OSError as e:  # no exec: wait here, as well as this process can
+        print(f"cannot start the stop's waiter ({e}); waiting in the worker", file=sys.stderr)
+        wait_for_peer_agents()
+
+
+def wait_for_peer_agents(bound: float = PEERS_BOUND_S) -> bool:
+    """Wait until every other node's agent has checked in to the exit barrier. True when they have (or when
+    there is nothing to wait for); False after `bound` seconds or when the store cannot be read."""
+    deadline = time.monotonic() + bound
+    env = os.environ
+    if not _waits_for_peers(env):
         return True
-    if not (mine and nodes > 1 and port and env.get("TORCHELASTIC_RUN_ID")):
-        return True
+    nodes, port = int(env["GROUP_WORLD_SIZE"]), int(env["MASTER_PORT"])
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    deadline = time.monotonic() + bound
     try:
         store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"],
                                  dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), port, is_master=False,
-                                               timeout=timedelta(seconds=bound)))
+                                               timeout=timedelta(seconds=max(1.0, deadline - time.monotonic()))))
         while time.monotonic() < deadline:
             if store.add(_EXIT_BARRIER_COUNT, 0) >= nodes - 1:  # add 0: read the counter without changing it
                 # an agent counts itself in before it starts waiting on the store: give the last one that moment,
@@ -167,3 +205,10 @@ def let_peer_agents_check_out(bound: float = PEERS_BOUND_S) -> bool:
         return False
     return False
 
+
+if __name__ == "__main__":  # the waiter: `python -m training.runtime.stop CODE` (let_peer_agents_check_out)
+    import sys
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop is under way: a second one changes nothing (as before)
+    wait_for_peer_agents()
+    sys.exit(int(sys.argv[1]))
