@@ -18,8 +18,8 @@ the store and logs "Error waiting on exit barrier" with a traceback. So node 0's
 when stopped, waits (bounded) until every other node's agent has checked in before it exits.
 It waits as another program: it replaces itself (exec) with `python -m training.runtime.stop CODE`,
 so that the process its agent watches stays while its threads and connections go at once. Waiting
-in the worker itself kept the process group's connections open (destroying the group does not close
-them while DDP's reducer still holds it), and a peer blocked in a collective with it could then not
+in the worker itself kept the process group's connections open (destroying the group did not close
+them there: something still holds the group), and a peer blocked in a collective with it could then not
 stop, nor its agent check in, before the bound ran out: the race came back on every late stop.
 """
 
