@@ -203,8 +203,8 @@ class ImportNodes(ModalScreen[Optional[tuple[str, str]]]):
         with Vertical(classes="dialog wide"):
             yield Label("Import nodes", classes="dialog-title")
             yield OrderedSelect([("hostfile (host slots=N)", "hostfile"), ("SLURM node list", "slurm"),
-                          ("~/.ssh/config hosts", "ssh_config")], value="hostfile", allow_blank=False,
-                         id="kind")
+                                 ("~/.ssh/config hosts", "ssh_config")], value="hostfile", allow_blank=False,
+                                id="kind")
             yield Static(IMPORT_FORMATS["hostfile"], id="import-format", classes="dialog-body", markup=False)
             yield TextArea("", id="text")
             with Horizontal(classes="dialog-buttons"):

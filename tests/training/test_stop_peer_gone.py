@@ -94,7 +94,7 @@ def test_a_stop_that_reaches_node_1_late_ends_quietly_on_both_nodes(tmp_path):
                     [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),
                      "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
                      "-m", "training.finetune", *common, "--metrics_file", str(tmp_path / f"metrics-{i}.jsonl")],
-                    cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+                    cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 240
         while "step 3/" not in logs[0].read_text(errors="replace"):
             assert time.monotonic() < deadline and agents[0].poll() is None, logs[0].read_text(errors="replace")
@@ -113,6 +113,6 @@ def test_a_stop_that_reaches_node_1_late_ends_quietly_on_both_nodes(tmp_path):
         assert late < 4.0, f"node 1 stopped {late:.1f} s after node 0"
     finally:
         for a in agents:
-            if a.poll() is None:
-                a.kill()
+            if a.poll() is None:  # a failed test leaves no rank behind: the agent's whole session goes
+                os.killpg(a.pid, signal.SIGKILL)
                 a.wait(timeout=30)

@@ -74,8 +74,9 @@ class NetworkScreen(StepScreen):
             yield FieldInput(id="interface", placeholder="auto (from the probe)", classes="short")
         with Horizontal(classes="row"):
             yield Label("backend", classes="field-label")
-            yield OrderedSelect([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")], id="backend",
-                         allow_blank=False, value=self.state.preset.network.backend, classes="short")
+            yield OrderedSelect([("auto (nccl on GPUs)", "auto"), ("nccl", "nccl"), ("gloo", "gloo")],
+                                id="backend", allow_blank=False, value=self.state.preset.network.backend,
+                                classes="short")
             yield Label("rendezvous timeout (s)", classes="field-label")
             yield FieldInput(id="rdzv_timeout", type="integer", classes="short")
         yield Static(id="field-errors", classes="field-error")

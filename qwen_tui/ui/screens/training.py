@@ -100,8 +100,8 @@ class TrainingScreen(StepScreen):
                         # initial values at construction: a Select set later would first
                         # announce its default option as a change
                         if isinstance(kind, list):
-                            yield OrderedSelect(kind, id=_wid(path), allow_blank=False, value="none" if v is None else v,
-                                         compact=True)
+                            yield OrderedSelect(kind, id=_wid(path), allow_blank=False,
+                                                value="none" if v is None else v, compact=True)
                         elif path == "training.model":  # completes the known releases, MoE sizes included
                             yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
                                             suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
@@ -112,7 +112,7 @@ class TrainingScreen(StepScreen):
                         with Horizontal(classes="form-row"):
                             yield Label("GPU type", classes="field-label")
                             yield OrderedSelect(GPU_CHOICES, id="gpu-type", allow_blank=False,
-                                         value=self.state.gpu or NO_GPU_TYPE, compact=True)
+                                                value=self.state.gpu or NO_GPU_TYPE, compact=True)
             with VerticalScroll(id="live"):
                 yield Label("Live estimate", classes="section", id="estimate-title")
                 yield Static(id="estimate")
