@@ -18,7 +18,7 @@ from training.fast import apply
 from training.flags import WorkerFlags
 from training.model import moe_experts
 from training.model.pretrained import apply_method, load_model
-from training.runtime import dist
+from training.runtime import dist, unused_imports
 
 log = logging.getLogger("training")
 
@@ -142,6 +142,7 @@ def build_optimization(args: WorkerFlags, env, model, loss_module, fast, ds_conf
         else:
             fast.fused_adamw = False
             fast.why["fused_adamw"] = "off: the DeepSpeed config names its own optimizer"
+        unused_imports.load_deepspeed_muon_uncompiled(optimizer)
         # With our loss the engine wraps model + loss, so its forward (and ZeRO-3's gathering) is what runs.
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=loss_module if loss_module is not None else model, optimizer=optimizer,

@@ -60,3 +60,37 @@ def test_the_shm_op_is_left_alone_on_gpu_nodes():
     from training.runtime.unused_imports import skip_deepspeed_cpu_shm_op
 
     assert skip_deepspeed_cpu_shm_op("cuda") is False
+
+
+_MUON_PROBE = """
+import os, sys
+import torch, deepspeed
+from training.runtime.unused_imports import MUON, load_deepspeed_muon_uncompiled
+os.environ.pop("TORCHDYNAMO_DISABLE", None)
+if {helped}:
+    print(load_deepspeed_muon_uncompiled(None), MUON in sys.modules)  # a config's own optimizer: left alone
+    print(load_deepspeed_muon_uncompiled(object()), load_deepspeed_muon_uncompiled(object()))
+else:
+    __import__(MUON)
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+print("torch._inductor.compile_fx" in sys.modules, "TORCHDYNAMO_DISABLE" in os.environ)
+# torch.compile compiles as before once it is loaded: one graph traced
+from torch._dynamo.utils import counters
+torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+print(counters["stats"]["unique_graphs"])
+"""
+
+
+def _muon_probe(helped: bool) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _MUON_PROBE.format(helped=helped)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-4:]
+
+
+def test_deepspeeds_muon_module_loads_without_inductor_and_compile_stays_on():
+    """Every ZeRO engine imports DeepSpeed's Muon module; imported plainly it wraps its kernels in torch.compile,
+    which loads Inductor (about 0.9 s a rank). Loaded by the worker before the engine, Inductor stays out, the
+    switch it uses is put back, and torch.compile still compiles afterwards."""
+    assert _muon_probe(True) == ["False False", "True False", "False False", "1"]
+    assert _muon_probe(False)[-2:] == ["True False", "1"]  # what it avoids

@@ -5,10 +5,14 @@ peft imports bitsandbytes when it is installed, and so does transformers' schedu
 uses it. Refused before anything imports it, it is simply absent to both libraries: `importlib.util.find_spec`
 answers None for a name held as None in `sys.modules`, which is how they ask whether it is installed. DeepSpeed imports mlflow with itself (its
 autotuner, which a run never starts), about 1 s of CPU in every DeepSpeed rank; and on CPU its communication
-backend compiles a shared-memory all-reduce for inference on a node's first run."""
+backend compiles a shared-memory all-reduce for inference on a node's first run. Every ZeRO engine imports
+DeepSpeed's Muon optimizer to ask whether the run's optimizer is one, and that module wraps its kernels in
+torch.compile as it loads, which imports Inductor: about 0.9 s of CPU in every DeepSpeed rank of a run that
+never compiles."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -42,4 +46,26 @@ def skip_deepspeed_cpu_shm_op(device_type: str) -> bool:
     # DeepSpeed probes this dict on first read and reads it only to decide whether to build that op; set before
     # the first read, it is never probed.
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    return True
+
+
+MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def load_deepspeed_muon_uncompiled(client_optimizer) -> bool:
+    """Before deepspeed.initialize, when the worker hands DeepSpeed its own optimizer (AdamW, never Muon): imports
+    DeepSpeed's Muon module with TorchDynamo off, so its kernels stay plain functions and Inductor is not loaded
+    for them. The engine then only checks the optimizer's type against it. A DeepSpeed config that names its own
+    optimizer (client_optimizer None) may name Muon: left alone. True if it loaded it so."""
+    if client_optimizer is None or MUON in sys.modules:
+        return False
+    before = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # torch.compile reads it on every call: a no-op wrapper while set
+    try:
+        __import__(MUON)
+    finally:
+        if before is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = before
     return True
