@@ -137,21 +137,29 @@ def test_sigusr1_appends_every_threads_stack_and_the_heartbeat_closes_and_copies
 
 
 def test_flight_recorder_defaults_leave_a_users_values_alone(monkeypatch, tmp_path):
-    for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                 "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
-        monkeypatch.delenv(name, raising=False)
+    """Set under torch's current names (the older ones make every rank warn); a user's values under either name
+    are left alone."""
+    names = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+             "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
+    for name in names:
+        monkeypatch.setenv(name, "")  # recorded, so that what the function sets is undone after the test too
+        monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     dist.flight_recorder_defaults("beats")
-    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
-    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "beats" / "nccl_trace_rank_")
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")
+    assert {n: os.environ.get(n) for n in names} == {
+        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "beats" / "nccl_trace_rank_"),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": None, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": None}
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")  # the older names, a user's own
     monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
-    monkeypatch.delenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/elsewhere/trace_")  # torch's newer name, read first
+    monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/elsewhere/trace_")
     dist.flight_recorder_defaults("beats")
-    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
-    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ
+    assert {n: os.environ.get(n) for n in names} == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/elsewhere/trace_", "TORCH_FR_BUFFER_SIZE": None,
+        "TORCH_FR_DUMP_TEMP_FILE": None}
 
 
 def test_step_timer_sees_the_gradient_reach_layer_0_only_when_armed(tiny_model):

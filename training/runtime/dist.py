@@ -57,13 +57,13 @@ def _free_port() -> int:
 def flight_recorder_defaults(trace_dir: str | None) -> None:
     """PyTorch's NCCL flight recorder on by default (CUDA, before the process group): the last 2,000 collectives
     of each rank, dumped when one times out, to DIR/nccl_trace_rank_<RANK> with --heartbeat_dir (else torch's
-    default place). A user's own values win, under these names or torch's newer TORCH_FR_* ones (read first)."""
-    if "TORCH_FR_BUFFER_SIZE" not in os.environ:
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    default place). Set under torch's TORCH_FR_* names: the older TORCH_NCCL_* ones make every rank warn that
+    they are deprecated. A user's own values win, under either name."""
+    if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & os.environ.keys():
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    if trace_dir and "TORCH_FR_DUMP_TEMP_FILE" not in os.environ:
-        os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                              os.path.join(os.path.abspath(trace_dir), "nccl_trace_rank_"))
+    if trace_dir and not {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & os.environ.keys():
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(os.path.abspath(trace_dir), "nccl_trace_rank_")
 
 
 def init(env: DistEnv, device: torch.device, timeout_s: int, need_group: bool) -> None:
