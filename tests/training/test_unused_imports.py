@@ -4,6 +4,7 @@ With --q_lora it is imported as usual: the Q-LoRA runs of tests/training/test_tr
 through it. A run that does not report to MLflow never imports mlflow (deepspeed would, ~1 s a rank), and on CPU
 DeepSpeed's shared-memory op for inference is never built or loaded."""
 
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,14 @@ def test_deepspeeds_muon_module_loads_without_inductor_and_compile_stays_on():
     switch it uses is put back, and torch.compile still compiles afterwards."""
     assert _muon_probe(True) == ["False False", "True False", "False False", "1"]
     assert _muon_probe(False)[-2:] == ["True False", "1"]  # what it avoids
+
+
+def test_a_deepspeed_without_muon_is_no_error(monkeypatch):
+    """deepspeed>=0.16 is allowed, and Muon came later: where the module is missing there is nothing to avoid, and
+    the switch is put back all the same."""
+    from training.runtime import unused_imports
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    monkeypatch.setattr(unused_imports, "MUON", "no_such_deepspeed_muon_module")
+    assert unused_imports.load_deepspeed_muon_uncompiled(object()) is False
+    assert "TORCHDYNAMO_DISABLE" not in os.environ

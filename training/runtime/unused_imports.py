@@ -56,13 +56,16 @@ def load_deepspeed_muon_uncompiled(client_optimizer) -> bool:
     """Before deepspeed.initialize, when the worker hands DeepSpeed its own optimizer (AdamW, never Muon): imports
     DeepSpeed's Muon module with TorchDynamo off, so its kernels stay plain functions and Inductor is not loaded
     for them. The engine then only checks the optimizer's type against it. A DeepSpeed config that names its own
-    optimizer (client_optimizer None) may name Muon: left alone. True if it loaded it so."""
+    optimizer (client_optimizer None) may name Muon: left alone. True if it loaded it so; False also where this
+    DeepSpeed has no Muon module (older releases): nothing to avoid."""
     if client_optimizer is None or MUON in sys.modules:
         return False
     before = os.environ.get("TORCHDYNAMO_DISABLE")
     os.environ["TORCHDYNAMO_DISABLE"] = "1"  # torch.compile reads it on every call: a no-op wrapper while set
     try:
         __import__(MUON)
+    except ImportError:
+        return False
     finally:
         if before is None:
             del os.environ["TORCHDYNAMO_DISABLE"]
