@@ -73,6 +73,11 @@ async def shoot(name: str, key: str) -> Path:
         if name == "7-run-checks":  # a launch's checks under way: the check, and each node's answers so far
             await show_checks(app)
         await pilot.pause(0.5)
+        from textual.widgets import Input
+
+        for field in app.screen.query(Input):  # a steady cursor: the same picture whatever the blink's phase
+            field.cursor_blink = False
+        await pilot.pause()
         svg = OUT / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(OUT))
     return svg
