@@ -298,13 +298,27 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False) -> int:
+                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
+                       run_id: Optional[str] = None) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
-    every relaunch that training.restarts allows (run/restarts.py)."""
+    every relaunch that training.restarts allows (run/restarts.py). A SLURM preset runs on the allocation this
+    process is in, or is submitted as a batch job and followed (run/slurm/faces.py). `run_id`: the run directory
+    to use (the batch job of a submitted run takes over the one its submission made)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
-    req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
+    if preset.scheduler.is_slurm and not preset.cluster.nodes:
+        from .slurm import faces
+
+        job = faces.allocation_id()
+        if job is None:  # a login node: submit the batch job and follow it
+            return faces.submit_and_follow(preset, preset_path, root=root, dry_run=dry_run, console=console,
+                                           overwrite_output=overwrite_output)
+        preset = faces.in_allocation(preset, job, console)
+        if preset is None:
+            return 1
+    req = api.LaunchRequest(preset, root, run_id or new_run_id(preset.name or Path(preset_path).stem),
+                            base_dir=os.getcwd(),
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
                             consent=accept_new_host_keys, guard_output=not overwrite_output)
     if dry_run:

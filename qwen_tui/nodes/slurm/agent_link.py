@@ -1,0 +1,188 @@
+"""One long-lived command server on a node (remote/agent.py), reached through a local process's pipes.
+
+The process is whatever puts the agent on the node: `srun --overlap ... python3 -u -c AGENT` for a SLURM node.
+Requests and answers are JSON lines tagged with an id, so many threads (the monitor's reads, the checks, a
+stream) share the one pipe, as they share one SSH connection. Every call has a bound; when the process ends
+(the job ended, the node went away) every waiting call raises TransportError at once, and the next call
+starts the process anew.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from ..programs import program
+from ..transport import TransportError, check_stream_quiet
+
+AGENT = program("agent.py")
+_GONE = {"error": "the node's command server went away"}
+
+
+class AgentLink:
+    """`argv` starts the agent (it ends with the Python to run it, which gets `-u -c AGENT`); `env` is the
+    environment of that process (what srun passes on to the node)."""
+
+    def __init__(self, label: str, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+                 start_bound: float = 60.0):
+        self.label = label
+        self.argv = [*argv, "-u", "-c", AGENT]
+        self.env = dict(env) if env is not None else None
+        self.start_bound = start_bound
+        self.hello: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None
+        self._waiting: dict[int, queue.Queue] = {}
+        self._errors: deque[str] = deque(maxlen=20)  # the launcher's own words (srun: error: ...)
+
+    # ------------------------------------------------------------ the process
+    def _ensure(self) -> subprocess.Popen:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return self._proc
+            self._errors.clear()
+            try:
+                p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=self.env, start_new_session=True)
+            except OSError as e:
+                raise TransportError(f"{self.label}: cannot start {self.argv[0]}: {e}") from None
+            self._proc = p
+            threading.Thread(target=self._read, args=(p,), daemon=True, name=f"agent-{self.label}").start()
+            threading.Thread(target=self._read_errors, args=(p,), daemon=True).start()
+        try:
+            self.hello = self._call(p, {"op": "hello"}, self.start_bound)
+        except TransportError:
+            self._end(p)
+            raise
+        return p
+
+    def _read(self, p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        for raw in p.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                self._errors.append(raw.decode(errors="replace").rstrip())  # a stray line: kept for the error text
+                continue
+            q = self._waiting.get(msg.get("id"))
+            if q is not None:
+                q.put(msg)
+        for q in list(self._waiting.values()):  # the process is gone: nobody waits in vain
+            q.put(_GONE)
+
+    def _read_errors(self, p: subprocess.Popen) -> None:
+        assert p.stderr is not None
+        for raw in p.stderr:
+            self._errors.append(raw.decode(errors="replace").rstrip())
+
+    def why(self) -> str:
+        """What the process said on stderr, its last lines (why it could not start or ended)."""
+        said = [ln for ln in self._errors if ln]
+        return "; ".join(said[-3:])
+
+    def _end(self, p: subprocess.Popen) -> None:
+        for pipe in (p.stdin,):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass  # already closed by the process's end
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # ended between the wait and the kill
+            p.wait(timeout=5)
+
+    def close(self) -> None:
+        """End the agent (its stdin closes: it kills what it still runs and exits)."""
+        with self._lock:
+            p, self._proc = self._proc, None
+        if p is not None:
+            self._end(p)
+
+    # ------------------------------------------------------------ calls
+    def _send(self, p: subprocess.Popen, msg: dict) -> None:
+        line = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._send_lock:
+                assert p.stdin is not None
+                p.stdin.write(line)
+                p.stdin.flush()
+        except (OSError, ValueError):
+            raise TransportError(f"{self.label}: the node's command server went away"
+                                 + (f" ({self.why()})" if self.why() else "")) from None
+
+    def _call(self, p: subprocess.Popen, msg: dict, bound: float) -> dict:
+        rid = next(self._ids)
+        q: queue.Queue = queue.Queue()
+        self._waiting[rid] = q
+        try:
+            self._send(p, {**msg, "id": rid})
+            try:
+                ans = q.get(timeout=bound)
+            except queue.Empty:
+                raise TransportError(f"{self.label}: no answer within {bound:g}s"
+                                     + (f" ({self.why()})" if self.why() else "")) from None
+        finally:
+            self._waiting.pop(rid, None)
+        if ans is _GONE or ans.get("error") == _GONE["error"]:
+            raise TransportError(f"{self.label}: the node's command server went away"
+                                 + (f" ({self.why()})" if self.why() else ""))
+        if "error" in ans:
+            raise TransportError(f"{self.label}: {ans['error']}")
+        return ans
+
+    def call(self, op: str, bound: float, **fields: Any) -> dict:
+        return self._call(self._ensure(), {"op": op, **fields}, bound)
+
+    def run(self, argv: Sequence[str], *, timeout: float, input: Optional[bytes] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> tuple[int, bytes, bytes]:
+        ans = self.call("run", timeout + 10, argv=list(argv), env=dict(env) if env else None, cwd=cwd,
+                        input=base64.b64encode(input).decode() if input else None, timeout=timeout)
+        return int(ans["rc"]), base64.b64decode(ans["out"]), base64.b64decode(ans["err"])
+
+    def stream(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float,
+               idle_timeout: Optional[float], poll: float) -> Iterator[str]:
+        p = self._ensure()
+        rid = next(self._ids)
+        q: queue.Queue = queue.Queue()
+        self._waiting[rid] = q
+        started = last = time.monotonic()
+        got_line = False
+        try:
+            self._send(p, {"op": "stream", "argv": list(argv), "id": rid})
+            while not stop.is_set():
+                try:
+                    msg = q.get(timeout=poll)
+                except queue.Empty:
+                    check_stream_quiet(self.label, argv, time.monotonic(), started, last, got_line,
+                                       timeout_first_line, idle_timeout)
+                    continue
+                if msg is _GONE:
+                    raise TransportError(f"{self.label}: the node's command server went away during a stream")
+                if "line" in msg:
+                    last, got_line = time.monotonic(), True
+                    yield msg["line"]
+                elif "end" in msg or "error" in msg:
+                    return
+        finally:
+            self._waiting.pop(rid, None)
+            if p.poll() is None:
+                try:
+                    self._send(p, {"op": "cancel", "target": rid, "id": 0})
+                except TransportError:
+                    pass  # the agent is gone, and the stream's command with it
