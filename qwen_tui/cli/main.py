@@ -36,12 +36,23 @@ def _load(path: str) -> Preset:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..run.live import prepare_and_launch
+    from ..run.slurm.inside import allocation_id
 
+    preset = load_preset(args.preset)
+    if preset.scheduler.is_slurm and not preset.cluster.nodes and allocation_id() is None:
+        from rich.console import Console
+
+        from ..run.rundir import default_runs_root
+        from ..run.slurm_batch import submit_and_follow
+
+        root = Path(args.runs_dir).absolute() if args.runs_dir else default_runs_root()
+        return submit_and_follow(preset, args.preset, root=root, dry_run=args.dry_run, console=Console(),
+                                 overwrite_output=args.overwrite_output)
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,
                               exclude_failed=args.exclude_failed, verbose=args.verbose > 0,
-                              overwrite_output=args.overwrite_output)
+                              overwrite_output=args.overwrite_output, run_id=args.run_id)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -72,6 +83,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except RunNotFound as e:
         _err(str(e))
         return 2
+    from ..run.slurm_batch import attach_submitted, submitted_job
+
+    if submitted_job(path) is not None:  # a SLURM batch job: followed (or cancelled) through SLURM
+        return attach_submitted(path, stop=args.stop)
     return attach(str(path), accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
 
 
@@ -240,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exclude-failed", action="store_true",
                    help="with training.restarts, relaunch without the node that failed, keeping the global batch "
                         "(as training.exclude_failed: true)")
+    r.add_argument("--run-id", default=None,
+                   help="the run directory's name under --runs-dir (default: a new one); the batch script of a SLURM "
+                        "run passes its own, so the job takes over the directory its submission made")
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)")

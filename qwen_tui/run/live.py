@@ -307,18 +307,22 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
+    adopt, attempt = False, 1
     if preset.scheduler.is_slurm and not preset.cluster.nodes:
-        from .slurm import faces
+        from .slurm import inside
 
-        job = faces.allocation_id()
-        if job is None:  # a login node: submit the batch job and follow it
-            return faces.submit_and_follow(preset, preset_path, root=root, dry_run=dry_run, console=console,
-                                           overwrite_output=overwrite_output)
-        preset = faces.in_allocation(preset, job, console)
+        job = inside.allocation_id()
+        if job is None:  # the command submits it from a login node instead (run/slurm_batch.py)
+            console.print(Text("not launched: a SLURM preset runs inside an allocation (salloc), or is submitted "
+                               "with qwen-tui replay", style=styles.BAD))
+            return 1
+        preset = inside.in_allocation(preset, job, console)
         if preset is None:
             return 1
+        if run_id is not None:
+            preset, adopt, attempt = inside.take_over_run_dir(preset, root, run_id, console)
     req = api.LaunchRequest(preset, root, run_id or new_run_id(preset.name or Path(preset_path).stem),
-                            base_dir=os.getcwd(),
+                            base_dir=os.getcwd(), adopt=adopt, attempt=attempt,
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
                             consent=accept_new_host_keys, guard_output=not overwrite_output)
     if dry_run:

@@ -22,9 +22,14 @@ from collections import deque
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..programs import program
-from ..transport import TransportError, check_stream_quiet
+import re
+
+from ..transport import SessionEnded, TransportError, check_stream_quiet
 
 AGENT = program("agent.py")
+# srun's words when the job that held the node is over (its step cannot run, or was ended with the job)
+_JOB_OVER = re.compile(r"has expired|has been cancelled|has been revoked|already completing or completed|"
+                       r"Invalid job id|Job/step already completing|Job .* does not exist", re.I)
 _GONE = {"error": "the node's command server went away"}
 
 
@@ -58,8 +63,9 @@ class AgentLink:
             except OSError as e:
                 raise TransportError(f"{self.label}: cannot start {self.argv[0]}: {e}") from None
             self._proc = p
-            threading.Thread(target=self._read, args=(p,), daemon=True, name=f"agent-{self.label}").start()
-            threading.Thread(target=self._read_errors, args=(p,), daemon=True).start()
+            errors = threading.Thread(target=self._read_errors, args=(p,), daemon=True)
+            errors.start()
+            threading.Thread(target=self._read, args=(p, errors), daemon=True, name=f"agent-{self.label}").start()
         try:
             self.hello = self._call(p, {"op": "hello"}, self.start_bound)
         except TransportError:
@@ -67,7 +73,7 @@ class AgentLink:
             raise
         return p
 
-    def _read(self, p: subprocess.Popen) -> None:
+    def _read(self, p: subprocess.Popen, errors: threading.Thread) -> None:
         assert p.stdout is not None
         for raw in p.stdout:
             try:
@@ -78,6 +84,7 @@ class AgentLink:
             q = self._waiting.get(msg.get("id"))
             if q is not None:
                 q.put(msg)
+        errors.join(2.0)  # its last words first: they say why it ended (the job is over, say)
         for q in list(self._waiting.values()):  # the process is gone: nobody waits in vain
             q.put(_GONE)
 
@@ -90,6 +97,12 @@ class AgentLink:
         """What the process said on stderr, its last lines (why it could not start or ended)."""
         said = [ln for ln in self._errors if ln]
         return "; ".join(said[-3:])
+
+    def _gone(self, what: str) -> TransportError:
+        """The error for a server that went away: SessionEnded when its launcher says the job is over."""
+        why = self.why()
+        text = f"{self.label}: {what}" + (f" ({why})" if why else "")
+        return SessionEnded(text) if _JOB_OVER.search(why) else TransportError(text)
 
     def _end(self, p: subprocess.Popen) -> None:
         for pipe in (p.stdin,):
@@ -123,8 +136,7 @@ class AgentLink:
                 p.stdin.write(line)
                 p.stdin.flush()
         except (OSError, ValueError):
-            raise TransportError(f"{self.label}: the node's command server went away"
-                                 + (f" ({self.why()})" if self.why() else "")) from None
+            raise self._gone("the node's command server went away") from None
 
     def _call(self, p: subprocess.Popen, msg: dict, bound: float) -> dict:
         rid = next(self._ids)
@@ -135,13 +147,11 @@ class AgentLink:
             try:
                 ans = q.get(timeout=bound)
             except queue.Empty:
-                raise TransportError(f"{self.label}: no answer within {bound:g}s"
-                                     + (f" ({self.why()})" if self.why() else "")) from None
+                raise self._gone(f"no answer within {bound:g}s") from None
         finally:
             self._waiting.pop(rid, None)
         if ans is _GONE or ans.get("error") == _GONE["error"]:
-            raise TransportError(f"{self.label}: the node's command server went away"
-                                 + (f" ({self.why()})" if self.why() else ""))
+            raise self._gone("the node's command server went away")
         if "error" in ans:
             raise TransportError(f"{self.label}: {ans['error']}")
         return ans
@@ -173,7 +183,7 @@ class AgentLink:
                                        timeout_first_line, idle_timeout)
                     continue
                 if msg is _GONE:
-                    raise TransportError(f"{self.label}: the node's command server went away during a stream")
+                    raise self._gone("the node's command server went away during a stream")
                 if "line" in msg:
                     last, got_line = time.monotonic(), True
                     yield msg["line"]

@@ -1,0 +1,70 @@
+"""The batch script of a SLURM run: what `qwen-tui replay` submits from a login node, and what
+`qwen-tui export --format slurm` writes for a SLURM preset.
+
+The job runs qwen-tui itself, headless, on its first node: `python -m qwen_tui.cli replay` of the run's preset
+inside the allocation, which checks every node through srun, starts one job step per node and watches them
+(hangs, stragglers, restarts), beside the nodes rather than on a login node a user may log out of. The login
+node's qwen-tui only follows the job (run/slurm/follow.py). Everything the job needs is in its options and
+the run directory; no secret is written into the script (they come from the environment sbatch passes on).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+from ...preset.schema import Preset
+
+# sbatch's --signal: USR1 to the batch shell (exec'd into qwen-tui) this many seconds before the time limit
+WARN_SIGNAL = "USR1"
+
+
+def cpus_per_node(preset: Preset) -> int:
+    s = preset.scheduler
+    if s.cpus_per_node:
+        return s.cpus_per_node
+    return max(4, 8 * s.gpus_per_node)
+
+
+def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
+    """The #SBATCH options, each as sbatch takes it on its command line."""
+    s, t = preset.scheduler, preset.training
+    opts = [f"--job-name={job_name}", f"--nodes={s.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={cpus_per_node(preset)}"]
+    if t.device != "cpu":
+        opts.append(f"--gpus-per-node={s.gpus_per_node}")
+    for name, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
+                        ("constraint", s.constraint), ("reservation", s.reservation)):
+        if value:
+            opts.append(f"--{name}={value}")
+    if s.exclude:
+        opts.append(f"--exclude={','.join(s.exclude)}")
+    if s.nodelist:
+        opts.append(f"--nodelist={','.join(s.nodelist)}")
+    if s.warn_before_end:
+        opts.append(f"--signal=B:{WARN_SIGNAL}@{s.warn_before_end}")
+    opts.append("--requeue" if s.requeue else "--no-requeue")
+    if t.restarts:
+        opts.append("--no-kill")  # a node that fails leaves the others to the relaunch without it
+    opts += [f"--output={run_dir}/slurm-%j.out", "--open-mode=append", f"--chdir={s.workdir}"]
+    return opts + list(s.extra_sbatch)
+
+
+def batch_script(preset: Preset, *, run_dir: str, runs_root: str, run_id: str, preset_file: str,
+                 overwrite_output: bool = False, job_name: Optional[str] = None) -> str:
+    """The whole script. `preset_file` is the preset the job reads (the run directory's copy, for a run qwen-tui
+    submits); `run_dir` = runs_root/run_id holds the job's output and the run's files."""
+    s = preset.scheduler
+    name = job_name or f"qwen-tui-{preset.name or run_id}"[:100]
+    argv = [s.python, "-m", "qwen_tui.cli", "replay", preset_file, "--runs-dir", runs_root, "--run-id", run_id]
+    if overwrite_output:
+        argv.append("--overwrite-output")
+    lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in sbatch_options(preset, run_dir=run_dir,
+                                                                                   job_name=name)),
+             f"# qwen-tui run {run_id}: {s.nodes} node(s) x {s.gpus_per_node} process(es), the preset {preset_file}",
+             "# The job's first node runs qwen-tui headless: it checks every node through srun, starts a job step",
+             "# per node and follows them; `qwen-tui attach` on the login node follows it too.",
+             "set -eu",
+             "export COLUMNS=${COLUMNS:-160}  # the job's log is read as a file, not on an 80-column terminal",
+             "exec " + " ".join(shlex.quote(a) for a in argv), ""]
+    return "\n".join(lines)
