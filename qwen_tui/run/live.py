@@ -376,11 +376,27 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[s
         rs = Restarts(preset, la.transports, run_facts(la.run_dir),
                       exclude_failed=exclude_failed or preset.training.exclude_failed,
                       base_dir=req.base_dir, local_python=req.local_python, say=console.print)
+        current = {"la": la}  # the attempt being followed (a relaunch makes another)
+
+        def follow_one(a: Launcher, left: Optional[float]) -> RunOutcome:
+            current["la"] = a
+            return follow(a, console, max_seconds=left)
+
+        warning = None
+        if preset.scheduler.is_slurm:  # SLURM's time-limit warning: a checkpoint, then the job is requeued
+            from .slurm.inside import TimeWarning
+
+            warning = TimeWarning(preset, lambda: current["la"], console).install()
         try:
-            return rs.follow(la, lambda a, left: follow(a, console, max_seconds=left),
-                             max_seconds=max_seconds).exit_code
+            out = rs.follow(la, follow_one, max_seconds=max_seconds)
+            if warning is not None:
+                warning.after(out)
+            return out.exit_code
         except Detached:
             return 0
+        finally:
+            if warning is not None:
+                warning.uninstall()
     except KeyboardInterrupt:
         console.print(Text("Ctrl-C before launch: nothing was started", style=styles.WARN))
         return 130
