@@ -46,8 +46,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from ..run.slurm_batch import submit_and_follow
 
         root = Path(args.runs_dir).absolute() if args.runs_dir else default_runs_root()
+        flags = [f for f, on in (("--skip-checks", args.skip_checks), ("--force", args.force),
+                                 ("--overwrite-output", args.overwrite_output),
+                                 ("--exclude-failed", args.exclude_failed)) if on]
         return submit_and_follow(preset, args.preset, root=root, dry_run=args.dry_run, console=Console(),
-                                 overwrite_output=args.overwrite_output)
+                                 replay_flags=flags)
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,

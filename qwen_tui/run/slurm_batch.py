@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -65,7 +65,7 @@ def test_only(script: str) -> Optional[str]:
     return None
 
 
-def submit(preset: Preset, preset_path: str, *, root: Path, overwrite_output: bool,
+def submit(preset: Preset, preset_path: str, *, root: Path, replay_flags: Sequence[str],
            console: Console) -> Optional[tuple[RunDir, str]]:
     """Check the request with SLURM, make the run directory and submit; (run directory, job id), or None (said
     why). The run directory holds the preset the job reads, the script, a plan of stand-in nodes (until the job's
@@ -73,7 +73,7 @@ def submit(preset: Preset, preset_path: str, *, root: Path, overwrite_output: bo
     run_id = new_run_id(preset.name or Path(preset_path).stem)
     run_dir = Path(root) / run_id
     script = batch_script(preset, run_dir=str(run_dir), runs_root=str(root), run_id=run_id,
-                          preset_file=str(run_dir / "preset.yaml"), overwrite_output=overwrite_output)
+                          preset_file=str(run_dir / "preset.yaml"), replay_flags=replay_flags)
     refused = test_only(script)
     if refused is not None:
         console.print(Text(f"not submitted: SLURM refuses the request: {printable(refused)}", style=styles.BAD))
@@ -98,15 +98,17 @@ def submit(preset: Preset, preset_path: str, *, root: Path, overwrite_output: bo
 
 
 def submit_and_follow(preset: Preset, preset_path: str, *, root: Path, dry_run: bool, console: Console,
-                      overwrite_output: bool) -> int:
+                      replay_flags: Sequence[str] = ()) -> int:
+    """`qwen-tui replay` of a SLURM preset on a login node: submit it (--dry-run: print the batch script) and
+    follow the job; `replay_flags` reach the job's own replay."""
     if dry_run:
         run_id = new_run_id(preset.name or Path(preset_path).stem)
         # the script as it is, never wrapped to the terminal: it is to be read or copied
         sys.stdout.write(batch_script(preset, run_dir=str(Path(root) / run_id), runs_root=str(root), run_id=run_id,
                                       preset_file=str(Path(root) / run_id / "preset.yaml"),
-                                      overwrite_output=overwrite_output))
+                                      replay_flags=replay_flags))
         return 0
-    got = submit(preset, preset_path, root=root, overwrite_output=overwrite_output, console=console)
+    got = submit(preset, preset_path, root=root, replay_flags=replay_flags, console=console)
     if got is None:
         return 1
     rd, job = got

@@ -11,7 +11,7 @@ the run directory; no secret is written into the script (they come from the envi
 from __future__ import annotations
 
 import shlex
-from typing import Optional
+from typing import Optional, Sequence
 
 from ...preset.schema import Preset
 
@@ -26,21 +26,28 @@ def cpus_per_node(preset: Preset) -> int:
     return max(4, 8 * s.gpus_per_node)
 
 
-def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
-    """The #SBATCH options, each as sbatch takes it on its command line."""
+def allocation_options(preset: Preset, *, time: Optional[str] = None) -> list[str]:
+    """What to ask SLURM for (sbatch's and salloc's options alike): the nodes, their CPUs and GPUs, where and
+    under which account; `time` instead of the preset's limit (a short allocation for the checks)."""
     s, t = preset.scheduler, preset.training
-    opts = [f"--job-name={job_name}", f"--nodes={s.nodes}", "--ntasks-per-node=1",
-            f"--cpus-per-task={cpus_per_node(preset)}"]
+    opts = [f"--nodes={s.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_node(preset)}"]
     if t.device != "cpu":
         opts.append(f"--gpus-per-node={s.gpus_per_node}")
-    for name, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time),
-                        ("constraint", s.constraint), ("reservation", s.reservation)):
+    for name, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
+                        ("time", time or s.time), ("constraint", s.constraint), ("reservation", s.reservation)):
         if value:
             opts.append(f"--{name}={value}")
     if s.exclude:
         opts.append(f"--exclude={','.join(s.exclude)}")
     if s.nodelist:
         opts.append(f"--nodelist={','.join(s.nodelist)}")
+    return opts
+
+
+def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
+    """The #SBATCH options, each as sbatch takes it on its command line."""
+    s, t = preset.scheduler, preset.training
+    opts = [f"--job-name={job_name}", *allocation_options(preset)]
     if s.warn_before_end:
         opts.append(f"--signal=B:{WARN_SIGNAL}@{s.warn_before_end}")
     opts.append("--requeue" if s.requeue else "--no-requeue")
@@ -51,14 +58,14 @@ def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
 
 
 def batch_script(preset: Preset, *, run_dir: str, runs_root: str, run_id: str, preset_file: str,
-                 overwrite_output: bool = False, job_name: Optional[str] = None) -> str:
+                 replay_flags: Sequence[str] = (), job_name: Optional[str] = None) -> str:
     """The whole script. `preset_file` is the preset the job reads (the run directory's copy, for a run qwen-tui
-    submits); `run_dir` = runs_root/run_id holds the job's output and the run's files."""
+    submits); `run_dir` = runs_root/run_id holds the job's output and the run's files; `replay_flags`: what the
+    job's replay is given besides (--skip-checks, --force, --overwrite-output, as the user gave them)."""
     s = preset.scheduler
     name = job_name or f"qwen-tui-{preset.name or run_id}"[:100]
-    argv = [s.python, "-m", "qwen_tui.cli", "replay", preset_file, "--runs-dir", runs_root, "--run-id", run_id]
-    if overwrite_output:
-        argv.append("--overwrite-output")
+    argv = [s.python, "-m", "qwen_tui.cli", "replay", preset_file, "--runs-dir", runs_root, "--run-id", run_id,
+            *replay_flags]
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in sbatch_options(preset, run_dir=run_dir,
                                                                                    job_name=name)),
              f"# qwen-tui run {run_id}: {s.nodes} node(s) x {s.gpus_per_node} process(es), the preset {preset_file}",
