@@ -34,6 +34,7 @@ from .slurm.script import batch_script
 from .states import FINAL, RunState
 
 SUBMITTED = "slurm.json"  # in a run directory: the job that runs it (its id, when it was submitted)
+SUBMITTED_PRESET = "preset.submitted.yaml"  # the preset as submitted: what the batch script runs
 POLL_S = 2.0
 START_BOUND_S = 900.0  # from RUNNING until the job's qwen-tui has started the steps (its checks included)
 
@@ -73,7 +74,7 @@ def submit(preset: Preset, preset_path: str, *, root: Path, replay_flags: Sequen
     run_id = new_run_id(preset.name or Path(preset_path).stem)
     run_dir = Path(root) / run_id
     script = batch_script(preset, run_dir=str(run_dir), runs_root=str(root), run_id=run_id,
-                          preset_file=str(run_dir / "preset.yaml"), replay_flags=replay_flags)
+                          preset_file=str(run_dir / SUBMITTED_PRESET), replay_flags=replay_flags)
     refused = test_only(script)
     if refused is not None:
         console.print(Text(f"not submitted: SLURM refuses the request: {printable(refused)}", style=styles.BAD))
@@ -82,7 +83,10 @@ def submit(preset: Preset, preset_path: str, *, root: Path, replay_flags: Sequen
                            style=styles.WARN))
         return None
     rd = RunDir.create(root, run_id)
-    save_preset(preset, rd.path / "preset.yaml", mode=0o600)  # it may hold secrets (network.env)
+    # what every run of the job reads (a requeued job picks its nodes anew), and the run's preset until the job's
+    # qwen-tui writes the one of the nodes it got; both may hold secrets (network.env)
+    save_preset(preset, rd.path / SUBMITTED_PRESET, mode=0o600)
+    save_preset(preset, rd.path / "preset.yaml", mode=0o600)
     (rd.path / "job.sbatch").write_text(script)
     rd.write_plan(make_plan(preset, run_id=run_id, local_run_dir=str(rd.path), base_dir=preset.scheduler.workdir))
     try:
@@ -105,7 +109,7 @@ def submit_and_follow(preset: Preset, preset_path: str, *, root: Path, dry_run: 
         run_id = new_run_id(preset.name or Path(preset_path).stem)
         # the script as it is, never wrapped to the terminal: it is to be read or copied
         sys.stdout.write(batch_script(preset, run_dir=str(Path(root) / run_id), runs_root=str(root), run_id=run_id,
-                                      preset_file=str(Path(root) / run_id / "preset.yaml"),
+                                      preset_file=str(Path(root) / run_id / SUBMITTED_PRESET),
                                       replay_flags=replay_flags))
         return 0
     got = submit(preset, preset_path, root=root, replay_flags=replay_flags, console=console)

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from support.netns import sh
 
@@ -181,3 +182,59 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         lines = path.read_text(errors="replace").splitlines() if path.exists() else []
         mine = [ln for ln in lines if ln.startswith(f"JobId={job_id} ")]
         return mine[-1] if mine else ""
+
+
+def slurm_preset(field, name: str, *, nodes: int = 3, scheduler: Optional[dict] = None,
+                 monitor: Optional[dict] = None, **training) -> Path:
+    """A SLURM preset of the demo's shape (the tiny model, LoRA on CPU, a few steps) for the login user of
+    `field` (support.field_run.FieldCluster): its nodes are SLURM's, its run directories and output on the
+    storage every node shares."""
+    import sys
+
+    from qwen_tui.preset.schema import Preset, save_preset
+    from support.cluster import REPO
+
+    work = field.shared / f"{name}-work"
+    work.mkdir(exist_ok=True)
+    os.chown(work, *_login_ids())
+    out = field.shared / f"{name}-out"
+    d = {
+        "name": name,
+        "scheduler": {"kind": "slurm", "nodes": nodes, "gpus_per_node": 1, "cpus_per_node": 1, "workdir": str(work),
+                      "python": sys.executable, **(scheduler or {})},
+        "cluster": {"shared_storage": True},
+        "network": {"master_port": 29541, "backend": "gloo", "rdzv_timeout": 30, "interface": "eth0",
+                    "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}},
+        "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "method": "lora", "zero_stage": None,
+                     "precision": "fp32", "device": "cpu", "max_steps": 6, "per_device_train_batch_size": 2,
+                     "gradient_accumulation_steps": 1, "model_max_length": 64, "gradient_checkpointing": False,
+                     "lora_r": 8, "save_strategy": "no", "logging_steps": 1, "output_dir": str(out), **training},
+        "monitor": monitor or {},
+    }
+    path = field.shared / f"{name}.yaml"
+    save_preset(Preset.model_validate(d), path)
+    os.chown(path, *_login_ids())
+    return path
+
+
+def _login_ids() -> tuple[int, int]:
+    from support.login_user import UID
+
+    return UID, UID
+
+
+def user_pids(cluster, uid: int) -> dict[int, list[int]]:
+    """node -> the live processes of user `uid` in that node (what a run of that user left there)."""
+    out: dict[int, list[int]] = {}
+    for i in range(len(cluster.nodes)):
+        for pid in cluster.pids(i):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if fields.get("State", "").strip().startswith("Z"):
+                continue
+            if int(fields.get("Uid", "-1").split()[0]) == uid:
+                out.setdefault(i, []).append(pid)
+    return out
