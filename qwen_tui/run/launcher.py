@@ -423,9 +423,12 @@ class Launcher:
             self._phases[rank] = text
 
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
-        """Stop every node, record the run as stopped; also the ranks where something survived."""
+        """Stop every node, record the run as stopped; also the ranks where something survived. A SLURM batch job
+        followed from outside it is cancelled instead (scancel): SLURM ends every step on every node."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
         self.run_dir.write_state(stop_requested=time.time())
+        if self.slurm is not None and self.slurm.cancels_on_stop():
+            return self._cancel_job()
         # a stop asked for before training started (as of the last look) waits for the workers' imports
         extra = STARTING_EXTRA_S if self.metrics.progress.start is None else 0.0
         left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
@@ -434,6 +437,22 @@ class Launcher:
         out = RunOutcome(RunState.STOPPED, msg, None, self.nodes)
         self._record(out)
         return out, left
+
+    def _cancel_job(self) -> tuple[RunOutcome, list[int]]:
+        job = self.slurm.job_id
+        with self._phases_lock:
+            self._phases = {c.rank: f"SLURM cancels job {job} (scancel)" for c in self.plan.nodes}
+        info = self.slurm.cancel(bound=STOP_GRACE_S + STARTING_EXTRA_S + 60)
+        ended = info is None or info.ended
+        for st in self.nodes.values():
+            if st.status == JobState.RUNNING:
+                st.status = JobState.STOPPED
+        msg = (f"stopped by the user: SLURM job {job} cancelled (scancel); SLURM ended every step on every node"
+               if ended else f"stopped by the user: SLURM job {job} cancelled, but SLURM still says "
+               f"{info.state if info else '?'}")
+        out = RunOutcome(RunState.STOPPED, msg, None, self.nodes, cause="SLURM_CANCELLED")
+        self._record(out)
+        return out, [] if ended else [c.rank for c in self.plan.nodes]
 
     # ------------------------------------------------------------ stop
     def stop_all(self, grace: Optional[float] = None) -> dict[int, bool]:

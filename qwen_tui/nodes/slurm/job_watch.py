@@ -11,6 +11,7 @@ the view; `look()` returns the latest verdict without waiting.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -64,6 +65,26 @@ class JobWatch:
 
     def close(self) -> None:
         self._stop.set()
+
+    def cancels_on_stop(self) -> bool:
+        """Whether a user's stop from here is a cancel of the whole job: a batch job, followed from outside it (the
+        login node). Its own qwen-tui inside the job, or a face inside an salloc, stops the steps instead."""
+        if os.environ.get("SLURM_JOB_ID") == self.job_id:
+            return False
+        info = self.info or queries.job(self.job_id)
+        return info is not None and info.raw.get("BatchFlag") == "1"
+
+    def cancel(self, bound: float) -> Optional[queries.JobInfo]:
+        """scancel the job and wait (at most `bound` s) until SLURM says it ended; its last record."""
+        import time
+
+        queries.cancel(self.job_id)
+        deadline = time.monotonic() + bound
+        info = queries.job(self.job_id)
+        while info is not None and not info.ended and time.monotonic() < deadline:
+            time.sleep(0.5)
+            info = queries.job(self.job_id)
+        return info
 
     def look(self) -> Optional[SlurmVerdict]:
         self.start()
