@@ -173,3 +173,30 @@ def test_the_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_
     info = _state(slurm, job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info
     assert _nothing_left(cluster) == {}
+
+
+def _findings(path: Path) -> set[tuple[str, str, str]]:
+    rep = json.loads(path.read_text())
+    labels = rep["labels"]
+    return {(f["level"], f["code"], labels[f["node"]] if f.get("node") is not None else "cluster")
+            for f in rep["findings"] if f["level"] in ("error", "warning")}
+
+
+def test_check_of_a_slurm_preset_finds_what_it_finds_over_ssh(cluster, slurm, field, tmp_path):
+    # node 1 cannot reach the master's port (a firewall on node 0 refuses it), on either path to the nodes
+    rule = ["INPUT", "-s", cluster.nodes[1].addr, "-p", "tcp", "-m", "multiport", "--dports", "29500,29541",
+            "-j", "REJECT"]
+    cluster.ns(0, "iptables", "-I", *rule)
+    try:
+        over_ssh = field.shared / "check-ssh.json"  # where the login user may write
+        field.qwen_tui(tmp_path / "ssh.log", "check", str(field.preset("checked")), "--no-rehearsal", "--out",
+                       str(over_ssh), bound=180)
+        over_slurm = field.shared / "check-slurm.json"
+        text = field.qwen_tui(tmp_path / "slurm.log", "check", str(slurm_preset(field, "checked-slurm")),
+                              "--no-rehearsal", "--out", str(over_slurm), env=slurm.env, bound=240)
+    finally:
+        cluster.ns(0, "iptables", "-D", *rule, check=False)
+    assert "asking for one to check (3 node(s)" in text and "srun" in text, text[-3000:]
+    ssh, srun = _findings(over_ssh), _findings(over_slurm)
+    assert ("error", "MASTER_PORT_UNREACHABLE", "node1") in ssh, ssh
+    assert srun == ssh, (srun, ssh)
