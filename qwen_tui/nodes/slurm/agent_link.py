@@ -50,11 +50,14 @@ class AgentLink:
         self._proc: Optional[subprocess.Popen] = None
         self._waiting: dict[int, queue.Queue] = {}
         self._errors: deque[str] = deque(maxlen=20)  # the launcher's own words (srun: error: ...)
+        # pids whose output has ended: gone, even while the kernel has not reaped them yet (a write to one can
+        # still succeed for a moment, and would wait for an answer that never comes)
+        self._ended: set[int] = set()
 
     # ------------------------------------------------------------ the process
     def _ensure(self) -> subprocess.Popen:
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
+            if self._proc is not None and self._proc.poll() is None and self._proc.pid not in self._ended:
                 return self._proc
             self._errors.clear()
             try:
@@ -84,6 +87,7 @@ class AgentLink:
             q = self._waiting.get(msg.get("id"))
             if q is not None:
                 q.put(msg)
+        self._ended.add(p.pid)
         errors.join(2.0)  # its last words first: they say why it ended (the job is over, say)
         for q in list(self._waiting.values()):  # the process is gone: nobody waits in vain
             q.put(_GONE)
@@ -143,11 +147,20 @@ class AgentLink:
         q: queue.Queue = queue.Queue()
         self._waiting[rid] = q
         try:
+            if p.pid in self._ended:
+                raise self._gone("the node's command server went away")
             self._send(p, {**msg, "id": rid})
-            try:
-                ans = q.get(timeout=bound)
-            except queue.Empty:
-                raise self._gone(f"no answer within {bound:g}s") from None
+            deadline = time.monotonic() + bound
+            while True:
+                try:
+                    ans = q.get(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+                    break
+                except queue.Empty:
+                    # its output has ended: every answer it gave is in its queue by now, so none is coming
+                    if p.pid in self._ended and q.empty():
+                        raise self._gone("the node's command server went away") from None
+                    if time.monotonic() >= deadline:
+                        raise self._gone(f"no answer within {bound:g}s") from None
         finally:
             self._waiting.pop(rid, None)
         if ans is _GONE or ans.get("error") == _GONE["error"]:
@@ -179,6 +192,8 @@ class AgentLink:
                 try:
                     msg = q.get(timeout=poll)
                 except queue.Empty:
+                    if p.pid in self._ended and q.empty():
+                        raise self._gone("the node's command server went away during a stream") from None
                     check_stream_quiet(self.label, argv, time.monotonic(), started, last, got_line,
                                        timeout_first_line, idle_timeout)
                     continue
