@@ -153,8 +153,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     preset = _load(args.preset)
     run_id = new_run_id(preset.name or Path(args.preset).stem)
-    plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
-    files = render(plan, args.format)
+    if preset.scheduler.is_slurm and args.format == "slurm":
+        # the batch script `qwen-tui replay` submits, reading this preset file; a run directory per job
+        from ..run.rundir import default_runs_root
+        from ..run.slurm.script import exported_script
+
+        files = {f"{run_id}.sbatch": exported_script(preset, preset_file=str(Path(args.preset).absolute()),
+                                                     runs_root=str(default_runs_root()))}
+    else:
+        plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
+        files = render(plan, args.format)
     out = Path(args.output) if args.output else None
     if out is None:
         if len(files) == 1:

@@ -95,3 +95,18 @@ def test_slurm_records_and_node_states_are_read_as_scontrol_prints_them():
     assert r["Command"] == "/bin/sh -c x" and r["WorkDir"] == "/shared/me with space"
     assert [node_gone(s) for s in ("DOWN", "DOWN*", "IDLE+DRAIN", "ALLOCATED", "MIXED+FAIL", "ALLOCATED*")] == \
         [True, True, False, False, True, False]
+
+
+def test_the_export_of_a_slurm_preset_is_the_script_replay_submits_named_after_its_job(tmp_path):
+    from qwen_tui.run.slurm.script import exported_script
+
+    p = _preset()
+    exported = exported_script(p, preset_file="/shared/me/p.yaml", runs_root="/shared/me/runs")
+    submitted = batch_script(p, run_dir="/shared/me/runs/r1", runs_root="/shared/me/runs", run_id="r1",
+                             preset_file="/shared/me/p.yaml")
+    differ = {a for a, b in zip(exported.splitlines(), submitted.splitlines()) if a != b}
+    assert len(exported.splitlines()) == len(submitted.splitlines())
+    assert {line.split("=")[0] if line.startswith("#SBATCH") else line.split()[0] for line in differ} <= \
+        {"#SBATCH --job-name", "#SBATCH --output", "exec", "#"}, differ
+    assert exported.strip().endswith('--run-id "qwen-tui-job-$SLURM_JOB_ID"')  # the batch shell expands it
+    assert subprocess.run(["bash", "-n"], input=exported.encode()).returncode == 0

@@ -44,7 +44,7 @@ def allocation_options(preset: Preset, *, time: Optional[str] = None) -> list[st
     return opts
 
 
-def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
+def sbatch_options(preset: Preset, *, run_dir: str, job_name: str, output: Optional[str] = None) -> list[str]:
     """The #SBATCH options, each as sbatch takes it on its command line."""
     s, t = preset.scheduler, preset.training
     opts = [f"--job-name={job_name}", *allocation_options(preset)]
@@ -53,25 +53,42 @@ def sbatch_options(preset: Preset, *, run_dir: str, job_name: str) -> list[str]:
     opts.append("--requeue" if s.requeue else "--no-requeue")
     if t.restarts:
         opts.append("--no-kill")  # a node that fails leaves the others to the relaunch without it
-    opts += [f"--output={run_dir}/slurm-%j.out", "--open-mode=append", f"--chdir={s.workdir}"]
+    opts += [f"--output={output or run_dir + '/slurm-%j.out'}", "--open-mode=append", f"--chdir={s.workdir}"]
     return opts + list(s.extra_sbatch)
 
 
 def batch_script(preset: Preset, *, run_dir: str, runs_root: str, run_id: str, preset_file: str,
-                 replay_flags: Sequence[str] = (), job_name: Optional[str] = None) -> str:
+                 replay_flags: Sequence[str] = (), job_name: Optional[str] = None,
+                 output: Optional[str] = None) -> str:
     """The whole script. `preset_file` is the preset the job reads (the run directory's copy, for a run qwen-tui
     submits); `run_dir` = runs_root/run_id holds the job's output and the run's files; `replay_flags`: what the
-    job's replay is given besides (--skip-checks, --force, --overwrite-output, as the user gave them)."""
+    job's replay is given besides (--skip-checks, --force, --overwrite-output, as the user gave them). `run_id`
+    is quoted, unless it is RUN_ID_OF_JOB (a run directory named after the job, for a script submitted by hand);
+    `output`: where the job's output goes instead of the run directory."""
     s = preset.scheduler
     name = job_name or f"qwen-tui-{preset.name or run_id}"[:100]
     argv = [s.python, "-m", "qwen_tui.cli", "replay", preset_file, "--runs-dir", runs_root, "--run-id", run_id,
             *replay_flags]
+    body = "exec " + " ".join(a if a == RUN_ID_OF_JOB else shlex.quote(a) for a in argv)
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in sbatch_options(preset, run_dir=run_dir,
-                                                                                   job_name=name)),
+                                                                                   job_name=name, output=output)),
              f"# qwen-tui run {run_id}: {s.nodes} node(s) x {s.gpus_per_node} process(es), the preset {preset_file}",
              "# The job's first node runs qwen-tui headless: it checks every node through srun, starts a job step",
              "# per node and follows them; `qwen-tui attach` on the login node follows it too.",
              "set -eu",
              "export COLUMNS=${COLUMNS:-160}  # the job's log is read as a file, not on an 80-column terminal",
-             "exec " + " ".join(shlex.quote(a) for a in argv), ""]
+             body, ""]
     return "\n".join(lines)
+
+
+# The run id of a script submitted by hand: the job's own id, expanded by the batch shell (a requeued job finds
+# the run directory of its earlier run under it, and resumes).
+RUN_ID_OF_JOB = '"qwen-tui-job-$SLURM_JOB_ID"'
+
+
+def exported_script(preset: Preset, *, preset_file: str, runs_root: str) -> str:
+    """`qwen-tui export --format slurm` of a SLURM preset: the script replay submits, reading `preset_file`, its
+    run directory named after the job (runs_root/qwen-tui-job-<id>), its output beside the run directories."""
+    return batch_script(preset, run_dir=runs_root, runs_root=runs_root, run_id=RUN_ID_OF_JOB,
+                        preset_file=preset_file, job_name=f"qwen-tui-{preset.name or 'run'}"[:100],
+                        output=f"{runs_root}/slurm-%j.out")
