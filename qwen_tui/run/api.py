@@ -304,6 +304,8 @@ def master_transport(preset: Preset, conns: Connections) -> Optional[Transport]:
     its open connection (None until the nodes are connected)."""
     from ..nodes.transport import LocalTransport
 
+    if preset.scheduler.is_slurm and not preset.cluster.nodes:  # a login node: the nodes' storage is shared
+        return LocalTransport("this machine")
     master = preset.cluster.nodes[0]
     return LocalTransport(master.label) if master.is_local else conns.get(0)
 

@@ -77,7 +77,7 @@ def checks_text(st) -> Text:
             def failed_here(ns: NodeStatus, step: str = step) -> bool:
                 return ns.probe == ProbeState.ERROR if step == "nodes" else SshState(ns.ssh).failed
 
-            failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
+            failed = [f"node {i} ({st.preset.slots[i].label})" for i in range(len(st.preset.cluster.nodes))
                       if failed_here(st.node(i))]
             codes = sorted({f.code for f in st.findings if (f.level == Level.ERROR) == (status == BAD)})
             why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
