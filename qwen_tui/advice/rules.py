@@ -2,9 +2,9 @@
 
 `advise(preset, facts)` runs every rule in RULES and returns a list of Advice,
 errors first. Each rule is a small function that yields zero or more Advice; each
-Advice has a stable `code` (documented in docs/advice.md), a level, a one-line
-message with the numbers that triggered it, and where one preset change can fix
-it, a `Fix`. Nothing here changes a preset: `apply_fix` returns a new, validated
+Advice has a stable `code` (listed in advice/codes.py, which the manual renders), a
+level, a one-line message with the numbers that triggered it, and where one preset
+change can fix it, a `Fix`. Nothing here changes a preset: `apply_fix` returns a new, validated
 one, and only when the user accepts it.
 """
 

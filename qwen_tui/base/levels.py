@@ -42,8 +42,9 @@ def loudest_first(issue: "Issue") -> int:
 
 @dataclass(frozen=True)
 class Issue:
-    """Something to tell the user: how loud (level), a stable code (documented in docs/advice.md for the advice) and
-    a one-line message with the figures behind it. A level given as its word ("error") is taken as the Level."""
+    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/codes.py, which
+    the manual lists) and a one-line message with the figures behind it. A level given as its word ("error") is taken
+    as the Level."""
 
     level: Level
     code: str
@@ -51,3 +52,22 @@ class Issue:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", Level(self.level))
+
+
+@dataclass(frozen=True)
+class CodeDoc:
+    """What an Issue's code means, for the reader of the reference (docs/gen_reference.py renders every one):
+    how loud it is, when it is raised and what fixes it. The message of each Issue carries its own figures; this
+    says what holds for every Issue of the code."""
+
+    levels: str  # "error", or "warning / error" where the figures decide
+    when: str
+    fix: str = ""  # what to do; empty where nothing needs doing (a note)
+
+    def __post_init__(self) -> None:
+        for word in self.levels.split(" / "):
+            Level(word)  # a level that is not one fails at import, in every test
+
+    @property
+    def level_list(self) -> tuple[Level, ...]:
+        return tuple(Level(w) for w in self.levels.split(" / "))

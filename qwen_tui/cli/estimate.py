@@ -1,6 +1,6 @@
 """`qwen-tui estimate PRESET [--json]`: memory per GPU, step time, scaling and the advice.
 
-The JSON keys are documented in docs/advice.md and stay stable: gpu_memory_gb,
+The JSON keys are documented in docs/guides/estimates.md and stay stable: gpu_memory_gb,
 step_time_s, tokens_per_second, scaling_efficiency, advice, plus the details.
 Nothing here writes the preset: a fix is shown, never applied.
 """
@@ -23,7 +23,7 @@ from .facts_file import read_facts_file
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU needed)")
     p.add_argument("preset", help="a preset YAML file")
-    p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys in the manual: docs/guides/estimates.md)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from `qwen-tui check --out FILE` (its rehearsal's all-reduce bandwidth, GPUs, "
                    "InfiniBand ports, iperf3 links)")
     p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",

@@ -64,6 +64,14 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
 # Causes that are consequences of another node's failure rather than a cause of their own.
 CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"})
 
+
+
+def signatures() -> list[tuple[str, str, str, str]]:
+    """Every known signature, most specific first: (code, pattern, cause, fix). The manual's troubleshooting page
+    is generated from them (docs/gen_reference.py)."""
+    return list(_SIGNATURES)
+
+
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
              for c, p, cause, fix in _SIGNATURES]
 

@@ -191,12 +191,13 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
             lab = nodes[i].label
             if not x.exists:
                 on_master = r is not None and r.exists and i != ref_i
-                out.append(Finding(ERROR, f"{kind.upper()}_MISSING", f"{lab}: {kind} {x.path} is missing",
+                out.append(Finding(ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
+                                   f"{lab}: {kind} {x.path} is missing",
                                    "copy it from the master: qwen-tui check --sync" if on_master else
                                    f"the master lacks it too: put it at {x.path} on node {ref_i}, or correct "
                                    f"training.{kind} in the preset", i, kind))
             elif r is not None and r.exists and i != ref_i and x.sha256 != r.sha256:
-                out.append(Finding(ERROR, f"{kind.upper()}_DIFFERS",
+                out.append(Finding(ERROR, "DATA_DIFFERS" if kind == "data" else "MODEL_DIFFERS",
                                    f"{lab}: {kind} {x.path} differs from the master's "
                                    f"({x.size_bytes} vs {r.size_bytes} bytes, sha256 {x.sha256[:12]} vs {r.sha256[:12]})",
                                    "qwen-tui check --sync --overwrite replaces it with the master's copy", i, kind))

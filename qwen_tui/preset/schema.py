@@ -37,9 +37,10 @@ class _Strict(BaseModel):
 class Node(_Strict):
     """One machine. `host` is an address, a DNS name, an ssh_config alias or `localhost`."""
 
-    host: str = Field(min_length=1)
-    user: Optional[str] = None
-    port: int = Field(default=22, ge=1, le=65535)
+    host: str = Field(min_length=1, description="address, DNS name, ssh_config alias, or localhost (a local \"node\": "
+                      "a torchrun agent on this machine)")
+    user: Optional[str] = Field(default=None, description="SSH login; default from ssh_config, else yours")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     gpus: int = Field(default=1, ge=1, le=64, description="processes (GPUs) on this node")
     workdir: str = Field(default=".", min_length=1, description="directory the worker runs in")
     python: str = Field(default="python3", min_length=1, description="the node's Python")
@@ -69,20 +70,25 @@ class Node(_Strict):
 
 
 class Cluster(_Strict):
-    nodes: list[Node] = Field(min_length=1)
+    nodes: list[Node] = Field(min_length=1, description="the machines, node 0 first: the master, where qwen-tui "
+                              "runs and rank 0 trains")
     ssh_config: Optional[str] = Field(default=None, description="ssh_config file; default ~/.ssh/config")
     identity_file: Optional[str] = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
     known_hosts: Optional[str] = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
-    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    connect_timeout: float = Field(default=10.0, gt=0, le=300, description="seconds an SSH connection (each hop) "
+                                   "may take before the node counts as unreachable")
     shared_storage: bool = Field(default=False, description="output_dir is on storage every node sees")
 
 
 class Network(_Strict):
     master_addr: Optional[str] = Field(default=None, description="address workers use to reach node 0; default its host")
-    master_port: int = Field(default=29500, ge=1024, le=65535)
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    master_port: int = Field(default=29500, ge=1024, le=65535, description="the rendezvous port on node 0")
+    backend: Literal["auto", "nccl", "gloo"] = Field(default="auto", description="process-group backend; auto: nccl "
+                                                     "on GPUs, gloo on CPU")
     interface: Optional[str] = Field(default=None, description="NCCL/GLOO_SOCKET_IFNAME for every node; default from the probe")
-    nccl_ib_disable: Optional[bool] = None
+    nccl_ib_disable: Optional[bool] = Field(
+        default=None, description="NCCL_IB_DISABLE for every node; default from the HCAs the probe found (true: "
+        "sockets between nodes on purpose)")
     rdzv_timeout: int = Field(default=60, ge=1, le=3600, description="seconds to wait for every node to join")
     nccl_timeout: int = Field(default=1800, ge=1, le=86400, description="seconds a collective may hang")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
@@ -103,40 +109,58 @@ class Training(_Strict):
     data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
     eval_data: Optional[str] = Field(default=None, description="chat data for the eval loss (same formats as data)")
     eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
-    output_dir: str = Field(default="output", min_length=1)
-    method: Literal["full", "lora", "qlora"] = "lora"
+    output_dir: str = Field(default="output", min_length=1, description="checkpoints, the final model and "
+                            "metrics.jsonl; relative to each node's workdir")
+    method: Literal["full", "lora", "qlora"] = Field(default="lora", description="full fine-tuning, LoRA, or "
+                                                     "Q-LoRA (a 4-bit base)")
     zero_stage: Optional[int] = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
-    offload: Literal["none", "optimizer", "all"] = "none"
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    device: Literal["auto", "cuda", "cpu"] = "auto"
-    model_max_length: int = Field(default=2048, ge=8, le=1_048_576)
-    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096)
-    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096)
-    learning_rate: float = Field(default=2e-4, gt=0, lt=1)
-    num_train_epochs: float = Field(default=1.0, gt=0)
-    max_steps: int = Field(default=-1, ge=-1)
-    warmup_ratio: float = Field(default=0.03, ge=0, le=1)
-    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
-    weight_decay: float = Field(default=0.0, ge=0)
-    gradient_checkpointing: bool = True
+    offload: Literal["none", "optimizer", "all"] = Field(default="none", description="ZeRO offload to host memory: "
+                                                         "the optimizer states, or (ZeRO-3) the weights too")
+    precision: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="mixed-precision dtype; fp32 "
+                                                       "on CPU")
+    device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="auto: CUDA where the nodes have "
+                                                   "GPUs, else CPU over gloo")
+    model_max_length: int = Field(default=2048, ge=8, le=1_048_576, description="tokens a record may have; longer "
+                                  "records are cut (and counted)")
+    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096, description="records per process per "
+                                             "micro-batch (with packing, records a step; rows are sized by memory)")
+    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096, description="micro-batches per optimizer "
+                                             "step")
+    learning_rate: float = Field(default=2e-4, gt=0, lt=1, description="peak learning rate")
+    num_train_epochs: float = Field(default=1.0, gt=0, description="epochs to train (max_steps wins when set)")
+    max_steps: int = Field(default=-1, ge=-1, description="optimizer steps to train; -1: by num_train_epochs")
+    warmup_ratio: float = Field(default=0.03, ge=0, le=1, description="share of the steps with a linear warm-up")
+    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
+        default="cosine", description="learning-rate schedule after the warm-up")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay (not on biases and norms)")
+    gradient_checkpointing: bool = Field(default=True, description="recompute activations in the backward to save "
+                                         "memory (the estimate says when it is not needed)")
     sequence_parallel_size: int = Field(default=1, ge=1, le=1024, description="ranks that share every packed row "
                                         "(DeepSpeed's Ulysses attention): records that many times longer fit; "
                                         "1: off")
-    lora_r: int = Field(default=64, ge=1, le=4096)
-    lora_alpha: int = Field(default=16, ge=1)
-    lora_dropout: float = Field(default=0.05, ge=0, lt=1)
-    lora_target_modules: Optional[list[str]] = None
-    save_strategy: Literal["steps", "epoch", "no"] = "steps"
-    save_steps: int = Field(default=500, ge=1)
-    save_total_limit: Optional[int] = Field(default=2, ge=1)
-    logging_steps: int = Field(default=1, ge=1)
-    seed: int = 42
-    resume_from_checkpoint: Optional[str] = None
-    lazy_preprocess: bool = False
+    lora_r: int = Field(default=64, ge=1, le=4096, description="LoRA rank")
+    lora_alpha: int = Field(default=16, ge=1, description="LoRA scaling numerator (the update is scaled by "
+                            "alpha / r)")
+    lora_dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' inputs")
+    lora_target_modules: Optional[list[str]] = Field(
+        default=None, description="modules LoRA adapts; default every linear projection (q, k, v, o, gate, up, "
+        "down); on a mixture of experts the expert names reach every expert")
+    save_strategy: Literal["steps", "epoch", "no"] = Field(default="steps", description="when checkpoints are "
+                                                           "written")
+    save_steps: int = Field(default=500, ge=1, description="a checkpoint every N optimizer steps")
+    save_total_limit: Optional[int] = Field(default=2, ge=1, description="checkpoints kept, the oldest deleted "
+                                            "first; null keeps all")
+    logging_steps: int = Field(default=1, ge=1, description="a metrics record every N optimizer steps")
+    seed: int = Field(default=42, description="seed for initialisation, dropout and data order")
+    resume_from_checkpoint: Optional[str] = Field(
+        default=None, description="a checkpoint directory, or auto: the newest complete on every node")
+    lazy_preprocess: bool = Field(default=False, description="tokenize records as they are read rather than all "
+                                  "up front (still validated up front)")
     tokenized_cache_dir: Optional[str] = Field(
         default=None, description="where each node caches the tokenized data (the worker's default: "
         "$XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
-    merge_lora: bool = False
+    merge_lora: bool = Field(default=False, description="after a LoRA run, also save the merged model in "
+                             "OUTPUT_DIR/merged")
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
         default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
     extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
@@ -191,13 +215,16 @@ class Monitor(_Strict):
 
 
 class Preset(_Strict):
-    version: int = PRESET_VERSION
-    name: Optional[str] = None
-    description: Optional[str] = None
-    cluster: Cluster
-    network: Network = Field(default_factory=Network)
-    training: Training
-    monitor: Monitor = Field(default_factory=Monitor)
+    version: int = Field(default=PRESET_VERSION, description="the preset format's version")
+    name: Optional[str] = Field(default=None, description="names the run and its run directory; default the "
+                                "file's name")
+    description: Optional[str] = Field(default=None, description="a few lines for the reader; heads the saved "
+                                       "file as comments")
+    cluster: Cluster = Field(description="the nodes and how to reach them")
+    network: Network = Field(default_factory=Network, description="rendezvous, backend, interfaces and the "
+                             "environment of every rank")
+    training: Training = Field(description="the model, the data and the worker's arguments")
+    monitor: Monitor = Field(default_factory=Monitor, description="how qwen-tui watches a running job")
 
     @field_validator("name")
     @classmethod

@@ -162,7 +162,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice(Level.ERROR, f"{kind.upper()}_MISSING",
+                out.append(Advice(Level.ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))
