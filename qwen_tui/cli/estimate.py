@@ -42,8 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="NCCL bus bandwidth inside a node, GB/s (default: the GPU type's, e.g. H100 NVLink 360; "
                    "PCIe-only nodes ~25)")
     p.add_argument("--efficiency", type=float, default=None,
-                   help=f"model FLOPs utilisation assumed for compute time (default: the worker's as measured on an "
-                   f"H200: {FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
+                   help=f"model FLOPs utilisation assumed for compute time (default: the worker's by its path: "
+                   f"{FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
                    f"{ZERO_EFFICIENCY[(3, True)]} under ZeRO-3 for full fine-tuning and {ZERO_EFFICIENCY[(3, False)]} "
                    "with a frozen base; Q-LoRA runs at 0.8x)")
     p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")

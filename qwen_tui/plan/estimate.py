@@ -61,7 +61,7 @@ documentation), and allocator fragmentation: 10% of the step's transient tensors
 
 Checked against: DeepSpeed's own estimators (model states, exactly) in
 tests/unit/test_estimate.py, and peak memory measured on one H200
-(../shared/fixtures/peak_memory_h200.csv, every row within 15%).
+(tests/fixtures/peak_memory_h200.csv: every row within 2.5%; the test allows 15%).
 
 Step time (`estimate_step`, `scaling`)
 ======================================
@@ -74,20 +74,19 @@ Step time (`estimate_step`, `scaling`)
   the checkpoints).
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
   efficiency (model FLOPs utilisation) depends on the worker's path unless given,
-  each figure measured through the worker on one H200 ("runN" below is bench/results/*-runN.json; the test
-  in tests/unit/test_estimate.py holds every run within 15%): without DeepSpeed
-  the fast path (packing, fused loss, compiled layers, cuDNN attention, LM head
-  on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full
-  (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
-  0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
-  layer's weights in forward and backward, 0.54 for full fine-tuning (between
-  1.5B's 0.49 in run26 and 7B's 0.60 with checkpointing in run34: the larger
-  model's matmuls run faster; each within 15%) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
-  run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
+  each figure measured through the worker on one H200 (bench/train_speed.py; the
+  test in tests/unit/test_estimate.py holds every current result within 15%):
+  without DeepSpeed the fast path (packing, fused loss, compiled layers, cuDNN
+  attention, LM head on supervised positions only) runs 7B LoRA and 1.5B full at
+  0.52-0.57, so 0.53; under ZeRO-2 the same fast path runs inside the engine at
+  0.95x plain DDP, so 0.51; under ZeRO-3, which gathers every layer's weights in
+  forward and backward, 0.54 for full fine-tuning (1.5B runs at 0.49 and 7B with
+  checkpointing at 0.60: the larger model's matmuls run faster; each within 15%)
+  and 0.49 with a frozen base (7B LoRA, 0.95x plain DDP). Q-LoRA runs at 0.8x
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
-  tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
-  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters). A micro-batch never takes less
-  than its host needs to issue it (estimate_comm.host_floor_s): tiny models are host-bound.
+  tokens/s) and at LoRA's speed under ZeRO-2 and ZeRO-3 (the engine's bf16
+  adapters). A micro-batch never takes less than its host needs to issue it
+  (estimate_comm.host_floor_s): tiny models are host-bound.
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;

@@ -13,7 +13,7 @@ from qwen_tui.plan.estimate import (
 )
 from qwen_tui.model.spec import resolve_model, spec_from_config
 
-# copied from shared/fixtures (measured on an H200; see tests/fixtures/README.md)
+# measured on an H200 (tests/fixtures/README.md)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_GIB = 143771 / 1024
 

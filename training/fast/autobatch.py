@@ -44,8 +44,8 @@ def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: 
 
 # Rows shorter than this leave each micro-batch's fixed cost (ZeRO-3 gathers every weight and reduces every
 # gradient per micro-batch, whatever its length) larger than checkpointing's recompute: 7B full fine-tuning under
-# ZeRO-3 on one H200 ran 2,432-token rows at 6,704 tokens/s without checkpointing and 46,720-token rows at 10,131
-# with it (bench/results run32, run33).
+# ZeRO-3 on one H200 trains 2,432-token rows without checkpointing at two thirds of the speed of 46,720-token rows
+# with it (bench/README.md's train_speed results).
 SHORT_ROW_TOKENS = 8192
 
 

@@ -4,7 +4,7 @@ Textual hands a key to the widget that had the focus when the App read it. An In
 in its own queue at once, but its editing keys (backspace, ctrl+u, end, ...) and tab are bindings, and a bound
 key first bubbles through every parent's queue to the App, which runs the action there. On a busy machine (the
 master trains too) the keys typed after it so land first: "ctrl+u 0.002" ended as "" (typed, then cleared),
-"tab 4" typed the 4 into the field being left (Textual issue 6605). These widgets run their own bindings, and
+"tab 4" typed the 4 into the field being left (a known Textual behaviour, textual#6605). These widgets run their own bindings, and
 the moves of focus, in their own queue, in order with the rest, and hand a key that was queued here before the
 focus moved to the widget that has it now. Other keys (a step's F-keys, ctrl+s) still go to the App: their
 actions may remove this very widget, which its own queue could not wait for.
