@@ -54,7 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
                               max_seconds=args.max_seconds, verbose=args.verbose > 0,
-                              overwrite_output=args.overwrite_output)
+                              overwrite_output=args.overwrite_output, replace_own_output=True)
 
 
 def _runs_root(args: argparse.Namespace) -> Path:

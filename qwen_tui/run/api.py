@@ -383,6 +383,8 @@ class LaunchRequest:
     password: Optional[str] = None
     # refuse an output directory that holds another run's checkpoints or model (replay and demo; the wizard asks)
     guard_output: bool = False
+    # but replace what earlier runs of this same preset name left there (the demo, run again where it ran before)
+    replace_own_output: bool = False
 
 
 def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
@@ -414,8 +416,10 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
               facts=facts)
     if req.guard_output:
         from .output_guard import FIX, guard
+        from .rundir import run_slug
 
-        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0])
+        own = run_slug(req.run_id) if req.replace_own_output else None
+        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0], own=own)
         if refusal is not None:
             yield Failure("output", refusal, FIX)
             return

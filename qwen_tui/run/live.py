@@ -298,15 +298,18 @@ def print_failure(f: api.Failure, console: Console) -> None:
 
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False) -> int:
+                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
+                       replace_own_output: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
-    every relaunch that training.restarts allows (run/restarts.py)."""
+    every relaunch that training.restarts allows (run/restarts.py). replace_own_output: the output left by an
+    earlier run of the same preset is replaced, not refused (the demo run again)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
-                            consent=accept_new_host_keys, guard_output=not overwrite_output)
+                            consent=accept_new_host_keys, guard_output=not overwrite_output,
+                            replace_own_output=replace_own_output)
     if dry_run:
         print_plan(api.plan(preset, run_id=req.run_id, root=root, base_dir=req.base_dir,
                             local_python=req.local_python), console)

@@ -39,6 +39,12 @@ def new_run_id(name: Optional[str], now: Optional[float] = None) -> str:
     return f"{stamp}-{slug}-{os.getpid() % 10000:04d}"
 
 
+def run_slug(run_id: str) -> Optional[str]:
+    """The preset name a run id was made from (new_run_id's middle part); None for an id of another shape."""
+    m = re.fullmatch(r"\d{8}-\d{6}-(.+)-\d{4}", run_id or "")
+    return m.group(1) if m else None
+
+
 def default_runs_root() -> Path:
     """$QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs (~/.local/state/...): the same place from any
     directory, so `qwen-tui runs` and `attach last` find a run wherever it was started."""
