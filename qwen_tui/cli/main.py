@@ -121,10 +121,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
                      min_width=len(max((row[col] for row in rows), key=len)) if col == "run" else None)
     for row in rows:
         t.add_row(*(row[c] for c in shown))
-    Console(width=max(width, need(["run"]))).print(t)
+    console = Console(width=max(width, need(["run"])))
+    console.print(t)
     hidden = [c for c in cols if c not in shown]
-    if hidden:
-        print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)")
+    if hidden:  # wrapped to the terminal like the table
+        console.print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)",
+                      markup=False, highlight=False)
     return 0
 
 

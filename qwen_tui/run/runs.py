@@ -103,12 +103,15 @@ class RunNotFound(LookupError):
 
 def resolve_run(ref: str, root: Path) -> Path:
     """A run directory from what the user typed: a path, `last` (the newest run), a run id, or a unique
-    prefix of one. Raises RunNotFound naming the runs root."""
+    prefix of one. A path that is not here (`runs/<id>`, as the runs are shown) names a run of the runs root by
+    its last part. Raises RunNotFound naming the runs root."""
     p = Path(ref).expanduser()
     if (os.sep in ref or ref in (".", "..")) and p.is_dir():
         if not is_run_dir(p):
             raise RunNotFound(f"{p}: not a qwen-tui run directory (no plan.json)")
         return p.absolute()
+    if os.sep in ref and p.name and not p.exists():
+        ref = p.name
     runs = list_runs(root)
     if ref == "last":
         if not runs:

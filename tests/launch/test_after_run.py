@@ -25,12 +25,14 @@ def test_replay_with_eval_reports_the_eval_loss(demo_eval_run):
 
 def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
     out = demo_eval_run.parent.parent / "out"
-    got = qwen_tui("chat", str(demo_eval_run), "--prompt", "What is the capital of Chile?", "--json", cwd=demo_eval_run)
+    # as the docs write it, from a directory with no runs/ in it: runs/<id> names the run of the runs root
+    as_shown = ["--runs-dir", str(demo_eval_run.parent), f"runs/{demo_eval_run.name}"]
+    got = qwen_tui("chat", *as_shown, "--prompt", "What is the capital of Chile?", "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     before = json.loads(got.stdout)
     assert before["reply"].strip() and before["model"] == str(out)  # the adapter on its base
 
-    got = qwen_tui("merge", str(demo_eval_run), "--json", cwd=demo_eval_run)
+    got = qwen_tui("merge", *as_shown, "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     rep = json.loads(got.stdout)
     assert rep["merged_dir"] == str(out / "merged") and (out / "merged" / "config.json").is_file()
