@@ -65,9 +65,11 @@ def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", loc
 
 def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
                       bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
-                      base_dir: Optional[str] = None) -> tuple[Optional[float], str]:
-    """The estimate's tokens/s for this preset and where it comes from, or (None, why not)."""
-    c = make_context(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
+                      base_dir: Optional[str] = None, nic_gbps: Optional[float] = None) -> tuple[Optional[float], str]:
+    """The estimate's tokens/s for this preset and where it comes from, or (None, why not). bandwidth_gbps: the
+    per-node bus bandwidth between nodes; nic_gbps: the line rate of the one link between them, else."""
+    c = make_context(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir,
+                     nic_gbps=nic_gbps, nics=1 if nic_gbps else None)
     if c.cpu:
         return None, "no speed estimate for CPU processes (the estimate models GPUs)"
     if c.spec is None:
@@ -161,7 +163,7 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
 def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str = ".",
             gpu: Optional[str] = None, bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
             tokens_per_second_override: Optional[float] = None, timeout: float = DEFAULT_TIMEOUT_S,
-            local_python: Optional[str] = None, bins: int = 16) -> dict[str, Any]:
+            local_python: Optional[str] = None, bins: int = 16, nic_gbps: Optional[float] = None) -> dict[str, Any]:
     """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
     limit, limit_where = trainable_limit(preset, facts, gpu=gpu, base_dir=base_dir)
     counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins,
@@ -170,7 +172,7 @@ def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] 
         tps, source = tokens_per_second_override, "as given"
     else:
         tps, source = tokens_per_second(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency,
-                                        base_dir=base_dir)
+                                        base_dir=base_dir, nic_gbps=nic_gbps)
     return build_report(counts, preset, tps, source, limit, limit_where)
 
 

@@ -52,7 +52,13 @@ def matrix(rep, title: str) -> Table:
 
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help="check every node: SSH, Python stack, GPUs, data, ports, firewall, "
-                                     "bandwidth, rehearsal")
+                                     "bandwidth, rehearsal",
+                       description="Check every node of a preset before launch: SSH, the Python stack against the "
+                       "master's, GPUs and their topology, the code, data and model, disk and limits, the master "
+                       "and NCCL ports, the firewall, iperf3 bandwidth, and a few-second torchrun rehearsal with "
+                       "the run's own backend, interfaces and ports. Prints a node x check matrix and each finding "
+                       "with its fix; exits 1 on any error. It changes nothing on the nodes, except with --sync, "
+                       "which copies what a node lacks from the master first.")
     c.add_argument("preset", help="a preset YAML file")
     c.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust and record host keys seen for the first time")
@@ -65,7 +71,11 @@ def add_parser(sub) -> None:
                    help="how long each iperf3 measurement between the master and a node runs (default 2)")
     c.set_defaults(func=run)
     k = sub.add_parser("keys", help="set up passwordless SSH to every node and between all nodes "
-                                    "(asks the password once)")
+                                    "(asks the password once)",
+                       description="Set up passwordless SSH: an ed25519 key (made if there is none) installed on "
+                       "every node with the nodes' password, asked once and kept in memory only, then the "
+                       "all-pairs matrix of which node reaches which without a password, as torchrun's agents "
+                       "need. A new host key is refused unless accepted; a changed one always is.")
     k.add_argument("preset", help="a preset YAML file")
     k.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust and record host keys seen for the first time (without it, a new key asks "

@@ -7,7 +7,7 @@ The figure that matters is NCCL's own all-reduce *bus bandwidth* between nodes, 
 nccl-tests calls busbw (bytes x 2(n-1)/n / time, NCCL's PERFORMANCE.md). On a ring across nodes it is the sum of
 the NICs NCCL drives on a node, whatever the number of GPUs. In order of trust:
 
-1. `--bandwidth-gbps` (given): that figure, as the user measured it;
+1. `--bus-gbps` (given): that figure, as the user measured it;
 2. the rehearsal of `qwen-tui check`: NCCL (or gloo) all-reduce over the run's own settings, at a message of
    REHEARSAL_BUCKET_MB (the size of the run's buckets; a smaller message reads low and says so);
 3. `--nic-gbps R --nics K`, or the InfiniBand/RoCE ports the probe found ACTIVE on every node: R x K x
@@ -113,7 +113,7 @@ class Bandwidth:
 
 
 MEASURE_HINT = ("run `qwen-tui check` (its rehearsal measures NCCL's all-reduce between the nodes) and pass "
-                "--facts, or give --bandwidth-gbps (per-node bus bandwidth) or --nic-gbps with --nics")
+                "--facts, or give --bus-gbps (per-node bus bandwidth) or --nic-gbps with --nics")
 
 
 def port_gbps(rate: Optional[str]) -> Optional[float]:
@@ -142,7 +142,7 @@ def resolve_bandwidth(facts: Any = None, *, given_gbps: Optional[float] = None, 
                       nics: Optional[int] = None, ib_disabled: bool = False) -> Bandwidth:
     """The bandwidth between nodes and where it came from (order in the module docstring)."""
     if given_gbps is not None:
-        return Bandwidth(float(given_gbps), "given", f"--bandwidth-gbps {given_gbps:g} (per-node bus bandwidth)")
+        return Bandwidth(float(given_gbps), "given", f"--bus-gbps {given_gbps:g} (per-node bus bandwidth)")
     # a rehearsal on one node measured the link inside it (NVLink, PCIe), not the one between nodes
     if facts is not None and getattr(facts, "rehearsal_bandwidth_gbps", None) and facts.rehearsal_nodes != 1:
         bw = float(facts.rehearsal_bandwidth_gbps)
