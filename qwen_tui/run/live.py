@@ -19,13 +19,13 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..plan.launch import LaunchPlan
+from ..plan.launch import METRICS_NAME, LaunchPlan
 from ..preset.schema import load_preset
 from ..base.redact import printable, shown_env
 from . import api
 from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
-from .metrics import fmt_duration
+from .metrics import fmt_duration, loss_summary, read_progress
 from .rundir import default_runs_root, new_run_id
 from . import styles
 from .states import JobState, RunState
@@ -226,13 +226,8 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         console.print(f"last lines of node {out.failed_rank} ({la.plan.nodes[out.failed_rank].label}):")
         for ln in la.log_tail(out.failed_rank, 15):
             console.print("  " + ln, markup=False, highlight=False)
-    losses = la.metrics.progress.losses
-    if losses:
-        console.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps")
-    ev = la.metrics.progress.evals
-    if ev:
-        first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
-        console.print(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    for line in loss_summary(la.metrics.progress):
+        console.print(line, markup=False, highlight=False)
     return out
 
 
@@ -405,6 +400,9 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)
+                # what it trained, from the run directory's copy of the master's metrics
+                for line in loss_summary(read_progress(Path(run_dir) / METRICS_NAME)):
+                    console.print(line, markup=False, highlight=False)
                 return 0 if stop else ev.status.exit_code
             if isinstance(ev, api.Failure):
                 print_failure(ev, console)

@@ -61,6 +61,37 @@ class TrainingProgress:
             self.events.append(rec)
 
 
+def read_progress(path: str | os.PathLike[str]) -> TrainingProgress:
+    """The progress a metrics file records (a run directory's copy, say); a damaged line is skipped, a missing file
+    records nothing."""
+    progress = TrainingProgress()
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return progress
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            progress.add(rec)
+    return progress
+
+
+def loss_summary(progress: TrainingProgress) -> list[str]:
+    """How the loss went, in a line or two: the end of a followed run, or attach on one that has ended."""
+    out = []
+    losses = progress.losses
+    if losses:
+        out.append(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps")
+    ev = progress.evals
+    if ev:
+        first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
+        out.append(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    return out
+
+
 class MetricsFollower:
     """Reads only what was appended since the last call; a partial last line waits.
     `keep`: a local file that gets every byte read, at the offset it was read from plus `keep_at`

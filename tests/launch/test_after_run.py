@@ -21,6 +21,12 @@ def test_replay_with_eval_reports_the_eval_loss(demo_eval_run):
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # training lowers the eval loss too
     out = (demo_eval_run.parent.parent / "replay.out").read_text()
     assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in out
+    # attach on the finished run says how it ended and what it trained, as replay's end did
+    losses = [r["loss"] for r in recs if "loss" in r and "event" not in r]
+    got = qwen_tui("attach", "last", "--runs-dir", str(demo_eval_run.parent), cwd=demo_eval_run)
+    assert got.returncode == 0 and "already ended (ok)" in got.stdout, got.stdout + got.stderr
+    assert f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps" in got.stdout, got.stdout
+    assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in got.stdout
 
 
 def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
