@@ -88,6 +88,7 @@ class WizardApp(App[int]):
         self.local_python = local_python or sys.executable
         self.password: Optional[str] = None  # asked once in the SSH step; memory only
         self.launch_guard = LaunchGuard(self)  # the questions before a launch (Review's l, the Run step's l)
+        self.quit_note: Optional[str] = None  # said on the terminal once the wizard has gone: a run it leaves going
 
     # ---------------------------------------------------------------- start
     def on_mount(self) -> None:
@@ -285,7 +286,7 @@ class WizardApp(App[int]):
 
     def action_save_as(self) -> None:
         default = str(self.state.path or f"presets/{self.state.preset.name or 'my-run'}.yaml")
-        self.push_screen(Form("Save preset as", [("path", "file", default)]), self._save_to)
+        self.push_screen(Form("Save preset as", [("path", "file", default)], paths=["path"]), self._save_to)
 
     def _save_to(self, answer: Optional[dict[str, Any]], *, old_values_ok: bool = False) -> None:
         if not answer or not answer.get("path"):
@@ -323,8 +324,8 @@ class WizardApp(App[int]):
     def action_open(self) -> None:
         def ask_path(yes: Optional[bool] = True) -> None:
             if yes:
-                self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))]),
-                                 self._open)
+                self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))],
+                                      paths=["path"]), self._open)
 
         if self.state.dirty:  # opening replaces the preset in memory: its edits would be gone
             self.push_screen(Confirm("Open another preset?", "This preset has unsaved changes; opening another "
@@ -350,16 +351,33 @@ class WizardApp(App[int]):
         if unknown:
             self._say_unknown_keys()
 
+    def running_run_id(self) -> Optional[str]:
+        """The run this wizard follows while it trains (or starts), else None."""
+        from ..run.states import RunState
+
+        launcher = getattr(self.get_screen("run"), "launcher", None) if "run" in self._installed_screens else None
+        if launcher is None or self.state.run_status not in (RunState.RUNNING, RunState.STARTING):
+            return None
+        return str(launcher.plan.run_id)
+
+    def _quit(self) -> None:
+        run_id = self.running_run_id()
+        if run_id:  # quitting detaches: say so where the user will look next, the terminal
+            self.quit_note = (f"the run {run_id} goes on without the wizard:\n"
+                              f"  qwen-tui attach {run_id}          follows it (reopening qwen-tui does too)\n"
+                              f"  qwen-tui attach {run_id} --stop   stops it")
+        self.exit(0)
+
     async def action_quit(self) -> None:
         if self.state.dirty:
             def done(yes: Optional[bool]) -> None:
                 if yes:
-                    self.exit(0)
+                    self._quit()
             self.push_screen(Confirm("Quit without saving?",
                                      "The preset has unsaved changes (ctrl+s saves). A running job keeps "
                                      "running either way; reopening qwen-tui re-attaches."), done)
             return
-        self.exit(0)
+        self._quit()
 
     # ---------------------------------------------------------------- launch
     def launch_asking(self, *, ask_errors: bool = True) -> None:
@@ -401,4 +419,6 @@ class WizardApp(App[int]):
 def run_app(preset_path: Optional[str] = None) -> int:
     app = WizardApp(preset_path)
     rc = app.run()
+    if app.quit_note:
+        print(app.quit_note)
     return int(rc or 0)

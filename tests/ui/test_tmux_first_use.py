@@ -131,6 +131,7 @@ def test_first_use_at_80x24(tmp_path):
         keys(session, "C-q")
         s = wait_for(session, "EXITED=0", timeout=30)
         assert state_of(runs) == {first: "running"}
+        assert "goes on without the wizard" in s and f"qwen-tui attach {first} --stop" in s, s  # said on quitting
 
         # re-attach: the app opened again finds the run and follows it
         wait_re(session, r"step \d+/5000", timeout=60)

@@ -58,3 +58,27 @@ class OrderedSelect(KeysInOrder, Select):
 class FieldInput(OrderedInput):
     def check_consume_key(self, key: str, character: str | None) -> bool:
         return key != "question_mark" and super().check_consume_key(key, character)
+
+
+class PathInput(OrderedInput):
+    """A path field: Tab completes it from the files there, as a shell does (directories and presets); where there
+    is nothing to add, the matches are shown and the focus stays; with no match at all, Tab moves on as usual."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "tab" and self.app.focused is self:
+            import os
+
+            from ...wizard.paths import complete_path
+
+            done = complete_path(self.value, os.getcwd())  # relative paths open against it too
+            if done.options:
+                event.stop()
+                event.prevent_default()
+                if done.text != self.value:
+                    self.value = done.text
+                    self.cursor_position = len(done.text)
+                if len(done.options) > 1:
+                    shown = "  ".join(done.options[:12]) + ("  …" if len(done.options) > 12 else "")
+                    self.app.notify(shown, title=f"{len(done.options)} matches")
+                return
+        await super()._on_key(event)
