@@ -48,7 +48,6 @@ import chaos_faults as cf  # noqa: E402
 import chaos_report as cr  # noqa: E402
 
 
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Run as root.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -258,12 +257,11 @@ def kill_all(left: dict) -> None:
 def bring_up(base: Path):
     """The namespace cluster, keys set up from password-only nodes (as the `keyed` fixture does), and the
     login user's side of it."""
-    from support.field_run import FieldCluster
-    from support.netns import NetnsCluster
-
-    from support.cluster import preset_dict
     from qwen_tui.nodes.keys import setup_keys
     from qwen_tui.preset.schema import Preset
+    from support.cluster import preset_dict
+    from support.field_run import FieldCluster
+    from support.netns import NetnsCluster
 
     password = secrets.token_urlsafe(18)  # in memory only; the nodes keep its hash
     cluster = NetnsCluster(base / "nodes", 3, password=password)

@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qwen_tui.plan.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
 from qwen_tui.model.spec import resolve_model  # noqa: E402
+from qwen_tui.plan.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
 
 # name: (hub id for the shape, method, seq, micro-batch, checkpointing, pure bf16 weights, lora dropout)
 CONFIGS = {

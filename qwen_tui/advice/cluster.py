@@ -5,11 +5,10 @@ Registered in RULES when qwen_tui.advice.rules imports this module, after its ow
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..base.levels import Level
 from .core import Advice, Context, Fix, rule
-
 
 # ---------------------------------------------------------------- cluster consistency (facts)
 

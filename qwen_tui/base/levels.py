@@ -4,9 +4,9 @@ comparison ranks them. Str-valued, so JSON, the check's --json and the notices r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Optional
 
 
 class Level(StrEnum):
@@ -29,7 +29,7 @@ _RANK = {Level.INFO: 0, Level.WARNING: 1, Level.ERROR: 2}
 _MARK = {Level.INFO: "i", Level.WARNING: "!", Level.ERROR: "✘"}
 
 
-def worst(levels: Iterable[Level | str]) -> Optional[Level]:
+def worst(levels: Iterable[Level | str]) -> Level | None:
     """The loudest of the levels; None for none."""
     found = [Level(lv) for lv in levels]
     return max(found, key=lambda lv: lv.rank) if found else None

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
 
-
 # as `attach` takes it (run.runs.resolve_run)
 RUN_HELP = "a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' for the newest run, or a run directory"
 RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
@@ -58,7 +57,6 @@ def add_parser(subparsers: Any) -> None:
 def _with_master(args: argparse.Namespace, work) -> int:
     from ..nodes.connect import transport_for
     from ..nodes.transport import TransportError
-
     from ..run.rundir import default_runs_root
     from ..run.runs import RunNotFound, resolve_run
 

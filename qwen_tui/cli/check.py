@@ -10,7 +10,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from rich import box
 from rich.console import Console
@@ -120,7 +119,7 @@ class NodeLines:
             t.add_row(line)
         return t
 
-    def __call__(self, check: str, node: Optional[int], text: str) -> None:
+    def __call__(self, check: str, node: int | None, text: str) -> None:
         """A check begins (node None) or one node's outcome of it."""
         if node is None:
             self.now = f"{check}: {text}"

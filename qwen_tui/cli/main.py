@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .. import __version__
 from ..base.logsetup import configure as configure_logging
@@ -65,8 +64,8 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from ..run.runs import RunNotFound, resolve_run
     from ..run.live import attach
+    from ..run.runs import RunNotFound, resolve_run
 
     try:
         path = resolve_run(args.run, _runs_root(args))
@@ -185,7 +184,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tui(preset: Optional[str]) -> int:
+def cmd_tui(preset: str | None) -> int:
     try:
         from ..ui.app import run_app
     except ImportError as e:
@@ -337,7 +336,7 @@ def _leading_verbosity(argv: list[str]) -> tuple[int, list[str]]:
     return n, argv
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     verbosity, rest = _leading_verbosity(list(argv))
     if not rest or (len(rest) == 1 and not rest[0].startswith("-") and rest[0].endswith((".yaml", ".yml"))):

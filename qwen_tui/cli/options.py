@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -39,7 +40,7 @@ class DeprecatedAlias(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Optional[str] = None) -> None:
+                 option_string: str | None = None) -> None:
         print(f"qwen-tui: {option_string} is deprecated and will go: it is {self.new} now "
               f"({self.new} {values} does the same)", file=sys.stderr)
         setattr(namespace, self.dest, values)

@@ -102,7 +102,7 @@ Step time (`estimate_step`, `scaling`)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..model.spec import LORA_TARGETS_ALL, ModelSpec
 
@@ -150,7 +150,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in (
 )}
 
 
-def gpu_spec(name: str, memory_mib: Optional[int] = None) -> Optional[GPUSpec]:
+def gpu_spec(name: str, memory_mib: int | None = None) -> GPUSpec | None:
     """Matches a table key (`H100`) or what nvidia-smi prints (`NVIDIA A100-SXM4-40GB`)."""
     if name in GPUS:
         return GPUS[name]
@@ -177,7 +177,7 @@ class RunShape:
     """What the estimate needs from `preset.training`, with overrides applied."""
 
     method: str = "lora"
-    zero_stage: Optional[int] = 2
+    zero_stage: int | None = 2
     offload: str = "none"
     precision: str = "bf16"
     seq: int = 2048
@@ -187,7 +187,7 @@ class RunShape:
     lora_r: int = 64
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = LORA_TARGETS_ALL
-    master_fp32: Optional[bool] = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
+    master_fp32: bool | None = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -468,16 +468,16 @@ def path_efficiency(run: RunShape) -> float:
     return ZERO_EFFICIENCY.get((min(max(int(run.zero_stage), 1), 3), run.method == "full"), ZERO_EFFICIENCY[(2, True)])
 
 
-def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:
+def effective_efficiency(run: RunShape, efficiency: float | None = None) -> float:
     """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
     base = path_efficiency(run) if efficiency is None else efficiency
     return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" and run.zero_stage is None else 1.0)
 
 
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
-                  bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
-                  efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
-                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: Optional[int] = None,
+                  bandwidth_gbps: float | None, gpu_tflops: float = GPUS["H100"].bf16_tflops,
+                  efficiency: float | None = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
+                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: int | None = None,
                   **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
     estimate_comm's.
@@ -555,7 +555,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     )
 
 
-def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: Optional[float],
+def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: float | None,
             **kwargs: Any) -> list[ScalePoint]:
     """Predicted step time, tokens/s and weak-scaling efficiency for 1..max_nodes nodes."""
     out: list[ScalePoint] = []
@@ -575,8 +575,8 @@ def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, 
 WORTH_SHARE = 0.5  # a node is worth adding while its GPUs add at least half of what each GPU does alone
 
 
-def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: Optional[float],
-                   limit: int = 64, **kwargs: Any) -> Optional[int]:
+def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: float | None,
+                   limit: int = 64, **kwargs: Any) -> int | None:
     """The node count past which one more node adds less than WORTH_SHARE of a node's worth of tokens/s (its GPUs
     at half their one-node speed), up to `limit` (returned when every node up to it is worth it). None when the
     link between nodes is unknown."""

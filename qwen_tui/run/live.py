@@ -10,8 +10,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,15 +19,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..base.redact import printable, shown_env
 from ..plan.launch import METRICS_NAME, LaunchPlan
 from ..preset.schema import load_preset
-from ..base.redact import printable, shown_env
-from . import api
+from . import api, styles
 from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
 from .metrics import fmt_duration, loss_summary, read_progress
 from .rundir import default_runs_root, new_run_id
-from . import styles
 from .states import JobState, RunState
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -155,8 +154,8 @@ def watch_keys(on_key) -> contextlib.AbstractContextManager:
     return cm()
 
 
-def follow(la: Launcher, console: Optional[Console] = None, *, interval: float = 0.5,
-           max_seconds: Optional[float] = None, ctrl_c: str = "stop") -> RunOutcome:
+def follow(la: Launcher, console: Console | None = None, *, interval: float = 0.5,
+           max_seconds: float | None = None, ctrl_c: str = "stop") -> RunOutcome:
     """Watch until the run ends (api.follow). `ctrl_c`: "stop" (replay, which launched the run: Ctrl-C or SIGTERM
     stops every node of the run, and says so) or "detach" (attach: they leave the run going, as `tail -f` and
     `kubectl logs -f` do). `d` or Ctrl-\\ always detaches: Detached is raised and the run goes on."""
@@ -186,7 +185,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
                 f"qwen-tui attach {ref})")
     hint_text = Text(hint, style="dim")
     old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
-    out: Optional[RunOutcome] = None
+    out: RunOutcome | None = None
     # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
     watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
     if watch is not None:
@@ -253,7 +252,7 @@ def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
     if not full:
         argv = plan.nodes[0].argv if plan.nodes else []
 
-        def flag(name: str) -> Optional[str]:
+        def flag(name: str) -> str | None:
             i = argv.index(name) if name in argv else -1
             return argv[i + 1] if 0 <= i < len(argv) - 1 else None
 
@@ -291,8 +290,8 @@ def print_failure(f: api.Failure, console: Console) -> None:
         console.print(Text("fix: " + printable(f.fix), style=styles.WARN))
 
 
-def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
-                       force: bool, skip_checks: bool, max_seconds: Optional[float],
+def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None, accept_new_host_keys: bool,
+                       force: bool, skip_checks: bool, max_seconds: float | None,
                        exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
                        replace_own_output: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through

@@ -7,22 +7,22 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
 class TrainingProgress:
-    start: Optional[dict[str, Any]] = None
-    end: Optional[dict[str, Any]] = None
+    start: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # checkpoints, evals, ...
 
     @property
-    def total_steps(self) -> Optional[int]:
+    def total_steps(self) -> int | None:
         return self.start.get("total_steps") if self.start else None
 
     @property
-    def last(self) -> Optional[dict[str, Any]]:
+    def last(self) -> dict[str, Any] | None:
         return self.steps[-1] if self.steps else None
 
     @property
@@ -35,11 +35,11 @@ class TrainingProgress:
         return [e for e in self.events if e.get("event") == "eval" and isinstance(e.get("eval_loss"), (int, float))]
 
     @property
-    def last_eval(self) -> Optional[dict[str, Any]]:
+    def last_eval(self) -> dict[str, Any] | None:
         ev = self.evals
         return ev[-1] if ev else None
 
-    def eta_seconds(self) -> Optional[float]:
+    def eta_seconds(self) -> float | None:
         last, total = self.last, self.total_steps
         if not last or not total or len(self.steps) < 2:
             return None
@@ -98,7 +98,7 @@ class MetricsFollower:
     (a follower re-attached from offset 0 rewrites the same bytes: no duplicates; a relaunch on
     another master appends its file after what the first master wrote)."""
 
-    def __init__(self, transport, path: str, keep: Optional[str] = None, keep_at: int = 0):
+    def __init__(self, transport, path: str, keep: str | None = None, keep_at: int = 0):
         self.transport = transport
         self.path = path
         self.keep = keep
@@ -136,7 +136,7 @@ class MetricsFollower:
         return out
 
 
-def fmt_duration(seconds: Optional[float]) -> str:
+def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)

@@ -10,7 +10,6 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from ..base.levels import CodeDoc, Level
 
@@ -49,7 +48,7 @@ LEVELS = {kind: doc.level_list[0] for kind, doc in KINDS.items()}
 class Notice:
     kind: str
     text: str  # one line, complete: "node 1 (gpu-2) unreachable: ...; training goes on"
-    node: Optional[int] = None
+    node: int | None = None
     at: float = field(default_factory=time.time)
     attempt: int = 1
     details: dict = field(default_factory=dict)  # stacks directory, culprit rank, figures
@@ -62,7 +61,7 @@ class Notice:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Optional["Notice"]:
+    def from_dict(cls, d: dict) -> "Notice" | None:
         """None for a record that is not a notice (a damaged line is skipped, never fatal)."""
         if not isinstance(d, dict) or not isinstance(d.get("kind"), str) or not isinstance(d.get("text"), str):
             return None

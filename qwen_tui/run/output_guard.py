@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from typing import Optional
 
 from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan
@@ -53,8 +52,8 @@ def checkpoint_state(t: Transport, ckpt: str) -> dict:
     return {}
 
 
-def guard(plan: LaunchPlan, resume: Optional[str], t: Transport,
-          own: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+def guard(plan: LaunchPlan, resume: str | None, t: Transport,
+          own: str | None = None) -> tuple[str | None, str | None]:
     """(refusal, note): a refusal when the output directory holds another run's files and nothing says to use
     them; a note saying what `resume_from_checkpoint` will continue from. Both None when the directory is new.
     `own`: a preset name whose earlier runs' output this run replaces (each checkpoint there must say it was saved

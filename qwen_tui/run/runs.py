@@ -7,7 +7,6 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -21,14 +20,14 @@ TAIL_BYTES = 64 * 1024  # the last step record of metrics.jsonl is near its end
 class RunSummary:
     run_id: str
     path: str
-    preset: Optional[str]
+    preset: str | None
     state: str
     nodes: list[str]
-    started: Optional[float]
-    step: Optional[int]
-    last_loss: Optional[float]
+    started: float | None
+    step: int | None
+    last_loss: float | None
     attempt: int = 1  # relaunches after a failure make more (run/restarts.py)
-    attempt_note: Optional[str] = None
+    attempt_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,7 +37,7 @@ def is_run_dir(path: Path) -> bool:
     return (path / "plan.json").is_file()
 
 
-def _preset_name(path: Path) -> Optional[str]:
+def _preset_name(path: Path) -> str | None:
     try:
         data = yaml.safe_load((path / "preset.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -46,7 +45,7 @@ def _preset_name(path: Path) -> Optional[str]:
     return data.get("name") if isinstance(data, dict) else None
 
 
-def _last_step(metrics: Path) -> tuple[Optional[int], Optional[float]]:
+def _last_step(metrics: Path) -> tuple[int | None, float | None]:
     """(step, loss) of the last step record in a metrics.jsonl, reading only its tail."""
     try:
         with open(metrics, "rb") as f:

@@ -5,7 +5,7 @@ and how it answers (`dismiss`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional, TypeVar
+from typing import ClassVar, TypeVar
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 class Dialog(ModalScreen[T]):
     WIDE: ClassVar[bool] = False  # the wide box (long text: errors, help, chat)
-    DIALOG_ID: ClassVar[Optional[str]] = None  # an id for the box, where tests or styles name it
+    DIALOG_ID: ClassVar[str | None] = None  # an id for the box, where tests or styles name it
 
     def __init__(self, title: str) -> None:
         super().__init__(classes="modal")

@@ -3,7 +3,8 @@ import, a path. Each is a Dialog (ui/dialog.py) and returns its answer through `
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -47,7 +48,7 @@ def host_key_question(label: str, host: str, key_type: str, fingerprint: str) ->
                    f"Accept it and record it in known_hosts?", yes="Accept", no="Refuse")
 
 
-class Choose(Dialog[Optional[str]]):
+class Choose(Dialog[str | None]):
     """One of a few answers, each a button with its own key; Escape answers None (go back)."""
 
     BINDINGS = [Binding("escape", "pick('')", "Cancel")]
@@ -75,7 +76,7 @@ class Choose(Dialog[Optional[str]]):
         self.dismiss(answer or None)
 
 
-class PasswordPrompt(Dialog[Optional[str]]):
+class PasswordPrompt(Dialog[str | None]):
     """Asked once; the answer lives in memory only and is never shown."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
@@ -102,7 +103,7 @@ class PasswordPrompt(Dialog[Optional[str]]):
         self.dismiss(None)
 
 
-class Form(Dialog[Optional[dict[str, Any]]]):
+class Form(Dialog[dict[str, Any] | None]):
     """A few labelled inputs. Answers {name: text}; the caller validates through the core.
     A field named in `choices` is a select of (label, value) instead (its answer: the value); one named in
     `paths` is a path whose Tab completes it from the files there (PathInput).
@@ -112,8 +113,8 @@ class Form(Dialog[Optional[dict[str, Any]]]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "ok", "OK")]
 
     def __init__(self, title: str, fields: list[tuple[str, str, str]], error: str = "",
-                 choices: Optional[dict[str, list[tuple[str, str]]]] = None,
-                 checks: Optional[dict[str, Callable[[str], str]]] = None,
+                 choices: dict[str, list[tuple[str, str]]] | None = None,
+                 checks: dict[str, Callable[[str], str]] | None = None,
                  paths: Iterable[str] = ()) -> None:
         # fields: (name, label, initial text)
         super().__init__(title)
@@ -187,7 +188,7 @@ IMPORT_FORMATS = {
 }
 
 
-class ImportNodes(Dialog[Optional[tuple[str, str]]]):
+class ImportNodes(Dialog[tuple[str, str] | None]):
     """Paste a hostfile / SLURM node list, or read ~/.ssh/config. Answers (kind, text).
     The accepted format of the chosen kind is shown with an example above the text."""
 

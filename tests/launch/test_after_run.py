@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from support.demo_run import EVAL_STEPS, demo_run, qwen_tui
 
 pytestmark = pytest.mark.slow
@@ -51,8 +52,9 @@ def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
 
     # The merged model, reloaded here, has the adapter's eval loss on the demo data.
     from peft import PeftModel
-    from support.worker import eval_loss_of
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from support.worker import eval_loss_of
 
     tok = AutoTokenizer.from_pretrained(out)
     base_dir = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.paths import DEMO, ROOT
-from support.ports import free_port
-from support.tmux import end_session, tmux, wait_for
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
+from support.paths import DEMO, ROOT
+from support.ports import free_port
+from support.tmux import end_session, tmux, wait_for
 
 
 def _free_port_copy(tmp_path: Path, host1: str = "localhost") -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from support.paths import DEMO, ROOT
 from support.procs import run_processes
 from support.runs import fake_run

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from support.paths import ROOT
 
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "qwen_tui", "training",

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 from qwen_tui.preset.schema import Preset, save_preset
 from support import login_runtime
@@ -56,7 +55,7 @@ class FieldCluster:
     def workdir(self, i: int) -> Path:
         return self.root / f"n{i}" / "work"
 
-    def preset(self, name: str, monitor: Optional[dict] = None, env: Optional[dict] = None, **training) -> Path:
+    def preset(self, name: str, monitor: dict | None = None, env: dict | None = None, **training) -> Path:
         """A preset for every node over SSH as the login user; written where that user can read it. env: more
         of network.env (every rank's environment)."""
         c = self.cluster
@@ -89,7 +88,7 @@ class FieldCluster:
     def replay(self, preset: Path, log: Path, *extra: str) -> "Replay":
         return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}")
 
-    def qwen_tui(self, log: Path, *argv: str, runs: Optional[Path] = None, bound: float = 120.0) -> str:
+    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0) -> str:
         """Another qwen-tui command as the login user, run to its end: what it printed."""
         rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs")
         try:
@@ -130,7 +129,7 @@ class FieldCluster:
 class Replay:
     """`qwen-tui replay` (or another command: argv) as the login user, in a process group of its own."""
 
-    def __init__(self, field: FieldCluster, preset: Optional[Path], log: Path, argv: list[str], runs: Path):
+    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path):
         self.field, self.log = field, log
         self.runs = runs  # each replay finds its own run directory, no other
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(field.home), "USER": LOGIN,

@@ -5,13 +5,11 @@ of the run left."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
 from support.pilot import SIZE, wait_until
 from support.procs import run_processes
 

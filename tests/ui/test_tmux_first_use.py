@@ -17,10 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.paths import DEMO
-
+from support.paths import DEMO, ROOT
 from support.ports import free_port
-from support.paths import ROOT
 from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -11,7 +11,14 @@ from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.nodes.checks import CheckReport, consistency
 from qwen_tui.nodes.probe import facts_from_json
 from qwen_tui.nodes.topology import (
-    TopologyError, describe, intra_node_bus, node_intra_bus, p2p_risk, parse_p2p_matrix, parse_topo_matrix, with_p2p,
+    TopologyError,
+    describe,
+    intra_node_bus,
+    node_intra_bus,
+    p2p_risk,
+    parse_p2p_matrix,
+    parse_topo_matrix,
+    with_p2p,
 )
 from qwen_tui.preset.schema import Preset
 

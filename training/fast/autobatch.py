@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 log = logging.getLogger("training")
 
@@ -49,7 +48,7 @@ def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: 
 SHORT_ROW_TOKENS = 8192
 
 
-def worth_checkpointing(without: Plan, with_: Optional[Plan] = None) -> bool:
+def worth_checkpointing(without: Plan, with_: Plan | None = None) -> bool:
     """Whether to train with gradient checkpointing, from the probe without it (and, once measured, with it):
     when not even one record fits without it; or when rows would be short without it and checkpointing at
     least doubles them (its recompute costs about a third more compute). Called with `without` alone: whether
