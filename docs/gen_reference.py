@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ if str(ROOT) not in sys.path:  # the checkout's qwen_tui and training, however t
     sys.path.insert(0, str(ROOT))
 
 HELP_COLUMNS = 100  # the width the reference's --help texts are rendered at
+UNIONS = (Union, types.UnionType)  # Optional[X] and X | None alike
 
 
 @contextmanager
@@ -99,7 +101,7 @@ def _inner_model(tp: Any) -> tuple[Any, bool]:
     origin, args = get_origin(tp), get_args(tp)
     if origin is list and args and _is_model(args[0]):
         return args[0], True
-    if origin is Union:
+    if origin in UNIONS:
         for a in args:
             model, many = _inner_model(a)
             if model is not None:
@@ -114,7 +116,7 @@ def type_name(tp: Any) -> str:
         return "null"
     if origin is Literal:
         return " or ".join(f"`{a}`" if a is not None else "null" for a in args)
-    if origin is Union:
+    if origin in UNIONS:
         return " or ".join(type_name(a) for a in args)
     if origin is list:
         return f"list of {type_name(args[0])}" if args else "list"

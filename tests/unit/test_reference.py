@@ -93,6 +93,9 @@ def test_every_preset_field_has_its_entry_with_a_description():
     for path, _ in fields:
         assert f"`{path.rpartition('.')[2]}`" in page and gen._anchor(path) in page, path
     assert "{#training}" in page and "{#cluster-nodes}" in page  # every section is a heading of its own
+    # types in words a YAML writer knows, whichever way the schema spells them
+    assert "`ssh_config`</span> | string or null | `null` |" in page
+    assert "`method`</span> | `full` or `lora` or `qlora` | `lora` |" in page
 
 
 def test_every_advice_and_check_code_has_its_entry_and_every_entry_a_raiser():
