@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from .strenum import StrEnum
 
 
 class Level(StrEnum):

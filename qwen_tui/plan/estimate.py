@@ -293,6 +293,9 @@ def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, fl
         frozen_bytes = Pf * (2 if run.half else 4)
     largest = spec.largest_layer_params
     zs = run.zero_stage
+    w: float  # bytes a GPU holds of weights, gradients and optimizer states
+    g: float
+    o: float
     if zs is None or not run.half:
         if zs is not None and not run.half:
             notes.append("ZeRO without bf16/fp16 estimated like plain data parallel")
@@ -349,7 +352,7 @@ def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, 
     grads_in_fwd = g if (run.grad_accum > 1 or ds) else 0.0
     transient_tied = 4 * V * h if (not lora and spec.tied_embeddings and not ds) else 0
 
-    phases: list[tuple[str, float, float, float, float, float]] = []  # name, weights+, grads, acts, logits
+    phases: list[tuple[str, float, float, float, float]] = []  # name, weights+, grads, acts, logits
     if run.gradient_checkpointing:
         ckpt = L * r * h * T
         fwd_end = (cache, grads_in_fwd, ckpt + final_norm, 10 * T * V)
@@ -559,11 +562,11 @@ def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, 
             **kwargs: Any) -> list[ScalePoint]:
     """Predicted step time, tokens/s and weak-scaling efficiency for 1..max_nodes nodes."""
     out: list[ScalePoint] = []
-    base = base_no = None
+    base = base_no = 0.0  # one node's tokens/s, with and without overlap: what the others are measured against
     for n in range(1, max(1, max_nodes) + 1):
         s = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs)
         tps_no = s.tokens_per_step / s.step_time_no_overlap_s
-        if base is None:
+        if n == 1:
             base, base_no = s.tokens_per_second, tps_no
         out.append(ScalePoint(nodes=n, step_time_s=s.step_time_s, tokens_per_second=s.tokens_per_second,
                               scaling_efficiency=s.tokens_per_second / (n * base),

@@ -246,8 +246,8 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
             v = rep.verdict(i, "rehearsal")
             yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
-    said = {(a.code, a.node) for a in advice}
-    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in said]
+    advised = {(a.code, a.node) for a in advice}
+    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in advised]
     yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 
@@ -540,9 +540,9 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = N
         if cancelled():
             return
         if la.stop_requested:
-            out, _ = yield from _stopping(la)
+            stopped, _ = yield from _stopping(la)
             yield snapshot(la, log_rank() if log_rank else None, log_lines)
-            yield Ended(out)
+            yield Ended(stopped)
             return
         out = la.step(deadline=deadline, max_seconds=max_seconds)
         yield snapshot(la, log_rank() if log_rank else None, log_lines)

@@ -5,13 +5,13 @@ and rules, no Textual (tested without a terminal); the screens under ui/ draw it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..advice.report import Summary, summary
 from ..advice.rules import Advice, advise
 from ..base.levels import Level
+from ..base.strenum import StrEnum
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.checks import consistency
 from ..nodes.findings import Finding
