@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import posixpath
 import signal as _signal
-from typing import Optional
 
 from .jobs import Proc, parse_marks, parse_stat
 from .programs import program
@@ -22,7 +21,7 @@ class NodeCommands:
     """Mixed into a transport that has `label`, `_home` (None until asked) and `run(argv, timeout=...)`."""
 
     label: str
-    _home: Optional[str]
+    _home: str | None
 
     # ------------------------------------------------------------ paths
     def home(self, timeout: float = 15.0) -> str:
@@ -44,7 +43,7 @@ class NodeCommands:
             return posixpath.normpath(posixpath.join(self.home(), path))
         return path
 
-    def proc_start(self, pid, *, timeout=15.0) -> Optional[int]:
+    def proc_start(self, pid, *, timeout=15.0) -> int | None:
         if pid <= 0:
             return None
         r = self.run(["cat", f"/proc/{int(pid)}/stat"], timeout=timeout)

@@ -10,7 +10,7 @@ user of sbatch reads them as the options they are.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -51,14 +51,14 @@ class Scheduler(BaseModel):
     nodes: int = Field(default=2, ge=1, le=4096, description="nodes to ask SLURM for (sbatch --nodes)")
     gpus_per_node: int = Field(default=1, ge=1, le=64, description="processes (GPUs) on every node (sbatch "
                                "--gpus-per-node; on a CPU run, processes only)")
-    partition: Optional[str] = Field(default=None, description="sbatch --partition; default the cluster's")
-    account: Optional[str] = Field(default=None, description="sbatch --account")
-    qos: Optional[str] = Field(default=None, description="sbatch --qos")
-    time: Optional[str] = Field(default=None, description="the job's time limit, as sbatch --time takes it "
+    partition: str | None = Field(default=None, description="sbatch --partition; default the cluster's")
+    account: str | None = Field(default=None, description="sbatch --account")
+    qos: str | None = Field(default=None, description="sbatch --qos")
+    time: str | None = Field(default=None, description="the job's time limit, as sbatch --time takes it "
                                 "(e.g. 04:00:00 or 1-12:00:00); default the partition's")
-    constraint: Optional[str] = Field(default=None, description="sbatch --constraint (node features)")
-    reservation: Optional[str] = Field(default=None, description="sbatch --reservation")
-    cpus_per_node: Optional[int] = Field(default=None, ge=1, le=4096,
+    constraint: str | None = Field(default=None, description="sbatch --constraint (node features)")
+    reservation: str | None = Field(default=None, description="sbatch --reservation")
+    cpus_per_node: int | None = Field(default=None, ge=1, le=4096,
                                          description="CPUs for the training step on each node (sbatch "
                                          "--cpus-per-task); default 8 per GPU, at least 4")
     exclude: list[str] = Field(default_factory=list, description="nodes SLURM must not give (sbatch --exclude)")
@@ -75,19 +75,19 @@ class Scheduler(BaseModel):
                          "directory: storage the login node and every node see")
     python: str = Field(default="python3", min_length=1, description="the Python on the nodes that has qwen-tui "
                         "and the worker's packages (a venv on shared storage, say)")
-    job_id: Optional[str] = Field(default=None, description="the allocation a run was started in (set by "
+    job_id: str | None = Field(default=None, description="the allocation a run was started in (set by "
                                   "qwen-tui in the run's own copy of the preset)")
 
     @field_validator("partition", "account", "qos", "constraint", "reservation", "workdir", "python", "job_id")
     @classmethod
-    def _one_line(cls, v: Optional[str]) -> Optional[str]:
+    def _one_line(cls, v: str | None) -> str | None:
         if v is not None and _CONTROL.search(v):
             raise ValueError("must not contain control characters")
         return v
 
     @field_validator("time")
     @classmethod
-    def _time(cls, v: Optional[str]) -> Optional[str]:
+    def _time(cls, v: str | None) -> str | None:
         if v is not None:
             time_seconds(v)
         return v
@@ -102,7 +102,7 @@ class Scheduler(BaseModel):
 
     @field_validator("job_id")
     @classmethod
-    def _job_id(cls, v: Optional[str]) -> Optional[str]:
+    def _job_id(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"\d+(_\d+)?", v):
             raise ValueError(f"{v!r} is not a SLURM job id")
         return v

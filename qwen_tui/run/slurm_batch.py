@@ -8,8 +8,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rich.console import Console
 from rich.text import Text

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
 
 from ..base.redact import printable
 from ..nodes.slurm import queries
@@ -83,10 +83,10 @@ class JobEnded:
     exit_code: str = ""
 
 
-JobEvent = Union[Stage, Failure, Submitted, Queued, JobOutput, Started, JobEnded]
+JobEvent = Stage | Failure | Submitted | Queued | JobOutput | Started | JobEnded
 
 
-def submitted_job(run_dir: Path) -> Optional[str]:
+def submitted_job(run_dir: Path) -> str | None:
     """The SLURM job of a submitted run directory, or None (a run qwen-tui launched itself)."""
     try:
         data = json.loads((Path(run_dir) / SUBMITTED).read_text())
@@ -103,7 +103,7 @@ def script_for(preset: Preset, root: Path, run_id: str, replay_flags: Sequence[s
                         preset_file=str(run_dir / SUBMITTED_PRESET), replay_flags=replay_flags)
 
 
-def test_only(script: str) -> Optional[str]:
+def test_only(script: str) -> str | None:
     """What `sbatch --test-only` says is wrong with the script's request (None when SLURM would take it)."""
     try:
         p = subprocess.run(["sbatch", "--test-only"], input=script.encode(), capture_output=True,
@@ -170,12 +170,12 @@ def _size(path: Path) -> int:
 
 
 def follow_job(rd: RunDir, job: str, *, cancelled: Callable[[], bool] = lambda: False,
-               stop_wanted: Callable[[], bool] = lambda: False, conns: Optional[api.Connections] = None,
+               stop_wanted: Callable[[], bool] = lambda: False, conns: api.Connections | None = None,
                poll: float = POLL_S) -> Iterator[JobEvent]:
     """SLURM's states of job `job` as events until SLURM ends it (the module docstring). `cancelled()` true: return
     (the face is closing; the job goes on). `stop_wanted()` true: cancel the job (scancel) and follow it to its
     end. `conns`: the connections a Started launcher uses (the face closes them)."""
-    said: Optional[Queued] = None
+    said: Queued | None = None
     offset = 0
     followed = 0  # the attempt a launcher was handed out for
     out_file = rd.path / f"slurm-{job}.out"
@@ -252,7 +252,7 @@ def _job_said(path: Path) -> str:
     return ""
 
 
-def ended(rd: RunDir, job: str, info: Optional[queries.JobInfo]) -> JobEnded:
+def ended(rd: RunDir, job: str, info: queries.JobInfo | None) -> JobEnded:
     """SLURM's last word on the job (None: forgotten), recorded beside the run's own, as the run's outcome."""
     state = rd.read_state()
     own = state.get("status")

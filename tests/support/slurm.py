@@ -20,7 +20,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 from support.netns import sh
 
@@ -184,15 +183,12 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return mine[-1] if mine else ""
 
 
-def slurm_preset(field, name: str, *, nodes: int = 3, scheduler: Optional[dict] = None,
-                 monitor: Optional[dict] = None, **training) -> Path:
+def slurm_preset(field, name: str, *, nodes: int = 3, scheduler: dict | None = None,
+                 monitor: dict | None = None, **training) -> Path:
     """A SLURM preset of the demo's shape (the tiny model, LoRA on CPU, a few steps) for the login user of
     `field` (support.field_run.FieldCluster): its nodes are SLURM's, its run directories and output on the
     storage every node shares."""
-    import sys
-
     from qwen_tui.preset.schema import Preset, save_preset
-    from support.cluster import REPO
 
     work = field.shared / f"{name}-work"
     work.mkdir(exist_ok=True)
@@ -201,10 +197,10 @@ def slurm_preset(field, name: str, *, nodes: int = 3, scheduler: Optional[dict] 
     d = {
         "name": name,
         "scheduler": {"kind": "slurm", "nodes": nodes, "gpus_per_node": 1, "cpus_per_node": 1, "workdir": str(work),
-                      "python": sys.executable, **(scheduler or {})},
+                      "python": str(field.python), **(scheduler or {})},
         "cluster": {"shared_storage": True},
         "network": {"master_port": 29541, "backend": "gloo", "rdzv_timeout": 30, "interface": "eth0",
-                    "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}},
+                    "env": {"OMP_NUM_THREADS": "1"}},
         "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "method": "lora", "zero_stage": None,
                      "precision": "fp32", "device": "cpu", "max_steps": 6, "per_device_train_batch_size": 2,
                      "gradient_accumulation_steps": 1, "model_max_length": 64, "gradient_checkpointing": False,

@@ -14,16 +14,16 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
 import time
 from collections import deque
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from ..programs import program
-import re
-
 from ..transport import SessionEnded, TransportError, check_stream_quiet
 
 AGENT = program("agent.py")
@@ -37,7 +37,7 @@ class AgentLink:
     """`argv` starts the agent (it ends with the Python to run it, which gets `-u -c AGENT`); `env` is the
     environment of that process (what srun passes on to the node)."""
 
-    def __init__(self, label: str, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+    def __init__(self, label: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  start_bound: float = 60.0):
         self.label = label
         self.argv = [*argv, "-u", "-c", AGENT]
@@ -47,7 +47,7 @@ class AgentLink:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
         self._waiting: dict[int, queue.Queue] = {}
         self._errors: deque[str] = deque(maxlen=20)  # the launcher's own words (srun: error: ...)
         # pids whose output has ended: gone, even while the kernel has not reaped them yet (a write to one can
@@ -172,14 +172,14 @@ class AgentLink:
     def call(self, op: str, bound: float, **fields: Any) -> dict:
         return self._call(self._ensure(), {"op": op, **fields}, bound)
 
-    def run(self, argv: Sequence[str], *, timeout: float, input: Optional[bytes] = None,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> tuple[int, bytes, bytes]:
+    def run(self, argv: Sequence[str], *, timeout: float, input: bytes | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None) -> tuple[int, bytes, bytes]:
         ans = self.call("run", timeout + 10, argv=list(argv), env=dict(env) if env else None, cwd=cwd,
                         input=base64.b64encode(input).decode() if input else None, timeout=timeout)
         return int(ans["rc"]), base64.b64decode(ans["out"]), base64.b64decode(ans["err"])
 
     def stream(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float,
-               idle_timeout: Optional[float], poll: float) -> Iterator[str]:
+               idle_timeout: float | None, poll: float) -> Iterator[str]:
         p = self._ensure()
         rid = next(self._ids)
         q: queue.Queue = queue.Queue()

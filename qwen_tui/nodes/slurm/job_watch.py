@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 from . import queries
 
@@ -40,7 +39,7 @@ class SlurmVerdict:
     kind: str  # "ended", "requeued" or "node"
     state: str  # the job's JobState, or the node's State for "node"
     text: str
-    rank: Optional[int] = None  # the node, for "node"
+    rank: int | None = None  # the node, for "node"
 
 
 class JobWatch:
@@ -51,11 +50,11 @@ class JobWatch:
         self.job_id = job_id
         self.hosts = list(hosts)
         self.every = every
-        self.info: Optional[queries.JobInfo] = None
-        self._verdict: Optional[SlurmVerdict] = None
-        self._restarts: Optional[int] = None
+        self.info: queries.JobInfo | None = None
+        self._verdict: SlurmVerdict | None = None
+        self._restarts: int | None = None
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -74,7 +73,7 @@ class JobWatch:
         info = self.info or queries.job(self.job_id)
         return info is not None and info.raw.get("BatchFlag") == "1"
 
-    def cancel(self, bound: float) -> Optional[queries.JobInfo]:
+    def cancel(self, bound: float) -> queries.JobInfo | None:
         """scancel the job and wait (at most `bound` s) until SLURM says it ended; its last record."""
         import time
 
@@ -86,7 +85,7 @@ class JobWatch:
             info = queries.job(self.job_id)
         return info
 
-    def look(self) -> Optional[SlurmVerdict]:
+    def look(self) -> SlurmVerdict | None:
         self.start()
         with self._lock:
             return self._verdict
@@ -104,7 +103,7 @@ class JobWatch:
                 return  # a verdict is final for this attempt
             self._stop.wait(self.every)
 
-    def judge(self) -> Optional[SlurmVerdict]:
+    def judge(self) -> SlurmVerdict | None:
         """One look at the job and its nodes (blocking): a verdict, or None while all is well."""
         info = queries.job(self.job_id)
         self.info = info

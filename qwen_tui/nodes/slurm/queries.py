@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
 
 BOUND_S = 20.0  # one call to the controller; a controller that does not answer is an error, not a wait
 
@@ -50,7 +50,7 @@ class JobInfo:
         return "" if self.reason in ("", "None", "(null)") else self.reason
 
 
-def slurm(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[bytes] = None,
+def slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, input: bytes | None = None,
           bound: float = BOUND_S) -> str:
     """Run a SLURM command; its stdout. SlurmError with its stderr when it fails or outlasts `bound`."""
     try:
@@ -79,7 +79,7 @@ def hostnames(nodelist: str) -> list[str]:
     return slurm(["scontrol", "show", "hostnames", nodelist]).split()
 
 
-def job(job_id: str) -> Optional[JobInfo]:
+def job(job_id: str) -> JobInfo | None:
     """The job as SLURM's controller knows it; None once it has forgotten it (MinJobAge past)."""
     try:
         out = slurm(["scontrol", "show", "job", "-o", str(job_id)])
@@ -128,7 +128,7 @@ def node_gone(state: str) -> bool:
     return any(w in NODE_GONE for w in words)
 
 
-def submit(script: str, *, env: Optional[Mapping[str, str]] = None, extra: Sequence[str] = ()) -> str:
+def submit(script: str, *, env: Mapping[str, str] | None = None, extra: Sequence[str] = ()) -> str:
     """sbatch the script (on stdin); the job id."""
     out = slurm(["sbatch", "--parsable", *extra], input=script.encode(), env=env).strip()
     jid = out.split(";", 1)[0]
@@ -137,7 +137,7 @@ def submit(script: str, *, env: Optional[Mapping[str, str]] = None, extra: Seque
     return jid
 
 
-def cancel(job_id: str, *, signal: Optional[str] = None, batch: bool = False) -> None:
+def cancel(job_id: str, *, signal: str | None = None, batch: bool = False) -> None:
     """scancel the job (or send it `signal`; `batch`: to the batch shell only)."""
     argv = ["scancel"]
     if signal:

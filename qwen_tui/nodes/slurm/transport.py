@@ -19,8 +19,8 @@ import posixpath
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from ..jobs import RUN_MARK, job_argv
 from ..node_commands import NodeCommands
@@ -45,7 +45,7 @@ class SlurmTransport(NodeCommands):
         self.host = host
         self.job_id = job_id
         self.python = python
-        self._home: Optional[str] = None
+        self._home: str | None = None
         # The agent's step overlaps the training step: it asks for no resources of its own.
         self.link = AgentLink(label, [*srun_base(job_id, host), "--overlap", "--unbuffered",
                                       "--job-name", f"qwen-tui-agent-{host}", python],
@@ -64,7 +64,7 @@ class SlurmTransport(NodeCommands):
         return CommandResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
-                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+                     idle_timeout: float | None = None, poll: float = 0.2) -> Iterator[str]:
         return self.link.stream(argv, stop=stop, timeout_first_line=timeout_first_line, idle_timeout=idle_timeout,
                                 poll=poll)
 

@@ -4,7 +4,7 @@ is the first), and every node is reached through srun (nodes/slurm/transport.py)
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from ...nodes.slurm import queries
 from ...preset.schema import Preset
@@ -14,7 +14,7 @@ class NotInAllocation(RuntimeError):
     """The allocation a run needs is not there (no job, or a job that is not running)."""
 
 
-def allocation_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def allocation_id(env: Mapping[str, str] | None = None) -> str | None:
     """The allocation this process runs in (salloc, srun or a batch job set SLURM_JOB_ID), else None."""
     env = os.environ if env is None else env
     return env.get("SLURM_JOB_ID") or None

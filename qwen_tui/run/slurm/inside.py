@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -20,7 +20,7 @@ from .allocation import NotInAllocation, allocation_id, on_allocation
 __all__ = ["allocation_id", "in_allocation", "take_over_run_dir", "TimeWarning"]
 
 
-def in_allocation(preset: Preset, job_id: str, console: Console) -> Optional[Preset]:
+def in_allocation(preset: Preset, job_id: str, console: Console) -> Preset | None:
     """The preset on allocation `job_id`'s nodes, said in one line; None (said why) when it cannot be."""
     try:
         on = on_allocation(preset, job_id)

@@ -11,7 +11,7 @@ the run directory; no secret is written into the script (they come from the envi
 from __future__ import annotations
 
 import shlex
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ...preset.schema import Preset
 
@@ -26,7 +26,7 @@ def cpus_per_node(preset: Preset) -> int:
     return max(4, 8 * s.gpus_per_node)
 
 
-def allocation_options(preset: Preset, *, time: Optional[str] = None) -> list[str]:
+def allocation_options(preset: Preset, *, time: str | None = None) -> list[str]:
     """What to ask SLURM for (sbatch's and salloc's options alike): the nodes, their CPUs and GPUs, where and
     under which account; `time` instead of the preset's limit (a short allocation for the checks)."""
     s, t = preset.scheduler, preset.training
@@ -44,7 +44,7 @@ def allocation_options(preset: Preset, *, time: Optional[str] = None) -> list[st
     return opts
 
 
-def sbatch_options(preset: Preset, *, run_dir: str, job_name: str, output: Optional[str] = None) -> list[str]:
+def sbatch_options(preset: Preset, *, run_dir: str, job_name: str, output: str | None = None) -> list[str]:
     """The #SBATCH options, each as sbatch takes it on its command line."""
     s, t = preset.scheduler, preset.training
     opts = [f"--job-name={job_name}", *allocation_options(preset)]
@@ -58,8 +58,8 @@ def sbatch_options(preset: Preset, *, run_dir: str, job_name: str, output: Optio
 
 
 def batch_script(preset: Preset, *, run_dir: str, runs_root: str, run_id: str, preset_file: str,
-                 replay_flags: Sequence[str] = (), job_name: Optional[str] = None,
-                 output: Optional[str] = None) -> str:
+                 replay_flags: Sequence[str] = (), job_name: str | None = None,
+                 output: str | None = None) -> str:
     """The whole script. `preset_file` is the preset the job reads (the run directory's copy, for a run qwen-tui
     submits); `run_dir` = runs_root/run_id holds the job's output and the run's files; `replay_flags`: what the
     job's replay is given besides (--skip-checks, --force, --overwrite-output, as the user gave them). `run_id`
