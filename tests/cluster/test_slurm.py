@@ -175,11 +175,15 @@ def test_the_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_
     assert _nothing_left(cluster) == {}
 
 
+# a measurement's verdict, which two runs of the same check on loaded namespaces need not share
+MEASURED = {"LOW_BANDWIDTH"}
+
+
 def _findings(path: Path) -> set[tuple[str, str, str]]:
     rep = json.loads(path.read_text())
     labels = rep["labels"]
     return {(f["level"], f["code"], labels[f["node"]] if f.get("node") is not None else "cluster")
-            for f in rep["findings"] if f["level"] in ("error", "warning")}
+            for f in rep["findings"] if f["level"] in ("error", "warning") and f["code"] not in MEASURED}
 
 
 def test_check_of_a_slurm_preset_finds_what_it_finds_over_ssh(cluster, slurm, field, tmp_path):
@@ -192,8 +196,10 @@ def test_check_of_a_slurm_preset_finds_what_it_finds_over_ssh(cluster, slurm, fi
         field.qwen_tui(tmp_path / "ssh.log", "check", str(field.preset("checked")), "--no-rehearsal", "--out",
                        str(over_ssh), bound=180)
         over_slurm = field.shared / "check-slurm.json"
+        # the login user's PATH as sshd gives it (srun passes the client's environment on to the nodes)
         text = field.qwen_tui(tmp_path / "slurm.log", "check", str(slurm_preset(field, "checked-slurm")),
-                              "--no-rehearsal", "--out", str(over_slurm), env=slurm.env, bound=240)
+                              "--no-rehearsal", "--out", str(over_slurm), bound=240,
+                              env={**slurm.env, "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/games"})
     finally:
         cluster.ns(0, "iptables", "-D", *rule, check=False)
     assert "asking for one to check (3 node(s)" in text and "srun" in text, text[-3000:]
