@@ -177,6 +177,8 @@ class Scheduler:
                     if self.ctx.cpu and self.running:
                         break  # CPU ranks: one line at a time
                     if len(self.free) < want or (not self.parallel and self.running):
+                        if line.gpus == 0:
+                            break  # a line of all the GPUs waits for them with the lines after it: none overtakes
                         continue
                     if self.ctx.left() < line.est_s and not self.ctx.cpu:
                         pending.remove(line)
@@ -247,6 +249,8 @@ def fetch_wheels(dest: Path, leave_out: set[str]) -> int:
     if shutil.which("apt-get"):  # Debian's sshd, in case the image has none (proof_sshd unpacks it)
         res = subprocess.run(["apt-get", "download", "openssh-server"], cwd=dest, capture_output=True, text=True,
                              timeout=300)
+        for deb in dest.glob("openssh-server_*.deb"):  # a plain name: no '%' or '+' in what travels
+            deb.rename(dest / "openssh-server_amd64.deb")
         print(f"openssh-server (.deb): {'ok' if res.returncode == 0 else 'FAILED ' + pl.tail(res.stderr)}")
     total = sum(f.stat().st_size for f in dest.iterdir())
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60).stdout.split(b"\0")
@@ -263,7 +267,6 @@ def base_env(cpu: bool) -> dict:
     if not cpu:
         for k, v in MULTICAST_OFF.items():
             env.setdefault(k, v)
-    env.pop("CUDA_VISIBLE_DEVICES", None) if not cpu else None
     return env
 
 
@@ -308,7 +311,8 @@ def main(argv=None) -> int:
         line = next(x for x in pl.LINES if x.name == args.run_line)
         ctx = pl.Context(out=Path(args.out), scratch=Path(args.scratch), cpu=False, ngpus=gpu_count(),
                          deadline=deadline, env=base_env(False), log=Path(args.log),
-                         gpu_ids=[int(g) for g in args.gpu_ids.split(",") if g])
+                         gpu_ids=[int(g) for g in args.gpu_ids.split(",") if g],
+                         visible=[x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()])
         try:
             res = line.run(ctx)
         except pl.LineFailed as e:
@@ -323,8 +327,9 @@ def main(argv=None) -> int:
     ngpus = 0 if cpu else gpu_count()
     env = base_env(cpu)
     missing = missing_modules({m for x in pl.LINES for m in x.needs} | set(ALWAYS) | {"paramiko"})
+    visible = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
     ctx = pl.Context(out=out, scratch=scratch, cpu=cpu, ngpus=ngpus, deadline=deadline, env=env,
-                     log=out / "gpu_proof.log", carry=Path(args.carry) if args.carry else None)
+                     log=out / "gpu_proof.log", carry=Path(args.carry) if args.carry else None, visible=visible)
     ctx.log.write_text("")
     only = {x for x in args.only.split(",") if x}
     skip = {x for x in args.skip.split(",") if x}
@@ -340,13 +345,7 @@ def main(argv=None) -> int:
         else:
             ready.append(x)
     own = {x.name for x in pl.LINES if x.name.startswith("speed-")}
-    try:
-        Scheduler(ctx, pl.LINES, parallel=not cpu and ngpus > 1, own_process=own).run(ready)
-    finally:
-        nodes = ctx.shared.get("nodes")
-        if nodes is not None:
-            nodes.down()
-    # A line skipped because a line it reads did not run says which
+    Scheduler(ctx, pl.LINES, parallel=not cpu and ngpus > 1, own_process=own).run(ready)
     results = [ctx.results[x.name] for x in pl.LINES]
     wall = time.monotonic() - t_start
     head = (f"GPU proof {datetime.date.today()} on {', '.join(info.get('gpus') or []) or 'CPU ranks (gloo)'}; "

@@ -89,6 +89,7 @@ class Context:
     shared: dict = field(default_factory=dict)  # what lines share (the one-rank reference runs, the nodes)
     gpu_ids: list[int] = field(default_factory=list)  # the GPUs of the line running now (set per line)
     carry: Optional[Path] = None
+    visible: list[str] = field(default_factory=list)  # the CUDA_VISIBLE_DEVICES the proof was given (empty: all)
 
     @property
     def ranks(self) -> int:
@@ -102,10 +103,15 @@ class Context:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def devices(self, ids: Optional[list[int]] = None) -> str:
+        """CUDA_VISIBLE_DEVICES for these of the proof's GPUs (default the line's), through the one it was given."""
+        ids = self.gpu_ids if ids is None else ids
+        return ",".join(self.visible[i] if self.visible else str(i) for i in ids)
+
     def line_env(self, **extra: str) -> dict:
         env = dict(self.env)
         if not self.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_ids))
+            env["CUDA_VISIBLE_DEVICES"] = self.devices()
         env.update(extra)
         return env
 
@@ -184,8 +190,9 @@ def worker(ctx: Context, out: Path, flags: list[str], nproc: int, timeout: float
     if ctx.cpu:
         env["OMP_NUM_THREADS"] = "1" if nproc > 1 else env.get("OMP_NUM_THREADS", "2")
     elif nproc == 1:
-        env["CUDA_VISIBLE_DEVICES"] = str(ctx.gpu_ids[0])
+        env["CUDA_VISIBLE_DEVICES"] = ctx.devices(ctx.gpu_ids[:1])
     res = ctx.run([*cmd, "--output_dir", str(out), *flags], timeout=timeout, env=env, what=what)
+    ctx.shared[f"output:{what}"] = res.stdout
     metrics = out / "metrics.jsonl"
     recs = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     if res.returncode != 0 or not any("event" not in r for r in recs):
@@ -267,7 +274,7 @@ def moe_zero3(ctx: Context) -> Result:
     ref = _reference(ctx, "moe", files, steps, flags + ["--per_device_train_batch_size", "4"], 300)
     got = worker(ctx, ctx.scratch / "moe-zero3", common_flags(ctx, files, steps, flags + [
         "--per_device_train_batch_size", str(4 // n), "--deepspeed", "builtin:zero3"]), n, 400, f"moe: {n} ranks")
-    log = ctx.log.read_text(errors="replace").rsplit("===== moe:", 1)[-1]
+    log = ctx.shared.get(f"output:moe: {n} ranks", "")
     leaves = next((ln.split("each gathered whole):", 1)[1].strip() for ln in log.splitlines()
                    if "ZeRO-3 leaf modules" in ln), "")
     if "SparseMoeBlock" not in leaves:
@@ -311,7 +318,7 @@ def sharded_4bit(ctx: Context) -> Result:
 
             shutil.copytree(files["model"], model, dirs_exist_ok=True)
             res = ctx.run([sys.executable, str(BENCH / "train_speed.py"), "--save-random", model, "--shape", GPU_SHAPE],
-                          timeout=200, env=ctx.line_env(CUDA_VISIBLE_DEVICES=str(ctx.gpu_ids[0])),
+                          timeout=200, env=ctx.line_env(CUDA_VISIBLE_DEVICES=ctx.devices(ctx.gpu_ids[:1])),
                           what="4-bit: random weights")
             if res.returncode != 0:
                 raise LineFailed(f"writing the random weights failed: {tail(res.stdout)}")
@@ -452,15 +459,13 @@ def scaling(ctx: Context) -> Result:
 
 
 def nodes(ctx: Context):
-    """The two sshd "nodes", set up once for the lines that need them (bench/proof_sshd.py)."""
-    if "nodes" in ctx.shared:
-        return ctx.shared["nodes"]
+    """Two sshd "nodes" for this line, each with half of the line's GPUs (bench/proof_sshd.py); None (and the
+    reason in ctx.shared["nodes_why"]) where no sshd can be had. The caller takes them down."""
     sys.path.insert(0, str(BENCH))
     import proof_sshd
 
     sshd, how = proof_sshd.find_sshd(ctx.carry, ctx.scratch)
     if sshd is None:
-        ctx.shared["nodes"] = None
         ctx.shared["nodes_why"] = how
         return None
     half = max(1, len(ctx.gpu_ids) // 2)
@@ -471,12 +476,12 @@ def nodes(ctx: Context):
     for i in range(2):
         e = dict(base)
         if not ctx.cpu:
-            e["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ctx.gpu_ids[i * half:(i + 1) * half]))
+            e["CUDA_VISIBLE_DEVICES"] = ctx.devices(ctx.gpu_ids[i * half:(i + 1) * half])
         node_env.append(e)
-    n = proof_sshd.up(sshd, ctx.scratch, node_env)
-    ctx.shared["nodes"] = n
-    ctx.shared["nodes_how"] = how
-    ctx.shared["nodes_gpus"] = [e.get("CUDA_VISIBLE_DEVICES", "") for e in node_env]
+    n = proof_sshd.up(sshd, ctx.scratch / f"sshd-{'-'.join(map(str, ctx.gpu_ids)) or 'cpu'}-{time.monotonic_ns()}",
+                      node_env)
+    n.how = how
+    n.gpus = [e.get("CUDA_VISIBLE_DEVICES", "") for e in node_env]
     return n
 
 
@@ -510,17 +515,20 @@ def two_node_preset(ctx: Context, n, name: str, **training: Any) -> Path:
     return p
 
 
-def _need_nodes(ctx: Context, line: str):
-    n = nodes(ctx)
-    if n is None:
-        return None, Result(line, "", "skipped", ctx.shared["nodes_why"])
-    return n, None
+def with_nodes(line: str, body: Callable[[Context, Any], Result]) -> Callable[[Context], Result]:
+    """The line's body on two sshd nodes of its own, taken down however it ends; skipped where no sshd is."""
+    def run(ctx: Context) -> Result:
+        n = nodes(ctx)
+        if n is None:
+            return Result(line, "", "skipped", ctx.shared["nodes_why"])
+        try:
+            return body(ctx, n)
+        finally:
+            n.down()
+    return run
 
 
-def check(ctx: Context) -> Result:
-    n, skip = _need_nodes(ctx, "check")
-    if skip:
-        return skip
+def _check(ctx: Context, n) -> Result:
     preset = two_node_preset(ctx, n, "check")
     res = ctx.run([sys.executable, "-m", "qwen_tui", "check", str(preset), "--json", "--accept-new-host-keys",
                    "--bandwidth-seconds", "1"], timeout=240, what="qwen-tui check")
@@ -534,7 +542,7 @@ def check(ctx: Context) -> Result:
     if res.returncode != 0 or not rehearsal:
         return Result("check", "", "fail", "; ".join(errors)[:600] or f"exit {res.returncode}, no rehearsal verdict",
                       measured={"ok": rep.get("ok")})
-    return Result("check", "", "pass", f"2 nodes over SSH ({ctx.shared['nodes_how']} sshd), every check ok; "
+    return Result("check", "", "pass", f"2 nodes over SSH ({n.how} sshd), every check ok; "
                   f"rehearsal: {rehearsal[0]['message']}",
                   measured={"matrix": rep["matrix"], "rehearsal": rehearsal[0]["message"],
                             "seconds": rep.get("seconds")})
@@ -568,12 +576,9 @@ def _gpu_of_pids() -> dict[int, str]:
     return out
 
 
-def launcher(ctx: Context) -> Result:
+def _launcher(ctx: Context, n) -> Result:
     """`qwen-tui replay` of a preset with two nodes reached over SSH: two torchrun agents, each with its GPUs;
     the run must end COMPLETED with every rank, and (on GPUs) the two nodes' ranks on different GPUs."""
-    n, skip = _need_nodes(ctx, "launcher")
-    if skip:
-        return skip
     preset = two_node_preset(ctx, n, "launch")
     runs = ctx.scratch / "launch-runs"
     argv = [sys.executable, "-m", "qwen_tui", "replay", str(preset), "--skip-checks", "--accept-new-host-keys",
@@ -617,11 +622,11 @@ def launcher(ctx: Context) -> Result:
                 gpus_by_node.setdefault(b["node_rank"], set()).add(seen[b["pid"]])
         if len(gpus_by_node) == 2 and gpus_by_node[0] & gpus_by_node[1]:
             problems.append(f"the nodes' ranks shared a GPU: {gpus_by_node}")
-    measured = {"world_size": start.get("world_size"), "end": end, "node_gpus": ctx.shared.get("nodes_gpus"),
+    measured = {"world_size": start.get("world_size"), "end": end, "node_gpus": n.gpus,
                 "gpu_uuids_by_node": {k: sorted(v) for k, v in gpus_by_node.items()}}
     if problems:
         return Result("launcher", "", "fail", "; ".join(problems) + f" (log: {ctx.log.name})", measured=measured)
-    where = "" if ctx.cpu else (f", node GPUs {' and '.join(ctx.shared['nodes_gpus'])}" +
+    where = "" if ctx.cpu else (f", node GPUs {' and '.join(n.gpus)}" +
                                 (" (seen on different GPUs)" if len(gpus_by_node) == 2 else ""))
     return Result("launcher", "", "pass", f"replay over SSH to 2 nodes, {world} ranks, {len(beats)} heartbeats, "
                   f"ended {end.get('status', end.get('state', 'ok'))}{where}", measured=measured)
@@ -681,7 +686,7 @@ def _speed_args(ctx: Context, **kw: Any) -> SimpleNamespace:
 
 def _one_gpu_env(ctx: Context):
     os.environ.update({k: v for k, v in ctx.env.items() if k != "CUDA_VISIBLE_DEVICES"})
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(ctx.gpu_ids[0])
+    os.environ["CUDA_VISIBLE_DEVICES"] = ctx.devices(ctx.gpu_ids[:1])
 
 
 def speed_train(config: str, line: str) -> Callable[[Context], Result]:
@@ -691,8 +696,8 @@ def speed_train(config: str, line: str) -> Callable[[Context], Result]:
 
         base, cfg, env, extra = train_speed.config_of(config)
         args = _speed_args(ctx)
-        r = train_speed.run_ours_worker(config, cfg, args, ctx.log, {**ctx.env, **env,
-                                                                     "CUDA_VISIBLE_DEVICES": str(ctx.gpu_ids[0])},
+        r = train_speed.run_ours_worker(config, cfg, args, ctx.log,
+                                        {**ctx.env, **env, "CUDA_VISIBLE_DEVICES": ctx.devices(ctx.gpu_ids[:1])},
                                         extra)
         return _speed_result(line, r)
     return run
@@ -730,14 +735,12 @@ def speed_longest(ctx: Context) -> Result:
 LINES: list[Line] = [
     Line("collectives", "NCCL all-reduce / all-gather bus bandwidth, fed to the estimator", 0, False, 40,
          collectives),
-    Line("scaling", "scaling efficiency 1 -> N GPUs beside the estimator's prediction", 0, True, 150, scaling,
-         needs=("deepspeed",), after=("collectives",)),
-    Line("check", "`qwen-tui check` on two nodes over SSH, with its rehearsal", 2, False, 60, check,
-         needs=("paramiko",)),
+    Line("check", "`qwen-tui check` on two nodes over SSH, with its rehearsal", 2, False, 60,
+         with_nodes("check", _check), needs=("paramiko",)),
     Line("nccl-transport", "the rehearsal's NCCL transport verdict (NET/IB or NET/Socket)", 2, True, 1,
          nccl_transport, after=("check",)),
-    Line("launcher", "qwen-tui's launcher: two torchrun agents over SSH, each with its GPUs", 2, False, 90, launcher,
-         needs=("paramiko",)),
+    Line("launcher", "qwen-tui's launcher: two torchrun agents over SSH, each with its GPUs", 2, False, 90,
+         with_nodes("launcher", _launcher), needs=("paramiko",)),
     Line("zero2-curve", "ZeRO-2 on 2 GPUs reproduces 1 GPU's loss and grad-norm curve", 2, False, 100,
          zero_curve(2), needs=("deepspeed",)),
     Line("zero3-curve", "ZeRO-3 on 2 GPUs reproduces 1 GPU's loss and grad-norm curve", 2, False, 60,
@@ -748,12 +751,14 @@ LINES: list[Line] = [
          needs=("deepspeed",)),
     Line("sharded-4bit", "the 4-bit base sharded by ZeRO-3 (Q-LoRA)", 2, False, 120, sharded_4bit,
          needs=("deepspeed", "bitsandbytes")),
+    Line("scaling", "scaling efficiency 1 -> N GPUs beside the estimator's prediction", 0, True, 150, scaling,
+         needs=("deepspeed",), after=("collectives",)),
     Line("speed-7b-lora", "fast path: Qwen2.5-7B LoRA tokens/s and MFU", 1, True, 130,
          speed_train("ours-lora-7b", "speed-7b-lora"), needs=("liger_kernel",)),
-    Line("speed-1.5b-full", "fast path: Qwen2.5-1.5B full tokens/s and MFU", 1, True, 80,
+    Line("speed-1.5b-full", "fast path: Qwen2.5-1.5B full tokens/s and MFU", 1, True, 70,
          speed_train("ours-full-1.5b", "speed-1.5b-full"), needs=("liger_kernel",)),
-    Line("speed-moe-lora", "fast path: Qwen3-30B-A3B-shape LoRA tokens/s and MFU", 1, True, 170, speed_moe,
+    Line("speed-moe-lora", "fast path: Qwen3-30B-A3B-shape LoRA tokens/s and MFU", 1, True, 130, speed_moe,
          needs=("liger_kernel",)),
     Line("speed-longest-record", "the longest single record (196,608 tokens, 7B LoRA) tokens/s and MFU", 1, True,
-         170, speed_longest),
+         160, speed_longest),
 ]

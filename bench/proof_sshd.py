@@ -74,6 +74,8 @@ class Nodes:
     identity: Path
     user: str
     procs: list[subprocess.Popen] = field(default_factory=list)
+    how: str = ""  # how the sshd was found (installed, or unpacked from a carried package)
+    gpus: list[str] = field(default_factory=list)  # each node's CUDA_VISIBLE_DEVICES
 
     @property
     def hosts(self) -> list[str]:
@@ -102,6 +104,13 @@ def up(sshd: str, scratch: Path, node_env: list[dict[str, str]], bound_s: float 
     (d / "authorized_keys").chmod(0o600)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation's empty directory
+        try:
+            import pwd
+
+            pwd.getpwnam("sshd")
+        except KeyError:  # an image without openssh-server has no privilege separation user either
+            subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/run/sshd", "--shell",
+                            "/usr/sbin/nologin", "sshd"], check=True, timeout=30)
     nodes = Nodes(dir=d, ports=[], ssh_config=d / "ssh_config", known_hosts=d / "known_hosts", identity=identity,
                   user=user)
     nodes.known_hosts.touch(mode=0o600)

@@ -149,3 +149,13 @@ def test_the_measured_bus_bandwidth_and_one_gpus_speed_feed_the_estimator(tmp_pa
     assert 0 < based["base_efficiency"] < 1 and based["rows"] == 2
     ctx.cpu = True
     assert pl.estimator_with(ctx, 400.0, 8) is None  # CPU ranks model nothing the estimator knows
+
+
+def test_a_line_of_all_the_gpus_is_not_overtaken_by_the_lines_after_it(tmp_path):
+    seen: list = []
+    lines = [fake_line("pair", 2, seen=seen, sleep=0.3), fake_line("all", 0, seen=seen),
+             fake_line("single", 1, seen=seen)]
+    ctx = ctx_for(tmp_path, 4)
+    gpu_proof.Scheduler(ctx, lines, parallel=True, own_process=set()).run(lines)
+    got = {n: (g, t) for n, g, t in seen}
+    assert got["all"][0] == (0, 1, 2, 3) and got["single"][1] >= got["all"][1] >= got["pair"][1] + 0.25
