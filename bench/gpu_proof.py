@@ -317,6 +317,8 @@ def main(argv=None) -> int:
             res = line.run(ctx)
         except pl.LineFailed as e:
             res = pl.Result(line.name, line.title, "fail", str(e))
+        except Exception as e:  # the benchmark's own error (a timeout it does not catch): the line's verdict
+            res = pl.Result(line.name, line.title, "fail", f"{type(e).__name__}: {e}"[:600])
         res.title = line.title
         Path(args.result).write_text(json.dumps(res.to_dict()))
         return 0

@@ -685,6 +685,7 @@ def _speed_args(ctx: Context, **kw: Any) -> SimpleNamespace:
 
 
 def _one_gpu_env(ctx: Context):
+    """This process's environment for a speed line (which runs in a process of its own): the proof's, one GPU."""
     os.environ.update({k: v for k, v in ctx.env.items() if k != "CUDA_VISIBLE_DEVICES"})
     os.environ["CUDA_VISIBLE_DEVICES"] = ctx.devices(ctx.gpu_ids[:1])
 
@@ -696,9 +697,9 @@ def speed_train(config: str, line: str) -> Callable[[Context], Result]:
 
         base, cfg, env, extra = train_speed.config_of(config)
         args = _speed_args(ctx)
+        _one_gpu_env(ctx)  # the benchmark starts from this process's environment and logs only what it adds
         r = train_speed.run_ours_worker(config, cfg, args, ctx.log,
-                                        {**ctx.env, **env, "CUDA_VISIBLE_DEVICES": ctx.devices(ctx.gpu_ids[:1])},
-                                        extra)
+                                        {**env, "CUDA_VISIBLE_DEVICES": ctx.devices(ctx.gpu_ids[:1])}, extra)
         return _speed_result(line, r)
     return run
 
