@@ -116,15 +116,16 @@ class Context:
         return env
 
     def run(self, argv: list[str], *, timeout: float, env: Optional[dict] = None, cwd: Path = ROOT,
-            what: str = "") -> subprocess.CompletedProcess:
-        """Runs a command in its own session, its output appended to the proof's log; on the timeout (or past the
-        deadline) the whole session is killed and the line fails, saying so."""
+            what: str = "", stdout_only: bool = False) -> subprocess.CompletedProcess:
+        """Runs a command in its own session, its output appended to the proof's log (stdout_only: its stderr goes
+        to the log alone, and stdout is what it printed there); on the timeout (or past the deadline) the whole
+        session is killed and the line fails, saying so."""
         limit = max(5.0, min(timeout, self.left()))
         with open(self.log, "a") as log:
             log.write(f"===== {what or argv[0]}: {' '.join(argv)}\n")
             log.flush()
             p = subprocess.Popen(argv, cwd=cwd, env=env or self.line_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                 stderr=log if stdout_only else subprocess.STDOUT, text=True, start_new_session=True)
             try:
                 out, _ = p.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
@@ -531,9 +532,9 @@ def with_nodes(line: str, body: Callable[[Context, Any], Result]) -> Callable[[C
 def _check(ctx: Context, n) -> Result:
     preset = two_node_preset(ctx, n, "check")
     res = ctx.run([sys.executable, "-m", "qwen_tui", "check", str(preset), "--json", "--accept-new-host-keys",
-                   "--bandwidth-seconds", "1"], timeout=240, what="qwen-tui check")
+                   "--bandwidth-seconds", "1"], timeout=240, what="qwen-tui check", stdout_only=True)
     try:
-        rep = json.loads(res.stdout[res.stdout.index("{"):])
+        rep = json.loads(res.stdout)
     except ValueError:
         raise LineFailed(f"qwen-tui check printed no report (exit {res.returncode}): {tail(res.stdout)}") from None
     ctx.shared["check"] = rep

@@ -63,6 +63,20 @@ def _keypair(path: Path) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
+def _listening(proc: subprocess.Popen, port: int, deadline: float) -> bool:
+    """True once the sshd accepts on its port; False if it exited first or the deadline passed (it is stopped)."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    return False
+
+
 @dataclass
 class Nodes:
     """The two nodes, up: what a preset needs to reach them."""
@@ -117,40 +131,31 @@ def up(sshd: str, scratch: Path, node_env: list[dict[str, str]], bound_s: float 
     cfg = []
     try:
         for i, env in enumerate(node_env):
-            port = free_port()
             host_key = d / f"host_key_{i}"
             _keypair(host_key)
             sets = " ".join(f'"{k}={v}"' for k, v in env.items())
-            conf = d / f"sshd_config_{i}"
-            conf.write_text("\n".join([
-                "ListenAddress 127.0.0.1", f"Port {port}", f"HostKey {host_key}", f"PidFile {d}/sshd_{i}.pid",
-                "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-                "PubkeyAuthentication yes", "UsePAM no", "StrictModes no",
-                f"AuthorizedKeysFile {d}/authorized_keys", "Subsystem sftp internal-sftp",
-                *([f"SetEnv {sets}"] if sets else []),
-                "LogLevel ERROR", ""]))
-            log = open(d / f"sshd_{i}.log", "ab")
-            nodes.procs.append(subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,
-                                                stdout=log, stderr=log, start_new_session=True))
-            log.close()
+            for attempt in range(3):  # a spare port can be taken between asking and binding: then another
+                port = free_port()
+                conf = d / f"sshd_config_{i}"
+                conf.write_text("\n".join([
+                    "ListenAddress 127.0.0.1", f"Port {port}", f"HostKey {host_key}", f"PidFile {d}/sshd_{i}.pid",
+                    "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "UsePAM no", "StrictModes no",
+                    f"AuthorizedKeysFile {d}/authorized_keys", "Subsystem sftp internal-sftp",
+                    *([f"SetEnv {sets}"] if sets else []), "LogLevel ERROR", ""]))
+                with open(d / f"sshd_{i}.log", "ab") as log:
+                    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=log, start_new_session=True)
+                if _listening(proc, port, time.monotonic() + bound_s):
+                    break
+                said = (d / f"sshd_{i}.log").read_text(errors="replace")[-600:]
+                if "Address already in use" not in said or attempt == 2:
+                    raise RuntimeError(f"sshd for proof-node-{i} did not listen on {port}: {said or 'no output'}")
+            nodes.procs.append(proc)
             nodes.ports.append(port)
             cfg += [f"Host proof-node-{i}", "  HostName 127.0.0.1", f"  Port {port}", f"  User {user}",
                     f"  IdentityFile {identity}", "  IdentitiesOnly yes", ""]
         nodes.ssh_config.write_text("\n".join(cfg))
-        deadline = time.monotonic() + bound_s
-        for i, port in enumerate(nodes.ports):
-            while True:
-                if nodes.procs[i].poll() is not None:
-                    raise RuntimeError(f"sshd for proof-node-{i} exited: "
-                                       f"{(d / f'sshd_{i}.log').read_text(errors='replace')[-600:]}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"sshd for proof-node-{i} did not listen on {port} "
-                                           f"within {bound_s:g}s") from None
-                    time.sleep(0.05)
     except BaseException:
         nodes.down()
         raise
