@@ -154,6 +154,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
+    if args.image and args.format not in ("kubeflow", "skypilot"):
+        _err(f"--image: the {args.format} format runs no container image (kubeflow and skypilot do)")
+        return 2
+    if args.accelerator and args.format != "skypilot":
+        _err(f"--accelerator: only the skypilot format asks for a GPU type, not {args.format}")
+        return 2
     run_id = new_run_id(preset.name or Path(args.preset).stem)
     if preset.scheduler.is_slurm and args.format == "slurm":
         # the batch script `qwen-tui replay` submits, reading this preset file; a run directory per job
@@ -164,7 +170,11 @@ def cmd_export(args: argparse.Namespace) -> int:
                                                      runs_root=str(default_runs_root()))}
     else:
         plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
-        files = render(plan, args.format)
+        try:
+            files = render(plan, args.format, image=args.image, accelerator=args.accelerator)
+        except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
+            _err(f"{args.preset}: {e}")
+            return 2
     out = Path(args.output) if args.output else None
     if out is None:
         if len(files) == 1:
@@ -316,15 +326,23 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
     ls.set_defaults(func=cmd_runs)
 
-    e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan",
-                       description="Write batch scripts that run the same plan as replay would: an sbatch script "
-                       "(slurm), a qsub script (pbs), or one shell script per node (sh). Secrets are read from the "
-                       "environment when the script runs, never written into it; the scripts do not relaunch "
+    e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts, a Kubeflow TrainJob or a SkyPilot "
+                       "task that run the same plan",
+                       description="Write what runs the same plan as replay would on another engine: an sbatch "
+                       "script (slurm), a qsub script (pbs), one shell script per node (sh), a Kubeflow Trainer v2 "
+                       "TrainJob (kubeflow) or a SkyPilot task (skypilot). Secrets are read from the environment (or "
+                       "the engine's secrets) when it runs, never written into it; the scripts do not relaunch "
                        "after a failure.")
     e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
-    e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh",
-                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node (default: sh)")
-    e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
+    e.add_argument("--format", choices=("slurm", "pbs", "sh", "kubeflow", "skypilot"), default="sh",
+                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node; kubeflow: a Kubeflow "
+                        "Trainer v2 TrainJob (kubectl apply -f); skypilot: a SkyPilot task (sky launch) (default: sh)")
+    e.add_argument("-o", "--output", help="file (slurm, pbs, kubeflow, skypilot) or directory (sh); default stdout "
+                   "for one file")
+    e.add_argument("--image", help="kubeflow, skypilot: the container image the nodes run (it must hold qwen-tui's "
+                   "worker); default: the engine's own")
+    e.add_argument("--accelerator", help="skypilot: the GPU type to ask for (e.g. H100); default: any of H100, H200, "
+                   "A100-80GB")
     e.set_defaults(func=cmd_export)
 
     s = sub.add_parser("show", help="print a preset with every default filled in",
