@@ -149,8 +149,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..plan.launch import make_plan
-    from ..run.export import render
+    from ..run.export import export_files
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
@@ -161,20 +160,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         _err(f"--accelerator: only the skypilot format asks for a GPU type, not {args.format}")
         return 2
     run_id = new_run_id(preset.name or Path(args.preset).stem)
-    if preset.scheduler.is_slurm and args.format == "slurm":
-        # the batch script `qwen-tui replay` submits, reading this preset file; a run directory per job
-        from ..run.rundir import default_runs_root
-        from ..run.slurm.script import exported_script
-
-        files = {f"{run_id}.sbatch": exported_script(preset, preset_file=str(Path(args.preset).absolute()),
-                                                     runs_root=str(default_runs_root()))}
-    else:
-        plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
-        try:
-            files = render(plan, args.format, image=args.image, accelerator=args.accelerator)
-        except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
-            _err(f"{args.preset}: {e}")
-            return 2
+    try:
+        files = export_files(preset, args.format, run_id=run_id, base_dir=os.getcwd(),
+                             preset_file=str(Path(args.preset).absolute()), image=args.image,
+                             accelerator=args.accelerator)
+    except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
+        _err(f"{args.preset}: {e}")
+        return 2
     out = Path(args.output) if args.output else None
     if out is None:
         if len(files) == 1:

@@ -75,11 +75,12 @@ class NodesScreen(StepScreen):
         Binding("delete,x", "remove", "Remove"),
         Binding("i", "import_nodes", "Import"),
         Binding("p", "probe", "Probe"),
-        Binding("k", "kind", "SSH/SLURM"),
+        Binding("k", "kind", "SSH/SLURM", show=False),  # said in the intro: the footer keeps Quit at 80 columns
     ]
 
     def body(self) -> ComposeResult:
-        yield Label("Nodes: the machines of this run. Node 0 is the master (this machine runs qwen-tui).",
+        yield Label("Nodes: the machines of this run. Node 0 is the master (this machine runs qwen-tui). "
+                    "k: let SLURM give them instead.",
                     classes="intro")
         yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
         yield Static(id="slurm-summary")

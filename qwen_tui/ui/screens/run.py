@@ -492,8 +492,15 @@ class RunScreen(StepScreen):
 
     def action_stop(self) -> None:
         if self.launcher is None and self.state.run_status == RunState.PENDING and self._job is not None:
-            self._stop_wanted = True  # the job's follower cancels it (scancel)
-            self._status(Text(f"cancelling SLURM job {self._job.job_id} (scancel)…", style=tone(WARNING)))
+            job = self._job.job_id
+
+            def cancel(yes: bool | None) -> None:
+                if yes:
+                    self._stop_wanted = True  # the job's follower cancels it (scancel)
+                    self._status(Text(f"cancelling SLURM job {job} (scancel)…", style=tone(WARNING)))
+
+            self.app.push_screen(Confirm(f"Cancel SLURM job {job}?", "It leaves SLURM's queue (scancel); nothing "
+                                         "of it has run yet.", yes="Cancel the job", danger=True), cancel)
             return
         if self.launcher is None or self.state.run_status != RunState.RUNNING:
             self.notify("nothing running")
