@@ -28,6 +28,12 @@ def field(cluster, sshdir, keyed, slurm):
         f.close()
 
 
+@pytest.fixture(autouse=True)
+def idle_nodes(slurm):
+    """Every test starts with every node idle: an earlier one's jobs ended, a node it set DOWN back."""
+    slurm.wait_all_idle()
+
+
 def _job_of(rd: Path) -> str:
     return json.loads((rd / "slurm.json").read_text())["job_id"]
 

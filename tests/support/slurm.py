@@ -139,6 +139,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             self._procs.append(subprocess.Popen([*enter, *argv], env=env, stdin=subprocess.DEVNULL, stdout=f,
                                                 stderr=subprocess.STDOUT, start_new_session=True))
 
+    def wait_all_idle(self, bound: float = 60.0) -> None:
+        """Until every node is IDLE (after a test set one DOWN and resumed it, or its jobs still end): the next
+        test's request would otherwise be refused or pend."""
+        deadline = time.monotonic() + bound
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            states = self.client("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split("\n")
+            if all(line.split()[-1] == "idle" for line in states if line.strip()):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"SLURM's nodes are not idle after {bound:g} s: {states}")
+
     def log_tail(self, name: str, n: int = 15) -> str:
         try:
             return "\n".join((self.dir / name).read_text(errors="replace").splitlines()[-n:])
