@@ -25,7 +25,7 @@ from training.data.encoding import IGNORE_INDEX
 from training.fast import allocator, apply, sequence_parallel
 from training.fast.choice import FastChoice
 from training.flags import WorkerFlags
-from training.runtime import dist, profiling, step_timing, trackers
+from training.runtime import dist, profiling, save_request, step_timing, trackers
 from training.runtime.dist import DistEnv
 from training.runtime.heartbeat import Heartbeat, NoHeartbeat
 from training.runtime.metrics import MetricsWriter
@@ -79,6 +79,7 @@ class LoopResult:
     evaluated_step: int | None  # the step the last evaluation ran at (None: none ran)
     lazy_truncated: int  # with --lazy_preprocess: records truncated in training batches
     train_runtime: float  # seconds
+    saved_and_stopped: bool = False  # a checkpoint asked for by SIGUSR2 was saved at `step`, and the loop ended
 
 
 class StepLoop:
@@ -92,6 +93,11 @@ class StepLoop:
         self._retries_warned = 0  # allocator retries already warned about
         self._window = _Window()
         self._failing = False  # after a failure: no logging gather (the other ranks may be anywhere)
+        # SIGUSR2 (training/runtime/save_request.py): this rank's flag rides the step's loss all-reduce; once any
+        # rank's flag is in a step's sum, every rank saves and stops at the same step
+        self._save_flag = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._flag_sent = False
+        self.save_and_stop = False
 
     def run(self) -> LoopResult:
         gas = self.args.train.gradient_accumulation_steps
@@ -207,14 +213,18 @@ class StepLoop:
                 hb.step = self.step
                 hb.phase("collective")
                 started = timer.start()
-                loss_sum = dist.all_reduce_sum(torch.stack([loss_sum, aux_sum]))  # one collective for both
+                if save_request.REQUEST.asked and not self._flag_sent:
+                    self._save_flag.fill_(1.0)
+                    self._flag_sent = True
+                # one collective for the loss, the aux loss and a checkpoint asked for on any rank
+                loss_sum = dist.all_reduce_sum(torch.stack([loss_sum, aux_sum, self._save_flag]))
                 timer.end(self.step, started)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
                 due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
                 if (self.fast.overlap_steps and a.save.profile_step != self.step and self.step < st.total_steps
-                        and not due_eval and not self._should_save()):
+                        and not due_eval and not self._should_save() and not self.save_and_stop):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
@@ -226,8 +236,13 @@ class StepLoop:
                 if due_eval:
                     st.evaluate(self.step)
                     self.evaluated_step = self.step  # the run's end need not evaluate the same weights again
-                if self._should_save():
+                if self._should_save() or self.save_and_stop:
                     st.save_checkpoint(self.step)
+                if self.save_and_stop:
+                    log.warning("checkpoint of step %d saved as asked (SIGUSR2: the job's time is nearly up); "
+                                "training stops here, to resume from it", self.step)
+                    return LoopResult(self.step, self.evaluated_step, self.lazy_truncated,
+                                      time.perf_counter() - t_start, saved_and_stopped=True)
         except BaseException:
             if queued is not None:  # a step that finished before the failure still gets its metrics record
                 self._flush_after_error(queued)
@@ -238,7 +253,9 @@ class StepLoop:
         """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
         step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
         a = self.args
-        loss_sum, aux_sum = q.loss_sum.tolist()
+        loss_sum, aux_sum, asked = q.loss_sum.tolist()
+        if asked > 0:  # read back at the same point on every rank: they all stop after the same step
+            self.save_and_stop = True
         grad_norm = float(q.grad_norm)
         if seconds is None:
             seconds = time.perf_counter() - q.t0
@@ -413,7 +430,7 @@ class StepLoop:
 class _Queued:
     """A finished optimizer step whose loss and gradient norm may still be on the device."""
     step: int
-    loss_sum: torch.Tensor  # [summed token loss, summed aux loss x real tokens], over all ranks
+    loss_sum: torch.Tensor  # [summed token loss, summed aux loss x real tokens, ranks asking a checkpoint], summed
     grad_norm: torch.Tensor | float
     lr: float
     n_labels: float

@@ -73,6 +73,8 @@ class LaunchPlan:
     output_dir: str
     nodes: list[NodeCommand] = field(default_factory=list)
     monitor: dict[str, Any] = field(default_factory=dict)  # the preset's monitor section (run/watchdog.py)
+    # who gave the nodes: {} over SSH; {"kind": "slurm", "job_id": ...} for a SLURM allocation (run/slurm/)
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,7 +195,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
     `base_dir` the directory relative local workdirs are taken from, `local_python`
     the interpreter local nodes use when the preset leaves `python` at its default
     (qwen-tui's own, so a venv need not be activated)."""
-    nodes = preset.cluster.nodes
+    nodes = preset.slots
     backend = _backend(preset)
     master_addr = preset.master_addr
     port = preset.network.master_port
@@ -266,4 +268,6 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
     return LaunchPlan(run_id=run_id, nnodes=len(nodes), world_size=preset.world_size, master_addr=master_addr,
                       master_port=port, backend=backend, effective_batch_size=ebs, batch_formula=formula,
                       metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds,
-                      monitor=preset.monitor.model_dump(mode="json"))
+                      monitor=preset.monitor.model_dump(mode="json"),
+                      scheduler={"kind": "slurm", "job_id": preset.scheduler.job_id} if preset.scheduler.is_slurm
+                      else {})

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .scheduler import Scheduler
 from .yaml_io import PresetError  # defined beside the YAML guards; everyone imports it from here
 
 PRESET_VERSION = 1
@@ -71,8 +72,8 @@ class Node(_Strict):
 
 
 class Cluster(_Strict):
-    nodes: list[Node] = Field(min_length=1, description="the machines, node 0 first: the master, where qwen-tui "
-                              "runs and rank 0 trains")
+    nodes: list[Node] = Field(default_factory=list, description="the machines, node 0 first: the master, where "
+                              "qwen-tui runs and rank 0 trains (with scheduler.kind slurm: none, SLURM gives them)")
     ssh_config: str | None = Field(default=None, description="ssh_config file; default ~/.ssh/config")
     identity_file: str | None = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
     known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
@@ -221,11 +222,13 @@ class Preset(_Strict):
                                 "file's name")
     description: str | None = Field(default=None, description="a few lines for the reader; heads the saved "
                                        "file as comments")
-    cluster: Cluster = Field(description="the nodes and how to reach them")
+    cluster: Cluster = Field(default_factory=Cluster, description="the nodes and how to reach them")
     network: Network = Field(default_factory=Network, description="rendezvous, backend, interfaces and the "
                              "environment of every rank")
     training: Training = Field(description="the model, the data and the worker's arguments")
     monitor: Monitor = Field(default_factory=Monitor, description="how qwen-tui watches a running job")
+    scheduler: Scheduler = Field(default_factory=Scheduler, description="who gives the run its nodes: SSH (the "
+                                 "nodes listed) or SLURM")
 
     @field_validator("name")
     @classmethod
@@ -248,6 +251,20 @@ class Preset(_Strict):
         if v != PRESET_VERSION:
             raise ValueError(f"this qwen-tui reads preset version {PRESET_VERSION}, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _nodes_for_the_scheduler(self) -> "Preset":
+        s = self.scheduler
+        if not s.is_slurm and not self.cluster.nodes:
+            raise ValueError("cluster.nodes: at least one node is needed (or scheduler.kind: slurm, to take the "
+                             "nodes from SLURM)")
+        if s.is_slurm and self.cluster.nodes and s.job_id is None:
+            raise ValueError("cluster.nodes: a SLURM preset takes its nodes from SLURM: leave cluster.nodes out "
+                             "and say how many with scheduler.nodes (scheduler.nodelist names particular ones)")
+        if s.is_slurm and s.job_id is not None and len(self.cluster.nodes) < 1:
+            raise ValueError("cluster.nodes: a run inside SLURM job "
+                             f"{s.job_id} names the allocation's nodes")
+        return self
 
     @model_validator(mode="after")
     def _eval_steps_need_eval_data(self) -> "Preset":
@@ -287,8 +304,26 @@ class Preset(_Strict):
 
     # Derived values every face shows the same way.
     @property
+    def slots(self) -> list[Node]:
+        """The nodes a run gets: cluster.nodes, or for a SLURM preset not yet inside an allocation as many
+        stand-ins as scheduler.nodes asks for (their hosts are SLURM's to choose)."""
+        if self.cluster.nodes:
+            return list(self.cluster.nodes)
+        s = self.scheduler
+        return [Node(host=f"slurm-node-{i}", gpus=s.gpus_per_node, workdir=s.workdir, python=s.python)
+                for i in range(s.nodes)]
+
+    def on_nodes(self, hosts: list[str], job_id: str) -> "Preset":
+        """This SLURM preset inside allocation `job_id`, whose nodes are `hosts` (SLURM's order: node 0 is the
+        master): every node runs in scheduler.workdir with scheduler.python; the master address is node 0's
+        unless network.master_addr names one."""
+        s = self.scheduler
+        nodes = [{"host": h, "gpus": s.gpus_per_node, "workdir": s.workdir, "python": s.python} for h in hosts]
+        return self.with_changes({"cluster.nodes": nodes, "scheduler.job_id": job_id})
+
+    @property
     def world_size(self) -> int:
-        return sum(n.gpus for n in self.cluster.nodes)
+        return sum(n.gpus for n in self.slots)
 
     @property
     def effective_batch_size(self) -> int:
@@ -303,7 +338,7 @@ class Preset(_Strict):
     @property
     def batch_formula(self) -> str:
         """How the effective batch size comes about, as the review, the plan and the exports print it."""
-        t, nodes = self.training, self.cluster.nodes
+        t, nodes = self.training, self.slots
         gpus = [n.gpus for n in nodes]
         head = f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
         if t.sequence_parallel_size > 1:
@@ -317,7 +352,7 @@ class Preset(_Strict):
     def master_addr(self) -> str:
         if self.network.master_addr:
             return self.network.master_addr
-        host = self.cluster.nodes[0].host
+        host = self.slots[0].host
         return "127.0.0.1" if host == "localhost" else host
 
     # Edits by dotted path: the wizard's fields and the advice fixes both change a preset this way.

@@ -95,6 +95,16 @@ STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
 STARTING_EXTRA_S = 20.0
 
 
+def _job_watch(plan: LaunchPlan):
+    """A watch of the SLURM job that gave the plan its nodes (None over SSH)."""
+    job = plan.scheduler.get("job_id") if plan.scheduler.get("kind") == "slurm" else None
+    if not job:
+        return None
+    from ..nodes.slurm.job_watch import JobWatch
+
+    return JobWatch(str(job), [c.host for c in plan.nodes])
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
                  *, stop_grace: float = STOP_GRACE_S, attempt: int = 1, metrics_keep_at: int = 0):
@@ -118,6 +128,7 @@ class Launcher:
         self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
         self._phases_lock = threading.Lock()
         self.monitor = RunMonitor(self)
+        self.slurm = _job_watch(plan)  # SLURM's word on the job and its nodes, when SLURM gave them
 
     # ------------------------------------------------------------ start / attach
     def start(self) -> None:
@@ -220,6 +231,11 @@ class Launcher:
         """Refresh node states and metrics (run/monitor.py: never decided from one failed read, never held
         up by a node that does not answer). Returns the outcome once the run is over."""
         self.monitor.look(self._check_node)
+        said = self.slurm.look() if self.slurm is not None else None
+        if said is not None:
+            ended = self._slurm_says(said)
+            if ended is not None:
+                return ended
         if self.monitor.hang_action is not None and self.monitor.verdict is not None:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (JobState.FAILED, JobState.LOST)]
@@ -270,6 +286,30 @@ class Launcher:
                 return
             if self.metrics.offset == before:
                 return
+
+    def _slurm_says(self, v) -> RunOutcome | None:
+        """SLURM's verdict (run/slurm/job_watch.py) over what the reads guess: a node it took away is lost at once
+        (the usual failure path blames it); a job it ended or requeued ends this attempt with its word."""
+        if v.kind == "node":
+            st = self.nodes[v.rank]
+            if st.status == JobState.RUNNING:
+                st.status, st.error, st.cause = JobState.LOST, v.text, "SLURM_NODE_DOWN"
+            return None
+        for st in self.nodes.values():
+            if st.status == JobState.RUNNING:
+                st.status = JobState.STOPPED
+        if v.kind == "requeued":
+            status = RunState.RESTARTING
+        elif v.state == "COMPLETED":
+            self._read_all_metrics()
+            end = self.metrics.progress.end or {}
+            status = RunState.OK if end.get("status") == RunState.OK else RunState.FAILED
+        else:
+            status = RunState.STOPPED if v.state == "CANCELLED" else RunState.FAILED
+        text = f"training finished on every node ({v.text})" if status == RunState.OK else v.text
+        out = RunOutcome(status, text, None, self.nodes, cause=f"SLURM_{v.state}")
+        self._record(out)
+        return out
 
     def _end_hung(self, v, action: str) -> RunOutcome:
         """The watchdog called a hang and the preset says stop (or stop and relaunch): end the attempt, blaming
@@ -328,6 +368,8 @@ class Launcher:
 
     def _record(self, out: RunOutcome) -> None:
         self.monitor.close()  # the attempt is over: no more reads of its nodes
+        if self.slurm is not None:
+            self.slurm.close()
         if _attempt_of(self.run_dir.read_state()) != self.attempt:
             return  # an attached view of an attempt that replay has since relaunched: the state is the new one's
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,
@@ -381,9 +423,12 @@ class Launcher:
             self._phases[rank] = text
 
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
-        """Stop every node, record the run as stopped; also the ranks where something survived."""
+        """Stop every node, record the run as stopped; also the ranks where something survived. A SLURM batch job
+        followed from outside it is cancelled instead (scancel): SLURM ends every step on every node."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
         self.run_dir.write_state(stop_requested=time.time())
+        if self.slurm is not None and self.slurm.cancels_on_stop():
+            return self._cancel_job()
         # a stop asked for before training started (as of the last look) waits for the workers' imports
         extra = STARTING_EXTRA_S if self.metrics.progress.start is None else 0.0
         left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
@@ -392,6 +437,22 @@ class Launcher:
         out = RunOutcome(RunState.STOPPED, msg, None, self.nodes)
         self._record(out)
         return out, left
+
+    def _cancel_job(self) -> tuple[RunOutcome, list[int]]:
+        job = self.slurm.job_id
+        with self._phases_lock:
+            self._phases = {c.rank: f"SLURM cancels job {job} (scancel)" for c in self.plan.nodes}
+        info = self.slurm.cancel(bound=STOP_GRACE_S + STARTING_EXTRA_S + 60)
+        ended = info is None or info.ended
+        for st in self.nodes.values():
+            if st.status == JobState.RUNNING:
+                st.status = JobState.STOPPED
+        msg = (f"stopped by the user: SLURM job {job} cancelled (scancel); SLURM ended every step on every node"
+               if ended else f"stopped by the user: SLURM job {job} cancelled, but SLURM still says "
+               f"{info.state if info else '?'}")
+        out = RunOutcome(RunState.STOPPED, msg, None, self.nodes, cause="SLURM_CANCELLED")
+        self._record(out)
+        return out, [] if ended else [c.rank for c in self.plan.nodes]
 
     # ------------------------------------------------------------ stop
     def stop_all(self, grace: float | None = None) -> dict[int, bool]:

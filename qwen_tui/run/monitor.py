@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ..cluster.facts import ClusterFacts
 from ..nodes.jobs import JobRef
-from ..nodes.transport import Transport
+from ..nodes.transport import SessionEnded, Transport
 from ..plan.launch import LaunchPlan
 from .evidence import node_evidence
 from .health import SILENT_S, Health
@@ -162,6 +162,9 @@ class RunMonitor:
             del self._inflight[key]
             self._silent.discard(key)
             e = fut.exception()
+            if isinstance(e, SessionEnded):  # the scheduler's job is over: its word ends the run, not this read
+                self.la.transports[node].reset()
+                continue
             if e is not None:
                 self.health.failed(node, f"{type(e).__name__}: {e}", started=started)
                 self.la.transports[node].reset()

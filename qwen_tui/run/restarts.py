@@ -88,6 +88,13 @@ def _attempt_heartbeats(c: NodeCommand, attempt: int) -> None:
     c.argv[i] = posixpath.join(head, f"attempt-{attempt}", name)
 
 
+def attempt_dirs(plan: LaunchPlan, attempt: int) -> None:
+    """Attempt `attempt`'s logs, exit codes and heartbeats apart from the earlier attempts' (in the plan)."""
+    for c in plan.nodes:
+        c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
+        _attempt_heartbeats(c, attempt)
+
+
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
@@ -255,9 +262,7 @@ class Restarts:
         attempt = la.attempt + 1
         next_plan = make_plan(new, run_id=plan.run_id, local_run_dir=str(rd.path), base_dir=self.base_dir,
                               facts=facts, local_python=self.local_python)
-        for c in next_plan.nodes:  # this attempt's logs, exit codes and heartbeats apart from the last one's
-            c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
-            _attempt_heartbeats(c, attempt)
+        attempt_dirs(next_plan, attempt)
         keep_at = self._metrics_keep_at(rd, la, next_plan, keep)
 
         if not (rd.path / "preset.first.yaml").exists():

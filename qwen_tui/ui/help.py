@@ -16,7 +16,9 @@ STEP_HELP = {
              "and writes the checkpoints. Add nodes one by one (a), or import a hostfile, a SLURM node list "
              "or the hosts of ~/.ssh/config (i). Probe (p) logs into every node at once and reads its GPUs, "
              "Python and libraries, disk and limits; differences between nodes show below the table with "
-             "their fix. Removing a node asks first.",
+             "their fix. Removing a node asks first. k lets SLURM give the nodes instead: e then says what to ask "
+             "it for (nodes, GPUs, partition, account, time...), and the Run step submits the batch job and follows "
+             "it.",
     "ssh": "qwen-tui logs into every remote node with one key. k makes the key if it is missing and installs "
            "it on every node (the password is asked once and kept in memory only). c connects to every node; "
            "a host key never seen before is shown with its fingerprint and accepted only if you say so, a "

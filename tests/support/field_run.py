@@ -85,12 +85,17 @@ class FieldCluster:
         _own(path)
         return path
 
-    def replay(self, preset: Path, log: Path, *extra: str) -> "Replay":
-        return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}")
+    def replay(self, preset: Path, log: Path, *extra: str, env: dict | None = None,
+               prefix: tuple[str, ...] = ()) -> "Replay":
+        """`qwen-tui replay PRESET EXTRA...` as the login user; `env`: more of its environment (SLURM's client
+        configuration, say); `prefix`: a command it runs under (salloc ...)."""
+        return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}",
+                      env=env, prefix=prefix)
 
-    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0) -> str:
+    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0,
+                 env: dict | None = None) -> str:
         """Another qwen-tui command as the login user, run to its end: what it printed."""
-        rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs")
+        rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs", env=env)
         try:
             rp.finish(bound)
             return rp.text()
@@ -129,12 +134,13 @@ class FieldCluster:
 class Replay:
     """`qwen-tui replay` (or another command: argv) as the login user, in a process group of its own."""
 
-    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path):
+    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path,
+                 env: dict | None = None, prefix: tuple[str, ...] = ()):
         self.field, self.log = field, log
         self.runs = runs  # each replay finds its own run directory, no other
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(field.home), "USER": LOGIN,
                "LOGNAME": LOGIN, "COLUMNS": "200", "PYTHONUNBUFFERED": "1",
-               "QWEN_TUI_RUNS": str(self.runs)}
+               "QWEN_TUI_RUNS": str(self.runs), **(env or {})}
         # The user exists on this machine too, for OpenSSH (ssh -G reads the config as a known user): in copies
         # of passwd and group bind-mounted in a mount namespace of replay's own; the host's files stay as they are.
         etc = field.root / "etc"
@@ -145,7 +151,7 @@ class Replay:
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",
                 str(etc / "passwd"), str(etc / "group"),
-                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", str(field.python), "-m",
+                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", *prefix, str(field.python), "-m",
                 "qwen_tui.cli", *argv]
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env,

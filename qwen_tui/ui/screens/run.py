@@ -21,7 +21,17 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
 from ...run.states import JobState, RunState
-from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
+from ..messages import (
+    GpuSampleMsg,
+    JobLines,
+    JobQueued,
+    LaunchEvent,
+    RunEnded,
+    RunNote,
+    RunStarted,
+    RunStopping,
+    RunUpdate,
+)
 from ..modals import Confirm, Notice
 from ..styles import ERROR, GOOD, SEVERITY, WARNING, WARNING_STRONG, level_style, outcome_style, tone
 from ..widgets.gpu_panel import GpuPanel
@@ -56,6 +66,8 @@ class RunScreen(StepScreen):
         self._checking: tuple[str, dict[int, list[str]]] | None = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
         self._pending: Callable[[], None] | None = None  # a launch or attach asked for before the first compose
+        self._job = None  # a SLURM batch job submitted from here (run.slurm_job.Submitted)
+        self._job_lines: list[str] = []  # what it printed
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -80,7 +92,7 @@ class RunScreen(StepScreen):
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
         running = self.launcher is not None and self.state.run_status == RunState.RUNNING
-        if self.state.run_status == RunState.STARTING or running:
+        if self.state.run_status in (RunState.STARTING, RunState.PENDING) or running:
             # a second launch would cancel the first one's worker and leave its job unfollowed
             self.notify(f"already {self.state.run_status}", severity="warning")
             return
@@ -115,14 +127,67 @@ class RunScreen(StepScreen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
     def _launch_worker(self, force: bool) -> None:
         """The launch API's sequence on this worker's thread; every event goes to the screen as a
-        Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting."""
+        Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting. A SLURM
+        preset is submitted from here and its job followed (run/slurm_job.py), or inside an allocation runs on
+        the allocation's nodes."""
         app = self.wizard
         st = app.state
         root = app.runs_root or default_runs_root()
-        req = api.LaunchRequest(st.preset, root, new_run_id(st.preset.name or (st.path.stem if st.path else None)),
-                                base_dir=app.base_dir, local_python=app.local_python, force=force,
-                                facts=st.facts, consent=app.ask_host_key, password=app.password)
+        preset = st.preset
+        name = st.preset.name or (st.path.stem if st.path else None)
+        if preset.scheduler.is_slurm and not preset.cluster.nodes:
+            from ...run.slurm.allocation import NotInAllocation, allocation_id, on_allocation
+            from ...run.slurm_job import submit
+
+            job = allocation_id()
+            if job is None:
+                self._follow_submitted(submit(preset, name or "run", root=root,
+                                              replay_flags=["--force"] if force else []))
+                return
+            try:
+                preset = on_allocation(preset, job)
+            except (NotInAllocation, RuntimeError) as e:
+                self.post_message(LaunchEvent(api.Failure("connect", f"not launched: {e}")))
+                return
+        req = api.LaunchRequest(preset, root, new_run_id(name), base_dir=app.base_dir,
+                                local_python=app.local_python, force=force, facts=st.facts,
+                                consent=app.ask_host_key, password=app.password)
         self._run_events(api.launch(req, st.conns), relaunch=req)
+
+    def _follow_submitted(self, events) -> None:
+        """A SLURM batch job submitted from here: its states, its output, then each attempt's steps as any run,
+        and SLURM's final word as the outcome. Stop-all cancels the job (scancel)."""
+        from ...run.launcher import RunOutcome
+        from ...run.slurm_job import JobEnded, JobOutput, Queued, Submitted, follow_job
+
+        worker = get_current_worker()
+        done = lambda: worker.is_cancelled or not self.app.is_running  # noqa: E731
+        for ev in events:
+            if isinstance(ev, Submitted):
+                self._job = ev
+                events = follow_job(RunDir(ev.run_dir), ev.job_id, cancelled=done,
+                                    stop_wanted=lambda: self._stop_wanted)
+                break
+            self.post_message(LaunchEvent(ev))
+        else:
+            return  # not submitted: the Failure says why
+        for ev in events:
+            if isinstance(ev, Queued):
+                self.post_message(JobQueued(ev))
+            elif isinstance(ev, JobOutput):
+                self.post_message(JobLines(ev.lines))
+            elif isinstance(ev, api.Started):
+                self.post_message(RunStarted(ev.launcher))
+                for got in api.follow(ev.launcher, interval=1.0, log_rank=lambda: self.log_rank, cancelled=done):
+                    if isinstance(got, api.Snapshot):
+                        self.post_message(RunUpdate(got))
+                    elif isinstance(got, api.Stopping):
+                        self.post_message(RunStopping(got))
+            elif isinstance(ev, JobEnded):
+                self.post_message(RunEnded(RunOutcome(ev.status, ev.message, None, {}, cause=f"SLURM_{ev.slurm_state}")))
+                return
+            else:
+                self.post_message(LaunchEvent(ev))
 
     def attach(self, rd: RunDir) -> None:
         if self._when_mounted(lambda: self.attach(rd)):
@@ -246,6 +311,25 @@ class RunScreen(StepScreen):
             self.state.run_status = ev.status
             self._status(Text(f"run {ev.run_id} already ended ({ev.status}): {ev.message}", style="dim"))
             self.wizard.facts_changed()
+
+    def on_job_queued(self, msg: JobQueued) -> None:
+        q = msg.queued
+        self.state.run_status = RunState.PENDING if q.state == "PENDING" else RunState.STARTING
+        style = tone(WARNING) if q.state == "PENDING" else tone(GOOD)
+        text = Text(f"SLURM: {q.text}", style=style)
+        if self._job is not None:
+            text.append(f" · run dir {self._job.run_dir}", style="dim")
+        if q.state == "RUNNING" and self.launcher is None:
+            text.append("\nthe job's own qwen-tui checks its nodes through srun, then starts a step per node",
+                        style="dim")
+        self._status(text)
+        self.wizard.facts_changed()
+
+    def on_job_lines(self, msg: JobLines) -> None:
+        self._job_lines = (self._job_lines + list(msg.lines))[-400:]
+        if self.launcher is None:  # until the steps run, the log pane shows the job's own output
+            self.query_one(LogPane).show(-1, self._job_lines)
+            self.query_one("#log-title", Label).update("Log: the batch job's output")
 
     def _check_line(self, ev) -> str:
         """The check under way, and under it what each node has answered to the checks so far."""
@@ -407,6 +491,17 @@ class RunScreen(StepScreen):
         self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
     def action_stop(self) -> None:
+        if self.launcher is None and self.state.run_status == RunState.PENDING and self._job is not None:
+            job = self._job.job_id
+
+            def cancel(yes: bool | None) -> None:
+                if yes:
+                    self._stop_wanted = True  # the job's follower cancels it (scancel)
+                    self._status(Text(f"cancelling SLURM job {job} (scancel)…", style=tone(WARNING)))
+
+            self.app.push_screen(Confirm(f"Cancel SLURM job {job}?", "It leaves SLURM's queue (scancel); nothing "
+                                         "of it has run yet.", yes="Cancel the job", danger=True), cancel)
+            return
         if self.launcher is None or self.state.run_status != RunState.RUNNING:
             self.notify("nothing running")
             return

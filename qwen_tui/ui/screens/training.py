@@ -187,8 +187,9 @@ class TrainingScreen(StepScreen):
     def _path_note(self, path: str, value: Any) -> Text:
         """A data or model path that node 0 (this machine) does not have, said as it is typed: not refused
         (it may be copied there before the launch), but not left for the launch to find out."""
-        nodes = self.state.preset.cluster.nodes
-        if path not in LOCAL_FILES or not value or not nodes[0].is_local or str(value).startswith("builtin:"):
+        nodes = self.state.preset.slots
+        local = nodes[0].is_local or self.state.preset.scheduler.is_slurm  # SLURM's nodes share this machine's files
+        if path not in LOCAL_FILES or not value or not local or str(value).startswith("builtin:"):
             return Text("")
         text = str(value)
         if path == "training.model" and not text.startswith(("/", ".", "~")):
@@ -241,12 +242,12 @@ class TrainingScreen(StepScreen):
                       if step is not None and gpu_run else unknown if gpu_run else Text("-"))
             t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}") if est.tokens_per_s and gpu_run
                       else unknown if gpu_run else Text("-"))
-            if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
+            if gpu_run and not est.link_measured and len(st.preset.slots) > 1:
                 scaling = Text("not measured (link speed unknown)", style=tone(WARNING))
             else:
                 scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
             t.add_row("scaling", scaling)
-            if gpu_run and len(st.preset.cluster.nodes) > 1:
+            if gpu_run and len(st.preset.slots) > 1:
                 # the bandwidth the estimate uses between nodes, and where it came from (rehearsal, NICs, iperf3)
                 bw = (f"{est.bandwidth_gbps:.3g} Gbit/s ({est.bandwidth_source}"
                       + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
@@ -271,7 +272,7 @@ class TrainingScreen(StepScreen):
 
     def action_preview_data(self) -> None:
         preset = self.state.preset.model_copy(deep=True)
-        master = preset.cluster.nodes[0]
+        master = preset.slots[0]
         transport = api.master_transport(preset, self.state.conns)
         panel = self.query_one(DataPanel)
         if transport is None:
