@@ -1,0 +1,180 @@
+"""Tool-call records in the forms users bring, rendered by Qwen2.5's and Qwen3's own chat templates.
+
+The labels the worker's encoder gives are compared token by token with the template's own account of what the
+assistant writes: the same template with `{% generation %}` around the assistant's part (tests/fixtures/
+chat_templates/*-generation-marked.jinja, which must render exactly the same text), through transformers'
+`return_assistant_tokens_mask`. Tool results and the tools' schemas are never labelled; a bad tool turn is
+refused naming the record and the turn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support.worker import write_jsonl
+from training.data.encoding import IGNORE_INDEX, ChatEncoder
+from training.data.records import load_conversations
+from training.runtime.errors import InputError
+
+TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
+WEATHER = {"name": "get_weather", "description": "Current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CLOCK = {"name": "get_time", "description": "Local time of a city",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+RESULT = '{"temp_c": 21, "sky": "clear skies"}'
+TIME = '{"time": "14:05"}'
+ANSWER = "It is 21 degrees with clear skies in Paris, and 14:05."
+
+# One conversation (a question, two parallel calls, their results, the answer, a follow-up and a last call) in
+# each form users have. Every form must come out as the same messages.
+OPENAI = {"id": "openai", "tools": [{"type": "function", "function": WEATHER}, {"type": "function", "function": CLOCK}],
+          "messages": [
+              {"role": "system", "content": "You help travellers."},
+              {"role": "user", "content": "Weather and time in Paris?"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                  {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": RESULT},
+              {"role": "tool", "tool_call_id": "c2", "content": TIME},
+              {"role": "assistant", "content": ANSWER},
+              {"role": "user", "content": "And in Oslo?"},
+              {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                  {"id": "c3", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+          ]}
+QWEN_AGENT = {"id": "qwen-agent", "functions": [WEATHER, CLOCK], "messages": [
+    {"role": "system", "content": "You help travellers."},
+    {"role": "user", "content": "Weather and time in Paris?"},
+    {"role": "assistant", "content": "", "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {"role": "assistant", "content": "", "function_call": {"name": "get_time", "arguments": '{"city": "Paris"}'}},
+    {"role": "function", "name": "get_weather", "content": RESULT},
+    {"role": "function", "name": "get_time", "content": TIME},
+    {"role": "assistant", "content": ANSWER},
+    {"role": "user", "content": "And in Oslo?"},
+    {"role": "assistant", "content": "Let me look.", "function_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+]}
+SHAREGPT = {"id": "sharegpt", "system": "You help travellers.", "tools": json.dumps([WEATHER, CLOCK]), "conversations": [
+    {"from": "human", "value": "Weather and time in Paris?"},
+    {"from": "function_call", "value": json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                                   {"name": "get_time", "arguments": {"city": "Paris"}}])},
+    {"from": "observation", "value": RESULT},
+    {"from": "observation", "value": TIME},
+    {"from": "gpt", "value": ANSWER},
+    {"from": "human", "value": "And in Oslo?"},
+    {"from": "gpt", "value": "Let me look."},
+    {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}})},
+]}
+SWIFT = {"id": "swift", "tools": json.dumps([WEATHER, CLOCK]), "messages": [
+    {"role": "system", "content": "You help travellers."},
+    {"role": "user", "content": "Weather and time in Paris?"},
+    {"role": "tool_call", "content": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+    {"role": "tool_call", "content": json.dumps({"name": "get_time", "arguments": {"city": "Paris"}})},
+    {"role": "tool_response", "content": RESULT},
+    {"role": "tool_response", "content": TIME},
+    {"role": "assistant", "content": ANSWER},
+    {"role": "user", "content": "And in Oslo?"},
+    {"role": "assistant", "content": "Let me look."},
+    {"role": "tool_call", "content": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}})},
+]}
+FORMS = [OPENAI, QWEN_AGENT, SHAREGPT, SWIFT]
+
+
+@pytest.fixture(scope="module")
+def convs(tmp_path_factory):
+    path = write_jsonl(tmp_path_factory.mktemp("tools") / "tools.jsonl", FORMS)
+    return load_conversations(str(path))
+
+
+def _tokenizer(tiny_model, name: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
+    return tok
+
+
+def _plain(msgs):
+    """Messages without the call ids (which some forms carry and others cannot)."""
+    return [{**m, "tool_calls": [{"type": c["type"], "function": c["function"]} for c in m["tool_calls"]]}
+            if "tool_calls" in m else {k: v for k, v in m.items() if k not in ("name", "tool_call_id")} for m in msgs]
+
+
+def test_every_form_gives_the_same_messages_and_tools(convs):
+    first = convs[0]
+    assert [c.id for c in convs] == ["openai", "qwen-agent", "sharegpt", "swift"]
+    for c in convs:
+        assert _plain(c.messages) == _plain(first.messages), c.id
+        assert c.tools == first.tools, c.id
+    roles = [m["role"] for m in first.messages]
+    assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
+    call = first.messages[2]["tool_calls"][0]["function"]
+    assert call == {"name": "get_weather", "arguments": {"city": "Paris"}}  # a JSON string becomes the object
+
+
+@pytest.mark.parametrize("template", ["qwen2.5", "qwen3"])
+def test_labels_match_the_templates_own_account_token_by_token(tiny_model, convs, template):
+    tok = _tokenizer(tiny_model, template)
+    marked = (TEMPLATES / f"{template}-generation-marked.jinja").read_text()
+    enc = ChatEncoder(tok, 100_000)
+    for conv in convs:
+        e = enc.encode(conv)
+        ref = tok.apply_chat_template(list(conv.messages), tools=list(conv.tools), chat_template=marked,
+                                      tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        text = tok.apply_chat_template(list(conv.messages), tools=list(conv.tools), tokenize=False)
+        marked_text = tok.apply_chat_template(list(conv.messages), tools=list(conv.tools), chat_template=marked,
+                                              tokenize=False)
+        assert marked_text == text  # the marked template renders exactly the model's text
+        assert e.input_ids == list(ref["input_ids"])
+        want = [t if m else IGNORE_INDEX for t, m in zip(ref["input_ids"], ref["assistant_masks"])]
+        assert e.labels == want, conv.id
+        labelled = tok.decode([t for t in e.labels if t != IGNORE_INDEX])
+        # the calls are learnt, in the template's own spelling; the results and the schema are not
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in labelled
+        assert '"get_time", "arguments": {"city": "Paris"}' in labelled and ANSWER in labelled
+        assert "clear skies" not in labelled.replace(ANSWER, "") and "14:05" not in labelled.replace(ANSWER, "")
+        assert "Current weather of a city" not in labelled and "<tools>" not in labelled
+        assert "tool_response" not in labelled and "Weather and time" not in labelled
+        assert labelled.endswith('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>')
+
+
+BAD = {
+    "result-without-call": ({"id": "r", "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "x"},
+                                                     {"role": "assistant", "content": "a"}]},
+                            "messages[1] is a tool result with no tool call before it"),
+    "arguments-not-json": ({"id": "a", "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{city: Paris"}}]}]},
+        "messages[1].tool_calls[0] (f): arguments are not valid JSON"),
+    "unknown-tool": ({"id": "u", "tools": [WEATHER], "conversations": [
+        {"from": "human", "value": "q"}, {"from": "function_call", "value": '{"name": "book_flight", "arguments": {}}'}]},
+        "conversations[1] calls 'book_flight', which is not among the record's tools (get_weather)"),
+    "call-without-name": ({"id": "n", "messages": [{"role": "user", "content": "q"},
+                                                   {"role": "tool_call", "content": '{"arguments": {}}'}]},
+                          "messages[1].content has no function name"),
+    "empty-reply": ({"id": "e", "messages": [{"role": "user", "content": "q"},
+                                             {"role": "assistant", "content": None}]},
+                    "messages[1].content must be a string, got NoneType"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_tool_turn_is_refused_naming_record_and_turn(tmp_path, case):
+    rec, problem = BAD[case]
+    path = write_jsonl(tmp_path / "d.jsonl", [OPENAI, rec])
+    with pytest.raises(InputError) as e:
+        load_conversations(str(path))
+    assert f"d.jsonl:2: record 1 (id {rec['id']!r}): {problem}" in str(e.value)
+
+
+def test_a_template_without_tool_support_is_refused_not_silently_unlabelled(tiny_model, convs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)  # the tiny model's own Qwen2 template renders no tool calls
+    with pytest.raises(InputError, match=r"record 0 \(id 'openai'\): the chat template does not render the record's "
+                                         r"tools"):
+        ChatEncoder(tok, 4096).encode(convs[0])
+    no_tools = type(convs[0])(0, "x", convs[0].messages, ())
+    with pytest.raises(InputError, match=r"does not render the tool calls of assistant turn 2 \(get_weather, get_time\)"):
+        ChatEncoder(tok, 4096).encode(no_tools)
