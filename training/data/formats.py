@@ -365,7 +365,7 @@ def _answer(value, where: str) -> list[dict]:
         value = [value]
     if not isinstance(value, list) or not value:
         raise BadRecord(f"'{where}' must be a non-empty list of messages or a string")
-    msgs, _ = messages({"messages": value}, where)
+    msgs, _ = messages({where: value}, where)
     if msgs[0]["role"] != "assistant":
         raise BadRecord(f"{where}[0] must be the assistant's answer, got role {msgs[0]['role']!r}")
     return msgs
@@ -376,7 +376,7 @@ def _prompt(value, where: str) -> list[dict]:
         return [{"role": "user", "content": _text(value, where)}]
     if not isinstance(value, list) or not value:
         raise BadRecord(f"'{where}' must be a non-empty list of messages or a string")
-    msgs, _ = messages({"messages": value}, where)
+    msgs, _ = messages({where: value}, where)
     return msgs
 
 
@@ -417,8 +417,8 @@ def preference(obj: dict, fmt: str) -> Pair:
         if not (isinstance(chosen_raw, list) and isinstance(rejected_raw, list)):
             raise BadRecord("without a 'prompt', 'chosen' and 'rejected' must be whole conversations (lists of "
                             "messages) that share their beginning")
-        c, _ = messages({"messages": chosen_raw}, "chosen")
-        r, _ = messages({"messages": rejected_raw}, "rejected")
+        c, _ = messages({"chosen": chosen_raw}, "chosen")
+        r, _ = messages({"rejected": rejected_raw}, "rejected")
         k = 0
         while k < min(len(c), len(r)) and c[k] == r[k]:
             k += 1

@@ -20,7 +20,8 @@ from pathlib import Path
 from training.data import formats
 from training.runtime.errors import InputError
 
-BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).parents[1] / "demo_data" / "demo_chat.jsonl"}
+BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).parents[1] / "demo_data" / "demo_chat.jsonl",
+                "builtin:demo-pref": Path(__file__).parents[1] / "demo_data" / "demo_pref.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def load_conversations(path: str, fmt: str = "auto", tags: formats.Tags | None =
 
         return load_source(path, fmt, preference=False)
     raw, digest = read_objects(path)
+    if fmt != "auto" or tags is not None:  # the same bytes read another way are other records
+        digest = hashlib.sha256(f"{fmt}:{tags}:{digest}".encode()).hexdigest()
     return Records((check_chat(path, i, line, obj, fmt, tags) for i, (line, obj) in enumerate(raw)), digest)
 
 
@@ -104,7 +107,8 @@ def load_pairs(path: str, fmt: str = "auto") -> Records:
 
         return load_source(path, fmt, preference=True)
     raw, digest = read_objects(path)
-    return Records((check_pair(path, i, line, obj, fmt) for i, (line, obj) in enumerate(raw)), digest)
+    return Records((check_pair(path, i, line, obj, fmt) for i, (line, obj) in enumerate(raw)),
+                   hashlib.sha256(f"pairs:{fmt}:{digest}".encode()).hexdigest())
 
 
 class _DuplicateKey(ValueError):
