@@ -115,7 +115,7 @@ def test_loss_and_rewards_equal_trls_dpo(one, eval_pairs, tiny_model):
         first = next(i for i, x in enumerate(c.labels) if x != IGNORE_INDEX)
         assert c.input_ids[:first] == r.input_ids[:first]  # one prompt, two answers
 
-        def answer(e):
+        def answer(e, first=first):
             last = max(i for i, x in enumerate(e.labels) if x != IGNORE_INDEX)
             return e.input_ids[first:last + 1]
         examples.append({"prompt_ids": c.input_ids[:first], "chosen_ids": answer(c), "rejected_ids": answer(r)})
