@@ -178,8 +178,8 @@ class FlagNotes:
 
 # The attribute of WorkerFlags that holds each group.
 FLAG_GROUPS: dict[str, type] = {"model": ModelFlags, "data": DataFlags, "train": TrainFlags, "save": SaveFlags,
-                                "fast": FastFlags, "lora": LoraFlags, "moe": MoeFlags, "hf": HfFlags,
-                                "pref": PrefFlags}
+                                "fast": FastFlags, "lora": LoraFlags, "pref": PrefFlags, "moe": MoeFlags,
+                                "hf": HfFlags}
 
 
 @dataclass(slots=True, kw_only=True)
