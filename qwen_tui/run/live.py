@@ -25,6 +25,7 @@ from ..base.redact import printable, shown_env
 from . import api
 from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
+from .metrics import preference_words
 from .metrics import fmt_duration
 from .rundir import default_runs_root, new_run_id
 from . import styles
@@ -72,6 +73,8 @@ def render(la: Launcher) -> Group:
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
+    if prog.preference:  # DPO: the rewards beside the loss
+        parts.insert(parts.index(line) + 1, Text(prog.preference))
     if prog.losses:
         parts.append(Text("loss " + sparkline(prog.losses), style=styles.CURVE))
     if prog.start is None:
@@ -233,6 +236,10 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
     if ev:
         first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
         console.print(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    if la.metrics.progress.preference:
+        console.print(f"last step: {la.metrics.progress.preference}")
+    if ev and preference_words(ev[-1], "eval_"):
+        console.print(f"last eval: {preference_words(ev[-1], 'eval_')}")
     return out
 
 

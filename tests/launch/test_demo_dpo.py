@@ -1,4 +1,4 @@
-"""The local demo's second stage, headless: presets/local-demo-dpo.yaml replayed (`qwen-tui replay`) on the demo's
+"""The local demo's second stage, headless: the shipped DPO preset replayed (`qwen-tui replay`) on the demo's
 SFT model, merged. The demo's SFT run is the session's (demo_eval_run); its adapter is merged here into a model
 directory of this test's own (the shared run's own merge belongs to test_after_run.py), and the shipped DPO preset
 runs on it with only its model, output directory and port changed: two torchrun agents, LoRA, the reference the
@@ -12,7 +12,7 @@ import math
 import pytest
 import yaml
 from support.demo_run import qwen_tui
-from support.paths import ROOT
+from support.paths import DEMO_DPO
 from support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_dpo_preset_replays_on_the_demos_merged_model(demo_eval_run, tmp_path):
     merged.save_pretrained(tmp_path / "merged")
     AutoTokenizer.from_pretrained(out).save_pretrained(tmp_path / "merged")
 
-    data = yaml.safe_load((ROOT / "presets" / "local-demo-dpo.yaml").read_text())
+    data = yaml.safe_load(DEMO_DPO.read_text())
     data["network"]["master_port"] = free_port()
     data["training"].update({"model": str(tmp_path / "merged"), "output_dir": str(tmp_path / "dpo-out"),
                              "max_steps": 6, "logging_steps": 1, "save_steps": 6})
