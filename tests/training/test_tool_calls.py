@@ -178,3 +178,42 @@ def test_a_template_without_tool_support_is_refused_not_silently_unlabelled(tiny
     no_tools = type(convs[0])(0, "x", convs[0].messages, ())
     with pytest.raises(InputError, match=r"does not render the tool calls of assistant turn 2 \(get_weather, get_time\)"):
         ChatEncoder(tok, 4096).encode(no_tools)
+
+
+def test_the_data_preview_counts_tool_turns_their_tokens_and_each_sources_share(tiny_model, tmp_path):
+    """training.datapreview (what `qwen-tui data` runs on the master) on a mixture of the tool records and chat
+    records: the calls and results with their tokens, each source's share of the records and tokens."""
+    import shutil
+
+    from qwen_tui.advice.datapreview import build_report, summary_lines
+    from qwen_tui.preset.schema import load_preset
+    from support.paths import DEMO
+    from support.worker import demo_records
+    from training.args import parse_args
+    from training.datapreview import preview
+
+    model = tmp_path / "tiny-tools"
+    shutil.copytree(tiny_model, model)
+    tok = _tokenizer(tiny_model, "qwen2.5")
+    tok.save_pretrained(model)
+    tools = write_jsonl(tmp_path / "tools.jsonl", FORMS)
+    chat = write_jsonl(tmp_path / "chat.jsonl", demo_records(8))
+    spec = json.dumps([{"path": str(tools), "records": 6}, {"path": str(chat)}])
+    args = parse_args(["--model_name_or_path", str(model), "--datasets", spec, "--output_dir", str(tmp_path / "o"),
+                       "--per_device_train_batch_size", "2", "--model_max_length", "1024", "--max_steps", "1"])
+    rep = preview(args, world_size=1, cuda=False)
+    t = rep["tools"]
+    # 6 tool records (4 forms, 2 of them twice): 3 calls and 2 results each
+    assert (t["records_with_tools"], t["tool_calls"], t["tool_results"]) == (6, 18, 12)
+    per_record = len(tok(RESULT, add_special_tokens=False)["input_ids"]) + \
+        len(tok(TIME, add_special_tokens=False)["input_ids"])
+    assert t["result_tokens"] == 6 * per_record
+    assert t["call_tokens"] > 6 * 3 * len(tok('{"city": "Paris"}', add_special_tokens=False)["input_ids"])
+    src = {s["name"]: s for s in rep["sources"]}
+    assert (src["tools.jsonl"]["records"], src["chat.jsonl"]["records"]) == (6, 8)
+    assert src["tools.jsonl"]["repeated"] and src["tools.jsonl"]["share_records"] == round(6 / 14, 4)
+    assert src["tools.jsonl"]["tokens"] + src["chat.jsonl"]["tokens"] == rep["tokens"]
+    assert src["tools.jsonl"]["share_tokens"] > src["tools.jsonl"]["share_records"]  # tool records are long
+    lines = "\n".join(summary_lines(build_report(rep, load_preset(DEMO), None)))
+    assert "tools: 6 records with tools, 18 calls" in lines and "12 results" in lines
+    assert "source tools.jsonl (auto): 6 of 4 records (repeated), 42.9% of the records" in lines
