@@ -217,3 +217,47 @@ def test_the_data_preview_counts_tool_turns_their_tokens_and_each_sources_share(
     lines = "\n".join(summary_lines(build_report(rep, load_preset(DEMO), None)))
     assert "tools: 6 records with tools, 18 calls" in lines and "12 results" in lines
     assert "source tools.jsonl (auto): 6 of 4 records (repeated), 42.9% of the records" in lines
+
+
+PREF_FORMS = [
+    {"id": "trl", "tools": [WEATHER], "prompt": [{"role": "user", "content": "Weather in Oslo?"}],
+     "chosen": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
+         "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}],
+     "rejected": [{"role": "assistant", "content": "I cannot look that up."}]},
+    {"id": "trl-implicit", "tools": [WEATHER],
+     "chosen": [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "tool_calls": [
+         {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}],
+     "rejected": [{"role": "user", "content": "Weather in Oslo?"},
+                  {"role": "assistant", "content": "I cannot look that up."}]},
+    {"id": "llamafactory", "tools": json.dumps([WEATHER]), "conversations": [{"from": "human", "value": "Weather in Oslo?"}],
+     "chosen": {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+     "rejected": {"from": "gpt", "value": "I cannot look that up."}},
+    {"id": "swift", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "tool_call", "content": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'}],
+     "rejected_response": "I cannot look that up."},
+]
+
+
+def test_preference_pairs_in_every_form_with_a_tool_call_label_only_the_answers(tiny_model, tmp_path):
+    from training.data.records import load_pairs
+
+    pairs = load_pairs(str(write_jsonl(tmp_path / "pairs.jsonl", PREF_FORMS)))
+    first = pairs[0]
+    for p in pairs:
+        assert (_plain(p.chosen.messages), _plain(p.rejected.messages)) == \
+            (_plain(first.chosen.messages), _plain(first.rejected.messages)), p.id
+        assert p.chosen.first_labelled == 1 and p.chosen.tools == first.chosen.tools
+    enc = ChatEncoder(_tokenizer(tiny_model, "qwen2.5"), 4096)
+    tok = enc.tok
+    c, r = enc.encode(first.chosen), enc.encode(first.rejected)
+    assert tok.decode([t for t in c.labels if t != IGNORE_INDEX]) == \
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>'
+    assert tok.decode([t for t in r.labels if t != IGNORE_INDEX]) == "I cannot look that up.<|im_end|>"
+    two = load_pairs(str(write_jsonl(tmp_path / "two.jsonl", [{"prompt": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
+        {"role": "user", "content": "Bye"}], "chosen": "Goodbye!", "rejected": "No."}])))[0]
+    assert tok.decode([t for t in enc.encode(two.chosen).labels if t != IGNORE_INDEX]) == "Goodbye!<|im_end|>"
+    bad = {"id": "same", "prompt": "hi", "chosen": "a", "rejected": "a"}
+    with pytest.raises(InputError, match=r"record 0 \(id 'same'\): chosen and rejected are the same answer"):
+        load_pairs(str(write_jsonl(tmp_path / "bad.jsonl", [bad])))
