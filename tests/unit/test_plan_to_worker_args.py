@@ -96,3 +96,17 @@ def test_demo_variants_worker_args_parse_and_fill(change, tmp_path):
     data = demo.model_dump(mode="python", exclude_unset=True)
     data["training"].update(change)
     check_worker_side(Preset.model_validate(data), tmp_path)
+
+
+def test_a_missing_mixture_source_is_said_before_launch_naming_its_entry(tmp_path):
+    from qwen_tui.run.api import local_files_missing
+
+    demo = load_preset(ROOT / "presets" / "local-demo.yaml")
+    data = demo.model_dump(mode="python", exclude_unset=True)
+    del data["training"]["data"]
+    there = tmp_path / "a.jsonl"
+    there.write_text("{}\n")
+    data["training"]["datasets"] = [{"path": str(there)}, {"path": str(tmp_path / "gone.parquet"), "weight": 1.0},
+                                    {"path": "hf:acme/chat"}]
+    got = local_files_missing(Preset.model_validate(data))
+    assert [(a.code, a.message.split(":")[0]) for a in got] == [("DATA_MISSING", "training.datasets.1.path")]
