@@ -41,8 +41,8 @@ import json
 import math
 import os
 import platform
-import re
 import random
+import re
 import subprocess
 import sys
 import time

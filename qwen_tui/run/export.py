@@ -7,10 +7,10 @@ and master address come from the scheduler where it assigns the nodes. Secrets
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
-from ..plan.launch import LaunchPlan, NodeCommand
 from ..base.redact import is_secret
+from ..plan.launch import LaunchPlan, NodeCommand
 
 FORMATS = ("slurm", "pbs", "sh")
 

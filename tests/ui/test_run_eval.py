@@ -13,7 +13,6 @@ import yaml
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
 from support.paths import DEMO_DPO
 from support.pilot import SIZE, wait_until
 from support.ports import free_port
