@@ -13,7 +13,7 @@ DPO_COST           what a DPO step costs against SFT's: both answers of every pa
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..base.levels import Level
 from .core import Advice, Context, Fix, rule

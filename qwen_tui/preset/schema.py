@@ -111,7 +111,7 @@ class DataSource(_Strict):
 
     path: str | None = Field(default=None, min_length=1, description="JSON, JSONL, Parquet, Arrow, a save_to_disk "
                                 "folder, or hf:ORG/NAME (downloaded on the master and synced by check --sync)")
-    format: DATA_FORMATS = "auto"
+    format: DATA_FORMATS = Field(default="auto", description="the records' format; auto: from each record's keys")
     weight: float | None = Field(default=None, gt=0, description="share of the mixture, against the others'")
     records: int | None = Field(default=None, ge=1, description="exactly this many records (repeats past the "
                                    "source's size)")
@@ -139,10 +139,12 @@ class Training(_Strict):
                                 "builtin:demo-pref; or datasets instead")
     datasets: list[DataSource] | None = Field(default=None, min_length=1, description="several sources mixed "
                                                  "instead of data")
-    data_format: DATA_FORMATS = "auto"
+    data_format: DATA_FORMATS = Field(default="auto", description="the records' format (qwen, sharegpt, openai, "
+                                      "alpaca; DPO: trl, sharegpt_pref, swift_pref); auto: from each record's keys")
     stage: Literal["sft", "dpo"] = Field(default="sft", description="sft, or dpo on preference pairs (after SFT)")
     pref_beta: float = Field(default=0.1, gt=0, le=10, description="DPO's beta: how far from the reference")
-    pref_loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    pref_loss: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description="DPO's sigmoid loss, or IPO's on "
+                                                 "per-token averages")
     pref_ftx: float = Field(default=0.0, ge=0, description="weight of an SFT term on the chosen answer")
     eval_data: str | None = Field(default=None, description="chat data for the eval loss (same formats as data)")
     eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")

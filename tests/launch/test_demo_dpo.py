@@ -11,6 +11,7 @@ import math
 
 import pytest
 import yaml
+
 from support.demo_run import qwen_tui
 from support.paths import DEMO_DPO
 from support.ports import free_port
