@@ -215,7 +215,7 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"(model_max_length {r['model_max_length']:,})",
         f"tokens {r['tokens']:,}, {r['supervised_tokens']:,} supervised ({r['supervised_share']:.1%})",
         f"length p50 {p['p50']:,}  p90 {p['p90']:,}  p99 {p['p99']:,}  max {p['max']:,}",
-        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} records, {r['tokens_per_epoch']:,} tokens; "
+        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} {'pairs' if r.get('pairs') else 'records'}, {r['tokens_per_epoch']:,} tokens; "
         f"run: {r['total_steps']:,} steps",
     ]
     if r.get("pairs"):
