@@ -168,3 +168,22 @@ def test_chat_records_given_to_dpo_are_refused_naming_the_record(tmp_path, tiny_
     assert "chat.jsonl:1: record 0 (id 'c0'): is not a preference pair" in run.stderr
     assert not (tmp_path / "out").exists()
     json.dumps(run.stderr[-200:])
+
+
+def test_a_resumed_full_dpo_run_reads_its_reference_back_and_continues_the_curve(tmp_path, tiny_model):
+    """Full fine-tuning: the weights are no longer the reference after step 1, so a resume must read the log-
+    probabilities computed at the start (OUTPUT_DIR/dpo_reference.pt) and continue the curve exactly."""
+    flags = ["--model_name_or_path", str(tiny_model), *COMMON, "--learning_rate", "1e-3", "--max_steps", "4",
+             "--per_device_train_batch_size", "8"]
+    flags[flags.index("--save_strategy") + 1] = "steps"
+    first = run_worker(tmp_path / "out", *flags, "--save_steps", "2")
+    assert_ok(first)
+    again = run_worker(tmp_path / "out", *flags, "--save_steps", "2", "--resume_from_checkpoint",
+                       str(tmp_path / "out" / "checkpoint-2"))
+    assert_ok(again)
+    assert "DPO reference" not in again.stderr  # read back, not computed from the trained weights
+    resumed = {r["step"]: r for r in again.steps}
+    for r in first.steps[:4]:
+        if r["step"] > 2:
+            assert resumed[r["step"]]["loss"] == pytest.approx(r["loss"], rel=1e-5)
+            assert resumed[r["step"]]["rewards_margin"] == pytest.approx(r["rewards_margin"], rel=1e-4, abs=1e-6)
