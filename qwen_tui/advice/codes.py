@@ -34,6 +34,25 @@ ADVICE: dict[str, CodeDoc] = {
         " (config coefficient or `--router_aux_loss_coef`) is added on every path and logged as `aux_loss`; the "
         "routers stay frozen unless `--train_router`; step times count active parameters at the dense path's "
         "efficiency"),
+    "DPO_BETA": CodeDoc(
+        "warning",
+        "`training.stage: dpo` with `pref_beta` outside 0.01-0.5: too small lets the policy drift far from the "
+        "reference, too large barely moves it",
+        "`training.pref_beta: 0.1`"),
+    "DPO_LEARNING_RATE": CodeDoc(
+        "warning",
+        "DPO at an SFT learning rate (above 1e-5 full, 1e-4 LoRA): DPO's is usually an order below",
+        "`training.learning_rate` 1e-6 (full) or 2e-5 (LoRA)"),
+    "DPO_REFERENCE": CodeDoc(
+        "warning",
+        "DPO starting from a model that does not look like an SFT model (a base release, `builtin:`): the "
+        "reference is the model DPO starts from",
+        "hint: the Run view's `m` (or `qwen-tui merge`) writes `OUTPUT_DIR/merged`; start from it"),
+    "DPO_COST": CodeDoc(
+        "info",
+        "what a DPO step costs: both answers of every pair through the policy (twice an SFT step's tokens and "
+        "activations at the same micro-batch, which the estimate counts), the reference's forward once before the "
+        "first step, no second model"),
     "OOM": CodeDoc(
         "error",
         "estimated memory per GPU > the smallest GPU's memory; says the largest micro-batch that fits",

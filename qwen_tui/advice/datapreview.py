@@ -9,7 +9,9 @@ epoch and per run, and the rules that warn about the data.
 
 `--json` keys (stable): records, usable, dropped, truncated, tokens,
 supervised_tokens, length_percentiles {p50, p90, p99, max}, tokens_per_epoch,
-epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch,
+epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch, stage, pairs (DPO), tools
+{records_with_tools, tool_calls, tool_results, call_tokens, result_tokens}, sources (a mixture: per source name,
+format, available, records, tokens, share_records, share_tokens),
 total_steps, padding_waste, tokens_per_second, run_seconds, advice; where the GPU and the model are known,
 longest_trainable (the longest record one GPU trains, qwen_tui.plan.longcontext) and longer_than (the records past it).
 """
@@ -213,9 +215,21 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"(model_max_length {r['model_max_length']:,})",
         f"tokens {r['tokens']:,}, {r['supervised_tokens']:,} supervised ({r['supervised_share']:.1%})",
         f"length p50 {p['p50']:,}  p90 {p['p90']:,}  p99 {p['p99']:,}  max {p['max']:,}",
-        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} records, {r['tokens_per_epoch']:,} tokens; "
+        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} {'pairs' if r.get('pairs') else 'records'}, {r['tokens_per_epoch']:,} tokens; "
         f"run: {r['total_steps']:,} steps",
     ]
+    if r.get("pairs"):
+        lines.insert(0, f"DPO: {r['pairs']:,} preference pairs, counted below as their chosen and rejected "
+                        "conversations")
+    tools = r.get("tools") or {}
+    if tools.get("records_with_tools"):
+        lines.append(f"tools: {tools['records_with_tools']:,} records with tools, {tools['tool_calls']:,} calls "
+                     f"({tools['call_tokens']:,} tokens, trained on), {tools['tool_results']:,} results "
+                     f"({tools['result_tokens']:,} tokens, not trained on)")
+    for src in r.get("sources") or []:
+        lines.append(f"source {src['name']} ({src['format']}): {src['records']:,} of {src['available']:,} records"
+                     f"{' (repeated)' if src.get('repeated') else ''}, {src.get('share_records', 0):.1%} of the "
+                     f"records, {src.get('share_tokens', 0):.1%} of the tokens")
     waste = r.get("padding_waste")
     if waste is not None:
         lines.append(f"padding {waste:.1%} of computed tokens ({'packed rows' if r.get('packing') else 'padded batches'})")

@@ -204,6 +204,16 @@ def run(args: argparse.Namespace) -> int:
                         download_failed = detail
                     elif action == "downloaded":  # the master's copy is a fact only now
                         rep = _checks(preset, transports, show, rehearsal=False, **checks)
+                from qwen_tui.nodes.hubmodel import hub_datasets
+
+                for repo in hub_datasets(preset):  # each hub data set once, on the master; the sync copies it
+                    action, path, detail = download_on_master(
+                        preset, transports[0], python=preset.cluster.nodes[0].python_for(sys.executable),
+                        dataset=repo)
+                    console.print(f"download {preset.cluster.nodes[0].label} data set {repo}: {action} {path} "
+                                  f"{detail}", markup=False, highlight=False)
+                    if action == "failed":
+                        download_failed = detail
                 res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
                            progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
                                                                      f"{d * 100 // max(t, 1)}%", end="\r"))

@@ -204,7 +204,10 @@ class RunShape:
             base = dict(
                 method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),
                 precision=g("precision", "bf16"), seq=g("model_max_length", 2048),
-                micro_batch=g("per_device_train_batch_size", 1), grad_accum=g("gradient_accumulation_steps", 1),
+                # DPO: both answers of every pair go through the policy, forward and backward (the reference's
+                # forward runs once before training: advice DPO_COST)
+                micro_batch=g("per_device_train_batch_size", 1) * (2 if g("stage", "sft") == "dpo" else 1),
+                grad_accum=g("gradient_accumulation_steps", 1),
                 gradient_checkpointing=g("gradient_checkpointing", True), lora_r=g("lora_r", 64),
                 lora_dropout=g("lora_dropout", 0.05),
                 lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,

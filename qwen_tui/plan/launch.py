@@ -7,6 +7,7 @@ preset replayed headless does exactly what the wizard would have done.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -89,9 +90,12 @@ class LaunchPlan:
 def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False,
                 ddp_timeout: int | None = None) -> list[str]:
     """The worker's argv after `-m training.finetune`, by the worker's own flag names."""
+
+    data = ["--data_path", t.data] if t.data else \
+        ["--datasets", json.dumps([s.worker_spec() for s in t.datasets or []], separators=(",", ":"))]
     a = [
         "--model_name_or_path", t.model,
-        "--data_path", t.data,
+        *data,
         "--output_dir", t.output_dir,
         "--model_max_length", str(t.model_max_length),
         "--per_device_train_batch_size", str(t.per_device_train_batch_size),
@@ -148,6 +152,12 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a += ["--ddp_timeout", str(ddp_timeout)]
     if t.report_to:
         a += ["--report_to", ",".join(t.report_to)]
+    if t.data_format != "auto":
+        a += ["--data_format", t.data_format]
+    if t.stage != "sft":
+        a += ["--stage", t.stage, "--pref_beta", repr(t.pref_beta), "--pref_loss", t.pref_loss]
+        if t.pref_ftx:
+            a += ["--pref_ftx", repr(t.pref_ftx)]
     return a + list(t.extra_args)
 
 

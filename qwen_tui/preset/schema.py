@@ -104,11 +104,49 @@ class Network(_Strict):
         return v
 
 
+DATA_FORMATS = Literal["auto", "qwen", "sharegpt", "openai", "alpaca", "trl", "sharegpt_pref", "swift_pref"]
+
+
+class DataSource(_Strict):
+    """One source of a mixture (training.data.sources): a path, or an entry of LLaMA-Factory's dataset_info.json."""
+
+    path: str | None = Field(default=None, min_length=1, description="JSON, JSONL, Parquet, Arrow, a save_to_disk "
+                                "folder, or hf:ORG/NAME (downloaded on the master and synced by check --sync)")
+    format: DATA_FORMATS = Field(default="auto", description="the records' format; auto: from each record's keys")
+    weight: float | None = Field(default=None, gt=0, description="share of the mixture, against the others'")
+    records: int | None = Field(default=None, ge=1, description="exactly this many records (repeats past the "
+                                   "source's size)")
+    name: str | None = Field(default=None, min_length=1, description="label; with dataset_info, the entry")
+    dataset_info: str | None = Field(default=None, min_length=1, description="LLaMA-Factory's dataset_info.json")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "DataSource":
+        if self.weight is not None and self.records is not None:
+            raise ValueError("give weight or records, not both")
+        if not self.path and not (self.dataset_info and self.name):
+            raise ValueError("give path, or dataset_info and name")
+        return self
+
+    def worker_spec(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+
+
 class Training(_Strict):
     """The worker's arguments, by the worker's own names where it has them."""
 
     model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
-    data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
+    data: str | None = Field(default=None, min_length=1, description="chat data (JSON, JSONL, Parquet, Arrow, a "
+                                "saved data set, hf:ORG/NAME), builtin:demo-chat; DPO: preference pairs, "
+                                "builtin:demo-pref; or datasets instead")
+    datasets: list[DataSource] | None = Field(default=None, min_length=1, description="several sources mixed "
+                                                 "instead of data")
+    data_format: DATA_FORMATS = Field(default="auto", description="the records' format (qwen, sharegpt, openai, "
+                                      "alpaca; DPO: trl, sharegpt_pref, swift_pref); auto: from each record's keys")
+    stage: Literal["sft", "dpo"] = Field(default="sft", description="sft, or dpo on preference pairs (after SFT)")
+    pref_beta: float = Field(default=0.1, gt=0, le=10, description="DPO's beta: how far from the reference")
+    pref_loss: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description="DPO's sigmoid loss, or IPO's on "
+                                                 "per-token averages")
+    pref_ftx: float = Field(default=0.0, ge=0, description="weight of an SFT term on the chosen answer")
     eval_data: str | None = Field(default=None, description="chat data for the eval loss (same formats as data)")
     eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
     output_dir: str = Field(default="output", min_length=1, description="checkpoints, the final model and "
@@ -271,6 +309,15 @@ class Preset(_Strict):
         if self.training.eval_steps and not self.training.eval_data:
             raise ValueError("training.eval_steps: evaluating every "
                              f"{self.training.eval_steps} steps needs training.eval_data (a chat file to evaluate on)")
+        return self
+
+    @model_validator(mode="after")
+    def _data_or_datasets(self) -> "Preset":
+        t = self.training
+        if not t.data and not t.datasets:
+            raise ValueError("training.data: is required (or training.datasets: several sources mixed)")
+        if t.data and t.datasets:
+            raise ValueError("training.datasets: training.data names the data too; keep one of them")
         return self
 
     @model_validator(mode="after")

@@ -167,7 +167,10 @@ def local_files_missing(preset: Preset) -> list:
     from ..nodes.probe import local_path
 
     out: list = []
-    for kind, spec in (("data", preset.training.data), ("model", preset.training.model)):
+    t = preset.training
+    sources = [(f"datasets.{k}.{'path' if s.path else 'dataset_info'}", s.path or s.dataset_info)
+               for k, s in enumerate(t.datasets or [])]  # a mixture's files, each where the worker opens it
+    for kind, spec in (("data", t.data), *sources, ("model", t.model)):
         rel = local_path(spec)
         if rel is None:  # builtin: or a hub id (fetched by the worker, or by check --sync)
             continue
@@ -176,7 +179,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice(Level.ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
+                out.append(Advice(Level.ERROR, "MODEL_MISSING" if kind == "model" else "DATA_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))

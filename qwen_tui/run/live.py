@@ -71,6 +71,8 @@ def render(la: Launcher) -> Group:
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
+    if prog.preference:  # DPO: the rewards beside the loss
+        parts.insert(parts.index(line) + 1, Text(prog.preference))
     if prog.losses:
         parts.append(Text("loss " + sparkline(prog.losses), style=styles.CURVE))
     if prog.start is None:

@@ -50,9 +50,10 @@ class RunScreen(StepScreen):
     STEP = "run"
     BINDINGS = [
         Binding("s", "stop", "Stop all"),
-        Binding("n", "next_node", "Next node's log"),
+        Binding("n", "next_node", "Next log"),
         Binding("l", "launch", "Launch"),
         Binding("c", "chat", "Chat"),
+        Binding("m", "merge", "Merge"),
     ]
 
     def __init__(self) -> None:
@@ -489,6 +490,36 @@ class RunScreen(StepScreen):
             self.notify(str(e), severity="error", title="Chat")
             return
         self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
+
+    def action_merge(self) -> None:
+        """A finished LoRA run's adapter merged into its base on the master (OUTPUT_DIR/merged): the model a next
+        stage (DPO on the merged model) or a chat takes."""
+        from ...run.after import AfterRunError, locate
+
+        if self.launcher is None or self.state.run_status != RunState.OK:
+            self.notify("merge needs a run that finished training", severity="warning")
+            return
+        try:
+            result = locate(self.launcher.run_dir.path)
+        except AfterRunError as e:
+            self.notify(str(e), severity="error", title="Merge")
+            return
+        self.notify(f"merging {result.output_dir} into {result.preset.training.model} on node 0…", title="Merge")
+        self._merge_worker(result)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="merge")
+    def _merge_worker(self, result) -> None:
+        from ...run.after import AfterRunError, merge
+
+        try:
+            rep = merge(result, self.launcher.transports[0])
+        except AfterRunError as e:
+            self.app.call_from_thread(self.notify, str(e), severity="error", title="Merge", timeout=15)
+            return
+        text = rep["message"] if rep.get("merged_dir") is None else \
+            f"merged into {rep['merged_dir']} ({rep['seconds']:.1f} s): a next stage (training.stage: dpo) can " \
+            "start from it"
+        self.app.call_from_thread(self.notify, text, title="Merge", timeout=15)
 
     def action_stop(self) -> None:
         if self.launcher is None and self.state.run_status == RunState.PENDING and self._job is not None:

@@ -40,7 +40,9 @@ ON_OFF = [("on", True), ("off", False)]
 FIELDS: list[tuple[str, str, Any]] = [
     ("name", "preset name", "opt"),
     ("training.model", "model (hub id or path)", "text"),
-    ("training.data", "data (JSON/JSONL)", "text"),
+    ("training.data", "data (JSON/JSONL)", "opt"),  # empty with training.datasets (a mixture, in the YAML)
+    ("training.stage", "stage", [("SFT", "sft"), ("DPO (preference pairs)", "dpo")]),
+    ("training.pref_beta", "DPO beta", "text"),
     ("training.eval_data", "eval data (optional)", "opt"),
     ("training.eval_steps", "eval every N steps", "text"),
     ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),

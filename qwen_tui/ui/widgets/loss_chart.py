@@ -80,12 +80,16 @@ class LossChart(Static):
             info.append(f"   {tps:,.0f} tokens/s")
         if not ended:  # a run that stopped has no time left to tell
             info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
+        if prog.preference:  # DPO: the rewards, on a line of their own
+            info.append("\n" + prog.preference)
         self.summary = info.plain  # what tests and screen readers can check
         lrs = [s.get("learning_rate", s.get("lr")) for s in prog.steps]
         lrs = [v for v in lrs if isinstance(v, (int, float))]
         parts = [info, *plot(prog.losses, width, height)]
         if lrs:
             parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style=tone(NOTE)))
+        if prog.accuracies:
+            parts.append(Text("   reward ", style="dim") + Text(spark(prog.accuracies, width), style=tone(NOTE)))
         evs = [e["eval_loss"] for e in prog.evals]
         if len(evs) > 1:
             parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style=tone(WARNING)))
