@@ -22,6 +22,7 @@ from ..nodes.transport import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
 from .metrics import MetricsFollower
 from .monitor import RunMonitor
+from .blame import CAUSE_GRACE_S
 from .rundir import RunDir
 from .states import JobState, RunState
 
@@ -117,6 +118,8 @@ class Launcher:
         self._lock = threading.Lock()
         self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
         self._phases_lock = threading.Lock()
+        self._tails: dict[int, list[str]] = {}  # rank -> the log tail of a node whose job has ended (read once)
+        self._survivors_since: Optional[float] = None  # when only survivors' errors were first seen
         self.monitor = RunMonitor(self)
 
     # ------------------------------------------------------------ start / attach
@@ -226,7 +229,10 @@ class Launcher:
         if bad:
             from ..cluster.failures import worker_error
 
-            first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
+            found = self._root_cause(bad)
+            if found is None:
+                return None  # survivors' errors only: the node that caused them shows itself within a grace
+            first, diag, tail = self._agree_on_cause(*found)
             self.stop_all()
             why = first.error or (f"exited with code {first.rc}" if first.rc is not None
                                   else "failed (seen first by another view of this run)")
@@ -236,6 +242,8 @@ class Launcher:
                 msg += f": {said}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
+                if diag.code == "MACHINE_LOST":
+                    msg += f"\n  evidence: {diag.line}"
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
             cause = first.cause or (diag.code if diag else None)
@@ -299,22 +307,28 @@ class Launcher:
         if isinstance(seen, dict) and seen.get("attempt") == self.attempt:
             rank = seen.get("rank")
             if type(rank) is int and rank in self.nodes and rank != first.rank:
-                return self._root_cause([self.nodes[rank]])
+                return self._root_cause([self.nodes[rank]], grace=False)
             return first, diag, tail
         self.run_dir.write_state(failing={"attempt": self.attempt, "rank": first.rank})
         return first, diag, tail
 
-    def _root_cause(self, bad: list[NodeState]):
+    def _root_cause(self, bad: list[NodeState], *, grace: bool = True):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
-        beats nodes that only saw a peer go away (connection reset, timeouts)."""
+        beats nodes that only saw a peer go away (connection reset, timeouts). When every failed node only saw
+        a peer go away, a node that stopped answering meanwhile is the cause (run/blame.py), and while every
+        other node still runs and answers, None for a few seconds: the cause has not shown itself yet."""
         from ..cluster.failures import CONSEQUENTIAL, diagnose, without_agent_report
 
         found = []
         for st in bad:
-            try:
-                raw = self.log_tail(st.rank, lines=80)
-            except Exception:  # an unreachable node has no readable log; it is still named
-                raw = []
+            raw = self._tails.get(st.rank)
+            if raw is None:
+                try:
+                    raw = self.log_tail(st.rank, lines=80)
+                except Exception:  # an unreachable node has no readable log; it is still named
+                    raw = []
+                if st.status == JobState.FAILED and raw and not self.monitor.health.unreachable(st.rank):
+                    self._tails[st.rank] = raw  # its job has ended: its log no longer changes
             d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
@@ -323,8 +337,62 @@ class Launcher:
             secondary = st.status != JobState.LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
             found.append((secondary, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
-        _, _, st, d, tail = found[0]
+        secondary, _, st, d, tail = found[0]
+        if secondary and grace:
+            lost = self._machine_lost([(x[2], x[3]) for x in found])
+            if lost is not None:
+                return lost
+            if self._survivors_since is None:
+                self._survivors_since = time.monotonic()
+            others = [s for s in self.nodes.values() if s.status == JobState.RUNNING]
+            if others and time.monotonic() - self._survivors_since < CAUSE_GRACE_S:
+                return None
         return st, d, tail
+
+    def _machine_lost(self, survivors):
+        """A running node that stopped answering while the failed ones saw only a peer go away: LOST, blamed,
+        with the evidence (run/blame.py). None when every running node still answers."""
+        from .blame import MACHINE_LOST, Survivor, evidence_line, machine_lost, pick_lost
+
+        h = self.monitor.health
+        away = {s.rank: h.seconds_unreachable(s.rank) for s in self.nodes.values()
+                if s.status == JobState.RUNNING and h.unreachable(s.rank)}
+        node = pick_lost(away)
+        if node is None:
+            return None
+        said = [Survivor(st.rank, st.label, d.line) for st, d in survivors if d is not None]
+        text = evidence_line(node, self.nodes[node].label, h.nodes[node].last_error, away[node], said,
+                             self._addresses())
+        st = self.nodes[node]
+        st.status, st.cause = JobState.LOST, MACHINE_LOST
+        st.error = "stopped answering while the other nodes failed with communication errors"
+        return st, machine_lost(text), []
+
+    def _addresses(self) -> dict[int, list[str]]:
+        """Each node's addresses as far as the plan and the checks know them (facts.json), for matching the
+        peers that survivors' logs name."""
+        import json
+
+        out = {c.rank: [c.host] for c in self.plan.nodes}
+        try:
+            facts = json.loads((self.run_dir.path / "facts.json").read_text())
+        except (OSError, ValueError):
+            return out
+        nodes = facts.get("nodes") if isinstance(facts, dict) else None
+        # facts.json holds the first launch's node ranks; a relaunch without a node renumbers the rest
+        attempts = self.run_dir.read_state().get("attempts")
+        first = attempts[0].get("nodes") if isinstance(attempts, list) and attempts and \
+            isinstance(attempts[0], dict) else None
+        labels = {c.label: c.rank for c in self.plan.nodes}
+        for key, nf in (nodes or {}).items() if isinstance(nodes, dict) else []:
+            if not isinstance(nf, dict) or not str(key).isdigit():
+                continue
+            k = int(key)
+            rank = labels.get(first[k]) if isinstance(first, list) and k < len(first) else k
+            addrs = [a for v in (nf.get("addresses") or {}).values() if isinstance(v, list) for a in v]
+            if rank in out:
+                out[rank] += [str(a).split("/")[0] for a in addrs]
+        return out
 
     def _record(self, out: RunOutcome) -> None:
         self.monitor.close()  # the attempt is over: no more reads of its nodes

@@ -27,13 +27,14 @@ from ..nodes.transport import Transport
 from ..plan.launch import LaunchPlan
 from .evidence import node_evidence
 from .health import SILENT_S, Health
-from .notices import HANG, HANG_OVER, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
+from .blame import MACHINE_LOST, peer_stall
+from .notices import HANG, HANG_OVER, LOST, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
 from .stacks import collect_node
 from .stragglers import StragglerWatch
 from .metrics import MetricsFollower
 from .rundir import RunDir
 from .states import JobState, RunState
-from .watchdog import READ_BEATS, HangVerdict, HangWatch, parse_beats
+from .watchdog import READ_BEATS, HangVerdict, HangWatch, own_beats, parse_beats
 
 
 class Watched(Protocol):
@@ -147,6 +148,7 @@ class RunMonitor:
                             f"{self.health.nodes[rank].last_error}")
                 st.cause = "UNREACHABLE"
         self._watch_hang()
+        self._watch_lost()
         self._watch_stragglers()
 
     def _harvest(self) -> None:
@@ -172,7 +174,7 @@ class RunMonitor:
         res = self.la.transports[c.rank].run(["sh", "-c", READ_BEATS, "sh", c.heartbeat_dir], timeout=15)
         if res.rc == 124:
             raise TimeoutError(res.stderr.strip() or "reading the heartbeats timed out")
-        return parse_beats(res.stdout)
+        return own_beats(parse_beats(res.stdout), c.rank)
 
     def wait_metrics(self, bound: float = 20.0) -> None:
         """Let a metrics read under way finish (the run's end reads the rest itself)."""
@@ -215,6 +217,37 @@ class RunMonitor:
                                  "stalled_s": round(v.stalled_for, 1), "bound_s": v.bound}))
         if self.on_hang in ("stop", "restart"):
             self.hang_action = self.on_hang
+
+    # ------------------------------------------------------------ a machine lost
+    def _watch_lost(self) -> None:
+        """A node unreachable over SSH whose training peers lost it too (run/blame.py): LOST now, not after
+        monitor.unreachable_timeout; the launcher then ends the attempt blaming it."""
+        la = self.la
+        end = la.metrics.progress.end
+        if end:
+            return  # training ended: ranks on their way out stall for good reason
+        running = [c.rank for c in la.plan.nodes if la.nodes[c.rank].status == JobState.RUNNING]
+        since = {r: self.health.nodes[r].since for r in running if self.health.unreachable(r)}
+        if not since:
+            return
+        now = self.hang.clock()
+        alive: dict[int, str] = {}
+        for n, node in self.beats.items():
+            if n in since:
+                continue
+            stale = set(self.hang._stale(node, now)) if node and all(r in self.hang._seen for r in node) else set(node)
+            alive.update({r: str(b.get("phase", "?")) for r, b in node.items() if r not in stale})
+        got = peer_stall(now=now, unreachable_since=since, progress_at=self.hang.progress_at, alive=alive,
+                         step_times=[s.get("step_time") for s in la.metrics.progress.steps],
+                         nodes=len(la.plan.nodes))
+        if got is None:
+            return
+        st = la.nodes[got.node]
+        text = got.text(self.labels.get(got.node, "?"), self.health.nodes[got.node].last_error)
+        st.status, st.error, st.cause = JobState.LOST, text, MACHINE_LOST
+        self.say(Notice(LOST, text, got.node, attempt=la.attempt,
+                        details={"unreachable_s": round(got.unreachable_s, 1), "stalled_s": round(got.stalled_s, 1),
+                                 "bound_s": round(got.bound_s, 1), "evidence": "peers stalled"}))
 
     def _collect(self, v: HangVerdict) -> tuple[Path, str]:
         """Every rank's stack into the run directory; (where, what came of it in a few words)."""

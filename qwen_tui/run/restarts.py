@@ -38,6 +38,7 @@ from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
+from .blame import MACHINE_LOST
 from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
                        without_nodes)
 from .launcher import LaunchError, Launcher, RunOutcome
@@ -228,10 +229,16 @@ class Restarts:
         # stopped (attach, after it saw the failure first) only looks lost from here
         dead = {failed} | {r for r, s in out.nodes.items()
                            if s.status == JobState.LOST and (s.error or "").startswith("cannot reach node")}
-        keep = [c.rank for c in plan.nodes if not (self.exclude_failed and c.rank in dead)]
+        # a machine that went away (run/blame.py) is left out whatever exclude_failed says: a relaunch on it could
+        # not even start
+        lost = {r for r, s in out.nodes.items() if s.status == JobState.LOST and s.cause == MACHINE_LOST}
+        excluded = dead | lost if self.exclude_failed else lost
+        keep = [c.rank for c in plan.nodes if c.rank not in excluded]
         rd.write_state(status=RunState.RESTARTING)
         self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
-                 + (", without it" if self.exclude_failed else ", on the same nodes"))
+                 + (", without it" if failed in excluded else ", on the same nodes")
+                 + (f" (machine lost: {', '.join(f'node {r} ({plan.nodes[r].label})' for r in sorted(lost))})"
+                    if lost else ""))
         gone = la.stop_all()
         survivors = [r for r in keep if not gone.get(r)]
         if survivors:
@@ -242,8 +249,8 @@ class Restarts:
         step = common_checkpoint(listings)
         resume = (posixpath.join(preset.training.output_dir, f"checkpoint-{step}") if step is not None
                   else preset.training.resume_from_checkpoint)
-        if self.exclude_failed:
-            new, _ = without_nodes(preset, dead, resuming=resume is not None)
+        if excluded:
+            new, _ = without_nodes(preset, excluded, resuming=resume is not None)
         else:
             new = preset.model_copy(deep=True)
         new.training.resume_from_checkpoint = resume
@@ -264,8 +271,7 @@ class Restarts:
         if not (rd.path / "preset.first.yaml").exists():
             shutil.copy2(rd.path / "preset.yaml", rd.path / "preset.first.yaml")
         save_preset(new, rd.path / "preset.yaml", mode=0o600)  # what `attach` connects to now
-        if self.exclude_failed:
-            self.excluded += [plan.nodes[r].label for r in sorted(dead)]
+        self.excluded += [plan.nodes[r].label for r in sorted(excluded)]
         started = rd.read_state().get("started")
         nxt = Launcher(next_plan, transports, rd, stop_grace=la.stop_grace, attempt=attempt, metrics_keep_at=keep_at)
         rd.write_state(metrics_keep_at=keep_at)
