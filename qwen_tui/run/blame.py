@@ -6,9 +6,10 @@ that timed out): the survivors' logs are consequences, not causes. Two pieces of
 
 - the survivors failed with communication errors (cluster/failures.py: CONSEQUENTIAL) while one node stopped
   answering over SSH: that node is the cause (`machine_lost_in`), and it is LOST at once;
-- a node stopped answering over SSH and the other nodes' ranks, alive (their heartbeats go on), have finished no step
-  since (`PeerStall`): its training peers lost it too, so it is LOST at once, not after monitor.unreachable_timeout.
-  An SSH cut alone never looks like this: training goes on through it and steps keep finishing.
+- a node stopped answering over SSH and the other nodes' ranks, alive (their heartbeats go on), have all held one
+  phase for a stall bound by their own clocks (`peer_stall`): they wait for a peer that will never answer, so its
+  training peers lost it too and it is LOST at once, not after monitor.unreachable_timeout. An SSH cut alone never
+  looks like this: training goes on through it and the ranks move through their phases every step.
 
 A node whose survivors failed with communication errors but which nobody can yet tell apart (every other node
 still answers and runs) is waited for a few seconds (CAUSE_GRACE_S) before the first failed node is blamed: the
@@ -109,26 +110,28 @@ class PeerStall:
     def text(self, label: str, ssh_error: str) -> str:
         return (f"node {self.node} ({label}) lost: unreachable over SSH for {self.unreachable_s:.0f} s "
                 f"({ssh_error or 'no answer'}) and its training peers lost it too: no step finished for "
-                f"{self.stalled_s:.0f} s (bound {self.bound_s:.0f} s) while {self.waiting}")
+                f"{self.stalled_s:.0f} s (bound {self.bound_s:.0f} s): {self.waiting}")
 
 
-def peer_stall(*, now: float, unreachable_since: Mapping[int, float], progress_at: float,
-               alive: Mapping[int, str], step_times: list, nodes: int) -> Optional[PeerStall]:
+def peer_stall(*, now: float, unreachable_since: Mapping[int, float], alive: Mapping[int, tuple[str, float]],
+               step_times: list, nodes: int) -> Optional[PeerStall]:
     """A node unreachable while the others, alive, finish no step (module docstring), or None.
 
-    unreachable_since: node -> monotonic time it went unreachable (running nodes only); progress_at: when the highest
-    step any reachable rank finished last rose; alive: reachable rank -> its phase, for ranks whose heartbeat still
-    changes (processes that run); nodes: how many nodes the attempt has."""
+    unreachable_since: node -> monotonic time it went unreachable (running nodes only); alive: rank of a reachable
+    node whose heartbeat still changes (a process that runs) -> (its phase, how long it has been in it by its own
+    heartbeat: `time - phase_since`, one node's clock, so no skew between nodes counts); nodes: how many nodes the
+    attempt has. A rank that waits for a peer that will never answer stays in one phase: when every alive rank has
+    held its phase for the stall bound, no step can have finished."""
     if nodes < 2 or not unreachable_since or not alive or len(unreachable_since) >= nodes:
         return None
+    if any(p in ("start", "done") for p, _ in alive.values()):
+        return None  # loading a model or leaving takes as long as it takes: the unreachable bound decides then
     node = min(unreachable_since, key=lambda n: (unreachable_since[n], n))
-    since = unreachable_since[node]
-    bound = stall_bound(step_times, list(alive.values()))
-    # the stall must cover the time the node has been away: a step finished after it went is training going on
-    stalled = now - max(progress_at, since)
+    bound = stall_bound(step_times, [p for p, _ in alive.values()])
+    stalled = min(age for _, age in alive.values())
     if stalled < bound:
         return None
-    phases = sorted(set(alive.values()))
-    waiting = (f"{len(alive)} rank(s) of the other nodes run on (heartbeats fresh) in phase "
+    phases = sorted({p for p, _ in alive.values()})
+    waiting = (f"{len(alive)} rank(s) of the other nodes run on (heartbeats fresh), held in phase "
                f"{', '.join(phases)}")
-    return PeerStall(node, now - since, now - progress_at, bound, waiting)
+    return PeerStall(node, now - unreachable_since[node], stalled, bound, waiting)

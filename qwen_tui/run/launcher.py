@@ -330,6 +330,10 @@ class Launcher:
                 if st.status == JobState.FAILED and raw and not self.monitor.health.unreachable(st.rank):
                     self._tails[st.rank] = raw  # its job has ended: its log no longer changes
             d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
+            if st.cause == "MACHINE_LOST" and st.rank in self.monitor.lost_evidence:
+                from .blame import machine_lost
+
+                d = machine_lost(self.monitor.lost_evidence[st.rank])
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
             killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])

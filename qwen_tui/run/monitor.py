@@ -73,6 +73,7 @@ class RunMonitor:
                                          steps=int(m.get("straggler_steps", 3)))
         self.beats: dict[int, dict[int, dict]] = {}  # node -> global rank -> heartbeat
         self.verdict: Optional[HangVerdict] = None
+        self.lost_evidence: dict[int, str] = {}  # node -> why it is taken for a machine lost (run/blame.py)
         self.hang_action: Optional[str] = None  # "stop" or "restart": the launcher ends the attempt
         self._pool: Optional[ThreadPoolExecutor] = None  # made at the first read, let go when the attempt ends
         self._inflight: dict[str, tuple[Future, float, int]] = {}  # key -> (future, started, node)
@@ -231,20 +232,25 @@ class RunMonitor:
         if not since:
             return
         now = self.hang.clock()
-        alive: dict[int, str] = {}
+        alive: dict[int, tuple[str, float]] = {}
         for n, node in self.beats.items():
-            if n in since:
+            if n in since or n not in running:
                 continue
             stale = set(self.hang._stale(node, now)) if node and all(r in self.hang._seen for r in node) else set(node)
-            alive.update({r: str(b.get("phase", "?")) for r, b in node.items() if r not in stale})
-        got = peer_stall(now=now, unreachable_since=since, progress_at=self.hang.progress_at, alive=alive,
+            for r, b in node.items():
+                t, t0 = b.get("time"), b.get("phase_since")
+                if r not in stale and isinstance(t, (int, float)) and isinstance(t0, (int, float)):
+                    alive[r] = (str(b.get("phase", "?")), max(0.0, t - t0))
+        got = peer_stall(now=now, unreachable_since=since, alive=alive,
                          step_times=[s.get("step_time") for s in la.metrics.progress.steps],
                          nodes=len(la.plan.nodes))
         if got is None:
             return
         st = la.nodes[got.node]
         text = got.text(self.labels.get(got.node, "?"), self.health.nodes[got.node].last_error)
-        st.status, st.error, st.cause = JobState.LOST, text, MACHINE_LOST
+        st.status, st.cause = JobState.LOST, MACHINE_LOST
+        st.error = "stopped answering over SSH while its training peers, alive, finished no step"
+        self.lost_evidence[got.node] = text
         self.say(Notice(LOST, text, got.node, attempt=la.attempt,
                         details={"unreachable_s": round(got.unreachable_s, 1), "stalled_s": round(got.stalled_s, 1),
                                  "bound_s": round(got.bound_s, 1), "evidence": "peers stalled"}))
