@@ -226,6 +226,12 @@ class Launcher:
         if self.monitor.hang_action is not None and self.monitor.verdict is not None:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (JobState.FAILED, JobState.LOST)]
+        if bad and self._stopped_elsewhere():
+            # another face (attach --stop, the wizard) stopped the run: its nodes end because they were stopped
+            out = RunOutcome(RunState.STOPPED, "stopped by the user from another view of this run (qwen-tui attach "
+                             "--stop, or the wizard); every node's processes are being ended there", None, self.nodes)
+            self._record(out)
+            return out
         if bad:
             from ..cluster.failures import worker_error
 
@@ -254,8 +260,9 @@ class Launcher:
             self._read_all_metrics()
             end = self.metrics.progress.end
             if end and end.get("status") == RunState.STOPPED:  # its workers were stopped (another view's stop-all)
-                out = RunOutcome(RunState.STOPPED, f"stopped at step {end.get('step')}; every node's processes ended",
-                                 None, self.nodes)
+                who = " by the user" if self._stopped_elsewhere() else ""
+                out = RunOutcome(RunState.STOPPED, f"stopped{who} at step {end.get('step')}; every node's processes "
+                                 "ended", None, self.nodes)
             elif end and end.get("status") != RunState.OK:
                 out = RunOutcome(RunState.FAILED,
                                  f"training ended with status {end.get('status')}: {end.get('error', '')}",
@@ -265,6 +272,18 @@ class Launcher:
             self._record(out)
             return out
         return None
+
+    def _stopped_elsewhere(self) -> bool:
+        """Whether a stop of this attempt was asked for in the run directory (stop_and_record writes it first)."""
+        from .rundir import RunDirError
+
+        try:
+            state = self.run_dir.read_state()
+        except RunDirError:
+            return False
+        asked = state.get("stop_requested")
+        began = state.get("last_started") or state.get("started") or 0
+        return isinstance(asked, (int, float)) and isinstance(began, (int, float)) and asked >= began
 
     def _read_all_metrics(self, rounds: int = 64) -> None:
         """Read the master's metrics to their end (a blip may have left more than one read's worth)."""

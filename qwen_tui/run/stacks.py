@@ -1,10 +1,11 @@
 """Every rank's Python stack, collected into the run directory when the watchdog calls a hang.
 
-Per node, for the ranks its heartbeats name: `py-spy dump --nonblocking` where py-spy is installed (it
-reads a stopped process too), else SIGUSR1, on which the worker's faulthandler appends all its threads'
-stacks to heartbeat/stack-rank-<R>.txt on the node; that file's last dump is copied here. A rank that
-is stopped cannot answer a signal: it is named as such. Only processes that prove they are the run's
-job are signalled (nodes/jobs.py)."""
+Per node, for the ranks its heartbeats name: `py-spy dump --nonblocking` where py-spy is installed beside the
+node's Python (the `debug` extra) or on its PATH (it reads a stopped process too), else SIGUSR1, on which the
+worker's faulthandler appends all its threads' stacks to heartbeat/stack-rank-<R>.txt on the node; that file's
+last dump is copied here. A rank that is stopped cannot answer a signal: without py-spy it is named as such, with
+how to get its stack, and not signalled. Only processes that prove they are the run's job are signalled
+(nodes/jobs.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from ..nodes.jobs import JobRef, members
 from ..nodes.transport import Transport
 from ..plan.launch import NodeCommand
 
+# Where py-spy is looked for on a node: beside the node's Python (the `debug` extra installs it into that
+# environment), else on the login shell's PATH. It prints the first it finds.
+_FIND_PY_SPY = 'for p in "$1" "$(command -v py-spy)"; do if [ -x "$p" ]; then echo "$p"; exit 0; fi; done; exit 1'
+PY_SPY_HOW = ("install py-spy into the node's Python to read a stopped process's stack: "
+              "pip install 'qwen-tui[debug]' (or pip install py-spy)")
 STACK_WAIT_S = 6.0  # how long ranks get to write their dump after SIGUSR1 (the end line follows within a heartbeat)
 # the worker closes each dump with this line (training/runtime/stacks.py); what came before it since our last
 # look is the dump
@@ -41,17 +47,27 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: d
     for r in beats:
         if r not in found:
             out[r] = "its process is gone"
-    spy = t.run(["sh", "-c", "command -v py-spy"], timeout=10)
+    beside = posixpath.join(posixpath.dirname(cmd.argv[0]), "py-spy") if "/" in cmd.argv[0] else "py-spy"
+    spy = t.run(["sh", "-c", _FIND_PY_SPY, "sh", beside], timeout=10)
+    spy_path = spy.stdout.strip() if spy.ok else ""
     asked = []
     for p in procs:
         r = pids[p.pid]
-        if spy.ok and spy.stdout.strip():
-            res = t.run([spy.stdout.strip(), "dump", "--nonblocking", "--pid", str(p.pid)], timeout=30)
+        why = ""
+        if spy_path:
+            res = t.run([spy_path, "dump", "--nonblocking", "--pid", str(p.pid)], timeout=30)
             if res.ok and res.stdout.strip():
                 (dest / f"{_safe(cmd.label)}-rank{r}.txt").write_text(
                     f"=== stacks of rank {r} (pid {p.pid}) by py-spy at {time.ctime()}\n{res.stdout}")
                 out[r] = "ok (py-spy)"
                 continue
+            why = f"py-spy failed: {(res.stderr or res.stdout).strip().splitlines()[:1] or ['no output']}"[:200]
+        if p.state in ("T", "t"):
+            # a stopped process cannot answer a signal; one sent now would dump its stack into the node's log
+            # whenever it runs again, long after anyone looks here
+            out[r] = (f"process stopped (state T): its stack needs py-spy; {why}" if why else
+                      f"process stopped (state T), and py-spy is not on the node: {PY_SPY_HOW}")
+            continue
         asked.append(p)
     if not asked:
         return out
@@ -76,6 +92,5 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: d
             break
         time.sleep(0.25)
     for p in waiting:
-        out[pids[p.pid]] = ("did not answer SIGUSR1 (process stopped: state T)" if p.state in ("T", "t")
-                            else "did not answer SIGUSR1 within {:g} s".format(wait_s))
+        out[pids[p.pid]] = "did not answer SIGUSR1 within {:g} s".format(wait_s)
     return out
