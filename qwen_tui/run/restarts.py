@@ -45,7 +45,8 @@ from .launcher import LaunchError, Launcher, RunOutcome
 from .rundir import RunDir
 from .states import JobState, RunState
 
-# Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
+# Lists the checkpoints in $1, whole ones by name and incomplete ones with why (their manifest checked); no Python
+# needed on the node.
 _LIST_CHECKPOINTS = program("list_checkpoints.sh")
 NEXT_ATTEMPT_BOUND = 120.0  # how long `attach` waits for replay to start the next attempt
 
@@ -73,13 +74,18 @@ def _facts_for(rd: RunDir, state: dict, plan: LaunchPlan) -> Optional[ClusterFac
     return dataclasses.replace(facts, nodes={i: facts.nodes[r] for i, r in ranks.items() if r in facts.nodes})
 
 
-def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str) -> list[str]:
-    """The complete checkpoint directories' names in output_dir on one node (its workdir is the cwd)."""
-    r = t.run(["sh", "-c", _LIST_CHECKPOINTS, "sh", output_dir], timeout=30, cwd=cmd.workdir)
+def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str,
+                     skipped: Optional[list[str]] = None) -> list[str]:
+    """The complete checkpoint directories' names in output_dir on one node (its workdir is the cwd); `skipped`
+    gets one line for each incomplete one, saying why."""
+    r = t.run(["sh", "-c", _LIST_CHECKPOINTS, "sh", output_dir], timeout=120, cwd=cmd.workdir)
     if not r.ok:
         raise RestartRefused(f"node {cmd.rank} ({cmd.label}): cannot list the checkpoints in {output_dir}: "
                              f"{(r.stderr or r.stdout).strip()[:300]}")
-    return r.stdout.split()
+    lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+    if skipped is not None:
+        skipped += [f"node {cmd.rank} ({cmd.label}): {ln[2:]}" for ln in lines if ln.startswith("# ")]
+    return [ln for ln in lines if not ln.startswith("#")]
 
 
 def _attempt_heartbeats(c: NodeCommand, attempt: int) -> None:
@@ -245,7 +251,11 @@ class Restarts:
             raise RestartRefused("processes of the failed attempt are still running on node(s) "
                                  + ", ".join(f"{r} ({plan.nodes[r].label})" for r in survivors))
 
-        listings = {r: list_checkpoints(self.transports[r], plan.nodes[r], preset.training.output_dir) for r in keep}
+        skipped: list[str] = []
+        listings = {r: list_checkpoints(self.transports[r], plan.nodes[r], preset.training.output_dir, skipped)
+                    for r in keep}
+        for line in skipped:
+            self.say(f"checkpoint skipped (incomplete): {line}")
         step = common_checkpoint(listings)
         resume = (posixpath.join(preset.training.output_dir, f"checkpoint-{step}") if step is not None
                   else preset.training.resume_from_checkpoint)

@@ -9,6 +9,8 @@ and a resumed run must reproduce the uninterrupted one.
 
 from __future__ import annotations
 
+import json
+
 import math
 import shutil
 
@@ -291,14 +293,29 @@ def test_lora_one_process_loss_falls_and_checkpoints_rotate(lora_run):
     assert not list(lora_run.out.glob("*.tmp"))
     assert (lora_run.out / "adapter_model.safetensors").is_file() and (lora_run.out / "adapter_config.json").is_file()
     assert (lora_run.out / "checkpoint-12" / "finetune_state.json").is_file()  # not HF's trainer_state.json
+    manifest = json.loads((lora_run.out / "checkpoint-12" / "manifest.json").read_text())
+    assert manifest["step"] == 12 and manifest["world_size"] == 1 and manifest["ranks"] == [0]
+    assert manifest["files"]["adapter_model.safetensors"] == (lora_run.out / "checkpoint-12" /
+                                                              "adapter_model.safetensors").stat().st_size
 
 
 def test_resume_continues_step_count_and_loss_curve(tmp_path, files, lora_run):
+    """`auto` resumes from the newest whole checkpoint: newer ones left incomplete (a file truncated by a full disk,
+    the manifest never written) are skipped, each named with why."""
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree(lora_run.out / "checkpoint-12", out / "checkpoint-12")
+    shutil.copytree(lora_run.out / "checkpoint-18", out / "checkpoint-18")
+    with open(out / "checkpoint-18" / "adapter_model.safetensors", "r+b") as f:
+        f.truncate(100)
+    shutil.copytree(lora_run.out / "checkpoint-18", out / "checkpoint-16")
+    (out / "checkpoint-16" / "manifest.json").unlink()
     run = run_worker(out, *common(files, *LORA), "--data_path", files["train"], "--resume_from_checkpoint", "auto")
     assert_ok(run)
+    skipped = [ln for ln in run.stderr.splitlines() if "is skipped: incomplete" in ln]
+    assert any("checkpoint-18 is skipped: incomplete, adapter_model.safetensors is 100 bytes" in ln
+               for ln in skipped), run.stderr[-3000:]
+    assert any("checkpoint-16 is skipped: incomplete, no manifest.json" in ln for ln in skipped), skipped
     start = run.records[0]
     assert start["start_step"] == 12 and start["resumed_from"].endswith("checkpoint-12")
     ref, got = lora_run.losses(), run.losses()
