@@ -29,7 +29,7 @@ from .evidence import node_evidence
 from .health import SILENT_S, Health
 from .blame import MACHINE_LOST, peer_stall
 from .notices import HANG, HANG_OVER, LOST, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
-from .stacks import collect_node
+from .stacks import collect_node, flight_recorder
 from .stragglers import StragglerWatch
 from .metrics import MetricsFollower
 from .rundir import RunDir
@@ -281,6 +281,14 @@ class RunMonitor:
         for c in la.plan.nodes:
             if c.rank not in futs:
                 results.update({r: "node unreachable" for r in self.beats.get(c.rank, {})})
+        if any("--use_cpu" not in c.argv for c in la.plan.nodes):  # CUDA ranks: NCCL's flight recorder too
+            fr = {c.rank: self._run(flight_recorder, la.transports[c.rank], c, sorted(self.beats.get(c.rank, {})),
+                                    dest) for c in la.plan.nodes if c.rank in futs}
+            wait_futures(list(fr.values()), timeout=STACKS_BOUND_S)
+            for f in fr.values():
+                if f.done() and f.exception() is None:
+                    for r, said in f.result().items():
+                        results[r] = f"{results.get(r, '?')}; {said}"
         (dest / "summary.json").write_text(json.dumps({str(r): s for r, s in sorted(results.items())}, indent=1))
         ok = sum(1 for s in results.values() if s.startswith("ok"))
         missing = "; ".join(f"rank {r} {s}" for r, s in sorted(results.items()) if not s.startswith("ok"))

@@ -34,6 +34,44 @@ def _safe(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label) or "node"
 
 
+# PyTorch's NCCL flight recorder, on CUDA runs (training/runtime/dist.py sets it up under --heartbeat_dir): a write
+# to a rank's pipe makes NCCL's monitor thread dump the rank's last collectives to nccl_trace_rank_<R>. The write is
+# bounded: a pipe nobody reads (a rank gone, a torch without the pipe) never holds the collection up.
+FR_PIPE = "nccl_trace_pipe_rank_{}.pipe"
+FR_DUMP = "nccl_trace_rank_{}"
+_ASK_DUMP = 'if [ -p "$1" ]; then timeout 2 sh -c \'printf 1 > "$1"\' sh "$1" && echo asked; fi; exit 0'
+
+
+def flight_recorder(t: Transport, cmd: NodeCommand, ranks, dest: Path, *, wait_s: float = STACK_WAIT_S) -> dict[int, str]:
+    """Ask each rank's NCCL flight recorder for a dump and copy it to dest/<label>-rank<R>.nccl_trace: rank -> what
+    came of it (a few words)."""
+    out: dict[int, str] = {}
+    asked = []
+    before: dict[int, bytes] = {}
+    for r in ranks:
+        dump = posixpath.join(cmd.heartbeat_dir, FR_DUMP.format(r))
+        before[r] = t.read_file(dump, limit=1 << 30)
+        res = t.run(["sh", "-c", _ASK_DUMP, "sh", posixpath.join(cmd.heartbeat_dir, FR_PIPE.format(r))], timeout=15)
+        if res.ok and "asked" in res.stdout:
+            asked.append(r)
+        else:
+            out[r] = "no flight recorder pipe (not a CUDA rank, or a torch without it)"
+    deadline = time.monotonic() + wait_s
+    while asked:
+        for r in list(asked):
+            data = t.read_file(posixpath.join(cmd.heartbeat_dir, FR_DUMP.format(r)), limit=1 << 30)
+            if data and data != before[r]:
+                (dest / f"{_safe(cmd.label)}-rank{r}.nccl_trace").write_bytes(data)
+                out[r] = "flight recorder dumped"
+                asked.remove(r)
+        if not asked or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    for r in asked:
+        out[r] = f"the flight recorder wrote no dump within {wait_s:g} s"
+    return out
+
+
 def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: dict[int, dict], dest: Path,
                  *, wait_s: float = STACK_WAIT_S) -> dict[int, str]:
     """Stacks of node `cmd`'s ranks into dest/<label>-rank<R>.txt: global rank -> "ok (py-spy)", "ok (SIGUSR1)"
