@@ -51,7 +51,7 @@ def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = 
         "link_measured": c.bandwidth.known,
         "bandwidth": c.bandwidth.to_dict(),
         "speed_unknown": unknown,
-        "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency)),
+        "efficiency": None if c.cpu else _r(effective_efficiency(RunShape.of(t), efficiency, c.spec)),
         "gpu_memory_gb": None, "step_time_s": None, "tokens_per_second": None, "tokens_per_step": None,
         "step": None, "scaling_efficiency": [], "nodes_worth_it": None,
         "recommended": {"micro_batch": None, "gradient_checkpointing": None},
