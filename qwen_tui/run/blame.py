@@ -88,11 +88,17 @@ def pick_lost(unreachable: Mapping[int, float]) -> Optional[int]:
     return max(unreachable, key=lambda n: (unreachable[n], -n))
 
 
-def stall_bound(step_times: list, phases: list[str]) -> float:
-    """How long the peers of a silent node may finish no step before they are taken to have lost it."""
+def stall_bound(step_times: list, phases: list[str], saves: list | None = None) -> float:
+    """How long the peers of a silent node may hold their phase before they are taken to have lost it. In a
+    checkpoint: 5 times the longest save this run has made (the worker logs each one's seconds), else the hang
+    watchdog's long bound for slow phases (a first save of a large model takes what it takes)."""
     recent = [t for t in step_times[-50:] if isinstance(t, (int, float)) and t > 0]
     b = max(STALL_MIN_S, STALL_STEPS * statistics.median(recent)) if recent else STALL_MIN_S
-    if phases and max(set(phases), key=phases.count) in SLOW_PHASES:
+    common = max(set(phases), key=phases.count) if phases else None
+    took = [s for s in saves or [] if isinstance(s, (int, float)) and s >= 0]
+    if common == "checkpoint" and took:
+        b = max(b, STALL_STEPS * max(took))
+    elif common in SLOW_PHASES:
         b = max(b * SLOW_FACTOR, SLOW_MIN_S)
     return b
 
@@ -114,20 +120,21 @@ class PeerStall:
 
 
 def peer_stall(*, now: float, unreachable_since: Mapping[int, float], alive: Mapping[int, tuple[str, float]],
-               step_times: list, nodes: int) -> Optional[PeerStall]:
+               step_times: list, nodes: int, saves: list | None = None) -> Optional[PeerStall]:
     """A node unreachable while the others, alive, finish no step (module docstring), or None.
 
     unreachable_since: node -> monotonic time it went unreachable (running nodes only); alive: rank of a reachable
     node whose heartbeat still changes (a process that runs) -> (its phase, how long it has been in it by its own
     heartbeat: `time - phase_since`, one node's clock, so no skew between nodes counts); nodes: how many nodes the
-    attempt has. A rank that waits for a peer that will never answer stays in one phase: when every alive rank has
-    held its phase for the stall bound, no step can have finished."""
+    attempt has; saves: the seconds each checkpoint of the run took. A rank that waits for a peer that will never
+    answer stays in one phase: when every alive rank has held its phase for the stall bound, no step can have
+    finished."""
     if nodes < 2 or not unreachable_since or not alive or len(unreachable_since) >= nodes:
         return None
     if any(p in ("start", "done") for p, _ in alive.values()):
         return None  # loading a model or leaving takes as long as it takes: the unreachable bound decides then
     node = min(unreachable_since, key=lambda n: (unreachable_since[n], n))
-    bound = stall_bound(step_times, [p for p, _ in alive.values()])
+    bound = stall_bound(step_times, [p for p, _ in alive.values()], saves)
     stalled = min(age for _, age in alive.values())
     if stalled < bound:
         return None

@@ -243,7 +243,8 @@ class RunMonitor:
                     alive[r] = (str(b.get("phase", "?")), max(0.0, t - t0))
         got = peer_stall(now=now, unreachable_since=since, alive=alive,
                          step_times=[s.get("step_time") for s in la.metrics.progress.steps],
-                         nodes=len(la.plan.nodes))
+                         nodes=len(la.plan.nodes),
+                         saves=[e.get("seconds") for e in la.metrics.progress.events if e.get("event") == "checkpoint"])
         if got is None:
             return
         st = la.nodes[got.node]

@@ -235,15 +235,16 @@ class Restarts:
         # stopped (attach, after it saw the failure first) only looks lost from here
         dead = {failed} | {r for r, s in out.nodes.items()
                            if s.status == JobState.LOST and (s.error or "").startswith("cannot reach node")}
-        # a machine that went away (run/blame.py) is left out whatever exclude_failed says: a relaunch on it could
-        # not even start
-        lost = {r for r, s in out.nodes.items() if s.status == JobState.LOST and s.cause == MACHINE_LOST}
+        # a machine that went away (run/blame.py), or one unreachable past the bound, is left out whatever
+        # exclude_failed says: a relaunch on it could not even start, and its old processes cannot be stopped from
+        # here (they lose their peers and end on their own)
+        lost = {r for r, s in out.nodes.items() if s.status == JobState.LOST and s.cause in (MACHINE_LOST, "UNREACHABLE")}
         excluded = dead | lost if self.exclude_failed else lost
         keep = [c.rank for c in plan.nodes if c.rank not in excluded]
         rd.write_state(status=RunState.RESTARTING)
         self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
                  + (", without it" if failed in excluded else ", on the same nodes")
-                 + (f" (machine lost: {', '.join(f'node {r} ({plan.nodes[r].label})' for r in sorted(lost))})"
+                 + (f" (cannot be reached: {', '.join(f'node {r} ({plan.nodes[r].label})' for r in sorted(lost))})"
                     if lost else ""))
         gone = la.stop_all()
         survivors = [r for r in keep if not gone.get(r)]
