@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from .hardware_faults import CONSEQUENTIAL_HW, hardware_fault
+
 
 @dataclass(frozen=True)
 class Diagnosis:
@@ -62,15 +64,25 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
      "check `dmesg` for the OOM killer on that node; lower the batch size or offload"),
 ]
 # Causes that are consequences of another node's failure rather than a cause of their own.
-CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"})
+CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"}) | CONSEQUENTIAL_HW
 
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
              for c, p, cause, fix in _SIGNATURES]
 
 
 def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
-    """The first signature (in priority order) found anywhere in the log text."""
+    """The first signature (in priority order) found anywhere in the log text: a hardware fault first
+    (cluster/hardware_faults.py: what an NCCL error or a lost peer follows), then the software signatures; an IB
+    flush, a consequence, only where nothing else matched."""
     lines = log_text.splitlines()
+    later: Optional[Diagnosis] = None
+    for ln in lines:
+        hw = hardware_fault(ln)
+        if hw is not None:
+            d = Diagnosis(hw[0], hw[1], hw[2], ln.strip()[:300])
+            if hw[0] not in CONSEQUENTIAL_HW:
+                return d
+            later = later or d
     for code, rx, cause, fix in _COMPILED:
         for ln in lines:
             m = rx.search(ln)
@@ -78,7 +90,7 @@ def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
                 if code == "MODULE_MISSING" and m.groups():
                     cause = f"the Python module '{m.group(1)}' is missing on this node"
                 return Diagnosis(code, cause, fix.replace("{py}", python), ln.strip()[:300])
-    return None
+    return later
 
 
 _RULE = re.compile(r"^\s*={20,}\s*$")
