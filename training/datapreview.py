@@ -25,7 +25,7 @@ import sys
 import time
 
 from training.flags import WorkerFlags
-from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 HIST_BINS = 16
 WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
@@ -114,14 +114,37 @@ def padding_waste(lengths: list[int], args: WorkerFlags, world_size: int, steps_
             "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
 
 
+def max_positions(source: str) -> int | None:
+    """The positions the model was built for (config.json's max_position_embeddings), where its directory says."""
+    import os
+
+    try:
+        with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    n = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
     from training.data.encoding import EagerDataset
     from training.data.records import load_conversations
     from training.model.pretrained import load_tokenizer, resolve_model_source
 
     t0 = time.monotonic()
-    convs = load_conversations(args.data.data_path)
-    tokenizer = load_tokenizer(resolve_model_source(args.model.model_name_or_path, 0))
+    try:
+        convs = load_conversations(args.data.data_path)
+    except InputError:
+        # the worker stops at the first bad record; the preview reads on and reports every kind of problem at once
+        from training.data.problems import report
+
+        every = report(args.data.data_path)
+        if every is None:
+            raise
+        raise InputError(every) from None
+    source = resolve_model_source(args.model.model_name_or_path, 0)
+    tokenizer = load_tokenizer(source)
     enc = _MeasuringEncoder(tokenizer, args.data.model_max_length)
     ds = EagerDataset(convs, enc)
     s = ds.stats
@@ -140,7 +163,7 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
         else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
         "data": args.data.data_path, "model": args.model.model_name_or_path,
-        "model_max_length": args.data.model_max_length,
+        "model_max_length": args.data.model_max_length, "max_positions": max_positions(source),
         "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
         "truncated_ids": s.truncated_ids[:5],
         "tokens": s.tokens, "supervised_tokens": s.label_tokens,
