@@ -102,8 +102,23 @@ class RunMonitor:
             return list(self.notices)
 
     def note(self, rank: int) -> Optional[str]:
-        """One line a face shows beside node `rank`: unreachable, or its compute and wait per step."""
-        return self.health.note(rank) or self.stragglers.note(rank)
+        """One line a face shows beside node `rank`: unreachable, the hang it holds, or its compute and wait per
+        step."""
+        return self.health.note(rank) or self.hang_note(rank) or self.stragglers.note(rank)
+
+    @property
+    def hung_node(self) -> Optional[int]:
+        """The node a hang called now is blamed on (None: no hang now, or one not traced to a node)."""
+        v = self.verdict
+        return v.node if v is not None and self.hang.fired else None
+
+    def hang_note(self, rank: int) -> Optional[str]:
+        v = self.verdict
+        if v is None or not self.hang.fired or v.node != rank:
+            return None
+        held = self.hang.clock() - self.hang.progress_at
+        ranks = ", ".join(str(r) for r in v.culprits)
+        return f"HUNG: rank {ranks} holds the run, no step for {held:.0f} s (phase {v.phase}); k shows the stacks"
 
     # ------------------------------------------------------------ one look
     def _run(self, fn: Callable, *args) -> Future:

@@ -132,3 +132,23 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: d
     for p in waiting:
         out[pids[p.pid]] = "did not answer SIGUSR1 within {:g} s".format(wait_s)
     return out
+
+
+def read_collected(hang, limit: int = 200_000) -> str:
+    """What a hang's notice (run/notices.py, kind HANG) collected, as text for a person: the directory, each rank's
+    summary line, then the blamed ranks' stacks and the others'."""
+    import json
+
+    where = Path(str(hang.details.get("stacks") or ""))
+    culprits = [int(r) for r in hang.details.get("culprits") or [] if str(r).isdigit()]
+    out = [hang.text, "", f"stacks in {where}"]
+    try:
+        summary = json.loads((where / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        return "\n".join(out + [f"(cannot read its summary: {e})"])
+    out += [f"  rank {r}: {said}" for r, said in sorted(summary.items(), key=lambda kv: int(kv[0]))]
+    files = sorted(where.glob("*-rank*.txt"), key=lambda p: (int(p.stem.rsplit("rank", 1)[1]) not in culprits, p.name))
+    for f in files:
+        out += ["", f"=== {f.name}", f.read_text(errors="replace")]
+    text = "\n".join(out)
+    return text if len(text) <= limit else text[:limit] + "\n… (cut: the files are in the directory above)"
