@@ -70,7 +70,8 @@ def render(la: Launcher) -> Group:
         line.append(f"lr {last['learning_rate']:.2e}  ")
     if "tokens_per_second" in last:
         line.append(f"{last['tokens_per_second']:.0f} tok/s  ")
-    line.append("ETA unknown (hung)" if la.monitor.hung_node is not None else f"ETA {fmt_duration(prog.eta_seconds())}")
+    hung = la.monitor.hung_node if la.plan.nodes else None
+    line.append("ETA unknown (hung)" if hung is not None else f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
