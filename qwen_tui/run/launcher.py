@@ -357,11 +357,16 @@ class Launcher:
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
             killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
             tail = without_agent_report(raw)[-40:]  # what the user reads: the worker's words, not torchrun's report
-            secondary = st.status != JobState.LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
-            found.append((secondary, st.rank, st, d, tail))
+            # 0: a cause of its own (lost, killed, a known error); 1: an error no signature knows (most likely its
+            # own too); 2: only what a peer's loss causes (a reset, a timeout)
+            if st.status == JobState.LOST or killed or (d is not None and d.code not in CONSEQUENTIAL):
+                rank_of_cause = 0
+            else:
+                rank_of_cause = 1 if d is None else 2
+            found.append((rank_of_cause, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
-        secondary, _, st, d, tail = found[0]
-        if secondary and grace:
+        rank_of_cause, _, st, d, tail = found[0]
+        if rank_of_cause == 2 and grace:
             lost = self._machine_lost([(x[2], x[3]) for x in found])
             if lost is not None:
                 return lost
