@@ -41,7 +41,7 @@ class RunScreen(StepScreen):
     STEP = "run"
     BINDINGS = [
         Binding("s", "stop", "Stop all"),
-        Binding("n", "next_node", "Next node's log"),
+        Binding("n", "next_node", "Next log"),
         Binding("k", "stacks", "Stacks"),
         Binding("l", "launch", "Launch"),
         Binding("c", "chat", "Chat"),
