@@ -120,6 +120,7 @@ class Launcher:
         self._phases_lock = threading.Lock()
         self._tails: dict[int, list[str]] = {}  # rank -> the log tail of a node whose job has ended (read once)
         self._survivors_since: Optional[float] = None  # when only survivors' errors were first seen
+        self._kernel: dict[int, object] = {}  # rank -> the hardware fault its kernel log reports (read once)
         self.monitor = RunMonitor(self)
 
     # ------------------------------------------------------------ start / attach
@@ -353,6 +354,8 @@ class Launcher:
                 from .blame import machine_lost
 
                 d = machine_lost(self.monitor.lost_evidence[st.rank])
+            elif (d is None or d.code in CONSEQUENTIAL) and self._cuda and not self.monitor.health.unreachable(st.rank):
+                d = self._kernel_fault(st.rank) or d
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
             killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
@@ -376,6 +379,25 @@ class Launcher:
             if others and time.monotonic() - self._survivors_since < CAUSE_GRACE_S:
                 return None
         return st, d, tail
+
+    @property
+    def _cuda(self) -> bool:
+        return any("--use_cpu" not in c.argv for c in self.plan.nodes)
+
+    def _kernel_fault(self, rank: int):
+        """A hardware fault the node's kernel log reports (a GPU's Xid, a fallen-off GPU: the driver writes them
+        there, not to the run's log), as a Diagnosis; read once a node, None where there is none."""
+        from ..cluster.failures import Diagnosis
+        from .evidence import node_kernel_faults
+
+        if rank not in self._kernel:
+            state = self.run_dir.read_state()
+            began = state.get("last_started") or state.get("started")
+            found = node_kernel_faults(self.transports[rank], began, time.time()) \
+                if isinstance(began, (int, float)) else []
+            self._kernel[rank] = Diagnosis(found[0][0], found[0][1], found[0][2], "kernel log: " + found[0][3]) \
+                if found else None
+        return self._kernel[rank]
 
     def _machine_lost(self, survivors):
         """A running node that stopped answering while the failed ones saw only a peer go away: LOST, blamed,

@@ -55,3 +55,23 @@ def test_a_hardware_fault_wins_over_what_follows_it_and_a_flush_alone_is_a_conse
     assert d.code == "IB_STATUS_5" and d.code in CONSEQUENTIAL and "earlier failure" in d.fix
     assert diagnose(flush + "\ntorch.OutOfMemoryError: CUDA out of memory.").code == "CUDA_OOM"
     assert diagnose("NCCL INFO Channel 00/0 : 0[6] -> 1[6] via P2P/NVLink") is None  # NVLink in use is no error
+
+
+def test_the_kernel_log_since_the_run_began_names_the_xid_and_an_older_one_is_not_this_runs():
+    """Xid reports are in the node's kernel log, not the run's: what the launcher reads there on a CUDA run's failure
+    (run/evidence.py), dmesg's and journalctl's ISO stamps alike; a fault from before the run began is left out."""
+    import datetime
+
+    from qwen_tui.run.evidence import kernel_faults
+
+    xid = [ln for ln in (FIX / "xid_79_fallen_off_bus.log").read_text().splitlines() if "Xid" in ln][0]
+    began = datetime.datetime(2026, 12, 5, 1, 0, tzinfo=datetime.timezone.utc).timestamp()
+    log = "\n".join([
+        "2026-12-04T09:00:00,000001+00:00 " + xid.replace("79", "48").replace("fallen off the bus", "DBE"),  # before
+        "2026-12-05T01:20:00,000001+00:00 mlx5_core 0000:ab:00.0: Port: 1 Link ACTIVE",
+        "2026-12-05T01:30:18,928022+00:00 " + xid,  # dmesg --time-format iso
+        "2026-12-05T01:31:00+0000 node3 kernel: " + xid.replace("0000:44:00", "0000:45:00"),  # journalctl short-iso
+    ])
+    found = kernel_faults(log, since=began)
+    assert [f[0] for f in found] == ["GPU_LOST", "GPU_LOST"] and "0000:45:00" in found[0][3]
+    assert len(kernel_faults(log)) == 3  # without a start, every fault the log holds
