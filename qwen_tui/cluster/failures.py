@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
-from .hardware_faults import CONSEQUENTIAL_HW, hardware_fault
+from .hardware_faults import CONSEQUENTIAL_HW, hardware_fault, hardware_signatures
 
 
 @dataclass(frozen=True)
@@ -66,16 +65,25 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
 # Causes that are consequences of another node's failure rather than a cause of their own.
 CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"}) | CONSEQUENTIAL_HW
 
+
+
+def signatures() -> list[tuple[str, str, str, str]]:
+    """Every known signature, most specific first: (code, pattern, cause, fix), the hardware faults before the
+    software ones (cluster/hardware_faults.py; an Xid's and an IB completion's cause and fix come from the line).
+    The manual's troubleshooting page is generated from them (docs/gen_reference.py)."""
+    return [*hardware_signatures(), *_SIGNATURES]
+
+
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
              for c, p, cause, fix in _SIGNATURES]
 
 
-def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
+def diagnose(log_text: str, python: str = "python3") -> Diagnosis | None:
     """The first signature (in priority order) found anywhere in the log text: a hardware fault first
     (cluster/hardware_faults.py: what an NCCL error or a lost peer follows), then the software signatures; an IB
     flush, a consequence, only where nothing else matched."""
     lines = log_text.splitlines()
-    later: Optional[Diagnosis] = None
+    later: Diagnosis | None = None
     for ln in lines:
         hw = hardware_fault(ln)
         if hw is not None:
@@ -115,7 +123,7 @@ def without_agent_report(lines: list[str]) -> list[str]:
         del out[start:end + 1]
 
 
-def worker_error(lines: list[str]) -> Optional[str]:
+def worker_error(lines: list[str]) -> str | None:
     """The worker's own one-line error (bad input: it prints `error: ...` and exits 2), if the log holds one."""
     for ln in reversed(lines):
         if ln.startswith("error: "):
@@ -138,7 +146,7 @@ def describe_exception(err: BaseException, *, depth: int = 5) -> str:
 
     out: list[str] = []
     seen: set[int] = set()
-    e: Optional[BaseException] = err
+    e: BaseException | None = err
     while e is not None and id(e) not in seen and len(seen) < depth:
         seen.add(id(e))
         where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []

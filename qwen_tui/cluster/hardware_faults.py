@@ -9,7 +9,6 @@ The lines they match are real ones from public reports, kept with their source i
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 # The Xid codes a training run meets most (NVIDIA's Xid catalog), in a few words each, and whether the GPU must be
 # reset or its node rebooted before it trains again.
@@ -66,7 +65,7 @@ SIGNATURES: list[tuple[str, str, str, str]] = [
 _COMPILED = [(c, re.compile(p, re.IGNORECASE), cause, fix) for c, p, cause, fix in SIGNATURES]
 
 
-def xid_fault(line: str) -> Optional[tuple[str, str, str]]:
+def xid_fault(line: str) -> tuple[str, str, str] | None:
     """(code, cause, fix) for an `NVRM: Xid (PCI:...): N, ...` line, or None."""
     m = _XID.search(line)
     if not m:
@@ -84,7 +83,7 @@ def xid_fault(line: str) -> Optional[tuple[str, str, str]]:
     return ("GPU_XID", cause, fix)
 
 
-def ib_fault(line: str) -> Optional[tuple[str, str, str]]:
+def ib_fault(line: str) -> tuple[str, str, str] | None:
     """(code, cause, fix) for NCCL's `NET/IB : Got completion from peer P with status=N` line, or None."""
     m = _IB.search(line)
     if not m:
@@ -95,7 +94,7 @@ def ib_fault(line: str) -> Optional[tuple[str, str, str]]:
     return (f"IB_STATUS_{status}", cause.format(peer=peer), fix.format(peer=peer))
 
 
-def hardware_fault(line: str) -> Optional[tuple[str, str, str]]:
+def hardware_fault(line: str) -> tuple[str, str, str] | None:
     """(code, cause, fix) for a line that reports a hardware fault, or None."""
     for c, rx, cause, fix in _COMPILED:
         if rx.search(line):
@@ -105,3 +104,16 @@ def hardware_fault(line: str) -> Optional[tuple[str, str, str]]:
 
 # An IB flush follows an earlier failure: a consequence, as a peer's lost connection is.
 CONSEQUENTIAL_HW = frozenset({"IB_STATUS_5"})
+
+
+def hardware_signatures() -> list[tuple[str, str, str, str]]:
+    """(code, pattern, cause, fix) of every hardware fault, for the manual: the fixed ones as they are, an Xid's and an
+    IB completion's with the words their line fills in."""
+    out = list(SIGNATURES)
+    out.append(("GPU_XID", _XID.pattern, "the GPU at PCI <bus> reported Xid <N>: what N means (NVIDIA's Xid catalog: "
+                + "; ".join(f"{k} {v[0]}" for k, v in sorted(XID_MEANING.items()) if k < 144) + "; 144-150 NVLink)",
+                "for an Xid that needs it (48, 64, 74, 79, 95, 119, 120, 144-150 and unknown ones): take the node out "
+                "and reset the GPU or reboot; for the others read the rank's own error first"))
+    for status, (cause, fix) in sorted(IB_STATUS.items(), reverse=True):
+        out.append((f"IB_STATUS_{status}", _IB.pattern, cause.format(peer="<peer>"), fix.format(peer="<peer>")))
+    return out

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
 
 from ..cluster.failures import Diagnosis
 
@@ -55,7 +55,7 @@ def addresses_in(text: str) -> list[str]:
     return _IPV4.findall(text)
 
 
-def node_of_address(addr: str, addresses: Mapping[int, Iterable[str]]) -> Optional[int]:
+def node_of_address(addr: str, addresses: Mapping[int, Iterable[str]]) -> int | None:
     """The node whose addresses (plan host, probed interfaces) include `addr`, if exactly one does."""
     found = [n for n, addrs in addresses.items() if addr in set(addrs)]
     return found[0] if len(found) == 1 else None
@@ -81,7 +81,7 @@ def evidence_line(lost: int, label: str, ssh_error: str, seconds: float, survivo
     return "; ".join(parts)
 
 
-def pick_lost(unreachable: Mapping[int, float]) -> Optional[int]:
+def pick_lost(unreachable: Mapping[int, float]) -> int | None:
     """Of the nodes unreachable now (node -> seconds unreachable), the one that went first."""
     if not unreachable:
         return None
@@ -120,7 +120,7 @@ class PeerStall:
 
 
 def peer_stall(*, now: float, unreachable_since: Mapping[int, float], alive: Mapping[int, tuple[str, float]],
-               step_times: list, nodes: int, saves: list | None = None) -> Optional[PeerStall]:
+               step_times: list, nodes: int, saves: list | None = None) -> PeerStall | None:
     """A node unreachable while the others, alive, finish no step (module docstring), or None.
 
     unreachable_since: node -> monotonic time it went unreachable (running nodes only); alive: rank of a reachable

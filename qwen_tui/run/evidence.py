@@ -4,8 +4,6 @@ what cannot be read is left out, never guessed."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..nodes.programs import program
 from ..nodes.transport import Transport
 
@@ -34,7 +32,7 @@ def parse_evidence(text: str) -> list[str]:
     return out
 
 
-def node_evidence(t: Transport, link_gbps: Optional[float]) -> str:
+def node_evidence(t: Transport, link_gbps: float | None) -> str:
     try:
         res = t.run(["sh", "-c", _PROBE], timeout=15)
         parts = parse_evidence(res.stdout) if res.ok else []
@@ -54,7 +52,7 @@ KERNEL_LOG = ('journalctl -k --since "-${1}s" -o short-iso --no-pager -q 2>/dev/
               "dmesg --time-format iso 2>/dev/null | tail -n 2000; exit 0")
 
 
-def _stamp(line: str) -> Optional[float]:
+def _stamp(line: str) -> float | None:
     """The epoch seconds of an ISO-stamped kernel-log line (journalctl's short-iso, dmesg's iso), or None."""
     import datetime
 
@@ -66,7 +64,7 @@ def _stamp(line: str) -> Optional[float]:
     return t.timestamp() if t.tzinfo is not None else None
 
 
-def kernel_faults(text: str, since: Optional[float] = None) -> list[tuple[str, str, str, str]]:
+def kernel_faults(text: str, since: float | None = None) -> list[tuple[str, str, str, str]]:
     """The hardware faults (cluster/hardware_faults.py) in kernel-log text, newest first: (code, cause, fix, line);
     with `since` (epoch seconds), only those of stamped lines at or after it (an Xid of last week is not this run's)."""
     from ..cluster.hardware_faults import hardware_fault

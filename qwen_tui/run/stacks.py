@@ -13,7 +13,6 @@ import posixpath
 import signal
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..nodes.jobs import JobRef, members
 from ..nodes.transport import Transport
@@ -72,7 +71,7 @@ def flight_recorder(t: Transport, cmd: NodeCommand, ranks, dest: Path, *, wait_s
     return out
 
 
-def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: dict[int, dict], dest: Path,
+def collect_node(t: Transport, cmd: NodeCommand, ref: JobRef | None, beats: dict[int, dict], dest: Path,
                  *, wait_s: float = STACK_WAIT_S) -> dict[int, str]:
     """Stacks of node `cmd`'s ranks into dest/<label>-rank<R>.txt: global rank -> "ok (py-spy)", "ok (SIGUSR1)"
     or why there is none."""

@@ -10,7 +10,6 @@ and a resumed run must reproduce the uninterrupted one.
 from __future__ import annotations
 
 import json
-
 import math
 import shutil
 
@@ -230,7 +229,6 @@ def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files)
     import sys
 
     from support.paths import ROOT
-
     from support.ports import free_port
 
     port = free_port()

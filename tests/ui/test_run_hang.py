@@ -19,7 +19,6 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Notice
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
 from support.paths import ROOT
 from support.pilot import SIZE, wait_until
 from support.procs import ranks_of_job

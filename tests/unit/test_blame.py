@@ -5,7 +5,7 @@ for real in tests/cluster/test_machine_lost.py."""
 
 from __future__ import annotations
 
-from qwen_tui.run.blame import (STALL_MIN_S, Survivor, evidence_line, peer_stall, pick_lost, stall_bound)
+from qwen_tui.run.blame import STALL_MIN_S, Survivor, evidence_line, peer_stall, pick_lost, stall_bound
 from qwen_tui.run.watchdog import own_beats
 
 
