@@ -25,7 +25,7 @@ import sys
 import time
 
 from training.flags import WorkerFlags
-from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 HIST_BINS = 16
 WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
@@ -155,13 +155,38 @@ def padding_waste(lengths: list[int], args: WorkerFlags, world_size: int, steps_
             "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
 
 
+def max_positions(source: str) -> int | None:
+    """The positions the model was built for (config.json's max_position_embeddings), where its directory says."""
+    import os
+
+    try:
+        with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    n = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
     from training.data.encoding import EagerDataset
     from training.model.pretrained import load_tokenizer, resolve_model_source
 
     t0 = time.monotonic()
-    convs, sources, pairs = _records(args)
-    tokenizer = load_tokenizer(resolve_model_source(args.model.model_name_or_path, 0))
+    try:
+        convs, sources, pairs = _records(args)
+    except InputError:
+        # the worker stops at the first bad record; the preview reads on and reports every kind of problem at once
+        if args.data.datasets or args.pref.stage == "dpo" or args.data.data_format != "auto":
+            raise
+        from training.data.problems import report
+
+        every = report(args.data.data_path)
+        if every is None:
+            raise
+        raise InputError(every) from None
+    source = resolve_model_source(args.model.model_name_or_path, 0)
+    tokenizer = load_tokenizer(source)
     enc = _MeasuringEncoder(tokenizer, args.data.model_max_length)
     ds = EagerDataset(convs, enc)
     s = ds.stats
@@ -197,7 +222,7 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
         "stage": args.pref.stage, "pairs": pairs, "tools": tools, "sources": sources,
         "data": args.data.data_path or ", ".join(x["name"] for x in sources or []),
         "model": args.model.model_name_or_path,
-        "model_max_length": args.data.model_max_length,
+        "model_max_length": args.data.model_max_length, "max_positions": max_positions(source),
         "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
         "truncated_ids": s.truncated_ids[:5],
         "tokens": s.tokens, "supervised_tokens": s.label_tokens,

@@ -23,6 +23,7 @@ import gc
 import logging
 import math
 import os
+import time
 import uuid
 
 import torch
@@ -454,6 +455,7 @@ class FinetuneRecipe:
     def save_checkpoint(self, step: int) -> None:
         a, env = self.args, self.env
         self.heartbeat.phase("checkpoint")
+        began = time.monotonic()
         final = self.checkpointer.save_checkpoint(step, {
             "step": step, "epoch": step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
@@ -461,7 +463,9 @@ class FinetuneRecipe:
             "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
-            self.metrics.write({"event": "checkpoint", "step": step, "path": str(final)})
+            # how long a save takes here: the monitor tells a slow save from peers waiting for a lost node by it
+            self.metrics.write({"event": "checkpoint", "step": step, "path": str(final),
+                                "seconds": round(time.monotonic() - began, 3)})
 
     def save_final(self) -> None:
         self.heartbeat.phase("checkpoint")

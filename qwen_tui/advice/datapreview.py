@@ -125,18 +125,30 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
                           "the worker would stop before training",
                           Fix("lower the micro-batch", {"training.per_device_train_batch_size": 1,
                                                         "training.gradient_accumulation_steps": 1})))
+    positions = r.get("max_positions")  # the model's own: no length is advised past them
+    limit = r.get("longest_trainable")  # the longest row one GPU trains (where the GPU is known)
+
+    def length_fix(want: int, why: str) -> Fix | None:
+        caps = [(positions, "the model's positions"), (limit, "what one GPU trains")]
+        cap, capped_by = min(((c, w) for c, w in caps if c), default=(None, ""))
+        n = want if cap is None else min(want, cap)
+        if n <= t.model_max_length:
+            return None
+        label = f"raise model_max_length to {why} ({n:,})" if n == want else \
+            f"raise model_max_length to {n:,} ({capped_by}; {why} is {want:,})"
+        return Fix(label, {"training.model_max_length": n})
+
     if r["records"] and r["truncated"] / r["records"] > TRUNCATED_MAX:
         p99 = r["length_percentiles"]["p99"]
+        past = f"; the model has {positions:,} positions" if positions and p99 > positions else ""
         out.append(Advice(Level.WARNING, "DATA_TRUNCATED",
                           f"{r['truncated']} of {r['records']} records ({r['truncated'] / r['records']:.1%}) are longer "
-                          f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens",
-                          Fix(f"raise model_max_length to the p99 ({p99})", {"training.model_max_length": p99})
-                          if p99 > t.model_max_length else None))
+                          f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens{past}",
+                          length_fix(p99, "the p99")))
     if r["dropped"]:
         out.append(Advice(Level.WARNING, "DATA_DROPPED",
                           f"{r['dropped']} record(s) have no assistant token left after the cut and are skipped",
-                          Fix(f"raise model_max_length to {r['length_percentiles']['max']}",
-                              {"training.model_max_length": r["length_percentiles"]["max"]})))
+                          length_fix(r["length_percentiles"]["max"], "the longest record")))
     over = r.get("longer_than")
     if over and over["records"]:
         n, lim = over["records"], over["tokens"]
@@ -191,7 +203,9 @@ def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: int | Non
         bar = "█" * round(n / top * width) if n else ""
         if n and not bar:
             bar = "▏"
-        cut = "  (cut)" if max_length is not None and hi > max_length and n else ""
+        # a bin wholly past the cut is cut; one the cut runs through holds records on both sides of it
+        cut = "" if max_length is None or not n or hi <= max_length else "  (cut)" if lo > max_length \
+            else "  (partly cut)"
         out.append(f"{f'{lo}-{hi}':>{label_w}} │{bar:<{width}} {n}{cut}")
     return out
 

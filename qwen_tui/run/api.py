@@ -536,7 +536,7 @@ def snapshot(la: Launcher, log_rank: int | None = None, log_lines: int = 60) -> 
              for r, s in la.nodes.items()}
     notes = {r: n for r in la.nodes if (n := mon.note(r))}
     return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,
-                    notices=tuple(mon.copy()), notes=notes)
+                    notices=tuple(mon.copy()), notes=notes, hung=mon.hung_node)
 
 
 def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = None,

@@ -50,8 +50,10 @@ def render(la: Launcher) -> Group:
         st, mon = la.nodes[c.rank], la.monitor
         status = JobState.UNREACHABLE if st.status == JobState.RUNNING and mon.health.unreachable(c.rank) else st.status
         note = st.error or mon.note(c.rank) or (f"rc {st.rc}" if st.rc is not None else "")
-        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=styles.JOB.get(status, "")),
-                      str(st.pid or "-"), Text(printable(note)))
+        shown = Text(status, style=styles.JOB.get(status, ""))
+        if status == JobState.RUNNING and mon.hung_node == c.rank:  # running, and holding every other node
+            shown = Text("hung", style=styles.JOB.get(JobState.FAILED, ""))
+        nodes.add_row(str(c.rank), c.label, str(c.nproc), shown, str(st.pid or "-"), Text(printable(note)))
     last = prog.last or {}
     total = prog.total_steps
     step = last.get("step", 0)
@@ -67,7 +69,8 @@ def render(la: Launcher) -> Group:
         line.append(f"lr {last['learning_rate']:.2e}  ")
     if "tokens_per_second" in last:
         line.append(f"{last['tokens_per_second']:.0f} tok/s  ")
-    line.append(f"ETA {fmt_duration(prog.eta_seconds())}")
+    hung = la.monitor.hung_node if la.plan.nodes else None
+    line.append("ETA unknown (hung)" if hung is not None else f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))

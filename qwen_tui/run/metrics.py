@@ -72,7 +72,7 @@ class TrainingProgress:
     def add(self, rec: dict[str, Any]) -> None:
         ev = rec.get("event")
         if ev == "start":
-            self.start = rec
+            self.start, self.end = rec, None  # a relaunch starts again: an earlier attempt's end is not this one's
         elif ev == "end":
             self.end = rec
         elif ev is None and "step" in rec:

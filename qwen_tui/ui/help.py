@@ -34,14 +34,22 @@ STEP_HELP = {
                 "effective batch, memory per GPU, step time and scaling, and the advice list. Without a "
                 "probe, pick the GPU type so memory is checked against it. F8 applies the highlighted "
                 "advice's fix (Enter on the list too); advice without an automatic fix shows what to do. "
-                "F9 previews the data as the worker will tokenize it.",
+                "F9 previews the data as the worker will tokenize it. At the end, recovery: how many times a "
+                "failed run is relaunched from its last complete checkpoint, whether the failed node is left "
+                "out, when a run without a finished step counts as hung and what a hang does, and how long a "
+                "node may stay unreachable before the run gives up on it.",
     "review": "Exactly what launch runs on every node (the same plan `qwen-tui replay` and the exports use), "
               "and the preset as YAML. l launches (it asks first when a check failed or the output directory "
               "already holds a run), x writes SLURM, PBS or shell scripts, ctrl+s saves the preset.",
     "run": "The cluster while it trains: one panel per node (GPU utilisation and memory, or CPU load), the "
-           "master's loss curve, the log of one node (n shows the next node's). s stops every process on "
-           "every node (it asks first). Quitting leaves the run going; reopening qwen-tui re-attaches. "
-           "c chats with the trained model once the run has finished.",
+           "master's loss curve, the log of one node (n shows the next node's). Above the log, what the monitor "
+           "noticed, newest first: a node it cannot reach and then can again, a machine lost, a straggler, a "
+           "hang and its end. When no step finishes within the hang bound, the node that holds the run is "
+           "marked HUNG on its panel, and every rank's Python stack is collected into the run directory's "
+           "stacks/ (a stopped rank's too where py-spy is installed on the node: pip install "
+           "'qwen-tui[debug]'); k shows them. s stops every process on every node (it asks first). Quitting "
+           "leaves the run going; reopening qwen-tui re-attaches. c chats with the trained model once the run "
+           "has finished.",
 }
 
 GLOBAL_KEYS = ("F1-F6 go to a step (the bar on top shows each step's state: ✔ done, ! warning, ✘ problem, "

@@ -125,6 +125,39 @@ class FieldCluster:
     def mend_ssh(self, i: int) -> None:
         self.cluster.ns(i, "iptables", "-D", "INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP", check=False)
 
+    def vanish(self, i: int, how: str) -> list[int]:
+        """Node i goes as a machine does. "reset": as a crashed or rebooted machine, its processes gone (SIGKILL)
+        and its kernel answering every TCP segment with a reset, SSH included (nothing else leaves it, not even
+        the FIN of a closing socket). "silent": every packet in and out dropped and its processes frozen
+        (SIGSTOP), as a machine whose network is gone or that hangs whole. Returns the frozen pids (mend them)."""
+        if how == "reset":
+            self.cluster.ns(i, "iptables", "-I", "OUTPUT", "-p", "tcp", "!", "--tcp-flags", "RST", "RST",
+                            "-j", "DROP")
+            self.cluster.ns(i, "iptables", "-I", "INPUT", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+            sig = signal.SIGKILL
+        elif how == "silent":
+            self.cluster.ns(i, "iptables", "-I", "OUTPUT", "-j", "DROP")
+            self.cluster.ns(i, "iptables", "-I", "INPUT", "-j", "DROP")
+            sig = signal.SIGSTOP
+        else:
+            raise ValueError(f"vanish: how is reset or silent, not {how!r}")
+        pids = self.cluster.job_pids(i)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        return pids if how == "silent" else []
+
+    def mend(self, i: int, frozen: list[int]) -> None:
+        """After vanish: what was frozen is killed (the machine's processes do not come back), the network is back."""
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        self.cluster.reset_firewall(i)
+
     def close(self) -> None:
         for n in self.cluster.nodes:
             self.mend_ssh(n.index)

@@ -51,6 +51,7 @@ class RunScreen(StepScreen):
     BINDINGS = [
         Binding("s", "stop", "Stop all"),
         Binding("n", "next_node", "Next log"),
+        Binding("k", "stacks", "Stacks"),
         Binding("l", "launch", "Launch"),
         Binding("c", "chat", "Chat"),
         Binding("m", "merge", "Merge"),
@@ -410,27 +411,33 @@ class RunScreen(StepScreen):
         for p in self.query(GpuPanel):
             if p.rank in snap.nodes:
                 p.set_status(*snap.nodes[p.rank], note=snap.notes.get(p.rank))
+                p.set_class(snap.hung == p.rank, "-hung")  # the node a hang is blamed on, marked until it ends
         self._show_notices(snap.notices)
-        self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12))
+        self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12),
+                                       hung=snap.hung is not None)
         self.query_one(LogPane).show(snap.log_rank, snap.log)
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})")  # n: the footer says
 
     def _show_notices(self, notices: tuple) -> None:
-        """The monitor's notices above the log: the last few, each new one also popped up."""
+        """The monitor's notices above the log: the last few, newest first, a line each (the whole text pops up
+        as it comes, and k shows a hang's stacks), so the newest, the end of a hang say, is never below the box's
+        fold."""
         if len(notices) < self._notices_shown:  # a relaunch's follow starts its own list
             self._notices_shown = 0
         for n in notices[self._notices_shown:]:
             self.notify(n.text, title=n.kind.replace("_", " ").title(), timeout=15,
                         severity=SEVERITY[n.level])
         self._notices_shown = len(notices)
-        text = Text()
-        for n in notices[-NOTICES_SHOWN:]:
-            if text:
-                text.append("\n")
-            text.append(n.text, style=level_style(n.level))
-        self.query_one("#run-notices", Static).update(text)
+        box = self.query_one("#run-notices", Static)
+        lines = []
+        for n in reversed(notices[-NOTICES_SHOWN:]):
+            line = Text(n.text, style=level_style(n.level), no_wrap=True, overflow="ellipsis")
+            if box.size.width:
+                line.truncate(box.size.width, overflow="ellipsis")
+            lines.append(line)
+        box.update(Text("\n").join(lines))
 
     def on_run_note(self, msg: RunNote) -> None:
         if not msg.text.startswith("note: "):  # a relaunch under way; a note about the settings only pops up
@@ -475,6 +482,18 @@ class RunScreen(StepScreen):
         if self.launcher is not None:
             self.log_rank = (self.log_rank + 1) % len(self.launcher.plan.nodes)
             self.query_one("#log-title", Label).update(f"Log: node {self.log_rank} (next update)")
+
+    def action_stacks(self) -> None:
+        """The stacks the last hang collected (the run directory's stacks/): what each rank answered, then the
+        stacks of the ranks the hang blames, in a window to read and scroll."""
+        from ...run.stacks import read_collected
+
+        snap = self.last_snapshot
+        hangs = [n for n in (snap.notices if snap else ()) if n.kind == "HANG"]
+        if not hangs:
+            self.notify("no hang has been called in this run: its stacks are collected when one is", title="Stacks")
+            return
+        self.app.push_screen(Notice("Stacks of the last hang", read_collected(hangs[-1])))
 
     def action_chat(self) -> None:
         """A finished run's model, on its master (the launcher's transport to node 0)."""

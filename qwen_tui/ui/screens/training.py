@@ -66,7 +66,18 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.save_steps", "save every N steps", "text"),
     ("training.save_total_limit", "keep checkpoints", "opt"),
     ("training.resume_from_checkpoint", "resume from", "opt"),
+    # recovery (run/restarts.py, run/watchdog.py, run/health.py): the defaults said in the labels and choices
+    ("training.restarts", "relaunches (0: none)", "text"),
+    ("training.exclude_failed", "after a node fails",
+     [("relaunch on the same nodes", False), ("relaunch without it", True)]),
+    ("monitor.hang_timeout", "hung after, seconds", "opt"),
+    ("monitor.on_hang", "on a hang", [("alert: say so, train on", "alert"), ("stop every node", "stop"),
+                                      ("stop, relaunch from ckpt", "restart")]),
+    ("monitor.unreachable_timeout", "unreachable limit, s", "text"),
 ]
+# What an empty field means, where empty is a value of its own
+PLACEHOLDERS = {"monitor.hang_timeout": "auto: 5 step times, at least 120 s",
+                "training.save_total_limit": "all", "training.resume_from_checkpoint": "start afresh"}
 PATHS = {p for p, _, _ in FIELDS}
 LABELS = {p: label for p, label, _ in FIELDS}
 LOCAL_FILES = ("training.data", "training.eval_data", "training.model")  # checked on this machine as typed
@@ -107,7 +118,8 @@ class TrainingScreen(StepScreen):
                             yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
                                             suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
                         else:
-                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True)
+                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
+                                             placeholder=PLACEHOLDERS.get(path, ""))
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
                     if path == "training.device":
                         with Horizontal(classes="form-row"):
