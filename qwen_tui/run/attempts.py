@@ -1,6 +1,6 @@
 """What a relaunch after a failure changes, as plain data: which nodes go, how the
 global batch is kept on the nodes left, which checkpoint every node can resume from,
-whether a failure is worth another attempt, and how attempts read in state.json.
+whether a failure is worth another attempt (how attempts read in state.json is run/runs.py's).
 Pure: no I/O. The driver that uses them is run/restarts.py.
 
 The global batch must not change across a resume: the worker refuses a checkpoint
@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..preset.schema import Preset
 from .states import RunState
@@ -159,30 +158,3 @@ def recovery_notes(preset: Preset, exclude_failed: bool) -> list[str]:
         notes.append(f"with ZeRO-{t.zero_stage}, a failed node can be left out only before the first checkpoint: "
                      f"{why}")
     return notes
-
-
-def attempt_note(state: Mapping[str, Any]) -> str | None:
-    """One line about the attempts recorded in a run's state.json, for the live view and `qwen-tui runs`;
-    None for a run that never restarted."""
-    attempts = state.get("attempts")
-    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[-1], dict):
-        return None
-    restarts = state.get("restarts")
-    allowed = f" of {int(restarts) + 1}" if isinstance(restarts, int) else ""
-    cur = attempts[-1]
-    if len(attempts) == 1 and not cur.get("restart_refused"):
-        return None
-    parts = [f"attempt {len(attempts)}{allowed}"]
-    prev = attempts[-2] if len(attempts) > 1 and isinstance(attempts[-2], dict) else {}
-    if type(prev.get("failed_rank")) is int:  # why this attempt was needed
-        cause = f" ({prev['cause']})" if prev.get("cause") else ""
-        parts.append(f"after node {prev['failed_rank']} ({prev.get('failed_node', '?')}) failed{cause}")
-    if cur.get("excluded"):
-        parts.append("without " + ", ".join(map(str, cur["excluded"])))
-    if len(attempts) > 1:
-        parts.append(f"resumed from {cur['resume_from']}" if cur.get("resume_from") else "started over from step 0")
-    if cur.get("batch"):
-        parts.append(f"batch {cur['batch']}")
-    if cur.get("restart_refused"):
-        parts.append(f"not restarted: {cur['restart_refused']}")
-    return "; ".join(parts)

@@ -166,7 +166,7 @@ class Launcher:
     def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
         """A launcher for a run started earlier. Raises RunDirError on a corrupt run directory.
         Nothing is signalled here; `refusals()` says which recorded pids are not provably ours."""
-        from .attempts import attempt_note
+        from .runs import attempt_note
 
         plan = run_dir.read_plan()
         state = run_dir.read_state()

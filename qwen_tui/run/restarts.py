@@ -38,10 +38,11 @@ from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
-from .attempts import RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart, without_nodes
+from .attempts import RestartRefused, common_checkpoint, recovery_notes, why_not_restart, without_nodes
 from .blame import MACHINE_LOST
 from .launcher import Launcher, LaunchError, RunOutcome
 from .rundir import RunDir
+from .runs import attempt_note
 from .states import JobState, RunState
 
 # Lists the checkpoints in $1, whole ones by name and incomplete ones with why (their manifest checked); no Python

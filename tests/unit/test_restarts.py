@@ -11,13 +11,13 @@ from qwen_tui.preset.schema import Preset, PresetError, parse_preset
 from qwen_tui.run.attempts import (
     BatchFit,
     RestartRefused,
-    attempt_note,
     common_checkpoint,
     recovery_notes,
     refit_batch,
     why_not_restart,
     without_nodes,
 )
+from qwen_tui.run.runs import attempt_note
 
 
 def preset(gpus=(1, 1, 1), micro=2, accum=1, **training) -> Preset:
