@@ -9,7 +9,7 @@ Each section renders one thing the code declares, found by walking it, with no l
 - advice:    every advice code (qwen_tui.advice.codes.ADVICE), with its level, when it is raised and its fix;
 - checks:    every code of the node checks (qwen_tui.nodes.codes.CHECKS), the same way;
 - failures:  every failure signature read in a node's log (qwen_tui.cluster.failures), its cause and its fix;
-- notices:   every notice of the run monitor (qwen_tui.run.notices.KINDS);
+- notices:   every notice of the run monitor (qwen_tui.run.watch.notices.KINDS);
 - worker:    the worker's `python -m training.finetune --help` (training.args.build_parser).
 
 docs/hooks.py puts a section where a page says `<!-- generated: NAME -->` while MkDocs builds the site;
@@ -239,7 +239,7 @@ def checks_md() -> str:
 
 
 def notices_md() -> str:
-    from qwen_tui.run.notices import KINDS
+    from qwen_tui.run.watch.notices import KINDS
 
     return _codes_table(KINDS)
 

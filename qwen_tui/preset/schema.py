@@ -229,7 +229,7 @@ class Training(_Strict):
 
 
 class Monitor(_Strict):
-    """How qwen-tui watches a running job (run/health.py, run/watchdog.py): when a node it cannot read is
+    """How qwen-tui watches a running job (run/watch/health.py, run/watch/watchdog.py): when a node it cannot read is
     given up on, when a run that makes no progress is called hung, and when a node counts as slow."""
 
     unreachable_timeout: int = Field(

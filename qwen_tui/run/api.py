@@ -45,10 +45,10 @@ from .events import (
     Stopping,
 )
 from .launcher import Launcher, LaunchError, RunOutcome
-from .metrics import TrainingProgress
-from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
 from .states import FINAL, JobState, RunState
+from .watch.metrics import TrainingProgress
+from .watch.notices import read_notices
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
     from ..nodes.checks import Progress

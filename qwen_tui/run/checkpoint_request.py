@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..nodes.jobs import members
-from .watchdog import READ_BEATS, parse_beats
+from .watch.watchdog import READ_BEATS, parse_beats
 
 if TYPE_CHECKING:
     from .launcher import Launcher

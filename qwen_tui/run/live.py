@@ -23,11 +23,11 @@ from ..base.redact import printable, shown_env
 from ..plan.launch import METRICS_NAME, LaunchPlan
 from ..preset.schema import load_preset
 from . import api, styles
-from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
-from .metrics import fmt_duration, loss_summary, read_progress
 from .rundir import default_runs_root, new_run_id
 from .states import JobState, RunState
+from .watch.gpuseries import NodeWatch, reports_to_tracker
+from .watch.metrics import fmt_duration, loss_summary, read_progress
 
 _BARS = "▁▂▃▄▅▆▇█"
 

@@ -39,11 +39,11 @@ from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
 from .attempts import RestartRefused, common_checkpoint, recovery_notes, why_not_restart, without_nodes
-from .blame import MACHINE_LOST
 from .launcher import Launcher, LaunchError, RunOutcome
 from .rundir import RunDir
 from .runs import attempt_note
 from .states import JobState, RunState
+from .watch.blame import MACHINE_LOST
 
 # Lists the checkpoints in $1, whole ones by name and incomplete ones with why (their manifest checked); no Python
 # needed on the node.
@@ -242,7 +242,7 @@ class Restarts:
         # stopped (attach, after it saw the failure first) only looks lost from here
         dead = {failed} | {r for r, s in out.nodes.items()
                            if s.status == JobState.LOST and (s.error or "").startswith("cannot reach node")}
-        # a machine that went away (run/blame.py), or one unreachable past the bound, is left out whatever
+        # a machine that went away (run/watch/blame.py), or one unreachable past the bound, is left out whatever
         # exclude_failed says: a relaunch on it could not even start, and its old processes cannot be stopped from
         # here (they lose their peers and end on their own)
         lost = {r for r, s in out.nodes.items() if s.status == JobState.LOST and s.cause in (MACHINE_LOST, "UNREACHABLE")}

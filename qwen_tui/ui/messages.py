@@ -13,8 +13,8 @@ if TYPE_CHECKING:  # the annotations only: the run's modules load when a run sta
     from ..cluster.facts import ClusterFacts, NodeFacts
     from ..nodes.findings import Finding
     from ..run.events import Event, Snapshot, Stopping
-    from ..run.gpumon import NodeSample
     from ..run.launcher import Launcher, RunOutcome
+    from ..run.watch.gpumon import NodeSample
     from ..wizard.state import ProbeState, SshState
 
 JsonDict = dict[str, object]  # what a node's JSON tool answered, as read

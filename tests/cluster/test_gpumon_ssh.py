@@ -14,7 +14,7 @@ import pytest
 
 from qwen_tui.nodes.connect import transport_for
 from qwen_tui.nodes.transport import TransportError
-from qwen_tui.run import gpumon
+from qwen_tui.run.watch import gpumon
 
 
 def _cmdlines(cluster, i: int) -> dict[int, bytes]:

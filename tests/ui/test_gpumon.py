@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.run import gpumon
+from qwen_tui.run.watch import gpumon
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 FULL = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total", "memory.used", "memory.free",

@@ -3,7 +3,7 @@
 import json
 
 from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.run.metrics import MetricsFollower, fmt_duration
+from qwen_tui.run.watch.metrics import MetricsFollower, fmt_duration
 
 
 def test_follow_appends_partial_lines_and_events(tmp_path):

@@ -117,7 +117,7 @@ def test_every_advice_and_check_code_has_its_entry_and_every_entry_a_raiser():
 
 def test_every_failure_signature_and_notice_has_its_entry():
     from qwen_tui.cluster.failures import diagnose, signatures
-    from qwen_tui.run.notices import KINDS, LEVELS
+    from qwen_tui.run.watch.notices import KINDS, LEVELS
 
     page = gen.failures_md()
     for code, pattern, cause, _fix in signatures():

@@ -212,7 +212,7 @@ class Trackers:
 class NodeGpuFeed:
     """What qwen-tui's monitor saw on every node, read from --node_gpu_file as it grows.
 
-    qwen-tui appends one JSON object a line per node and flush (qwen_tui.run.gpuseries): {"time", "node", "label",
+    qwen-tui appends one JSON object a line per node and flush (qwen_tui.run.watch.gpuseries): {"time", "node", "label",
     "samples", "gpus": [{"index", "util", "mem_used_mib", "mem_total_mib"}]} for a GPU node, {"time", "node",
     "label", "samples", "cpu_util"} for a CPU-only one. since_last() averages what arrived since its last call, per
     node and GPU. The file may not exist (no qwen-tui following the run): then nothing is logged."""

@@ -362,7 +362,7 @@ class RunScreen(StepScreen):
         self.last_snapshot = None
 
     async def on_run_started(self, msg: RunStarted) -> None:
-        from ...run.gpuseries import NodeWatch
+        from ...run.watch.gpuseries import NodeWatch
 
         la = msg.launcher
         if self.launcher is not None and self.launcher.run_dir.path != la.run_dir.path:
@@ -486,7 +486,7 @@ class RunScreen(StepScreen):
     def action_stacks(self) -> None:
         """The stacks the last hang collected (the run directory's stacks/): what each rank answered, then the
         stacks of the ranks the hang blames, in a window to read and scroll."""
-        from ...run.stacks import read_collected
+        from ...run.watch.stacks import read_collected
 
         snap = self.last_snapshot
         hangs = [n for n in (snap.notices if snap else ()) if n.kind == "HANG"]

@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..base.levels import CodeDoc, Level
+from ...base.levels import CodeDoc, Level
 
 NOTICES_NAME = "notices.jsonl"
 
@@ -20,7 +20,7 @@ NOTICES_NAME = "notices.jsonl"
 UNREACHABLE, REACHABLE, GIVEN_UP = "UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"
 HANG, HANG_OVER = "HANG", "HANG_OVER"
 STRAGGLER, STRAGGLER_OVER = "STRAGGLER", "STRAGGLER_OVER"
-LOST = "MACHINE_LOST"  # a node unreachable whose training peers lost it too (run/blame.py)
+LOST = "MACHINE_LOST"  # a node unreachable whose training peers lost it too (run/watch/blame.py)
 KINDS = {
     UNREACHABLE: CodeDoc("warning", "a read of a running node failed or stayed unanswered for 8 s: qwen-tui drops its "
                          "SSH connection and retries with backoff; the node's training goes on",

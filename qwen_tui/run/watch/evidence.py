@@ -4,8 +4,8 @@ what cannot be read is left out, never guessed."""
 
 from __future__ import annotations
 
-from ..nodes.programs import program
-from ..nodes.transport import Transport
+from ...nodes.programs import program
+from ...nodes.transport import Transport
 
 # Prints the load average and core count, then one CSV line per GPU (nothing where there is no nvidia-smi).
 _PROBE = program("slow_node_evidence.sh")
@@ -67,7 +67,7 @@ def _stamp(line: str) -> float | None:
 def kernel_faults(text: str, since: float | None = None) -> list[tuple[str, str, str, str]]:
     """The hardware faults (cluster/hardware_faults.py) in kernel-log text, newest first: (code, cause, fix, line);
     with `since` (epoch seconds), only those of stamped lines at or after it (an Xid of last week is not this run's)."""
-    from ..cluster.hardware_faults import hardware_fault
+    from ...cluster.hardware_faults import hardware_fault
 
     out = []
     for ln in reversed(text.splitlines()):

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..nodes.programs import program
+from ...nodes.programs import program
 from .gpumon import GpuMonitor, NodeSample
 
 SERIES_NAME = "gpus.jsonl"

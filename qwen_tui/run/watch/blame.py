@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..cluster.failures import Diagnosis
+from ...cluster.failures import Diagnosis
 
 MACHINE_LOST = "MACHINE_LOST"
 # How long survivors that failed only with communication errors wait for the node that caused them to show itself
@@ -34,7 +34,7 @@ CAUSE_GRACE_S = 12.0
 STALL_MIN_S = 10.0
 STALL_STEPS = 5.0
 # While most ranks save a checkpoint or evaluate, steps rightly pause for long: the stall bound grows as the hang
-# watchdog's does (run/watchdog.py).
+# watchdog's does (run/watch/watchdog.py).
 SLOW_PHASES = ("checkpoint", "eval")
 SLOW_FACTOR, SLOW_MIN_S = 10.0, 600.0
 

@@ -14,9 +14,9 @@ import signal
 import time
 from pathlib import Path
 
-from ..nodes.jobs import JobRef, members
-from ..nodes.transport import Transport
-from ..plan.launch import NodeCommand
+from ...nodes.jobs import JobRef, members
+from ...nodes.transport import Transport
+from ...plan.launch import NodeCommand
 
 # Where py-spy is looked for on a node: beside the node's Python (the `debug` extra installs it into that
 # environment), else on the login shell's PATH. It prints the first it finds.
@@ -134,7 +134,7 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: JobRef | None, beats: dict
 
 
 def read_collected(hang, limit: int = 200_000) -> str:
-    """What a hang's notice (run/notices.py, kind HANG) collected, as text for a person: the directory, each rank's
+    """What a hang's notice (run/watch/notices.py, kind HANG) collected, as text for a person: the directory, each rank's
     summary line, then the blamed ranks' stacks and the others'."""
     import json
 

@@ -1,6 +1,6 @@
 """The launcher's eyes on a running job: every read of a node off the follower's thread and bounded, and
-what the reads add up to (run/health.py: reachable or not; run/watchdog.py: hung or not, and who holds
-the run; run/stragglers.py: which node is slow). What it notices becomes Notices that every face shows.
+what the reads add up to (run/watch/health.py: reachable or not; run/watch/watchdog.py: hung or not, and who holds
+the run; run/watch/stragglers.py: which node is slow). What it notices becomes Notices that every face shows.
 
 Each look submits, per node, the reads that are due and not already under way (the node's exit code and
 job, its ranks' heartbeats every few seconds; the master's metrics), then waits for them at most
@@ -23,18 +23,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..cluster.facts import ClusterFacts
-from ..nodes.jobs import JobRef
-from ..nodes.transport import SessionEnded, Transport
-from ..plan.launch import LaunchPlan
+from ...cluster.facts import ClusterFacts
+from ...nodes.jobs import JobRef
+from ...nodes.transport import SessionEnded, Transport
+from ...plan.launch import LaunchPlan
+from ..rundir import RunDir
+from ..states import JobState, RunState
 from .blame import MACHINE_LOST, peer_stall
 from .evidence import node_evidence
 from .health import SILENT_S, Health
 from .metrics import MetricsFollower
 from .notices import HANG, HANG_OVER, LOST, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
-from .rundir import RunDir
 from .stacks import collect_node, flight_recorder
-from .states import JobState, RunState
 from .stragglers import StragglerWatch
 from .watchdog import READ_BEATS, HangVerdict, HangWatch, own_beats, parse_beats
 
@@ -75,7 +75,7 @@ class RunMonitor:
                                          steps=int(m.get("straggler_steps", 3)))
         self.beats: dict[int, dict[int, dict]] = {}  # node -> global rank -> heartbeat
         self.verdict: HangVerdict | None = None
-        self.lost_evidence: dict[int, str] = {}  # node -> why it is taken for a machine lost (run/blame.py)
+        self.lost_evidence: dict[int, str] = {}  # node -> why it is taken for a machine lost (run/watch/blame.py)
         self.hang_action: str | None = None  # "stop" or "restart": the launcher ends the attempt
         self._pool: ThreadPoolExecutor | None = None  # made at the first read, let go when the attempt ends
         self._inflight: dict[str, tuple[Future, float, int]] = {}  # key -> (future, started, node)
@@ -241,7 +241,7 @@ class RunMonitor:
 
     # ------------------------------------------------------------ a machine lost
     def _watch_lost(self) -> None:
-        """A node unreachable over SSH whose training peers lost it too (run/blame.py): LOST now, not after
+        """A node unreachable over SSH whose training peers lost it too (run/watch/blame.py): LOST now, not after
         monitor.unreachable_timeout; the launcher then ends the attempt blaming it."""
         la = self.la
         end = la.metrics.progress.end

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..nodes.programs import program
+from ...nodes.programs import program
 
 MIN_BOUND_S = 120.0
 STEP_FACTOR = 5.0

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..nodes.programs import program
+from ...nodes.programs import program
 
 FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total")
 INTERVAL_MS = 1000
@@ -283,7 +283,7 @@ class GpuMonitor:
         return feed
 
     def _cpu(self, rank: int, t) -> None:
-        from ..nodes.transport import LocalTransport
+        from ...nodes.transport import LocalTransport
 
         if not isinstance(t, LocalTransport):
             self._cpu_stream(rank, t)
