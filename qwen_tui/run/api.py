@@ -11,7 +11,7 @@ cause (per node where it is about nodes) and the fix. Nothing is raised for what
 check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run,
 Stopping while a requested stop runs, and ends with Ended. A face that restarts a run calls
 launch() again with the same Connections and a new run id (dataclasses.replace(req,
-run_id=...)), then follow() again; relaunching a failed attempt is run/restarts.py's.
+run_id=...)), then follow() again; relaunching a failed attempt is run/recovery/restarts.py's.
 """
 
 from __future__ import annotations
@@ -439,7 +439,7 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
     pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
               facts=facts)
     if req.attempt > 1:
-        from .restarts import attempt_dirs
+        from .recovery.restarts import attempt_dirs
 
         attempt_dirs(pl, req.attempt)
     if req.guard_output:

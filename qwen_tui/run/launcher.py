@@ -113,7 +113,7 @@ class Launcher:
         self.transports = transports
         self.run_dir = run_dir
         self.stop_grace = stop_grace
-        # which launch of this run directory this is (run/restarts.py relaunches after a failure);
+        # which launch of this run directory this is (run/recovery/restarts.py relaunches after a failure);
         # a launcher whose attempt is over no longer writes the run's state
         self.attempt = attempt
         self.attempt_note: str | None = None  # one line about earlier attempts, for the views

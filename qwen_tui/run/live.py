@@ -72,7 +72,7 @@ def render(la: Launcher) -> Group:
     hung = la.monitor.hung_node if la.plan.nodes else None
     line.append("ETA unknown (hung)" if hung is not None else f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
-    if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
+    if la.attempt_note:  # a relaunch after a failure (run/recovery/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
     if prog.preference:  # DPO: the rewards beside the loss
         parts.insert(parts.index(line) + 1, Text(prog.preference))
@@ -300,7 +300,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
                        exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
                        replace_own_output: bool = False, run_id: str | None = None) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
-    every relaunch that training.restarts allows (run/restarts.py). replace_own_output: the output left by an
+    every relaunch that training.restarts allows (run/recovery/restarts.py). replace_own_output: the output left by an
     earlier run of the same preset is replaced, not refused (the demo run again). A SLURM preset runs on the
     allocation this process is in (a login node submits it instead: run/slurm_batch.py); `run_id`: the run
     directory to use (the batch job of a submitted run takes over the one its submission made)."""
@@ -372,7 +372,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
             console.print(Text(f"{early['signal']} while starting: stopping run {la.plan.run_id} on every node",
                                style=styles.WARN_STRONG))
         console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
-        from .restarts import Restarts, run_facts
+        from .recovery.restarts import Restarts, run_facts
 
         rs = Restarts(preset, la.transports, run_facts(la.run_dir),
                       exclude_failed=exclude_failed or preset.training.exclude_failed,
@@ -410,8 +410,8 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
 def take_over(la: Launcher, out: RunOutcome, console: Console) -> int:
     """`attach` drives the run (its launching face is gone; driver.claim made this face the driver): relaunch
     after the failed attempt `la` as replay would, and follow every attempt until the run ends."""
-    from . import driver
-    from .restarts import Restarts
+    from .recovery import driver
+    from .recovery.restarts import Restarts
 
     try:
         rs = Restarts.from_run_dir(la, say=console.print)
@@ -452,7 +452,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                     except Detached:
                         return 0
                     if out.status == RunState.FAILED:
-                        from .restarts import next_or_take_over
+                        from .recovery.restarts import next_or_take_over
 
                         what, nxt = next_or_take_over(la.run_dir, la.attempt)
                         if what == "next":  # the run's driver relaunched it: follow the new attempt (its own nodes)

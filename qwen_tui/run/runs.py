@@ -27,7 +27,7 @@ class RunSummary:
     started: float | None
     step: int | None
     last_loss: float | None
-    attempt: int = 1  # relaunches after a failure make more (run/restarts.py)
+    attempt: int = 1  # relaunches after a failure make more (run/recovery/restarts.py)
     attempt_note: str | None = None
 
     def to_dict(self) -> dict:

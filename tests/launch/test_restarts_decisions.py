@@ -11,7 +11,7 @@ from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher, RunOutcome
-from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
+from qwen_tui.run.recovery.restarts import Restarts, wait_for_next_attempt
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.runs import attempt_note
 from qwen_tui.run.states import JobState

@@ -56,7 +56,7 @@ def take_over_run_dir(preset: Preset, root: Path, run_id: str, console: Console)
 
 class TimeWarning:
     """SLURM's warning that the job's time is nearly up (sbatch --signal=B:USR1@N reaches the batch shell, which
-    is this process): every rank is asked for a checkpoint (run/checkpoint_request.py), the workers save it and
+    is this process): every rank is asked for a checkpoint (run/recovery/checkpoint_request.py), the workers save it and
     stop, and then, if scheduler.requeue allows, the job is requeued; its next run resumes from that checkpoint.
     `launcher()` gives the attempt being followed."""
 
@@ -86,7 +86,7 @@ class TimeWarning:
     def _ask(self) -> None:
         import time
 
-        from ..checkpoint_request import ask_checkpoint
+        from ..recovery.checkpoint_request import ask_checkpoint
 
         self.console.print(Text("SLURM: the job's time limit is near (SIGUSR1): asking every rank for a "
                                 "checkpoint, then the job is requeued to resume from it", style=styles.WARN_STRONG))

@@ -211,8 +211,8 @@ class RunScreen(StepScreen):
         """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
         snapshots. Leaving the app detaches (the run goes on); only stop-all ends it. `relaunch`: the
         request of a launch from here, whose failed attempts are relaunched as training.restarts allows
-        (run/restarts.py, as replay does); an attached run is relaunched by its driver, or from here when the
-        face that launched it is gone (run/driver.py)."""
+        (run/recovery/restarts.py, as replay does); an attached run is relaunched by its driver, or from here when the
+        face that launched it is gone (run/recovery/driver.py)."""
         for ev in events:
             if isinstance(ev, api.Started):
                 self.post_message(RunStarted(ev.launcher))
@@ -226,7 +226,7 @@ class RunScreen(StepScreen):
 
     def _follow_attempts(self, first, req: api.LaunchRequest | None):
         """Follow the run to its outcome, through every relaunch when `req` allows restarts."""
-        from ...run.restarts import Restarts, run_facts
+        from ...run.recovery.restarts import Restarts, run_facts
 
         worker = get_current_worker()
 
@@ -258,8 +258,8 @@ class RunScreen(StepScreen):
     def _after_failure(self, la, out, follow_one):
         """An attached attempt failed: follow the next attempt its driver starts, or, with no live driver
         (the face that launched it is gone), relaunch it from here as training.restarts allows."""
-        from ...run import driver
-        from ...run.restarts import Restarts, next_or_take_over
+        from ...run.recovery import driver
+        from ...run.recovery.restarts import Restarts, next_or_take_over
 
         worker = get_current_worker()
         what, _ = next_or_take_over(la.run_dir, la.attempt,

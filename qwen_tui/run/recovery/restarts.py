@@ -2,7 +2,7 @@
 
 `training.restarts: N` allows N relaunches after a node fails; `training.exclude_failed`
 (or `qwen-tui replay --exclude-failed`) leaves the failed node out of them, with the
-batch re-split so that the global batch stays (run/attempts.py says when it cannot).
+batch re-split so that the global batch stays (run/recovery/attempts.py says when it cannot).
 Each relaunch is another attempt of the same run directory:
 
 - the failed attempt's processes are stopped on every node that stays (a survivor
@@ -16,7 +16,7 @@ Each relaunch is another attempt of the same run directory:
   plan.json / pids.json / preset.yaml describe the current one, which is what
   `qwen-tui attach` follows (preset.first.yaml keeps the preset as first launched).
 
-The face that relaunches is the run's driver (run/driver.py): the one that launched it
+The face that relaunches is the run's driver (run/recovery/driver.py): the one that launched it
 (`Restarts.follow`), or an attach that finds it gone after a failed attempt
 (`next_or_take_over`, then `Restarts.from_run_dir(...).take_over`).
 """
@@ -32,18 +32,18 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..cluster.facts import ClusterFacts
-from ..nodes.programs import program
-from ..nodes.transport import Transport, TransportError
-from ..plan.launch import LaunchPlan, NodeCommand, make_plan
-from ..preset.schema import Preset, load_preset, save_preset
+from ...cluster.facts import ClusterFacts
+from ...nodes.programs import program
+from ...nodes.transport import Transport, TransportError
+from ...plan.launch import LaunchPlan, NodeCommand, make_plan
+from ...preset.schema import Preset, load_preset, save_preset
+from ..launcher import Launcher, LaunchError, RunOutcome
+from ..rundir import RunDir
+from ..runs import attempt_note
+from ..states import JobState, RunState
+from ..watch.blame import MACHINE_LOST
 from . import driver
 from .attempts import RestartRefused, common_checkpoint, recovery_notes, why_not_restart, without_nodes
-from .launcher import Launcher, LaunchError, RunOutcome
-from .rundir import RunDir
-from .runs import attempt_note
-from .states import JobState, RunState
-from .watch.blame import MACHINE_LOST
 
 # Lists the checkpoints in $1, whole ones by name and incomplete ones with why (their manifest checked); no Python
 # needed on the node.

@@ -11,11 +11,11 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..nodes.jobs import members
-from .watch.watchdog import READ_BEATS, parse_beats
+from ...nodes.jobs import members
+from ..watch.watchdog import READ_BEATS, parse_beats
 
 if TYPE_CHECKING:
-    from .launcher import Launcher
+    from ..launcher import Launcher
 
 BOUND_S = 30.0  # every node asked in parallel
 

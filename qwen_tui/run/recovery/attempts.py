@@ -1,7 +1,7 @@
 """What a relaunch after a failure changes, as plain data: which nodes go, how the
 global batch is kept on the nodes left, which checkpoint every node can resume from,
 whether a failure is worth another attempt (how attempts read in state.json is run/runs.py's).
-Pure: no I/O. The driver that uses them is run/restarts.py.
+Pure: no I/O. The driver that uses them is run/recovery/restarts.py.
 
 The global batch must not change across a resume: the worker refuses a checkpoint
 trained with another one, because the data order (global batches cut from one
@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..preset.schema import Preset
-from .states import RunState
+from ...preset.schema import Preset
+from ..states import RunState
 
 MAX_ACCUMULATION = 4096  # the preset's bound on gradient_accumulation_steps
 CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")

@@ -21,8 +21,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from ..nodes.jobs import local_proc
-from .rundir import RunDir, locked_file
+from ...nodes.jobs import local_proc
+from ..rundir import RunDir, locked_file
 
 log = logging.getLogger(__name__)
 CLAIM_BOUND = 10.0  # how long a claim waits for another claim in progress (each holds the lock for one small write)
