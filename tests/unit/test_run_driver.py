@@ -78,7 +78,7 @@ def test_release_ends_only_its_own_record(tmp_path):
 
 _CLAIMER = """
 import sys, time, pathlib
-from qwen_tui.run import driver
+from qwen_tui.run.recovery import driver
 from qwen_tui.run.rundir import RunDir
 go, done = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 print("ready", flush=True)  # imported: from here a claim takes milliseconds
