@@ -269,7 +269,7 @@ def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
     the nodes the preset asks for (salloc), so that every check runs on nodes SLURM gives, through srun."""
     import subprocess
 
-    from qwen_tui.run.slurm.script import allocation_options
+    from qwen_tui.run.export.slurm_preset import allocation_options
 
     argv = ["salloc", *allocation_options(preset, time=CHECK_ALLOCATION_TIME),
             f"--immediate={CHECK_ALLOCATION_WAIT_S}", "--job-name=qwen-tui-check",

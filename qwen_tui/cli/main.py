@@ -149,7 +149,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..run.export import export_files
+    from ..run.export.render import export_files
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
@@ -164,7 +164,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         files = export_files(preset, args.format, run_id=run_id, base_dir=os.getcwd(),
                              preset_file=str(Path(args.preset).absolute()), image=args.image,
                              accelerator=args.accelerator)
-    except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
+    except ValueError as e:  # a plan the format cannot express (export.engine_argv.ExportError names the field)
         _err(f"{args.preset}: {e}")
         return 2
     out = Path(args.output) if args.output else None

@@ -26,8 +26,8 @@ from ..plan.launch import make_plan
 from ..preset.schema import Preset, save_preset
 from . import api
 from .events import Failure, Stage, Started
+from .export.slurm_preset import batch_script
 from .rundir import RunDir, new_run_id, write_json_atomic
-from .slurm.script import batch_script
 from .states import FINAL, RunState
 
 SUBMITTED = "slurm.json"  # in a run directory: the job that runs it (its id, when it was submitted)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from ..base.redact import is_secret
-from ..plan.launch import LaunchPlan, NodeCommand
+from ...base.redact import is_secret
+from ...plan.launch import LaunchPlan, NodeCommand
 
 # torchrun's flags that place a node in the job, in the order make_plan writes them.
 RENDEZVOUS_FLAGS = ("--nnodes", "--node_rank", "--nproc_per_node", "--master_addr", "--master_port")

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from ..plan.launch import LaunchPlan
-from .export_argv import ExportError, Shell, dns_label, header, on_cpu, split_env, uniform_nproc, with_rendezvous
+from ...plan.launch import LaunchPlan
+from .engine_argv import ExportError, Shell, dns_label, header, on_cpu, split_env, uniform_nproc, with_rendezvous
 
 # The GPUs SkyPilot may choose from when the user names none (--accelerator): the ones Qwen fine-tuning runs on.
 DEFAULT_ACCELERATORS = ("H100", "H200", "A100-80GB")

@@ -1,6 +1,6 @@
 """Render a LaunchPlan as batch scripts: SLURM (sbatch + srun), PBS, or one plain
 shell script per node; or as an engine's job file: a Kubeflow Trainer TrainJob
-(export_kubeflow.py) or a SkyPilot task (export_skypilot.py). Same argv and
+(kubeflow.py) or a SkyPilot task (skypilot.py). Same argv and
 environment as `replay`; only the node rank and master address come from the
 scheduler where it assigns the nodes. Secrets (HF_TOKEN, ...) are not written:
 the scripts read them from their environment.
@@ -11,12 +11,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 
-from ..base.redact import is_secret
-from ..cluster.facts import ClusterFacts
-from ..plan.launch import LaunchPlan, NodeCommand, make_plan
-from ..preset.schema import Preset
-from .export_kubeflow import render_kubeflow
-from .export_skypilot import render_skypilot
+from ...base.redact import is_secret
+from ...cluster.facts import ClusterFacts
+from ...plan.launch import LaunchPlan, NodeCommand, make_plan
+from ...preset.schema import Preset
+from .kubeflow import render_kubeflow
+from .skypilot import render_skypilot
 
 FORMATS = ("slurm", "pbs", "sh", "kubeflow", "skypilot")
 # Engines that place the nodes themselves: one YAML file each, given the image and (SkyPilot) the accelerator.
@@ -151,11 +151,11 @@ def export_files(preset: Preset, fmt: str, *, run_id: str, base_dir: str, preset
                  facts: ClusterFacts | None = None, image: str | None = None,
                  accelerator: str | None = None) -> dict[str, str]:
     """What `qwen-tui export` and the wizard's export write: file name -> text. A SLURM preset's `slurm` export is
-    the batch script replay submits, reading `preset_file` (run/slurm/script.py); every other one renders the
+    the batch script replay submits, reading `preset_file` (run/export/slurm_preset.py); every other one renders the
     plan. Raises ValueError for what the format cannot express."""
     if preset.scheduler.is_slurm and fmt == "slurm":
-        from .rundir import default_runs_root
-        from .slurm.script import exported_script
+        from ..rundir import default_runs_root
+        from .slurm_preset import exported_script
 
         if preset_file is None:
             raise ValueError("a SLURM preset's batch script reads the preset's file: save the preset first")

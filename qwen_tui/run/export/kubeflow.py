@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from ..plan.launch import LaunchPlan
-from .export_argv import RENDEZVOUS_FLAGS, dns_label, header, on_cpu, split_env, uniform_nproc, with_rendezvous
+from ...plan.launch import LaunchPlan
+from .engine_argv import RENDEZVOUS_FLAGS, dns_label, header, on_cpu, split_env, uniform_nproc, with_rendezvous
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's own PyTorch runtime
