@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwen_tui.base.redact import printable
-from qwen_tui.run import styles
+from qwen_tui.cli import styles
 
 COLOURS = {**styles.LEVEL, **styles.VERDICT}  # a finding's level or a matrix cell's verdict -> its colour
 
@@ -165,12 +165,12 @@ def run(args: argparse.Namespace) -> int:
     preset = load_preset(args.preset)
     slurm = preset.scheduler.is_slurm
     if slurm and not preset.cluster.nodes:
-        from qwen_tui.run.slurm.inside import allocation_id
+        from qwen_tui.cli.slurm_inside import allocation_id
 
         job = allocation_id()
         if job is None:  # a login node: the nodes to check are an allocation's
             return _in_allocation(args, preset, console)
-        from qwen_tui.run.slurm.inside import in_allocation
+        from qwen_tui.cli.slurm_inside import in_allocation
 
         on = in_allocation(preset, job, console)
         if on is None:

@@ -1,5 +1,5 @@
 """The launch API: connect -> check -> plan -> launch -> follow -> stop, and attach, once for
-every face. `qwen-tui replay`, `demo` and `attach` (run/live.py draws them with rich) and the
+every face. `qwen-tui replay`, `demo` and `attach` (cli/live.py draws them with rich) and the
 wizard's Run screen (its workers post what they get as Messages) call these and only render
 what comes back; neither writes its own sequence.
 

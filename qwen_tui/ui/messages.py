@@ -173,7 +173,7 @@ class RunEnded(Message):
 
 @dataclass(eq=False)
 class JobQueued(Message):
-    """SLURM's word on a submitted run's job (run.slurm_job.Queued: PENDING and why, RUNNING and where)."""
+    """SLURM's word on a submitted run's job (run.slurm.job.Queued: PENDING and why, RUNNING and where)."""
 
     queued: Any
 

@@ -43,7 +43,7 @@ def test_progress_keeps_the_evals_and_the_live_view_shows_the_last():
     import io
     from types import SimpleNamespace
 
-    from qwen_tui.run import live
+    from qwen_tui.cli import live
 
     # what render reads of a Launcher: the plan's nodes, their states, the metrics (a run of no nodes here), the
     # note about earlier attempts (none: a first attempt)

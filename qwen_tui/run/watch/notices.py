@@ -15,7 +15,7 @@ from ...base.levels import CodeDoc, Level
 
 NOTICES_NAME = "notices.jsonl"
 
-# The kinds, what each says and how loud it is (a face colours each level its way: ui/styles.py, run/styles.py);
+# The kinds, what each says and how loud it is (a face colours each level its way: ui/styles.py, cli/styles.py);
 # the manual's reference is generated from KINDS (docs/gen_reference.py).
 UNREACHABLE, REACHABLE, GIVEN_UP = "UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"
 HANG, HANG_OVER = "HANG", "HANG_OVER"

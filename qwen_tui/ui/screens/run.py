@@ -68,7 +68,7 @@ class RunScreen(StepScreen):
         self._checking: tuple[str, dict[int, list[str]]] | None = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
         self._pending: Callable[[], None] | None = None  # a launch or attach asked for before the first compose
-        self._job = None  # a SLURM batch job submitted from here (run.slurm_job.Submitted)
+        self._job = None  # a SLURM batch job submitted from here (run.slurm.job.Submitted)
         self._job_lines: list[str] = []  # what it printed
 
     def body(self) -> ComposeResult:
@@ -130,7 +130,7 @@ class RunScreen(StepScreen):
     def _launch_worker(self, force: bool) -> None:
         """The launch API's sequence on this worker's thread; every event goes to the screen as a
         Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting. A SLURM
-        preset is submitted from here and its job followed (run/slurm_job.py), or inside an allocation runs on
+        preset is submitted from here and its job followed (run/slurm/job.py), or inside an allocation runs on
         the allocation's nodes."""
         app = self.wizard
         st = app.state
@@ -139,7 +139,7 @@ class RunScreen(StepScreen):
         name = st.preset.name or (st.path.stem if st.path else None)
         if preset.scheduler.is_slurm and not preset.cluster.nodes:
             from ...run.slurm.allocation import NotInAllocation, allocation_id, on_allocation
-            from ...run.slurm_job import submit
+            from ...run.slurm.job import submit
 
             job = allocation_id()
             if job is None:
@@ -160,7 +160,7 @@ class RunScreen(StepScreen):
         """A SLURM batch job submitted from here: its states, its output, then each attempt's steps as any run,
         and SLURM's final word as the outcome. Stop-all cancels the job (scancel)."""
         from ...run.launcher import RunOutcome
-        from ...run.slurm_job import JobEnded, JobOutput, Queued, Submitted, follow_job
+        from ...run.slurm.job import JobEnded, JobOutput, Queued, Submitted, follow_job
 
         worker = get_current_worker()
         done = lambda: worker.is_cancelled or not self.app.is_running  # noqa: E731

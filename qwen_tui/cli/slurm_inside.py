@@ -1,6 +1,6 @@
 """`qwen-tui replay` of a SLURM preset inside an allocation, drawn with rich: it takes the allocation's nodes and
 goes on as over SSH; the batch job of a submitted run takes over the run directory its submission made. (On a
-login node the run is submitted and followed instead: run/slurm_batch.py.)"""
+login node the run is submitted and followed instead: cli/slurm_batch.py.)"""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from ...nodes.slurm.queries import SlurmError
-from ...preset.schema import Preset
-from .. import styles
-from .allocation import NotInAllocation, allocation_id, on_allocation
+from ..nodes.slurm.queries import SlurmError
+from ..preset.schema import Preset
+from ..run.slurm.allocation import NotInAllocation, allocation_id, on_allocation
+from . import styles
 
 __all__ = ["allocation_id", "in_allocation", "take_over_run_dir", "TimeWarning"]
 
@@ -37,7 +37,7 @@ def take_over_run_dir(preset: Preset, root: Path, run_id: str, console: Console)
     """The batch job of a submitted run takes over its run directory: (the preset to launch, adopt, attempt).
     After a requeue the directory holds an earlier attempt: this is the next one, and it resumes from the newest
     checkpoint in the output directory (resume_from_checkpoint: auto)."""
-    from ..rundir import RunDir, RunDirError
+    from ..run.rundir import RunDir, RunDirError
 
     rd = RunDir(root / run_id)
     if not rd.path.is_dir():
@@ -86,7 +86,7 @@ class TimeWarning:
     def _ask(self) -> None:
         import time
 
-        from ..recovery.checkpoint_request import ask_checkpoint
+        from ..run.recovery.checkpoint_request import ask_checkpoint
 
         self.console.print(Text("SLURM: the job's time limit is near (SIGUSR1): asking every rank for a "
                                 "checkpoint, then the job is requeued to resume from it", style=styles.WARN_STRONG))
@@ -103,8 +103,8 @@ class TimeWarning:
 
     def after(self, out) -> None:
         """The run ended: requeue the job when the warning came and the workers saved and stopped."""
-        from ...nodes.slurm import queries
-        from ..states import RunState
+        from ..nodes.slurm import queries
+        from ..run.states import RunState
 
         if not self.came.is_set():
             return

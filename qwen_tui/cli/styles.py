@@ -4,7 +4,7 @@ The wizard takes its colours from the Textual theme instead (ui/styles.py)."""
 from __future__ import annotations
 
 from ..base.levels import Level
-from .states import JobState, RunState
+from ..run.states import JobState, RunState
 
 # roles
 BAD = "bold red"  # an error, a failure

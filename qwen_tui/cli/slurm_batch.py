@@ -1,4 +1,4 @@
-"""`qwen-tui replay` and `attach` of a SLURM batch job from a login node, drawn with rich: what run/slurm_job.py
+"""`qwen-tui replay` and `attach` of a SLURM batch job from a login node, drawn with rich: what run/slurm/job.py
 yields, printed. PENDING and its reason as they change, the job's own lines while it checks its nodes, then the
 live view of its steps (as any run), and SLURM's final state. Ctrl-C cancels the job (scancel) for the face that
 submitted it; an attach detaches."""
@@ -16,10 +16,12 @@ from rich.text import Text
 
 from ..base.redact import printable
 from ..preset.schema import Preset
-from . import api, slurm_job, styles
+from ..run import api
+from ..run.rundir import RunDir, new_run_id
+from ..run.slurm import job as slurm_job
+from ..run.slurm.job import submitted_job
+from . import styles
 from .live import Detached, follow, print_failure
-from .rundir import RunDir, new_run_id
-from .slurm_job import submitted_job
 
 __all__ = ["submit_and_follow", "attach_submitted", "submitted_job"]
 

@@ -1,5 +1,5 @@
 """A SLURM batch job from a login node, as the launch API's steps: submit it, then follow it through SLURM's states,
-as events every face renders (replay's rich view in run/slurm_batch.py, the wizard's Run screen).
+as events every face renders (replay's rich view in cli/slurm_batch.py, the wizard's Run screen).
 
 `submit()` checks the request with SLURM (sbatch --test-only), makes the run directory and submits: Submitted, or
 a Failure. `follow_job()` then yields Queued whenever SLURM's word on the job changes (PENDING with its reason
@@ -19,16 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base.redact import printable
-from ..nodes.slurm import queries
-from ..nodes.slurm.job_watch import ENDED_WORDS
-from ..plan.launch import make_plan
-from ..preset.schema import Preset, save_preset
-from . import api
-from .events import Failure, Stage, Started
-from .export.slurm_preset import batch_script
-from .rundir import RunDir, new_run_id, write_json_atomic
-from .states import FINAL, RunState
+from ...base.redact import printable
+from ...nodes.slurm import queries
+from ...nodes.slurm.job_watch import ENDED_WORDS
+from ...plan.launch import make_plan
+from ...preset.schema import Preset, save_preset
+from .. import api
+from ..events import Failure, Stage, Started
+from ..export.slurm_preset import batch_script
+from ..rundir import RunDir, new_run_id, write_json_atomic
+from ..states import FINAL, RunState
 
 SUBMITTED = "slurm.json"  # in a run directory: the job that runs it (its id, when it was submitted)
 SUBMITTED_PRESET = "preset.submitted.yaml"  # the preset as submitted: what every run of the batch job reads

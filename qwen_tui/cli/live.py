@@ -22,12 +22,13 @@ from rich.text import Text
 from ..base.redact import printable, shown_env
 from ..plan.launch import METRICS_NAME, LaunchPlan
 from ..preset.schema import load_preset
-from . import api, styles
-from .launcher import Launcher, RunOutcome
-from .rundir import default_runs_root, new_run_id
-from .states import JobState, RunState
-from .watch.gpuseries import NodeWatch, reports_to_tracker
-from .watch.metrics import fmt_duration, loss_summary, read_progress
+from ..run import api
+from ..run.launcher import Launcher, RunOutcome
+from ..run.rundir import default_runs_root, new_run_id
+from ..run.states import JobState, RunState
+from ..run.watch.gpuseries import NodeWatch, reports_to_tracker
+from ..run.watch.metrics import fmt_duration, loss_summary, read_progress
+from . import styles
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -302,25 +303,25 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
     every relaunch that training.restarts allows (run/recovery/restarts.py). replace_own_output: the output left by an
     earlier run of the same preset is replaced, not refused (the demo run again). A SLURM preset runs on the
-    allocation this process is in (a login node submits it instead: run/slurm_batch.py); `run_id`: the run
+    allocation this process is in (a login node submits it instead: cli/slurm_batch.py); `run_id`: the run
     directory to use (the batch job of a submitted run takes over the one its submission made)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     adopt, attempt = False, 1
     if preset.scheduler.is_slurm and not preset.cluster.nodes:
-        from .slurm import inside
+        from . import slurm_inside
 
-        job = inside.allocation_id()
-        if job is None:  # the command submits it from a login node instead (run/slurm_batch.py)
+        job = slurm_inside.allocation_id()
+        if job is None:  # the command submits it from a login node instead (cli/slurm_batch.py)
             console.print(Text("not launched: a SLURM preset runs inside an allocation (salloc), or is submitted "
                                "with qwen-tui replay", style=styles.BAD))
             return 1
-        preset = inside.in_allocation(preset, job, console)
+        preset = slurm_inside.in_allocation(preset, job, console)
         if preset is None:
             return 1
         if run_id is not None:
-            preset, adopt, attempt = inside.take_over_run_dir(preset, root, run_id, console)
+            preset, adopt, attempt = slurm_inside.take_over_run_dir(preset, root, run_id, console)
     req = api.LaunchRequest(preset, root, run_id or new_run_id(preset.name or Path(preset_path).stem),
                             base_dir=os.getcwd(), adopt=adopt, attempt=attempt,
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
@@ -372,7 +373,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
             console.print(Text(f"{early['signal']} while starting: stopping run {la.plan.run_id} on every node",
                                style=styles.WARN_STRONG))
         console.print(f"run directory: {la.run_dir.path}  (re-attach: qwen-tui attach {la.run_dir.path})")
-        from .recovery.restarts import Restarts, run_facts
+        from ..run.recovery.restarts import Restarts, run_facts
 
         rs = Restarts(preset, la.transports, run_facts(la.run_dir),
                       exclude_failed=exclude_failed or preset.training.exclude_failed,
@@ -385,7 +386,7 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
 
         warning = None
         if preset.scheduler.is_slurm:  # SLURM's time-limit warning: a checkpoint, then the job is requeued
-            from .slurm.inside import TimeWarning
+            from .slurm_inside import TimeWarning
 
             warning = TimeWarning(preset, lambda: current["la"], console).install()
         try:
@@ -410,8 +411,8 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
 def take_over(la: Launcher, out: RunOutcome, console: Console) -> int:
     """`attach` drives the run (its launching face is gone; driver.claim made this face the driver): relaunch
     after the failed attempt `la` as replay would, and follow every attempt until the run ends."""
-    from .recovery import driver
-    from .recovery.restarts import Restarts
+    from ..run.recovery import driver
+    from ..run.recovery.restarts import Restarts
 
     try:
         rs = Restarts.from_run_dir(la, say=console.print)
@@ -452,7 +453,7 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                     except Detached:
                         return 0
                     if out.status == RunState.FAILED:
-                        from .recovery.restarts import next_or_take_over
+                        from ..run.recovery.restarts import next_or_take_over
 
                         what, nxt = next_or_take_over(la.run_dir, la.attempt)
                         if what == "next":  # the run's driver relaunched it: follow the new attempt (its own nodes)
