@@ -355,8 +355,8 @@ def look_at_output_dir(preset: Preset, transport: Transport | None, *, base_dir:
 def preview_data(preset: Preset, transport: Transport, facts: ClusterFacts | None = None, *, base_dir: str,
                  local_python: str, bins: int = 16) -> dict[str, Any]:
     """The data preview on node 0 (`transport`: master_transport's): token counts and lengths by the
-    worker's own tokenizer, timing from the estimate. Raises DataPreviewError (advice.datapreview)."""
-    from ..advice.datapreview import preview
+    worker's own tokenizer, timing from the estimate. Raises DataPreviewError (run/tools/data_preview.py)."""
+    from .tools.data_preview import preview
 
     return preview(preset, transport, facts, base_dir=base_dir, local_python=local_python, bins=bins)
 

@@ -497,7 +497,7 @@ class RunScreen(StepScreen):
 
     def action_chat(self) -> None:
         """A finished run's model, on its master (the launcher's transport to node 0)."""
-        from ...run.after import AfterRunError, locate
+        from ...run.tools.after import AfterRunError, locate
         from ..chat import ChatScreen
 
         if self.launcher is None or self.state.run_status != RunState.OK:
@@ -513,7 +513,7 @@ class RunScreen(StepScreen):
     def action_merge(self) -> None:
         """A finished LoRA run's adapter merged into its base on the master (OUTPUT_DIR/merged): the model a next
         stage (DPO on the merged model) or a chat takes."""
-        from ...run.after import AfterRunError, locate
+        from ...run.tools.after import AfterRunError, locate
 
         if self.launcher is None or self.state.run_status != RunState.OK:
             self.notify("merge needs a run that finished training", severity="warning")
@@ -528,7 +528,7 @@ class RunScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="merge")
     def _merge_worker(self, result) -> None:
-        from ...run.after import AfterRunError, merge
+        from ...run.tools.after import AfterRunError, merge
 
         try:
             rep = merge(result, self.launcher.transports[0])

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..nodes.json_tool import run_json_tool
-from ..nodes.transport import Transport
-from ..preset.schema import Preset, load_preset
-from .rundir import RunDir
-from .states import RunState
+from ...nodes.transport import Transport
+from ...preset.schema import Preset, load_preset
+from ..rundir import RunDir
+from ..states import RunState
+from .json_tool import run_json_tool
 
 MERGE_TIMEOUT_S = 3600.0  # a 72B merge on CPU takes a while; still bounded
 CHAT_TIMEOUT_S = 900.0

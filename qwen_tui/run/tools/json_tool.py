@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .transport import Transport, quote_argv
+from ...base.shell import quote_argv
+from ...nodes.transport import Transport
 
 # The tools' own chatter (tokenizer forks, download bars) kept out of stdout and stderr.
 TOOL_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
