@@ -43,7 +43,7 @@ def loudest_first(issue: "Issue") -> int:
 
 @dataclass(frozen=True)
 class Issue:
-    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/codes.py, which
+    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/checks/codes.py, which
     the manual lists) and a one-line message with the figures behind it. A level given as its word ("error") is taken
     as the Level."""
 

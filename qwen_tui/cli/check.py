@@ -33,7 +33,7 @@ HEADERS = {"nccl-ports": "nccl", "bandwidth": "link"}  # the matrix's shorter wo
 def matrix(rep, title: str) -> Table:
     """The node x check matrix: a row a node, a column a check, a coloured mark a cell. The checks' columns keep
     their whole names; a long node label gives way first."""
-    from qwen_tui.nodes.checks import COLUMNS
+    from qwen_tui.nodes.checks.runner import COLUMNS
 
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     # 100 columns less the checks' (each its name and a space): what a node's label may take before it is cut
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         conns.close()
     if download_failed:
-        from qwen_tui.nodes.findings import ERROR, Finding
+        from qwen_tui.nodes.checks.findings import ERROR, Finding
 
         rep.findings.append(Finding(ERROR, "MODEL_DOWNLOAD_FAILED", download_failed,
                                     "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "

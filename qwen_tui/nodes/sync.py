@@ -145,7 +145,7 @@ def sync_from_master(preset: Preset, transports: dict[int, Transport], facts: Cl
     training code from the master to the nodes that lack them (or, with `overwrite`, whose copy differs). Nodes
     not probed yet are probed first. Returns one line per node and kind, and how many copies differ and were
     left."""
-    from qwen_tui.nodes.probe import probe_node
+    from qwen_tui.nodes.checks.probe import probe_node
 
     facts = ClusterFacts(nodes=dict(facts.nodes))
     for i in sorted(transports):

@@ -51,7 +51,7 @@ from .watch.metrics import TrainingProgress
 from .watch.notices import read_notices
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
-    from ..nodes.checks import Progress
+    from ..nodes.checks.runner import Progress
     from ..nodes.hostkeys import Consent
     from ..nodes.keys import KeySetupReport
 
@@ -132,7 +132,7 @@ class Connections:
 
 def connect_failure(res: NodeResults, what: str = "not launched") -> Failure:
     """The Failure for nodes that could not be connected, one line and one fix per node."""
-    from ..nodes.findings import connect_fix
+    from ..nodes.checks.findings import connect_fix
 
     failed = res.failed
     fixes = sorted({connect_fix(e) for e in failed.values()})
@@ -164,7 +164,7 @@ def local_files_missing(preset: Preset) -> list:
     import os
 
     from ..advice.core import Advice, Fix
-    from ..nodes.probe import local_path
+    from ..nodes.checks.probe import local_path
 
     out: list = []
     t = preset.training
@@ -233,8 +233,8 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
         said = {a.code for a in advice}
         yield Checked(CheckResult(facts, advice + [a for a in local_files_missing(preset) if a.code not in said]))
         return
-    from ..nodes.checks import run_checks
-    from .rehearsal import add_rehearsal
+    from ..nodes.checks.rehearsal import add_rehearsal
+    from ..nodes.checks.runner import run_checks
 
     yield Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…")
     rep = yield from _with_progress(lambda say: run_checks(
@@ -269,7 +269,7 @@ def check(preset: Preset, transports: dict[int, Transport], *, local_python: str
 def probe(preset: Preset, transport: Transport, index: int, *, local_python: str) -> NodeFacts:
     """Probe node `index` (Python stack, GPUs, data, disk) with the interpreter a run would use
     there; a missing python is a fact in the result (NodeFacts.error), not an exception."""
-    from ..nodes.probe import probe_node
+    from ..nodes.checks.probe import probe_node
 
     return probe_node(transport, preset, index, local_python=local_python)[0]
 
@@ -279,14 +279,14 @@ def network_check(preset: Preset, transports: dict[int, Transport], which: str,
     """Run one network check again ("port", "firewall" or "bandwidth"), the one `checking` runs:
     a copy of `facts` with its fields measured afresh, and its findings (replace_findings puts
     them in place of the old ones)."""
-    from ..nodes.checks import run_network_check
+    from ..nodes.checks.runner import run_network_check
 
     return run_network_check(preset, transports, which, facts)
 
 
 def replace_findings(old: list, new: list, which: str) -> list:
     """The findings after network check `which` ran again: its columns' old findings go, the new come."""
-    from ..nodes.checks import replace_findings as replace
+    from ..nodes.checks.runner import replace_findings as replace
 
     return replace(old, new, which)
 

@@ -15,7 +15,7 @@ from .watch.metrics import TrainingProgress
 from .watch.notices import Notice
 
 if TYPE_CHECKING:
-    from ..nodes.checks import CheckReport
+    from ..nodes.checks.runner import CheckReport
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from textual.message import Message
 
 if TYPE_CHECKING:  # the annotations only: the run's modules load when a run starts, not with the first paint
     from ..cluster.facts import ClusterFacts, NodeFacts
-    from ..nodes.findings import Finding
+    from ..nodes.checks.findings import Finding
     from ..run.events import Event, Snapshot, Stopping
     from ..run.launcher import Launcher, RunOutcome
     from ..run.watch.gpumon import NodeSample

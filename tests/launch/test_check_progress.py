@@ -83,7 +83,7 @@ def test_check_with_an_unreachable_node_prints_its_matrix_and_exits_1(tmp_path):
     import os
 
     from qwen_tui.cli.check import HEADERS
-    from qwen_tui.nodes.checks import COLUMNS
+    from qwen_tui.nodes.checks.runner import COLUMNS
 
     p = _free_port_copy(tmp_path, host1="node-gone.invalid")
     r = subprocess.run([sys.executable, "-m", "qwen_tui.cli", "check", str(p), "--no-rehearsal"], cwd=ROOT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..base.levels import Issue, Level
+from ...base.levels import Issue, Level
 
 ERROR, WARNING, INFO = Level.ERROR, Level.WARNING, Level.INFO  # the short names the checks write
 

@@ -5,7 +5,7 @@ entry here, or an entry no check reports. The message of each finding names the 
 
 from __future__ import annotations
 
-from ..base.levels import CodeDoc
+from ...base.levels import CodeDoc
 
 CHECKS: dict[str, CodeDoc] = {
     # ssh: reaching every node

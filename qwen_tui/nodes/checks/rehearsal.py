@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.cluster.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.cluster.ib import nccl_transport
-from qwen_tui.nodes.checks import CheckReport
-from qwen_tui.nodes.findings import ERROR, INFO, Finding
-from qwen_tui.nodes.ibcheck import nccl_network_findings
+from qwen_tui.nodes.checks.findings import ERROR, INFO, Finding
+from qwen_tui.nodes.checks.ibcheck import nccl_network_findings
+from qwen_tui.nodes.checks.runner import CheckReport
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import Transport, stop_group

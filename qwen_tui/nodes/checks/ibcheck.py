@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 from qwen_tui.cluster.ib import active_ports, describe
-from qwen_tui.nodes.findings import INFO, WARNING, Finding
+from qwen_tui.nodes.checks.findings import INFO, WARNING, Finding
 
 PORTS_FIX = ("bring the port up (ibstat / ibv_devinfo show its state; check the cable and the subnet manager, "
              "opensm), or set network.nccl_ib_disable: true to use sockets on purpose")

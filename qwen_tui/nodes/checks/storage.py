@@ -13,10 +13,10 @@ from __future__ import annotations
 import posixpath
 import secrets
 
-from ..preset.schema import Preset
-from .programs import program
-from .results import on_nodes
-from .transport import Transport
+from ...preset.schema import Preset
+from ..programs import program
+from ..results import on_nodes
+from ..transport import Transport
 
 # Writes the token into NAME in DIR or, when DIR does not exist yet, in its nearest
 # existing parent (the filesystem DIR will be made on): a check creates no directory.

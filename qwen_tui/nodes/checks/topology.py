@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from qwen_tui.cluster.facts import GPULink, GPUTopology, NodeFacts
 
 if TYPE_CHECKING:
-    from qwen_tui.nodes.findings import Finding
+    from qwen_tui.nodes.checks.findings import Finding
     from qwen_tui.preset.schema import Preset
 
 PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
@@ -323,7 +323,7 @@ def p2p_env(env: dict[str, str]) -> dict[str, str]:
 def topology_findings(preset: "Preset", i: int, label: str, f: NodeFacts) -> "list[Finding]":
     """The check matrix's word on node i's GPU topology (column "gpu"): the matrix in one line, and the
     P2P_PCIE warning (the advice rule of the same code carries the one-key fix) or P2P_UNSUPPORTED note."""
-    from qwen_tui.nodes.findings import INFO, WARNING, Finding
+    from qwen_tui.nodes.checks.findings import INFO, WARNING, Finding
 
     out = []
     if f.topology_error:

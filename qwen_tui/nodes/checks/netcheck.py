@@ -20,7 +20,7 @@ import threading
 import time
 
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
-from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
+from qwen_tui.nodes.checks.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import CommandResult, Transport

@@ -5,7 +5,7 @@ The snippet travels as an argv element (`python -c SNIPPET ARGS_JSON`), never
 through a shell. It imports torch on the node (never in qwen-tui's process) and
 hashes the data file and model directory there. nvidia-smi's CSV comes back raw
 and is parsed here (`parse_gpu_csv`, tested on real H200 output), as do its
-`topo -m` matrix and `topo -p2p r|w` answers (qwen_tui/nodes/topology.py), each
+`topo -m` matrix and `topo -p2p r|w` answers (qwen_tui/nodes/checks/topology.py), each
 bounded to 15 s; a node without nvidia-smi runs none of them.
 """
 
@@ -17,10 +17,10 @@ import sys
 
 from qwen_tui.cluster.facts import GPU, FileFact, NodeFacts
 from qwen_tui.cluster.ib import parse_ibv_devinfo, ports_from_probe
+from qwen_tui.nodes.checks.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset.schema import Preset
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from qwen_tui.base.levels import worst
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix
-from qwen_tui.nodes.ibcheck import ib_findings
-from qwen_tui.nodes.netcheck import check_bandwidth, check_firewalls, check_ports
-from qwen_tui.nodes.probe import probe_all
-from qwen_tui.nodes.topology import topology_findings
+from qwen_tui.nodes.checks.findings import ERROR, INFO, WARNING, Finding, connect_fix
+from qwen_tui.nodes.checks.ibcheck import ib_findings
+from qwen_tui.nodes.checks.netcheck import check_bandwidth, check_firewalls, check_ports
+from qwen_tui.nodes.checks.probe import probe_all
+from qwen_tui.nodes.checks.topology import topology_findings
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset.schema import Preset
 
@@ -207,8 +207,8 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = Non
 
 def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Finding]:
     """Per node: where the checkpoints and the final model will live, and whether the node has room for them."""
-    from ..model.spec import UnknownModel, resolve_model
-    from ..plan import outputs
+    from ...model.spec import UnknownModel, resolve_model
+    from ...plan import outputs
 
     try:
         spec = resolve_model(preset.training.model)
