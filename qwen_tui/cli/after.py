@@ -56,7 +56,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _with_master(args: argparse.Namespace, work) -> int:
     from ..nodes.connect import transport_for
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
     from ..run.rundir import default_runs_root
     from ..run.runs import RunNotFound, resolve_run
 

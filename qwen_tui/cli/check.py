@@ -287,7 +287,7 @@ def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
 
 def run_keys(args: argparse.Namespace) -> int:
     from qwen_tui.nodes.keys import KeyLocked, identity_for, key_is_encrypted, setup_keys
-    from qwen_tui.nodes.transport import TransportError
+    from qwen_tui.nodes.transport.protocol import TransportError
     from qwen_tui.preset.schema import load_preset
 
     preset = load_preset(args.preset)

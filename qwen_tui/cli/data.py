@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..nodes.connect import transport_for
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
 
     preset = load_preset(args.preset)
     facts = None

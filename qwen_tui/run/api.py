@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..base.levels import Level
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
-from ..nodes.transport import Transport
+from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from .events import (
@@ -52,8 +52,8 @@ from .watch.notices import read_notices
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
     from ..nodes.checks.runner import Progress
-    from ..nodes.hostkeys import Consent
     from ..nodes.keys import KeySetupReport
+    from ..nodes.transport.hostkeys import Consent
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
 # connect that may ask one is bounded by this on top of the connection's own bound.
@@ -319,7 +319,7 @@ def host_key(transport: Transport) -> str:
 def master_transport(preset: Preset, conns: Connections) -> Transport | None:
     """Node 0's transport: this machine's own when node 0 is local (no connection needed), else
     its open connection (None until the nodes are connected)."""
-    from ..nodes.transport import LocalTransport
+    from ..nodes.transport.local import LocalTransport
 
     if preset.scheduler.is_slurm and not preset.cluster.nodes:  # a login node: the nodes' storage is shared
         return LocalTransport("this machine")
@@ -335,7 +335,7 @@ def look_at_output_dir(preset: Preset, transport: Transport | None, *, base_dir:
     output_guard.LOOK_TIMEOUT_S."""
     import posixpath
 
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
     from .output_guard import look
 
     t = preset.training

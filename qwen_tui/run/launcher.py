@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
-from ..nodes.transport import Transport
+from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
 from .rundir import RunDir
 from .states import JobState, RunState

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.transport import stop_group
+from qwen_tui.nodes.transport.protocol import stop_group
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
 from support.paths import DEMO, ROOT

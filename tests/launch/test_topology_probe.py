@@ -11,7 +11,7 @@ from pathlib import Path
 
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.checks.probe import probe_node
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import Preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "topo"

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import NodeCommand
 from qwen_tui.run.watch.stacks import FR_DUMP, FR_PIPE, flight_recorder
 from training.runtime.dist import FR_PIPE_STEM

@@ -52,7 +52,7 @@ def test_breaking_the_floors_breaks_the_contracts(tmp_path):
     append("training/runtime/errors.py", "import qwen_tui.base.shell")
     append("training/data/records.py", "def _up():\n    from training import recipe")
     # a screen choosing node 0's transport itself, as the Training screen once did
-    append("qwen_tui/ui/screens/training.py", "def _reach_node():\n    from qwen_tui.nodes.transport import LocalTransport")
+    append("qwen_tui/ui/screens/training.py", "def _reach_node():\n    from qwen_tui.nodes.transport.local import LocalTransport")
 
     res = lint_imports(tmp_path)
     out = " ".join(res.stdout.split())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.run.watch.gpumon import NodeSample
 from qwen_tui.run.watch.gpuseries import GpuSeriesWriter, reports_to_tracker, series_path
 from support.gpu_stream import stream_ticks

@@ -2,7 +2,7 @@
 
 import json
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.run.watch.metrics import MetricsFollower, fmt_duration
 
 

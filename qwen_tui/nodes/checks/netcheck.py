@@ -23,7 +23,7 @@ from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
 from qwen_tui.nodes.checks.findings import ERROR, INFO, WARNING, Finding
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
-from qwen_tui.nodes.transport import CommandResult, Transport
+from qwen_tui.nodes.transport.protocol import CommandResult, Transport
 from qwen_tui.preset.schema import Preset
 
 WARN_BELOW_GBPS = 10.0

@@ -21,7 +21,7 @@ from qwen_tui.nodes.checks.topology import TopologyError, parse_p2p_matrix, pars
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.transport import Transport
+from qwen_tui.nodes.transport.protocol import Transport
 from qwen_tui.preset.schema import Preset
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]

@@ -27,7 +27,7 @@ from qwen_tui.nodes.checks.ibcheck import nccl_network_findings
 from qwen_tui.nodes.checks.runner import CheckReport
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
-from qwen_tui.nodes.transport import Transport, stop_group
+from qwen_tui.nodes.transport.protocol import Transport, stop_group
 from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
 from qwen_tui.plan.launch import LaunchPlan
 from qwen_tui.preset.schema import Preset

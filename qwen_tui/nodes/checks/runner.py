@@ -17,7 +17,7 @@ from qwen_tui.nodes.checks.ibcheck import ib_findings
 from qwen_tui.nodes.checks.netcheck import check_bandwidth, check_firewalls, check_ports
 from qwen_tui.nodes.checks.probe import probe_all
 from qwen_tui.nodes.checks.topology import topology_findings
-from qwen_tui.nodes.transport import Transport
+from qwen_tui.nodes.transport.protocol import Transport
 from qwen_tui.preset.schema import Preset
 
 COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports", "firewall",

@@ -16,7 +16,7 @@ import secrets
 from ...preset.schema import Preset
 from ..programs import program
 from ..results import on_nodes
-from ..transport import Transport
+from ..transport.protocol import Transport
 
 # Writes the token into NAME in DIR or, when DIR does not exist yet, in its nearest
 # existing parent (the filesystem DIR will be made on): a check creates no directory.

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from ...cluster.facts import ClusterFacts
 from ...nodes.programs import program
-from ...nodes.transport import Transport, TransportError
+from ...nodes.transport.protocol import Transport, TransportError
 from ...plan.launch import LaunchPlan, NodeCommand, make_plan
 from ...preset.schema import Preset, load_preset, save_preset
 from ..launcher import Launcher, LaunchError, RunOutcome

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...nodes.transport import Transport
+from ...nodes.transport.protocol import Transport
 from ...preset.schema import Preset, load_preset
 from ..rundir import RunDir
 from ..states import RunState

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...advice.datapreview import build_report, preview_command, tokens_per_second, trainable_limit
 from ...cluster.facts import ClusterFacts
-from ...nodes.transport import Transport
+from ...nodes.transport.protocol import Transport
 from ...preset.schema import Preset
 from .json_tool import run_json_tool
 

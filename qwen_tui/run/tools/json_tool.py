@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ...base.shell import quote_argv
-from ...nodes.transport import Transport
+from ...nodes.transport.protocol import Transport
 
 # The tools' own chatter (tokenizer forks, download bars) kept out of stdout and stderr.
 TOOL_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}

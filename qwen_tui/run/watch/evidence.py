@@ -5,7 +5,7 @@ what cannot be read is left out, never guessed."""
 from __future__ import annotations
 
 from ...nodes.programs import program
-from ...nodes.transport import Transport
+from ...nodes.transport.protocol import Transport
 
 # Prints the load average and core count, then one CSV line per GPU (nothing where there is no nvidia-smi).
 _PROBE = program("slow_node_evidence.sh")

@@ -283,7 +283,7 @@ class GpuMonitor:
         return feed
 
     def _cpu(self, rank: int, t) -> None:
-        from ...nodes.transport import LocalTransport
+        from ...nodes.transport.local import LocalTransport
 
         if not isinstance(t, LocalTransport):
             self._cpu_stream(rank, t)

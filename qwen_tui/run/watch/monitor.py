@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ...cluster.facts import ClusterFacts
 from ...nodes.jobs import JobRef
-from ...nodes.transport import SessionEnded, Transport
+from ...nodes.transport.protocol import SessionEnded, Transport
 from ...plan.launch import LaunchPlan
 from ..rundir import RunDir
 from ..states import JobState, RunState

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ...nodes.jobs import JobRef, members
-from ...nodes.transport import Transport
+from ...nodes.transport.protocol import Transport
 from ...plan.launch import NodeCommand
 
 # Where py-spy is looked for on a node: beside the node's Python (the `debug` extra installs it into that

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import paramiko
 
 from qwen_tui.base.shell import quote_argv
-from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError, fingerprint
 from qwen_tui.nodes.jobs import env_script, job_argv
-from qwen_tui.nodes.node_commands import NodeCommands
 from qwen_tui.nodes.programs import program
-from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
+from qwen_tui.nodes.transport.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError, fingerprint
+from qwen_tui.nodes.transport.node_commands import NodeCommands
+from qwen_tui.nodes.transport.protocol import CommandResult, TransportError, check_stream_quiet
 
 log = logging.getLogger(__name__)
 

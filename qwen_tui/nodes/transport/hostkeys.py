@@ -21,7 +21,7 @@ from pathlib import Path
 
 import paramiko
 
-from qwen_tui.nodes.transport import TransportError
+from qwen_tui.nodes.transport.protocol import TransportError
 
 # Consent: a fixed answer, or a question asked with (node label, host name, key).
 Consent = bool | Callable[[str, str, paramiko.PKey], bool]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import posixpath
 import signal as _signal
 
-from .jobs import Proc, parse_marks, parse_stat
-from .programs import program
-from .transport import TransportError
+from ..jobs import Proc, parse_marks, parse_stat
+from ..programs import program
+from .protocol import TransportError
 
 _JOB_PROCS = program("job_procs.sh")  # a job's candidate processes, for qwen_tui.nodes.jobs to judge
 _KILL_CHECKED = program("kill_checked.sh")  # signals "pid:start" pairs whose start time is unchanged

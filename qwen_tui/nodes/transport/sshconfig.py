@@ -31,7 +31,7 @@ from typing import Protocol
 
 import paramiko
 
-from qwen_tui.nodes.transport import TransportError
+from qwen_tui.nodes.transport.protocol import TransportError
 
 SSH_G_TIMEOUT = 10.0  # `ssh -G` reads files only, unless a `Match exec` runs a command
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
@@ -257,7 +257,7 @@ def import_text(path: str, *, ssh_dir: str | None = None) -> str:
 
 def ssh_config_import_text(path: str) -> str:
     """An ssh_config's text for the wizard's host import, its Includes expanded (ValueError when unreadable)."""
-    from qwen_tui.nodes.transport import TransportError
+    from qwen_tui.nodes.transport.protocol import TransportError
 
     try:
         return import_text(path)
