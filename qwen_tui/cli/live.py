@@ -192,7 +192,7 @@ def follow(la: Launcher, console: Console | None = None, *, interval: float = 0.
     hint_text = Text(hint, style="dim")
     old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
     out: RunOutcome | None = None
-    # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
+    # A worker that reports to a tracker gets every node's GPU load from the monitor (run.watch.gpuseries).
     watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
     if watch is not None:
         watch.start()

@@ -149,7 +149,8 @@ class RunUpdate(Message):
 
 @dataclass(eq=False)
 class RunNote(Message):
-    """A line about the run between its attempts (run.restarts: which node failed, what the next attempt does)."""
+    """A line about the run between its attempts (run.recovery.restarts: which node failed, what the next attempt
+    does)."""
 
     text: str
 

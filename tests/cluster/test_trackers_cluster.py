@@ -1,6 +1,6 @@
 """--report_to on the namespace cluster: three CPU nodes trained over SSH and followed by the headless face; the
 TensorBoard event file that rank 0 writes on node 0 holds the loss and every node's load as qwen-tui's monitor
-saw it (run.gpuseries -> gpus.jsonl on the master -> training.runtime.trackers)."""
+saw it (run.watch.gpuseries -> gpus.jsonl on the master -> training.runtime.trackers)."""
 
 from __future__ import annotations
 

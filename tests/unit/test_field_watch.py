@@ -1,6 +1,7 @@
 """The monitor's judgements, on a clock the test turns: when a node is unreachable and back and given up on
 (run/watch/health.py), when a run is hung and who holds it (run/watch/watchdog.py), which node is a straggler
-(run/watch/stragglers.py), what the evidence line says (run/watch/evidence.py), and the notices file (run/watch/notices.py).
+(run/watch/stragglers.py), what the evidence line says (run/watch/evidence.py), and the notices file
+(run/watch/notices.py).
 The same code runs against real faults in tests/cluster/test_field_faults.py."""
 
 from __future__ import annotations

@@ -54,11 +54,13 @@ def test_breaking_the_floors_breaks_the_contracts(tmp_path):
     append("training/runtime/errors.py", "import qwen_tui.base.shell")
     append("training/data/records.py", "def _up():\n    from training import recipe")
     # a screen choosing node 0's transport itself, as the Training screen once did
-    append("qwen_tui/ui/screens/training.py", "def _reach_node():\n    from qwen_tui.nodes.transport.local import LocalTransport")
+    append("qwen_tui/ui/screens/training.py",
+           "def _reach_node():\n    from qwen_tui.nodes.transport.local import LocalTransport")
     # the watch relaunching a run itself, a transport that runs the checks, the advice counting data on a node
     append("qwen_tui/run/watch/health.py", "def _relaunch():\n    from qwen_tui.run.recovery import restarts")
     append("qwen_tui/nodes/transport/ssh.py", "def _check():\n    from qwen_tui.nodes.checks import probe")
-    append("qwen_tui/advice/datapreview.py", "def _count():\n    from qwen_tui.nodes.transport.protocol import Transport")
+    append("qwen_tui/advice/datapreview.py",
+           "def _count():\n    from qwen_tui.nodes.transport.protocol import Transport")
 
     res = lint_imports(tmp_path)
     out = " ".join(res.stdout.split())

@@ -26,7 +26,7 @@ from ..states import RunState
 MAX_ACCUMULATION = 4096  # the preset's bound on gradient_accumulation_steps
 CKPT_NAME = re.compile(r"^checkpoint-(\d+)$")
 # Causes that fail every attempt the same way: a relaunch would only repeat them.
-# TRAINING_ERROR: every node exited 0 but the worker's end record says it failed (launcher.py).
+# TRAINING_ERROR: every node exited 0 but the worker's end record says it failed (run/launcher.py).
 # HANG_STOPPED: the preset asked a hang to stop the run (monitor.on_hang: stop), not to relaunch it
 NOT_TRANSIENT = {"MODULE_MISSING", "NO_SUCH_INTERFACE", "DISK_FULL", "CUDA_OOM", "ADDR_IN_USE", "TRAINING_ERROR",
                  "HANG_STOPPED"}

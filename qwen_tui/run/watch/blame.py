@@ -28,7 +28,7 @@ from ...cluster.failures import Diagnosis
 MACHINE_LOST = "MACHINE_LOST"
 # How long survivors that failed only with communication errors wait for the node that caused them to show itself
 # (a node that went away is unreachable at its next read: a look every half second, a refused connection at once,
-# a silent one after nodes/ssh's connect timeout or health.SILENT_S).
+# a silent one after nodes/transport/ssh.py's connect timeout or health.SILENT_S).
 CAUSE_GRACE_S = 12.0
 # Peers that lost a node finish no step for this long (at least), or 5 step times, since it stopped answering.
 STALL_MIN_S = 10.0

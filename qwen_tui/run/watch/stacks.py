@@ -134,8 +134,8 @@ def collect_node(t: Transport, cmd: NodeCommand, ref: JobRef | None, beats: dict
 
 
 def read_collected(hang, limit: int = 200_000) -> str:
-    """What a hang's notice (run/watch/notices.py, kind HANG) collected, as text for a person: the directory, each rank's
-    summary line, then the blamed ranks' stacks and the others'."""
+    """What a hang's notice (run/watch/notices.py, kind HANG) collected, as text for a person: the directory, each
+    rank's summary line, then the blamed ranks' stacks and the others'."""
     import json
 
     where = Path(str(hang.details.get("stacks") or ""))

@@ -385,7 +385,7 @@ class RunScreen(StepScreen):
             nf = self.state.facts.nodes.get(r)
             if nf is not None and nf.gpus is not None:
                 gpu_nodes[r] = bool(nf.gpus)
-        # The panels' samples; with --report_to they also go to the worker's trackers (run.gpuseries).
+        # The panels' samples; with --report_to they also go to the worker's trackers (run.watch.gpuseries).
         self.monitor = NodeWatch(la, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes)
         self.monitor.start()
         self.wizard.facts_changed()

@@ -66,7 +66,8 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.save_steps", "save every N steps", "text"),
     ("training.save_total_limit", "keep checkpoints", "opt"),
     ("training.resume_from_checkpoint", "resume from", "opt"),
-    # recovery (run/recovery/restarts.py, run/watch/watchdog.py, run/watch/health.py): the defaults said in the labels and choices
+    # recovery (run/recovery/restarts.py, run/watch/watchdog.py, run/watch/health.py): the defaults said in the labels
+    # and choices
     ("training.restarts", "relaunches (0: none)", "text"),
     ("training.exclude_failed", "after a node fails",
      [("relaunch on the same nodes", False), ("relaunch without it", True)]),
