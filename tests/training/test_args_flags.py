@@ -1,5 +1,6 @@
 """The worker's flags as typed groups (training.flags): one field per flag, no attribute that is not declared,
-defaults in the fields only, and --help as it was (every group and flag in it)."""
+defaults and help in the fields only (the parser is generated from them), and --help as it was (every group and
+flag in it)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,25 @@ def test_every_flag_is_one_field_of_one_group_and_every_field_a_flag():
         assert owner[action.dest] == group, f"{action.option_strings} is in --help's {title!r}, its field in {group}"
         seen.add(action.dest)
     assert seen == set(owner), f"fields that are no flag: {sorted(set(owner) - seen)}"
+
+
+def test_every_flag_is_generated_from_its_field_with_the_fields_help():
+    """No flag is written into the parser by hand: each one's help is its field's (or, for an HF flag accepted
+    with no effect, says why), and a field's help reaches --help as it is."""
+    fields = {f.name: f for group in FLAG_GROUPS.values() for f in dataclasses.fields(group)}
+    for name, f in fields.items():
+        meta = f.metadata
+        assert meta.get("help") or meta.get("no_effect") or meta.get("hidden"), f"--{name} has no help on its field"
+    for _, action in _actions(build_parser()):
+        meta = fields[action.dest].metadata
+        if action.option_strings[0] in ALIASES or action.option_strings[0].startswith("--no_"):
+            continue  # another group's name for it, or the off spelling of a switch (its `off`)
+        if meta.get("hidden"):
+            assert action.help == argparse.SUPPRESS
+        elif meta.get("no_effect"):
+            assert action.help.endswith("no effect: " + meta["no_effect"]), action.option_strings
+        else:
+            assert action.help == meta["help"], action.option_strings
 
 
 def test_a_flag_added_to_the_parser_alone_fails_when_the_parser_is_built():
