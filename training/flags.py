@@ -7,8 +7,13 @@ checks that every flag of the parser is one field of one group and every field o
 
     flags.model   model            flags.save   saving and logging     flags.moe  mixture of experts
     flags.data    data             flags.fast   fast path switches      flags.hf   HF TrainingArguments spellings
-    flags.train   training         flags.lora   LoRA / Q-LoRA           flags.notes  what the worker worked out
+    flags.train   training         flags.lora   LoRA / Q-LoRA           flags.notes  what parsing worked out
     flags.pref    preference training (DPO)
+
+The flags stay as the user gave them (with the defaults parsing derives from other flags). What set-up decides
+from them and from the run itself (its devices, its world, its storage) is a record of its own, Resolved, which
+the recipe keeps and hands to the components that need it. The worker's components take the group they read
+(`flags.train`, `flags.data`), not the whole WorkerFlags.
 """
 
 from __future__ import annotations
@@ -357,9 +362,8 @@ class HfFlags:
 
 @dataclass(slots=True)
 class FlagNotes:
-    """What the worker worked out about its flags, kept beside them; not flags themselves."""
+    """What parsing worked out about the flags, kept beside them; not flags themselves."""
     hf_warnings: list[str] = field(default_factory=list)  # one line per HF flag given that has no effect here
-    expandable_why: str | None = None  # why expandable CUDA segments are on or off (training.fast.allocator)
 
 
 # The attribute of WorkerFlags that holds each group.
@@ -410,3 +414,27 @@ def flag_defaults() -> dict[str, object]:
             elif f.default_factory is not dataclasses.MISSING:
                 out[f.name] = f.default_factory()
     return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Resolved:
+    """What set-up decides of the flags it cannot know at parse time, from the run itself: each field starts as
+    its flag was given (Resolved.of) and set-up settles it; the flags keep what the user wrote. Components that run
+    after set-up read these, never the flag of the same name."""
+    save_on_each_node: bool  # off when output_dir turns out to be one filesystem for every node (recipe.setup)
+    tiled_mlp: bool | None  # decided for the longest records a rank holds (training.fast.long_context)
+    packing_tokens: int | None  # one longest record a row, where the memory probe cannot measure rows that long
+    gradient_checkpointing: bool | None  # on with those rows (training.fast.long_context)
+    expandable_segments: bool | None  # as the CUDA allocator will start (training.fast.allocator, before torch)
+    expandable_why: str | None = None  # why expandable segments are on or off
+
+    @classmethod
+    def of(cls, flags: WorkerFlags) -> Resolved:
+        """The flags set-up settles, as given."""
+        return cls(save_on_each_node=flags.save.save_on_each_node, tiled_mlp=flags.train.tiled_mlp,
+                   packing_tokens=flags.fast.packing_tokens, gradient_checkpointing=flags.train.gradient_checkpointing,
+                   expandable_segments=flags.fast.expandable_segments)
+
+    def by_name(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+

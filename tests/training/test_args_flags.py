@@ -19,6 +19,7 @@ from training.flags import (
     DataFlags,
     FlagNotes,
     ModelFlags,
+    Resolved,
     TrainFlags,
     WorkerFlags,
     field_group,
@@ -121,7 +122,6 @@ def test_parse_args_resolves_into_declared_fields_and_notes():
     assert flags.lora.use_lora is True and flags.lora.lora_target_modules == ["q_proj", "k_proj", "v_proj"]
     assert flags.save.metrics_file.endswith("metrics.jsonl") and flags.train.per_device_eval_batch_size == 8
     assert flags.notes.hf_warnings == ["--do_train has no effect here: the worker always trains"]
-    assert flags.notes.expandable_why is None  # set by the entry point once it has configured the allocator
     by_name = flags.by_name()
     assert by_name["learning_rate"] == 5e-5 and by_name["hf_warnings"] == flags.notes.hf_warnings
     assert len(by_name) == len(field_group()) + len(dataclasses.fields(FlagNotes))
@@ -141,3 +141,24 @@ def test_help_keeps_every_group_and_flag(monkeypatch):
         if action.help != argparse.SUPPRESS:
             for option in action.option_strings:
                 assert option in res.stdout
+
+
+def test_what_set_up_resolves_is_its_own_record_and_the_trackers_record_it():
+    """Set-up settles some flags from the run itself (shared storage, long records, the CUDA allocator): into
+    Resolved, which starts from the flags as given; the flags stay as given; a tracker's configuration shows every
+    flag, the settled ones as set-up settled them."""
+    from training.runtime.trackers import scalar_config
+
+    flags = parse_args(BASE + ["--save_on_each_node"])
+    resolved = Resolved.of(flags)
+    assert (resolved.save_on_each_node, resolved.tiled_mlp, resolved.packing_tokens) == (True, None, None)
+    assert resolved.gradient_checkpointing is None and resolved.expandable_why is None
+    resolved.save_on_each_node, resolved.tiled_mlp, resolved.expandable_why = False, True, "on: CUDA"
+    assert flags.save.save_on_each_node is True and flags.train.tiled_mlp is None  # as the user gave them
+    cfg = scalar_config(flags, resolved)
+    assert (cfg["save_on_each_node"], cfg["tiled_mlp"], cfg["expandable_why"]) == (False, True, "on: CUDA")
+    assert cfg["learning_rate"] == 5e-5 and cfg["hf_warnings"] == ""
+    assert set(cfg) == set(field_group()) | {f.name for f in dataclasses.fields(FlagNotes)} | set(resolved.by_name())
+    with pytest.raises(AttributeError):
+        resolved.tiled_mlp_tokens = 1  # only what set-up settles: a slotted record too
+
