@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import paramiko
 
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError, fingerprint
-from qwen_tui.nodes.jobs import Proc, env_script, job_argv, parse_marks, parse_stat
+from qwen_tui.nodes.jobs import Proc, env_script, job_argv, parse_marks, parse_ppid, parse_stat
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
 from qwen_tui.base.shell import quote_argv
@@ -446,7 +446,7 @@ class SSHTransport:
             if not pid.isdigit() or parsed is None:
                 continue
             env = "\0".join(marks.split()).encode()
-            out.append(Proc(int(pid), parsed[1], parsed[2], parsed[0], parse_marks(env)))
+            out.append(Proc(int(pid), parsed[1], parsed[2], parsed[0], parse_marks(env), parse_ppid(stat)))
         return out
 
     def kill_procs(self, procs, sig, *, timeout=15.0) -> int:

@@ -126,7 +126,7 @@ class Launcher:
 
         def go(c: NodeCommand) -> tuple[int, Optional[int]]:
             t = self.transports[c.rank]
-            pid = t.start_job(c.argv, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
+            pid = t.start_job(c.command, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
                               run_id=self.plan.run_id)
             return pid, t.proc_start(pid)
 

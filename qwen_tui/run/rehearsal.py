@@ -30,6 +30,7 @@ from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import Transport, stop_group
+from qwen_tui.plan.container import with_env
 from qwen_tui.plan.launch import LaunchPlan
 from qwen_tui.preset.schema import Preset
 
@@ -120,8 +121,10 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
     def start(r: int) -> int:
         c = cmds[r]
         env = rehearsal_env(c.env, plan.backend)
-        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout,
-                                                      allreduce_budget_s), env=env,
+        # inside the node's container where the plan has one: the image that trains is the one rehearsed
+        argv = rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout, allreduce_budget_s)
+        box = with_env(c.container, [k for k in env if k not in c.env]) if c.container else []
+        return transports[r].start_job([*box, *argv], env=env,
                                        cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
     started = on_nodes(start, sorted(cmds), timeout=60)
@@ -208,7 +211,8 @@ def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckRe
 
     from qwen_tui.plan.launch import make_plan
 
-    plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
+    # a run id of its own: it names the rehearsal's containers, which another rehearsal on the nodes must not replace
+    plan = make_plan(preset, run_id=f"rehearsal-{uuid.uuid4().hex[:8]}", local_run_dir=os.getcwd(), facts=rep.facts,
                      local_python=local_python)
     r = rehearse(plan, transports, pythons={c.rank: c.argv[0] for c in plan.nodes}, facts=rep.facts,
                  deadline_s=preset.network.rdzv_timeout + 30)
