@@ -185,11 +185,12 @@ def run(args: argparse.Namespace) -> int:
         return 0 if rep.ok else 1
     t = Table(title=f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)")
     t.add_column("node")
-    for c in COLUMNS:
+    columns = [c for c in COLUMNS if c != "container" or preset.container is not None]
+    for c in columns:
         t.add_column(c)
     for i, lab in enumerate(rep.labels):
         # Text, not markup: a verdict without a colour ("not checked") once made "[]not checked[/]" and a crash
-        cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in COLUMNS)]
+        cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in columns)]
         t.add_row(Text(f"{i} {printable(lab)}"), *cells)
     console.print(t)
     said: set = set()

@@ -187,6 +187,17 @@ def with_env(prefix: list[str], names: Iterable[str]) -> list[str]:
     return list(prefix)
 
 
+def removal_argv(prefix: list[str]) -> Optional[list[str]]:
+    """The command that removes the container a runtime_prefix names, whatever state it is in (a stop that had to
+    kill the runtime's client can leave it behind), or None where the runtime keeps no container (Apptainer,
+    enroot) or the prefix names none."""
+    for i, a in enumerate(prefix[:-1]):
+        if (a, prefix[i + 1]) in (("podman", "run"), ("docker", "run")) and "--name" in prefix[i:]:
+            name = prefix[prefix.index("--name", i) + 1]
+            return [a, "rm", "--force", "--ignore", name] if a == "podman" else [a, "rm", "--force", name]
+    return None
+
+
 def wrap(container: Container, argv: list[str], *, name: str, workdir: str, env: Iterable[str] = (),
          mounts: Optional[list[Mount]] = None, make_dirs: Optional[list[str]] = None, gpus: bool = True,
          infiniband: bool = False) -> list[str]:

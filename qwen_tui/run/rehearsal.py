@@ -25,6 +25,7 @@ from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.cluster.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.cluster.ib import nccl_transport
 from qwen_tui.nodes.checks import CheckReport
+from qwen_tui.nodes.containers import remove as remove_container
 from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.programs import program
@@ -147,7 +148,12 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         time.sleep(poll)
 
     # Stop whatever still runs, everywhere, before reading the logs.
-    stops = on_nodes(lambda r: stop_group(transports[r], pids[r], grace=3), sorted(pids), timeout=30)
+    def stop(r: int) -> bool:
+        gone = stop_group(transports[r], pids[r], grace=3)
+        # and the node's container, which a killed runtime client may leave behind
+        return (remove_container(transports[r], cmds[r].container) is None) and gone if cmds[r].container else gone
+
+    stops = on_nodes(stop, sorted(pids), timeout=90)
     left = sorted(r for r, v in stops.items() if v is not True)
     tails = on_nodes(lambda r: transports[r].read_file(paths[r][0], offset=0, limit=4 << 20, timeout=10),
                      sorted(cmds), timeout=20)
