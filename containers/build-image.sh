@@ -13,6 +13,7 @@
 #   is kept under CACHE/base-<suite>-<hash of the package list>/ for the next one;
 # - the image itself: that layer plus qwen-tui's wheel, with the label qwen-tui.key (a hash of this recipe, the
 #   dependencies and the wheel); an image of the tag whose key matches is kept as it is.
+# The image holds iproute2 beside Python: the probe reads the addresses and the route to the master with `ip`.
 # Prints the image's tag on its last line. Needs root (debootstrap and chroot), a python3 of the image's Python
 # version (3.11 for bookworm) to build the wheelhouse, and podman.
 set -euo pipefail
@@ -26,7 +27,7 @@ torch_spec="torch==2.13.0"
 extras="train"
 suite="bookworm"
 mirror="http://deb.debian.org/debian"
-packages="python3,python3-pip,ca-certificates"
+packages="python3,python3-pip,ca-certificates,iproute2"
 cache="${QWEN_TUI_IMAGE_CACHE:-/var/cache/qwen-tui/image}"
 store=""
 prune=0
@@ -147,7 +148,9 @@ wheelhouse must be built by a Python $image_py (activate one), or build with con
 
 # Debian's python3 is "externally managed": the image is ours, its system Python the one to install into, so
 # that `python3` finds torch and the worker under every runtime, whatever PATH the runtime passes
-pip_in=(python3 -m pip install -q --no-index --no-cache-dir --break-system-packages --root-user-action=ignore)
+# (run with an environment of its own: this machine's PIP_* settings are not the image's)
+pip_in=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+        python3 -m pip install -q --no-index --no-cache-dir --break-system-packages --root-user-action=ignore)
 
 # ---------------------------------------------------------------- the dependencies' layer (cached)
 if ! "${pm[@]}" image exists "$deps"; then

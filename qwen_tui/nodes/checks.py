@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.base.levels import worst
-from qwen_tui.nodes.containers import image_findings, precheck as container_precheck
+from qwen_tui.nodes.containers import HOST_TOOLS, image_findings, precheck as container_precheck
 from qwen_tui.nodes.containers import start_failure as container_start_failure
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix
 from qwen_tui.nodes.ibcheck import ib_findings
@@ -265,7 +265,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
     if preset.container is not None:
         c = preset.container
         say("container", None, f"looking for {c.runtime} and the image {c.image} on {len(transports)} node(s)")
-        found, blocked = container_precheck(preset, transports)
+        found, blocked, host_missing = container_precheck(preset, transports)
         rep.findings += found
         for i in transports:
             checked[i].add("container")
@@ -289,6 +289,9 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
                 rep.not_checked[(i, c)] = "the probe failed"
             continue
         facts.nodes[i], raw = v
+        if preset.container is not None:  # the probe saw the image's tools; these few run on the node itself
+            f = facts.nodes[i]
+            f.missing_tools = sorted({t for t in f.missing_tools if t not in HOST_TOOLS} | set(host_missing.get(i, [])))
         if raw.get("container_failed"):
             rep.findings.append(container_start_failure(preset, i, raw["container_failed"]["rc"],
                                                         raw["container_failed"]["err"]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Optional
 
 from qwen_tui import __version__
@@ -36,8 +37,12 @@ RUNTIME_FIX = {
 }
 # A URI the runtime pulls itself: nothing on the node to look at before the run.
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
-# Runs the image check only where the runtime is on the PATH (exit 127 otherwise).
-_WITH_RUNTIME = 'command -v "$1" >/dev/null 2>&1 || exit 127; shift; exec "$@"'
+# The tools the checks run on the node itself, not in the image (iperf3 measures the node's links; ssh and
+# ssh-keygen set up keys): each one missing is a line "no-tool NAME".
+HOST_TOOLS = ("iperf3", "ssh", "ssh-keygen")
+# Names the node's missing tools, then runs the image check where the runtime is on the PATH (exit 127 without).
+_WITH_RUNTIME = ('for t in ' + " ".join(HOST_TOOLS) + '; do command -v "$t" >/dev/null 2>&1 || echo "no-tool $t"; '
+                 'done; command -v "$1" >/dev/null 2>&1 || exit 127; shift; exec "$@"')
 _ENROOT_HAS = 'enroot list | grep -qxF -- "$1"'
 
 
@@ -70,35 +75,44 @@ def image_fix(c: Container, label: str) -> str:
     return f"put the .sqsh at {c.image} on {label}, or create the container there: enroot create --name {c.image}"
 
 
-def look(t: Transport, c: Container, *, timeout: float = 60.0) -> tuple[str, str]:
-    """("ok" | "no-runtime" | "no-image" | "unchecked" | "error", detail) for one node."""
-    check = image_argv(c)
-    if check is None:
-        r = t.run(["sh", "-c", 'command -v "$1"', "sh", c.runtime], timeout=timeout)
-        if r.rc != 0:
-            return "no-runtime", ""
-        return "unchecked", f"{c.image} is a URI: {c.runtime} fetches it when the job starts"
+@dataclass
+class Look:
+    """What one node has of the container runtime and the image."""
+
+    verdict: str  # ok | no-runtime | no-image | unchecked | error
+    detail: str = ""
+    missing_tools: list[str] = field(default_factory=list)  # of HOST_TOOLS, on the node itself
+
+
+def look(t: Transport, c: Container, *, timeout: float = 60.0) -> Look:
+    check = image_argv(c) or ["true"]
     r = t.run(["sh", "-c", _WITH_RUNTIME, "sh", c.runtime, *check], timeout=timeout)
-    err = (r.stderr or r.stdout).strip()[-300:]
+    lines = r.stdout.splitlines()
+    missing = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("no-tool ")]
+    out = "\n".join(ln for ln in lines if not ln.startswith("no-tool ")).strip()
+    err = (r.stderr.strip() or out)[-300:]
     if r.rc == 127:
-        return "no-runtime", ""
+        return Look("no-runtime", "", missing)
+    if image_argv(c) is None:
+        return Look("unchecked", f"{c.image} is a URI: {c.runtime} fetches it when the job starts", missing)
     if r.rc == 0:
-        return "ok", r.stdout.strip()
+        return Look("ok", out, missing)
     if c.runtime == "docker" and "no such image" not in err.lower():
-        return "error", err  # the daemon does not answer, or this user may not use it
+        return Look("error", err, missing)  # the daemon does not answer, or this user may not use it
     if r.rc == 1:
-        return "no-image", ""
-    return "error", f"{' '.join(check[:3])} exited {r.rc}: {err}"
+        return Look("no-image", "", missing)
+    return Look("error", f"{' '.join(check[:3])} exited {r.rc}: {err}", missing)
 
 
-def precheck(preset: Preset, transports: dict[int, Transport]) -> tuple[list[Finding], set[int]]:
-    """(findings, the nodes where the job cannot run: no runtime or no image). Runs on every node at once."""
+def precheck(preset: Preset, transports: dict[int, Transport]) -> tuple[list[Finding], set[int], dict[int, list[str]]]:
+    """(findings, the nodes where the job cannot run: no runtime or no image, each node's missing HOST_TOOLS).
+    Runs on every node at once."""
     c = preset.container
     assert c is not None
     nodes = preset.cluster.nodes
     res = on_nodes(lambda i: look(transports[i], c), sorted(transports), timeout=90,
                    labels={i: n.label for i, n in enumerate(nodes)})
-    out, blocked = [], set()
+    out, blocked, tools = [], set(), {}
     for i, v in sorted(res.items()):
         lab = nodes[i].label
         if isinstance(v, BaseException):
@@ -106,7 +120,8 @@ def precheck(preset: Preset, transports: dict[int, Transport]) -> tuple[list[Fin
                                f"{v}", "", i, COLUMN))
             blocked.add(i)
             continue
-        verdict, detail = v
+        verdict, detail = v.verdict, v.detail
+        tools[i] = v.missing_tools
         if verdict == "no-runtime":
             out.append(Finding(ERROR, "CONTAINER_RUNTIME_MISSING", f"{lab}: {c.runtime} is not installed (not on "
                                f"the PATH of a login over SSH); container.runtime is {c.runtime}",
@@ -125,7 +140,7 @@ def precheck(preset: Preset, transports: dict[int, Transport]) -> tuple[list[Fin
             blocked.add(i)
         elif verdict == "unchecked":
             out.append(Finding(INFO, "CONTAINER_IMAGE_UNCHECKED", f"{lab}: {detail}", "", i, COLUMN))
-    return out, blocked
+    return out, blocked, tools
 
 
 def probe_prefix(preset: Preset, index: int, workdir: str) -> list[str]:

@@ -101,18 +101,19 @@ def run_mounts(preset: Preset, workdir: str, run_dir: str, env: dict[str, str]) 
     for p in writes:
         if p and posixpath.isabs(p):
             want.append((posixpath.normpath(p), True))
-    mounts: list[Mount] = []
-    make: list[str] = []
-    for path, create in sorted(set(want), key=lambda x: (len(x[0]), x[0])):
-        if not posixpath.isabs(path) or path in _SYSTEM:
-            continue
-        if any(_under(path, m.src) for m in mounts):
-            continue
-        mounts.append(Mount(path, path))
-        if create:
-            make.append(path)
     own = [parse_mount(m) for m in preset.container.mounts] if preset.container else []
-    return mounts + [m for m in own if m not in mounts], make
+    keep: dict[str, bool] = {m.src: False for m in own if m.src == m.dst}  # path -> create it first
+    # shorter paths first: a path under one kept already (the preset's own mounts included) needs no mount
+    for path, create in sorted(set(want), key=lambda x: (len(x[0]), x[0])):
+        if posixpath.isabs(path) and path not in _SYSTEM and not any(_under(path, k) for k in keep):
+            keep[path] = create
+    seen: set[str] = set()
+    mounts = []
+    for path, _ in want:  # in the order above: the workdir first
+        if path in keep and path not in seen:
+            seen.add(path)
+            mounts.append(Mount(path, path))
+    return mounts + [m for m in own if m not in mounts], [m.src for m in mounts if keep[m.src]]
 
 
 def env_names(env: Iterable[str], container: Container) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ def podman(cluster, tmp_path_factory):
 def _preset(cluster, sshdir, workdir: Path, image: str, nodes: int = 3, **training) -> dict:
     d = preset_dict(cluster, sshdir, **training)
     d["cluster"]["nodes"] = d["cluster"]["nodes"][:nodes]
+    workdir.mkdir(exist_ok=True)
     for n in d["cluster"]["nodes"]:
         n["workdir"] = str(workdir)  # not the checkout: the worker that trains is the image's
     d["cluster"]["shared_storage"] = True  # the namespaces share this machine's disk
@@ -90,12 +92,6 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(x.decode(errors="replace").partition("=")[::2] for x in raw.split(b"\0") if b"=" in x)
 
 
-def _ranks(cluster, i: int, run_id: str) -> list[int]:
-    """Node i's training ranks (by torchrun's LOCAL_RANK and the run's mark in their environment)."""
-    return [p for p in cluster.pids(i) if _environ(p).get("QWEN_TUI_RUN_ID") == run_id and "LOCAL_RANK" in
-            _environ(p)]
-
-
 def _no_job_left(cluster, nodes: int, bound: float = 15.0) -> dict:
     deadline = time.monotonic() + bound
     while True:
@@ -106,43 +102,69 @@ def _no_job_left(cluster, nodes: int, bound: float = 15.0) -> dict:
         time.sleep(0.3)
 
 
-def test_demo_in_podman_every_rank_inside_its_node_container_on_the_host_network(cluster, sshdir, keyed, podman,
-                                                                                 tmp_path):
+def _cli(*args: str, timeout: float = 300, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "qwen_tui.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, "COLUMNS": "250"}, **kw)
+
+
+def test_replay_of_the_demo_in_podman_checks_rehearses_and_trains_every_rank_in_its_node_container(
+        cluster, sshdir, keyed, podman, tmp_path):
+    """As a user runs it: `qwen-tui replay` probes every node inside the image, rehearses there, and trains there
+    to the end. While it trains, each rank is looked at from the node: its own cgroup is its node's container's,
+    its network is the node's (the node's address among its own), its root is the image's."""
     nodes, tag = podman
-    preset = Preset.model_validate(_preset(cluster, sshdir, tmp_path / "work", tag, max_steps=24,
-                                           learning_rate=5e-3))
-    run_id = f"ctr-{os.getpid()}"
-    la, conns = _launch(preset, run_id, tmp_path)
+    d = _preset(cluster, sshdir, tmp_path / "work", tag, max_steps=24, learning_rate=5e-3)
+    del d["network"]["interface"]  # the probe inside the image finds it
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(d))
+    runs = tmp_path / "runs"
+    replay = _cli("replay", str(path), "--runs-dir", str(runs), "--max-seconds", "300")
     try:
-        _wait_steps(la, 1)
         seen = {}
-        for i, n in enumerate(cluster.nodes):
-            ranks = _ranks(cluster, i, run_id)
-            r = nodes.podman(i, "inspect", "--format", "{{.Id}} {{.State.Pid}}", container_name(run_id, i))
-            assert r.returncode == 0, r.stderr
-            cid = r.stdout.split()[0]
-            assert len(ranks) == 1, (i, ranks)
-            pid = ranks[0]
-            # the rank's own cgroup is its node's container's
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-            assert f"libpod-{cid}" in cgroup, (i, cid, cgroup)
-            # on the host network: the node's own network namespace, its address among the rank's
-            assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink(f"/proc/{nodes.init_pid(i)}/ns/net")
-            assert n.addr in Path(f"/proc/{pid}/net/fib_trie").read_text()
-            # its root is the image's (which the build marks), so its Python and worker are the image's
-            assert "key=" in (Path(f"/proc/{pid}/root") / "etc" / "qwen-tui-image").read_text()
-            seen[i] = (pid, cid)
-        out = la.wait(interval=0.5, max_seconds=300)
-        assert out.status == RunState.OK, (out.message, [la.log_tail(r) for r in range(3)])
-        prog = la.metrics.progress
-        assert prog.end and prog.end.get("status") == "ok" and len(prog.losses) >= 20
-        assert sum(prog.losses[-4:]) / 4 < sum(prog.losses[:4]) / 4, prog.losses
-        assert len({cid for _, cid in seen.values()}) == 3
-        assert _no_job_left(cluster, 3) == {}
-        assert {i: nodes.containers(i) for i in range(3)} == {0: [], 1: [], 2: []}
+        deadline = time.monotonic() + 300
+        while len(seen) < 3 and replay.poll() is None and time.monotonic() < deadline:
+            for i, n in enumerate(cluster.nodes):
+                if i in seen:
+                    continue
+                ranks = [p for p in cluster.pids(i) if "LOCAL_RANK" in _environ(p)
+                         and _environ(p).get("QWEN_TUI_RUN_ID")]  # the run's ranks (the rehearsal's carry no id)
+                if not ranks:
+                    continue
+                pid, run_id = ranks[0], _environ(ranks[0])["QWEN_TUI_RUN_ID"]
+                r = nodes.podman(i, "inspect", "--format", "{{.Id}}", container_name(run_id, i))
+                assert r.returncode == 0, r.stderr
+                cid = r.stdout.strip()
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text()  # read before anything else: it may end
+                net = os.readlink(f"/proc/{pid}/ns/net")
+                addrs = Path(f"/proc/{pid}/net/fib_trie").read_text()
+                image = (Path(f"/proc/{pid}/root") / "etc" / "qwen-tui-image").read_text()
+                assert f"libpod-{cid}" in cgroup, (i, cid, cgroup)
+                assert net == os.readlink(f"/proc/{nodes.init_pid(i)}/ns/net") and n.addr in addrs
+                assert "key=" in image  # its root is the image's, so its Python and worker are the image's
+                seen[i] = cid
+            time.sleep(0.2)
+        out, _ = replay.communicate(timeout=300)
     finally:
-        la.stop_all()
-        close_all(conns)
+        if replay.poll() is None:
+            replay.kill()
+            replay.wait(timeout=30)
+    assert replay.returncode == 0, out[-5000:]
+    assert sorted(seen) == [0, 1, 2] and len(set(seen.values())) == 3, (seen, out[-3000:])
+    assert "rehearsal: rendezvous and all-reduce" in out
+    first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+) over", out).groups())
+    assert last < first, (first, last)
+    (rd,) = [x for x in runs.iterdir() if x.is_dir()]
+    check = json.loads((rd / "check.json").read_text())
+    assert check["facts"]["rehearsal_ok"] is True
+    assert {row["container"] for row in check["matrix"].values()} == {"ok"}
+    infos = [f["message"] for f in check["findings"] if f["code"] == "CONTAINER"]
+    assert len(infos) == 3 and all(f"image {tag}: qwen-tui " in m for m in infos), infos
+    plan = json.loads((rd / "plan.json").read_text())
+    for c in plan["nodes"]:  # the probe inside the image found the route: ip is in the image
+        assert c["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and c["container"][c["container"].index("podman"):][:2] \
+            == ["podman", "run"]
+    assert _no_job_left(cluster, 3) == {}
+    assert {i: nodes.containers(i) for i in range(3)} == {0: [], 1: [], 2: []}
 
 
 def test_a_stop_mid_run_ends_every_container_and_leaves_no_process(cluster, sshdir, keyed, podman, tmp_path):
