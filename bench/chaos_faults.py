@@ -17,9 +17,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from support.field_run import CpuThrottle, records
 
@@ -98,7 +98,7 @@ class Live:
         self.wait(lambda: self.last_step_time() > t and self.training(), bound)
 
 
-def _start_time(pid: int) -> Optional[str]:
+def _start_time(pid: int) -> str | None:
     """The process's start time (field 22 of /proc/PID/stat): tells a pid reused later from the one seen."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -107,7 +107,7 @@ def _start_time(pid: int) -> Optional[str]:
     return stat[stat.rfind(")") + 2:].split()[19]
 
 
-def _rank_of(pid: int) -> Optional[int]:
+def _rank_of(pid: int) -> int | None:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
@@ -118,7 +118,7 @@ def _rank_of(pid: int) -> Optional[int]:
     return None
 
 
-def _signal_same(pid: int, started: Optional[str], sig: int) -> bool:
+def _signal_same(pid: int, started: str | None, sig: int) -> bool:
     """Signal `pid` only while it is still the process seen at `started`."""
     if started is None or _start_time(pid) != started:
         return False

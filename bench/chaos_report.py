@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 OUTCOMES = ("survived unnoticed", "warned", "restarted", "failed")
 MONITOR_CAUSES = ("UNREACHABLE", "HANG", "HANG_STOPPED")  # an attempt the monitor itself ended
@@ -72,7 +72,7 @@ def classify(fault: dict, attempts: list[dict], notices: list[dict]) -> tuple[st
     return ("warned" if said else "survived unnoticed"), ev
 
 
-def naming_hang(fault: dict, notices: list[dict]) -> Optional[dict]:
+def naming_hang(fault: dict, notices: list[dict]) -> dict | None:
     """The HANG notice in the fault's window that names the stopped rank's node and the rank itself."""
     lo, hi = fault["at"], fault["until"] + SLACK_S
     rank = fault["detail"].get("rank")
@@ -87,7 +87,7 @@ def hang_named(fault: dict, notices: list[dict]) -> bool:
     return naming_hang(fault, notices) is not None
 
 
-def stacks_answered(stacks_dir: Path) -> Optional[str]:
+def stacks_answered(stacks_dir: Path) -> str | None:
     """"K/N": how many ranks left their stack in a hang's stacks directory (its summary.json), None without one."""
     try:
         summary = json.loads((stacks_dir / "summary.json").read_text())
@@ -96,7 +96,7 @@ def stacks_answered(stacks_dir: Path) -> Optional[str]:
     return f"{sum(1 for v in summary.values() if str(v).startswith('ok'))}/{len(summary)}"
 
 
-def justified(fault: Optional[dict], unreachable_bound: float) -> bool:
+def justified(fault: dict | None, unreachable_bound: float) -> bool:
     """Whether a fault is one that should end an attempt: a node killed, a rank stopped (the watchdog's job),
     or SSH cut for at least the unreachable bound. An SSH blip shorter than the bound, a throttle, or no
     fault at all must never end one."""
@@ -148,7 +148,7 @@ def steps_lost(attempts: list[dict], metrics: Iterable[dict]) -> dict[int, int]:
     return out
 
 
-def every_step_once(attempts: list[dict], metrics: Iterable[dict]) -> Optional[str]:
+def every_step_once(attempts: list[dict], metrics: Iterable[dict]) -> str | None:
     """None when the last attempt's records plus the earlier ones up to each resume hold every step from 1 on
     exactly once; else what is missing or doubled (a blip must not lose a record)."""
     steps = step_records(metrics)
@@ -190,7 +190,7 @@ def _safetensors_whole(path: Path) -> bool:
     return path.stat().st_size == 8 + n + end
 
 
-def checkpoint_problem(d: Path, load_pt=None) -> Optional[str]:
+def checkpoint_problem(d: Path, load_pt=None) -> str | None:
     """None when checkpoint directory `d` is complete as training/checkpoints/checkpointer.py writes it: its state file
     (step matching the name), the optimizer and scheduler (or DeepSpeed's state), every rank's RNG state, the
     model or adapter weights whole, the tokenizer. load_pt(path) loads a torch file (raises when damaged)."""
@@ -232,7 +232,7 @@ def checkpoint_problem(d: Path, load_pt=None) -> Optional[str]:
     return None
 
 
-def check_checkpoints(names: list[str], load_pt=None) -> dict[str, Optional[str]]:
+def check_checkpoints(names: list[str], load_pt=None) -> dict[str, str | None]:
     return {n: checkpoint_problem(Path(n), load_pt) for n in names}
 
 

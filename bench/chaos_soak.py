@@ -48,7 +48,6 @@ import chaos_faults as cf  # noqa: E402
 import chaos_report as cr  # noqa: E402
 
 
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Run as root.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -98,25 +97,12 @@ class Soak:
         self.a, self.field, self.evidence = args, field, evidence
         self.rng = random.Random(args.seed)
         self.stop = threading.Event()
-        self.done = threading.Event()  # the soak is over (ends keep_reachable)
         self.bag: list[str] = []  # the kinds left to inject in this round
         self.not_launched: list[dict] = []  # runs whose replay ended before the launch, and why
         self.faults: list[dict] = []
         self.runs: list[dict] = []
         self.t0 = time.time()
         self.deadline = time.monotonic() + args.minutes * 60
-
-    def keep_reachable(self) -> None:
-        """Every second while the soak runs: the login user's search permission on the directories above this
-        Python, set again. field_run sets it at the start and restores the old modes at its end; another
-        FieldCluster on the same machine (a test run beside the soak) restores them at its own end, and
-        every node's next launch would then fail with "Permission denied" for a reason the soak did not inject."""
-        from support.field_run import _traversable
-
-        while not self.done.wait(0.2):
-            for path in (os.path.realpath(sys.executable), os.path.join(sys.base_prefix, "lib")):
-                for d, mode in _traversable(path).items():
-                    self.field._modes.setdefault(d, mode)
 
     def say(self, text: str) -> None:
         print(f"[{(time.time() - self.t0) / 60:5.1f} min] {text}", file=sys.stderr, flush=True)
@@ -130,8 +116,7 @@ class Soak:
                                  save_total_limit=None, restarts=a.restarts,
                                  monitor={"unreachable_timeout": a.unreachable_timeout,
                                           "on_unreachable": a.on_unreachable, "hang_timeout": a.hang_timeout,
-                                          "on_hang": a.on_hang},
-                                 env={"PYTHONPATH": str(ROOT)})  # the nodes run this checkout's worker
+                                          "on_hang": a.on_hang})  # the nodes run a copy of this checkout's worker (field_run's runtime)
 
     # ------------------------------------------------------------ one fault
     def draw(self) -> dict:
@@ -248,16 +233,10 @@ class Soak:
                  + (f"; DAMAGED checkpoints {bad}" if bad else "") + (f"; {healthy_killed}" if healthy_killed else ""))
 
     def run(self) -> None:
-        keeper = threading.Thread(target=self.keep_reachable, name="keep-reachable", daemon=True)
-        keeper.start()
         k = 0
-        try:
-            while self.time_left():
-                k += 1
-                self.one_run(k)
-        finally:
-            self.done.set()
-            keeper.join(10)
+        while self.time_left():
+            k += 1
+            self.one_run(k)
 
 
 def cf_no_job_left(cluster) -> dict:
@@ -278,12 +257,11 @@ def kill_all(left: dict) -> None:
 def bring_up(base: Path):
     """The namespace cluster, keys set up from password-only nodes (as the `keyed` fixture does), and the
     login user's side of it."""
-    from support.field_run import FieldCluster
-    from support.netns import NetnsCluster
-
-    from support.cluster import preset_dict
     from qwen_tui.nodes.keys import setup_keys
     from qwen_tui.preset.schema import Preset
+    from support.cluster import preset_dict
+    from support.field_run import FieldCluster
+    from support.netns import NetnsCluster
 
     password = secrets.token_urlsafe(18)  # in memory only; the nodes keep its hash
     cluster = NetnsCluster(base / "nodes", 3, password=password)

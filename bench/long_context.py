@@ -48,8 +48,8 @@ def _training(length: int):
 
 
 def predicted(length: int, gpu_gib: float | None) -> dict:
-    from qwen_tui.plan.longcontext import longest_record, row_memory
     from qwen_tui.model.spec import known_spec
+    from qwen_tui.plan.longcontext import longest_record, row_memory
 
     spec = known_spec("Qwen/Qwen2.5-7B-Instruct")
     row = row_memory(spec, _training(length), 1, length)

@@ -63,8 +63,8 @@ def main(argv=None) -> int:
         p.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
     import torch
-
     import train_speed as ts
+
     from training.fast import autobatch
     from training.fast.attention import use_packed_attention
     from training.fast.compile import compile_decoder_layers

@@ -4,7 +4,7 @@
     python bench/memory_check.py --configs qwen3-1.7b-lora-2048x2
     python bench/memory_check.py --dry-run            # estimates only: no torch, no GPU
 
-Same recipe as ../shared/fixtures/peak_memory_h200.csv (its README): random-init Qwen shapes from
+Same recipe as tests/fixtures/peak_memory_h200.csv (tests/fixtures/README.md): random-init Qwen shapes from
 their public config.json built directly on the GPU, sdpa attention, random token batches,
 `loss = model(input_ids=x, labels=x).loss` under bf16 autocast, the output dropped before
 `backward()`, clip_grad_norm_(1.0), fused AdamW, zero_grad(set_to_none=True), 3 optimizer steps,
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qwen_tui.plan.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
 from qwen_tui.model.spec import resolve_model  # noqa: E402
+from qwen_tui.plan.estimate import RunShape, estimate_memory  # noqa: E402  (pure, no torch)
 
 # name: (hub id for the shape, method, seq, micro-batch, checkpointing, pure bf16 weights, lora dropout)
 CONFIGS = {

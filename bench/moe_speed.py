@@ -49,6 +49,12 @@ SHAPES = {
                     num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, router_aux_loss_coef=0.001,
                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
                     tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[]),
+    # A small Qwen3-MoE of the real vocabulary and routing (0.9B, 32 experts, 4 a token): the GPU proof's MoE line.
+    "proof": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=512,
+                  num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_experts=32,
+                  num_experts_per_tok=4, norm_topk_prob=True, router_aux_loss_coef=0.001,
+                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  decoder_sparse_step=1, mlp_only_layers=[]),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
                  num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.001,

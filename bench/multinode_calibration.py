@@ -17,13 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from qwen_tui.model.spec import ModelSpec
 from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, flops_per_token
 from qwen_tui.plan.estimate_comm import NIC_EFFICIENCY
-from qwen_tui.model.spec import ModelSpec
 
 LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md")
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
@@ -155,7 +154,7 @@ def time_per_call(n: int = 2000) -> float:
     return (time.perf_counter() - t) / n
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timing", action="store_true", help="only the time per estimate call")
     a = ap.parse_args(argv)

@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--records-per-step", type=int, default=64)
     args = p.parse_args(argv)
     import train_speed as ts
+
     from training.data.batches import StepSampler
 
     text = Path(args.log).read_text()

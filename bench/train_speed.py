@@ -41,8 +41,8 @@ import json
 import math
 import os
 import platform
-import re
 import random
+import re
 import subprocess
 import sys
 import time
@@ -61,6 +61,10 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 SHAPES = {
     "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Qwen/Qwen2.5-0.5B-Instruct's: the small real-shaped model of the GPU proof's curve lines (bench/gpu_proof.py).
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,

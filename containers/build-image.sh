@@ -96,6 +96,7 @@ trap cleanup EXIT
 if [ -z "$wheel" ]; then
   # from a clean copy of the checkout (tracked and new files, not ignored ones): a stale build/ directory
   # never leaks into the wheel; a fixed SOURCE_DATE_EPOCH makes the same sources give the same bytes
+  git -C "$repo" rev-parse --git-dir >/dev/null 2>&1 || die "$repo is not a git checkout: give the wheel (--wheel)"
   mkdir -p "$work/src" "$work/dist"
   (cd "$repo" && git ls-files -z -co --exclude-standard | xargs -0 tar -cf - --) | tar -C "$work/src" -xf -
   SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$work/dist" "$work/src" >&2

@@ -180,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
             on="two probe micro-batches measure GPU memory and pick the largest --packing_tokens that fits "
                "--auto_memory_fraction of the GPU, turning gradient checkpointing on if not even one "
                "--model_max_length record fits without it, or if rows would be shorter than 8,192 tokens without it "
-               "and checkpointing at least doubles them (7B full fine-tuning under ZeRO-3 on one H200: 2,432-token "
-               "rows at 30%% MFU, 46,720 at 45%%). Default: on for CUDA with packing, unless --packing_tokens is "
+               "and checkpointing at least doubles them (under ZeRO-3 a micro-batch's gathers cost the same however "
+               "short its row). Default: on for CUDA with packing, unless --packing_tokens is "
                "given; it never turns checkpointing off when --gradient_checkpointing is given",
             off="no memory probe: --packing_tokens (or its default) and --gradient_checkpointing as given")
     _switch(f, "lora_input_cast",
@@ -195,13 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
             on="LoRA: each adapter's dropout drawn inside the Triton kernel of its first matmul (lora_A) "
                "and drawn again in its backward, instead of a dropout kernel and a saved mask and dropped copy per "
                "adapter. Same drop probability and scaling, masks from another generator. Needs CUDA and "
-               "Triton; not with --deepspeed. On the 7B shape it keeps 27%% less activation memory a token "
-               "(longer packed rows, or no gradient checkpointing) at the same speed. Default: off",
+               "Triton; not with --deepspeed. It keeps less activation memory a token (longer packed rows, or no "
+               "gradient checkpointing) at the same speed. Default: off",
             off="peft's own dropout module in front of each adapter")
     f.add_argument("--attention_kernel", choices=["auto", "flash", "cudnn"],
                    help="the varlen attention of packed rows on CUDA: flash (PyTorch's FlashAttention 2) or cudnn "
-                   "(cuDNN's fused attention; needs the nvidia-cudnn-frontend package and a Hopper or newer GPU; "
-                   "a 7B LoRA step measured 3%% faster with it on an H200). Default auto: cudnn where both are "
+                   "(cuDNN's fused attention, the faster of the two; needs the nvidia-cudnn-frontend package and a "
+                   "Hopper or newer GPU). Default auto: cudnn where both are "
                    "there and the frontend's backward plans can be sized for the widest row, else flash")
     _switch(f, "labelled_logits_only",
             on="run the LM head and the loss only at the positions of a packed row whose next token is "

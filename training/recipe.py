@@ -36,8 +36,13 @@ from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
 from training.fast import apply, choice, long_context, sequence_parallel
 from training.flags import WorkerFlags
-from training.model.pretrained import (check_method, load_tokenizer, quantization_method, read_config_dict,
-                                       resolve_model_source)
+from training.model.pretrained import (
+    check_method,
+    load_tokenizer,
+    quantization_method,
+    read_config_dict,
+    resolve_model_source,
+)
 from training.runtime import dist, unused_imports
 from training.runtime.errors import InputError
 from training.runtime.heartbeat import NoHeartbeat

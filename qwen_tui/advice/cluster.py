@@ -5,11 +5,10 @@ Registered in RULES when qwen_tui.advice.rules imports this module, after its ow
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..base.levels import Level
 from .core import Advice, Context, Fix, rule
-
 
 # ---------------------------------------------------------------- cluster consistency (facts)
 
@@ -148,14 +147,15 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
     if path.startswith("builtin:"):
         return
     got = {i: getattr(nf, what) for i, nf in c.node_facts() if getattr(nf, what) is not None}
-    code = what.upper()
     for i, ff in got.items():
         if not ff.exists and (i == 0 or (0 in got and not got[0].exists)):  # nowhere to copy it from
-            yield Advice(Level.ERROR, f"{code}_MISSING", f"{path} is missing on node {i}",
+            yield Advice(Level.ERROR, "DATA_MISSING" if what == "data" else "MODEL_MISSING",
+                         f"{path} is missing on node {i}",
                          Fix(f"Correct training.{what}", hint=f"put the {what} at {path} on node 0 (the master), or "
                              f"set training.{what} to where it is"), node=i)
         elif not ff.exists:
-            yield Advice(Level.ERROR, f"{code}_MISSING", f"{path} is missing on node {i}",
+            yield Advice(Level.ERROR, "DATA_MISSING" if what == "data" else "MODEL_MISSING",
+                         f"{path} is missing on node {i}",
                          Fix(f"Copy the {what} to node {i}", hint=f"rsync it to the same path on node {i}, or put it "
                              "on shared storage (qwen-tui check --sync copies it from the master)"), node=i)
     sums = {i: ff.sha256 for i, ff in got.items() if ff.exists and ff.sha256}
@@ -165,7 +165,8 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
         ref = 0 if 0 in got else min(got)
         odd = [i for i in got if i != ref and ((sums.get(i) and sums.get(i) != sums.get(ref))
                                                or sizes.get(i) != sizes.get(ref))]
-        yield Advice(Level.ERROR if what == "data" else Level.WARNING, f"{code}_DIFFERS",
+        yield Advice(Level.ERROR if what == "data" else Level.WARNING,
+                     "DATA_DIFFERS" if what == "data" else "MODEL_DIFFERS",
                      f"{path} differs between node {ref} and node(s) {', '.join(map(str, odd))} "
                      f"({sizes.get(ref, 0):,} vs {sizes.get(odd[0], 0) if odd else 0:,} bytes)",
                      Fix(f"Copy node {ref}'s {what}", hint=f"rsync node {ref}'s copy over the others"),

@@ -3,14 +3,15 @@ registry (qwen_tui.advice.rules runs the rules; qwen_tui.advice.cluster holds th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from ..base.levels import Issue
-from ..plan.estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
-from ..plan.estimate_comm import Bandwidth, resolve_bandwidth
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..model.spec import ModelSpec, UnknownModel, resolve_model
+from ..plan.estimate import GPUS, GPUSpec, MemoryEstimate, estimate_memory, gpu_spec
+from ..plan.estimate_comm import Bandwidth, resolve_bandwidth
 from ..preset.schema import Preset
 
 LOW_BANDWIDTH_GBPS = 10.0
@@ -35,7 +36,7 @@ class Fix:
 
     label: str
     changes: dict[str, Any] = field(default_factory=dict)
-    hint: Optional[str] = None
+    hint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "changes": dict(self.changes), "hint": self.hint}
@@ -45,8 +46,8 @@ class Fix:
 class Advice(Issue):
     """An Issue about the preset (level, code, message), with the preset change that fixes it when one can."""
 
-    fix: Optional[Fix] = None
-    node: Optional[int] = None  # the node it is about, when it is about one
+    fix: Fix | None = None
+    node: int | None = None  # the node it is about, when it is about one
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "level": str(self.level), "message": self.message,
@@ -67,19 +68,19 @@ def apply_fix(preset: Preset, fix: Fix) -> Preset:
 @dataclass
 class Context:
     preset: Preset
-    facts: Optional[ClusterFacts]
-    spec: Optional[ModelSpec]
-    spec_error: Optional[str]
-    gpu: Optional[GPUSpec]  # for FLOPs and intra-node bandwidth
-    gpu_memory_gib: Optional[float]  # smallest GPU's memory; None = unknown
+    facts: ClusterFacts | None
+    spec: ModelSpec | None
+    spec_error: str | None
+    gpu: GPUSpec | None  # for FLOPs and intra-node bandwidth
+    gpu_memory_gib: float | None  # smallest GPU's memory; None = unknown
     gpu_memory_where: str
     bandwidth: Bandwidth  # between nodes: per-node bus bandwidth and its source (estimate_comm.resolve_bandwidth)
-    efficiency: Optional[float]  # None: the worker path's (estimate.path_efficiency)
+    efficiency: float | None  # None: the worker path's (estimate.path_efficiency)
     cpu: bool
-    intra_node_gbs: Optional[float] = None  # NCCL bus bandwidth inside a node, GB/s (None: the GPU table's)
+    intra_node_gbs: float | None = None  # NCCL bus bandwidth inside a node, GB/s (None: the GPU table's)
 
     @property
-    def bandwidth_gbps(self) -> Optional[float]:
+    def bandwidth_gbps(self) -> float | None:
         return self.bandwidth.gbps
 
     @property
@@ -124,7 +125,7 @@ class Context:
         return max(n.gpus for n in self.preset.cluster.nodes)
 
 
-def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> Optional[float]:
+def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> float | None:
     """The slowest node's GPU bus from its probed topology (NVSwitch, NVLink or PCIe: nodes/topology.py), in GB/s;
     None where no node of several GPUs has a topology."""
     from ..nodes.topology import node_intra_bus
@@ -135,11 +136,11 @@ def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> Optional[float
     return min(known) if known else None
 
 
-def make_context(preset: Preset, facts: Optional[ClusterFacts] = None, *, spec: Optional[ModelSpec] = None,
-                 gpu: Optional[str | GPUSpec] = None, gpu_memory_gib: Optional[float] = None,
-                 bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
-                 base_dir: Optional[str] = None, nic_gbps: Optional[float] = None, nics: Optional[int] = None,
-                 intra_node_gbs: Optional[float] = None) -> Context:
+def make_context(preset: Preset, facts: ClusterFacts | None = None, *, spec: ModelSpec | None = None,
+                 gpu: str | GPUSpec | None = None, gpu_memory_gib: float | None = None,
+                 bandwidth_gbps: float | None = None, efficiency: float | None = None,
+                 base_dir: str | None = None, nic_gbps: float | None = None, nics: int | None = None,
+                 intra_node_gbs: float | None = None) -> Context:
     """What the rules look at. bandwidth_gbps: per-node bus bandwidth between nodes (overrides the facts);
     nic_gbps x nics: the NICs NCCL uses, when no bus bandwidth is known; intra_node_gbs: NCCL bus bandwidth
     inside a node in GB/s (from the node's GPU topology; default: the GPU table's)."""

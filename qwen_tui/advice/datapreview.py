@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from ..base.levels import Level
-from .rules import Advice, Fix, make_context
-from ..plan.estimate_comm import MEASURE_HINT
 from ..cluster.facts import ClusterFacts
-from ..plan.longcontext import LONG_ROW_TOKENS, longest_record
 from ..nodes.json_tool import run_json_tool
 from ..nodes.transport import Transport
+from ..plan.estimate_comm import MEASURE_HINT
 from ..plan.launch import make_plan
+from ..plan.longcontext import LONG_ROW_TOKENS, longest_record
 from ..preset.schema import Preset
+from .rules import Advice, Fix, make_context
 
 TRUNCATED_MAX = 0.01  # of the records: more than this truncated is warned about
 WASTE_MAX = 0.20  # of the tokens a step computes: more padding than this is warned about
@@ -39,8 +39,8 @@ class DataPreviewError(RuntimeError):
     """The preview could not run or the worker's code refused the data (the message names what)."""
 
 
-def preview_command(preset: Preset, *, base_dir: str = ".", local_python: Optional[str] = None,
-                    bins: int = 16, longer_than: Optional[int] = None) -> tuple[list[str], str]:
+def preview_command(preset: Preset, *, base_dir: str = ".", local_python: str | None = None,
+                    bins: int = 16, longer_than: int | None = None) -> tuple[list[str], str]:
     """(argv, cwd) of the preview on the master: its python and workdir, the worker's flags from the plan."""
     plan = make_plan(preset, run_id="data-preview", local_run_dir=os.path.join(base_dir, ".data-preview"),
                      base_dir=base_dir, local_python=local_python or sys.executable)
@@ -55,19 +55,21 @@ def preview_command(preset: Preset, *, base_dir: str = ".", local_python: Option
     return [*master.container, *argv], master.workdir  # in the run's container where it has one
 
 
-def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: Optional[str] = None,
-               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16, longer_than: Optional[int] = None) -> dict[str, Any]:
+def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: str | None = None,
+               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16, longer_than: int | None = None) -> dict[str, Any]:
     """The worker-side counts (training.datapreview's JSON), run on the master through `transport`."""
     argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins,
                                 longer_than=longer_than)
     return run_json_tool(transport, argv, cwd=cwd, timeout=timeout, what="data preview", error=DataPreviewError)
 
 
-def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
-                      bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
-                      base_dir: Optional[str] = None) -> tuple[Optional[float], str]:
-    """The estimate's tokens/s for this preset and where it comes from, or (None, why not)."""
-    c = make_context(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir)
+def tokens_per_second(preset: Preset, facts: ClusterFacts | None = None, *, gpu: str | None = None,
+                      bandwidth_gbps: float | None = None, efficiency: float | None = None,
+                      base_dir: str | None = None, nic_gbps: float | None = None) -> tuple[float | None, str]:
+    """The estimate's tokens/s for this preset and where it comes from, or (None, why not). bandwidth_gbps: the
+    per-node bus bandwidth between nodes; nic_gbps: the line rate of the one link between them, else."""
+    c = make_context(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency, base_dir=base_dir,
+                     nic_gbps=nic_gbps, nics=1 if nic_gbps else None)
     if c.cpu:
         return None, "no speed estimate for CPU processes (the estimate models GPUs)"
     if c.spec is None:
@@ -81,8 +83,8 @@ def tokens_per_second(preset: Preset, facts: Optional[ClusterFacts] = None, *, g
     return step.tokens_per_second, f"estimate on {c.gpu.name} GPUs{where}"
 
 
-def trainable_limit(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu: Optional[str] = None,
-                    base_dir: Optional[str] = None) -> tuple[Optional[int], str]:
+def trainable_limit(preset: Preset, facts: ClusterFacts | None = None, *, gpu: str | None = None,
+                    base_dir: str | None = None) -> tuple[int | None, str]:
     """The longest record one GPU trains for this preset (qwen_tui.plan.longcontext) and on which GPU, or (None, why
     not): it needs the model's shape and the GPU's memory."""
     c = make_context(preset, facts, gpu=gpu, base_dir=base_dir)
@@ -91,8 +93,8 @@ def trainable_limit(preset: Preset, facts: Optional[ClusterFacts] = None, *, gpu
     return longest_record(c.spec, preset.training, preset.world_size, c.gpu_memory_gib), c.gpu_memory_where
 
 
-def build_report(counts: dict[str, Any], preset: Preset, tps: Optional[float], tps_source: str = "",
-                 limit: Optional[int] = None, limit_where: str = "") -> dict[str, Any]:
+def build_report(counts: dict[str, Any], preset: Preset, tps: float | None, tps_source: str = "",
+                 limit: int | None = None, limit_where: str = "") -> dict[str, Any]:
     """The counts with the timing (tokens per epoch at `tps`, stretched by the padding the batches carry), the
     longest record a GPU trains (`limit`, on `limit_where`) and the advice about the data."""
     r = dict(counts)
@@ -158,10 +160,10 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
     return out
 
 
-def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str = ".",
-            gpu: Optional[str] = None, bandwidth_gbps: Optional[float] = None, efficiency: Optional[float] = None,
-            tokens_per_second_override: Optional[float] = None, timeout: float = DEFAULT_TIMEOUT_S,
-            local_python: Optional[str] = None, bins: int = 16) -> dict[str, Any]:
+def preview(preset: Preset, transport: Transport, facts: ClusterFacts | None = None, *, base_dir: str = ".",
+            gpu: str | None = None, bandwidth_gbps: float | None = None, efficiency: float | None = None,
+            tokens_per_second_override: float | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+            local_python: str | None = None, bins: int = 16, nic_gbps: float | None = None) -> dict[str, Any]:
     """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
     limit, limit_where = trainable_limit(preset, facts, gpu=gpu, base_dir=base_dir)
     counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins,
@@ -170,13 +172,13 @@ def preview(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] 
         tps, source = tokens_per_second_override, "as given"
     else:
         tps, source = tokens_per_second(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency,
-                                        base_dir=base_dir)
+                                        base_dir=base_dir, nic_gbps=nic_gbps)
     return build_report(counts, preset, tps, source, limit, limit_where)
 
 
 # ------------------------------------------------------------------ text (CLI and the wizard's panel)
 
-def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: Optional[int] = None) -> list[str]:
+def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: int | None = None) -> list[str]:
     """One bar per bin, scaled to the fullest; bins past `max_length` (cut by the worker) are marked."""
     edges, counts = hist["edges"], hist["counts"]
     top = max(counts) or 1
@@ -192,7 +194,7 @@ def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: Optional[
     return out
 
 
-def _duration(s: Optional[float]) -> str:
+def _duration(s: float | None) -> str:
     if s is None:
         return "?"
     s = int(round(s))

@@ -7,12 +7,19 @@ that fits), else a shorter model_max_length (the longest that fits; longer recor
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from ..base.levels import Level
+from ..plan.longcontext import (
+    fitting_sizes,
+    heads_problem,
+    is_long,
+    longest_record,
+    row_memory,
+    sequence_parallel_problem,
+)
 from .core import Advice, Context, Fix, _gb, rule
-from ..plan.longcontext import (fitting_sizes, heads_problem, is_long, longest_record, row_memory,
-                          sequence_parallel_problem)
 
 
 def _sp(c: Context) -> int:
@@ -42,7 +49,7 @@ def sequence_parallel_packing(c: Context) -> Iterable[Advice]:
                                                                        if a != "--no_packing"]}))
 
 
-def _long_fix(c: Context, limit: int) -> Optional[Fix]:
+def _long_fix(c: Context, limit: int) -> Fix | None:
     """Sequence parallelism that fits (smallest size), else the longest model_max_length that fits."""
     assert c.spec is not None and c.gpu_memory_gib is not None
     world, t = c.preset.world_size, c.t

@@ -11,11 +11,11 @@ MOE_ROUTING        no capacity limit: routing imbalance costs speed, not tokens;
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..base.levels import Level
-from .core import Advice, Context, Fix, rule
 from ..plan.estimate import GIB
+from .core import Advice, Context, Fix, rule
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")

@@ -6,28 +6,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
-from .rules import CKPT_OFF_HEADROOM, advise, make_context
+from ..cluster.facts import ClusterFacts
 from ..plan.estimate import RunShape, effective_efficiency, estimate_memory, max_micro_batch, nodes_worth_it, scaling
 from ..plan.estimate_comm import MEASURE_HINT
-from ..cluster.facts import ClusterFacts
 from ..plan.longcontext import is_long, longest_record, row_memory
 from ..preset.schema import Preset
-
+from .rules import CKPT_OFF_HEADROOM, advise, make_context
 
 NODES_WORTH_LIMIT = 64  # "how many nodes are worth it" is searched up to this many
 
 
-def _r(x: Optional[float], n: int = 3) -> Optional[float]:
+def _r(x: float | None, n: int = 3) -> float | None:
     return None if x is None else round(x, n)
 
 
-def build_report(preset, facts: Optional[ClusterFacts], *, gpu: Optional[str] = None,
-                 gpu_memory_gib: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
-                 efficiency: Optional[float] = None, max_nodes: Optional[int] = None,
-                 base_dir: Optional[str] = None, nic_gbps: Optional[float] = None, nics: Optional[int] = None,
-                 intra_node_gbs: Optional[float] = None) -> dict[str, Any]:
+def build_report(preset, facts: ClusterFacts | None, *, gpu: str | None = None,
+                 gpu_memory_gib: float | None = None, bandwidth_gbps: float | None = None,
+                 efficiency: float | None = None, max_nodes: int | None = None,
+                 base_dir: str | None = None, nic_gbps: float | None = None, nics: int | None = None,
+                 intra_node_gbs: float | None = None) -> dict[str, Any]:
     """The estimate as plain data (what --json prints). bandwidth_gbps: per-node bus bandwidth between nodes;
     nic_gbps x nics: the NICs NCCL uses; intra_node_gbs: bus bandwidth inside a node, GB/s (topology facts)."""
     c = make_context(preset, facts, gpu=gpu, gpu_memory_gib=gpu_memory_gib, bandwidth_gbps=bandwidth_gbps,
@@ -120,18 +119,18 @@ class Summary:
 
     effective_batch: int = 0
     batch_formula: str = ""
-    memory_gib: Optional[float] = None
-    smallest_gpu_gib: Optional[float] = None
+    memory_gib: float | None = None
+    smallest_gpu_gib: float | None = None
     memory_note: str = ""
-    step_seconds: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    scaling: Optional[float] = None
+    step_seconds: float | None = None
+    tokens_per_s: float | None = None
+    scaling: float | None = None
     cpu: bool = False  # CPU processes (device cpu, or a probe found no GPUs): no GPU figures apply
     link_measured: bool = True
-    bandwidth_gbps: Optional[float] = None  # between nodes (per-node bus bandwidth)
+    bandwidth_gbps: float | None = None  # between nodes (per-node bus bandwidth)
     bandwidth_source: str = ""  # where it came from: given, rehearsal, nics, ib-ports, iperf3, unknown
     bandwidth_lower_bound: bool = False
-    nodes_worth_it: Optional[int] = None
+    nodes_worth_it: int | None = None
     model: str = ""  # parameters (a mixture of experts: total, active and experts)
     notes: list[str] = field(default_factory=list)
 
@@ -155,8 +154,8 @@ def model_line(m: dict) -> str:
     return line
 
 
-def summary(preset: Preset, facts: ClusterFacts, base_dir: Optional[str] = None,
-            gpu: Optional[str] = None, intra_node_gbs: Optional[float] = None) -> Summary:
+def summary(preset: Preset, facts: ClusterFacts, base_dir: str | None = None,
+            gpu: str | None = None, intra_node_gbs: float | None = None) -> Summary:
     """build_report's figures for this cluster size (the same numbers `qwen-tui estimate --json` prints).
     gpu: the GPU type to assume where no probe says (the CLI's --gpu); intra_node_gbs: NCCL bus bandwidth inside
     a node, GB/s, where the nodes' topology says (default: the GPU type's)."""

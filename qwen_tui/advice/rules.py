@@ -2,28 +2,44 @@
 
 `advise(preset, facts)` runs every rule in RULES and returns a list of Advice,
 errors first. Each rule is a small function that yields zero or more Advice; each
-Advice has a stable `code` (documented in docs/advice.md), a level, a one-line
-message with the numbers that triggered it, and where one preset change can fix
-it, a `Fix`. Nothing here changes a preset: `apply_fix` returns a new, validated
+Advice has a stable `code` (listed in advice/codes.py, which the manual renders), a
+level, a one-line message with the numbers that triggered it, and where one preset
+change can fix it, a `Fix`. Nothing here changes a preset: `apply_fix` returns a new, validated
 one, and only when the user accepts it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
-from .core import (  # noqa: F401 - the names users of the advice import from here
-    CKPT_OFF_HEADROOM, DDP_FASTER, LORA_BATCH_MAX, LORA_BATCH_MIN, LOW_BANDWIDTH_GBPS, MEMORY_TIGHT,
-    NCCL_TIMEOUT_MAX_S, QLORA_QUANT_METHODS, RDZV_TIMEOUT_MAX_S, RULES, ZERO3_SLOWER, Advice, Context, Fix,
-    Rule, _gb, apply_fix, make_context, rule,
-)
 from ..base.levels import Level, loudest_first
-from ..plan.estimate import estimate_step, max_micro_batch, nodes_worth_it
 from ..cluster.facts import ClusterFacts
+from ..plan.estimate import estimate_step, max_micro_batch, nodes_worth_it
 from ..plan.longcontext import is_long
 from ..preset.schema import Preset
-
+from .core import (  # noqa: F401 - the names users of the advice import from here
+    CKPT_OFF_HEADROOM,
+    DDP_FASTER,
+    LORA_BATCH_MAX,
+    LORA_BATCH_MIN,
+    LOW_BANDWIDTH_GBPS,
+    MEMORY_TIGHT,
+    NCCL_TIMEOUT_MAX_S,
+    QLORA_QUANT_METHODS,
+    RDZV_TIMEOUT_MAX_S,
+    RULES,
+    ZERO3_SLOWER,
+    Advice,
+    Context,
+    Fix,
+    Rule,
+    _gb,
+    apply_fix,
+    make_context,
+    rule,
+)
 
 # ---------------------------------------------------------------- model and method
 
@@ -122,7 +138,7 @@ def _memory_rules_apply(c: Context) -> bool:
     return c.spec is not None and not c.cpu and c.gpu_memory_gib is not None and not is_long(c.t)
 
 
-def _oom_fix(c: Context) -> Optional[Fix]:
+def _oom_fix(c: Context) -> Fix | None:
     """The first single change (in order of least disruption) whose estimate fits."""
     gib, w, t = c.gpu_memory_gib, c.preset.world_size, c.t
     assert c.spec is not None and gib is not None
@@ -239,7 +255,7 @@ def zero3_slow_link(c: Context) -> Iterable[Advice]:
     msg = (f"ZeRO-3 across {c.nodes} nodes at {c.bandwidth_gbps:.3g} Gbit/s ({c.bandwidth.source}), {gpu}: "
            f"~{_secs(z3.step_time_s)}/step ({_secs(z3.exposed_comm_s)} waiting on the network); ZeRO-2 would take "
            f"~{_secs(z2.step_time_s)}/step")
-    fix: Optional[Fix] = Fix("Use ZeRO-2", {"training.zero_stage": 2})
+    fix: Fix | None = Fix("Use ZeRO-2", {"training.zero_stage": 2})
     if c.gpu_memory_gib is not None:
         m2 = c.memory(zero_stage=2)
         if m2.fits(c.gpu_memory_gib):
@@ -335,14 +351,17 @@ def timeouts(c: Context) -> Iterable[Advice]:
                      "aborted, the job hangs instead of failing", Fix("Remove it", {"network.env": env}))
 
 
-from . import cluster  # noqa: E402,F401 - registers the rules about the nodes' facts, after these
+# the other modules' rules register after these, in this order
+# isort: off
+from . import cluster  # noqa: E402,F401 - registers the rules about the nodes' facts
 from . import moe  # noqa: E402,F401 - registers the mixture-of-experts rules
 from . import longcontext  # noqa: E402,F401 - and those about long records and sequence parallelism
 
+# isort: on
 
 # ---------------------------------------------------------------- entry point
 
-def advise(preset: Preset, facts: Optional[ClusterFacts] = None, **kwargs: Any) -> list[Advice]:
+def advise(preset: Preset, facts: ClusterFacts | None = None, **kwargs: Any) -> list[Advice]:
     """Every rule's advice, errors first. kwargs go to make_context (spec, gpu, gpu_memory_gib, bandwidth_gbps,
     efficiency, base_dir)."""
     c = make_context(preset, facts, **kwargs)

@@ -5,7 +5,7 @@ the form labels it. Plain text, no Textual: the wizard's forms and any other fac
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 # (pattern on pydantic's message, plain words; groups of the pattern fill {0}, {1}...)
 _RULES: list[tuple[str, str]] = [
@@ -41,7 +41,7 @@ def plain_message(message: str) -> str:
     return msg
 
 
-def field_name(path: str, labels: Optional[dict[str, str]] = None) -> str:
+def field_name(path: str, labels: dict[str, str] | None = None) -> str:
     """What the person knows the field as: the form's label, else `node 2 port` for a node's field,
     else the dotted path."""
     labels = labels or {}
@@ -53,7 +53,7 @@ def field_name(path: str, labels: Optional[dict[str, str]] = None) -> str:
     return labels.get(path.rsplit(".", 1)[-1], path) if "." not in path else path
 
 
-def plain(path: str, message: str, value: Any = None, labels: Optional[dict[str, str]] = None) -> str:
+def plain(path: str, message: str, value: Any = None, labels: dict[str, str] | None = None) -> str:
     """`label: plain message, got 'value'`: what a form shows under a refused value."""
     words = plain_message(message)
     got = f", got {value!r}" if value not in (None, "") and "got " not in words else ""

@@ -4,9 +4,10 @@ comparison ranks them. Str-valued, so JSON, the check's --json and the notices r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Iterable, Optional
+
+from .strenum import StrEnum
 
 
 class Level(StrEnum):
@@ -29,7 +30,7 @@ _RANK = {Level.INFO: 0, Level.WARNING: 1, Level.ERROR: 2}
 _MARK = {Level.INFO: "i", Level.WARNING: "!", Level.ERROR: "✘"}
 
 
-def worst(levels: Iterable[Level | str]) -> Optional[Level]:
+def worst(levels: Iterable[Level | str]) -> Level | None:
     """The loudest of the levels; None for none."""
     found = [Level(lv) for lv in levels]
     return max(found, key=lambda lv: lv.rank) if found else None
@@ -42,8 +43,9 @@ def loudest_first(issue: "Issue") -> int:
 
 @dataclass(frozen=True)
 class Issue:
-    """Something to tell the user: how loud (level), a stable code (documented in docs/advice.md for the advice) and
-    a one-line message with the figures behind it. A level given as its word ("error") is taken as the Level."""
+    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/codes.py, which
+    the manual lists) and a one-line message with the figures behind it. A level given as its word ("error") is taken
+    as the Level."""
 
     level: Level
     code: str
@@ -51,3 +53,22 @@ class Issue:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", Level(self.level))
+
+
+@dataclass(frozen=True)
+class CodeDoc:
+    """What an Issue's code means, for the reader of the reference (docs/gen_reference.py renders every one):
+    how loud it is, when it is raised and what fixes it. The message of each Issue carries its own figures; this
+    says what holds for every Issue of the code."""
+
+    levels: str  # "error", or "warning / error" where the figures decide
+    when: str
+    fix: str = ""  # what to do; empty where nothing needs doing (a note)
+
+    def __post_init__(self) -> None:
+        for word in self.levels.split(" / "):
+            Level(word)  # a level that is not one fails at import, in every test
+
+    @property
+    def level_list(self) -> tuple[Level, ...]:
+        return tuple(Level(w) for w in self.levels.split(" / "))

@@ -12,14 +12,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 LOG_FILE = "qwen-tui.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_level: Optional[int] = None
+_level: int | None = None
 
 
-def configure(verbosity: int, *, stderr: bool = True) -> Optional[int]:
+def configure(verbosity: int, *, stderr: bool = True) -> int | None:
     """Turns logging on for verbosity >= 1; returns the level (None when off)."""
     global _level
     if verbosity <= 0:
@@ -36,7 +35,7 @@ def configure(verbosity: int, *, stderr: bool = True) -> Optional[int]:
     return _level
 
 
-def log_to_run_dir(run_dir: Path) -> Optional[Path]:
+def log_to_run_dir(run_dir: Path) -> Path | None:
     """Adds RUN_DIR/qwen-tui.log to the logging handlers when logging is on."""
     if _level is None:
         return None

@@ -5,7 +5,7 @@ anything."""
 from __future__ import annotations
 
 import shlex
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def quote_argv(argv: Sequence[str]) -> str:

@@ -14,7 +14,6 @@ from typing import Any
 
 from ..run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
 
-
 # as `attach` takes it (run.runs.resolve_run)
 RUN_HELP = "a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' for the newest run, or a run directory"
 RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
@@ -22,7 +21,11 @@ RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_S
 
 def add_parser(subparsers: Any) -> None:
     m = subparsers.add_parser("merge", help="merge a finished run's LoRA adapter into its base: OUTPUT_DIR/merged, "
-                              "checked by reloading")
+                              "checked by reloading",
+                              description="Merge a finished LoRA run's adapter into its base model, on the run's "
+                              "master node with the run's own Python, into OUTPUT_DIR/merged. The merged model is "
+                              "kept only if, reloaded, its loss on the eval data (else the data) equals the "
+                              "adapter's on its base.")
     m.add_argument("run_dir", metavar="RUN", help=RUN_HELP)
     m.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                    help="dtype of the merged weights (default: the base model's own)")
@@ -33,7 +36,10 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     m.set_defaults(func=run_merge)
 
-    c = subparsers.add_parser("chat", help="talk to a finished run's model (merged, or the adapter on its base)")
+    c = subparsers.add_parser("chat", help="talk to a finished run's model (merged, or the adapter on its base)",
+                              description="Talk to a finished run's model through its chat template, on the run's "
+                              "master node: OUTPUT_DIR/merged where it exists, else the adapter on its base. With "
+                              "--prompt, one reply; without, a conversation on the terminal, one message a line.")
     c.add_argument("run_dir", metavar="RUN", help=RUN_HELP)
     c.add_argument("--prompt", default=None, help="one user message: print the reply and exit (without it: a chat "
                    "on the terminal, one message a line; an empty line or end of input ends it)")
@@ -51,7 +57,6 @@ def add_parser(subparsers: Any) -> None:
 def _with_master(args: argparse.Namespace, work) -> int:
     from ..nodes.connect import transport_for
     from ..nodes.transport import TransportError
-
     from ..run.rundir import default_runs_root
     from ..run.runs import RunNotFound, resolve_run
 

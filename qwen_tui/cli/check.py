@@ -10,8 +10,8 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -23,9 +23,43 @@ from qwen_tui.run import styles
 COLOURS = {**styles.LEVEL, **styles.VERDICT}  # a finding's level or a matrix cell's verdict -> its colour
 
 
+# The matrix fits 100 columns: a mark a cell, the legend under it; the checks keep their names in --json.
+MARKS = {"ok": "✔", "warning": "!", "error": "✘", "not checked": "?", "-": "-"}
+LEGEND = ("✔ ok   ! warning   ✘ error   ? not checked (--json says why)   - does not apply;   nccl: NCCL's ports, "
+          "link: bandwidth")
+HEADERS = {"nccl-ports": "nccl", "bandwidth": "link"}  # the matrix's shorter words for two checks
+
+
+def matrix(rep, title: str) -> Table:
+    """The node x check matrix: a row a node, a column a check, a coloured mark a cell. The checks' columns keep
+    their whole names; a long node label gives way first."""
+    from qwen_tui.nodes.checks import COLUMNS
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    # the container column only for a preset that runs the nodes' jobs in one (where it was looked at)
+    columns = [c for c in COLUMNS if c != "container" or any(rep.verdict(i, c) != "-" for i in range(len(rep.labels)))]
+    # 100 columns less the checks' (each its name and a space): what a node's label may take before it is cut
+    room = 100 - sum(len(HEADERS.get(c, c)) + 1 for c in columns)
+    t.add_column("node", no_wrap=True, overflow="ellipsis", min_width=6, max_width=room)
+    for c in columns:
+        h = HEADERS.get(c, c)
+        t.add_column(h, justify="center", no_wrap=True, min_width=len(h))
+    for i, lab in enumerate(rep.labels):
+        # Text, not markup: user values (labels) are never read as markup
+        cells = [Text(MARKS.get(v, v), style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in columns)]
+        t.add_row(Text(f"{i} {printable(lab)}"), *cells)
+    return t
+
+
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help="check every node: SSH, Python stack, GPUs, data, ports, firewall, "
-                                     "bandwidth, rehearsal")
+                                     "bandwidth, rehearsal",
+                       description="Check every node of a preset before launch: SSH, the Python stack against the "
+                       "master's, GPUs and their topology, the code, data and model, disk and limits, the master "
+                       "and NCCL ports, the firewall, iperf3 bandwidth, and a few-second torchrun rehearsal with "
+                       "the run's own backend, interfaces and ports. Prints a node x check matrix and each finding "
+                       "with its fix; exits 1 on any error. It changes nothing on the nodes, except with --sync, "
+                       "which copies what a node lacks from the master first.")
     c.add_argument("preset", help="a preset YAML file")
     c.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust and record host keys seen for the first time")
@@ -38,7 +72,11 @@ def add_parser(sub) -> None:
                    help="how long each iperf3 measurement between the master and a node runs (default 2)")
     c.set_defaults(func=run)
     k = sub.add_parser("keys", help="set up passwordless SSH to every node and between all nodes "
-                                    "(asks the password once)")
+                                    "(asks the password once)",
+                       description="Set up passwordless SSH: an ed25519 key (made if there is none) installed on "
+                       "every node with the nodes' password, asked once and kept in memory only, then the "
+                       "all-pairs matrix of which node reaches which without a password, as torchrun's agents "
+                       "need. A new host key is refused unless accepted; a changed one always is.")
     k.add_argument("preset", help="a preset YAML file")
     k.add_argument("--accept-new-host-keys", action="store_true",
                    help="trust and record host keys seen for the first time (without it, a new key asks "
@@ -83,7 +121,7 @@ class NodeLines:
             t.add_row(line)
         return t
 
-    def __call__(self, check: str, node: Optional[int], text: str) -> None:
+    def __call__(self, check: str, node: int | None, text: str) -> None:
         """A check begins (node None) or one node's outcome of it."""
         if node is None:
             self.now = f"{check}: {text}"
@@ -122,7 +160,6 @@ def _checks(preset, transports, show: NodeLines, *, connect_errors, bandwidth_se
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen_tui.nodes.checks import COLUMNS
     from qwen_tui.preset.schema import load_preset
     from qwen_tui.run.api import Connections
 
@@ -183,16 +220,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0 if rep.ok else 1
-    t = Table(title=f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)")
-    t.add_column("node")
-    columns = [c for c in COLUMNS if c != "container" or preset.container is not None]
-    for c in columns:
-        t.add_column(c)
-    for i, lab in enumerate(rep.labels):
-        # Text, not markup: a verdict without a colour ("not checked") once made "[]not checked[/]" and a crash
-        cells = [Text(v, style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in columns)]
-        t.add_row(Text(f"{i} {printable(lab)}"), *cells)
-    console.print(t)
+    console.print(matrix(rep, f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)"))
+    console.print(LEGEND, style=styles.QUIET, highlight=False)
     said: set = set()
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):
         who = rep.labels[f.node] if f.node is not None and f.node < len(rep.labels) else "cluster"

@@ -18,17 +18,27 @@ from ..plan.estimate import GPUS
 from ..preset.schema import load_preset
 from .estimate import gpu_name
 from .facts_file import read_facts_file
+from .options import DeprecatedAlias
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("data", help="preview a preset's data: records, token lengths, supervised share, "
-                              "time per epoch (tokenized on the master, as the worker does)")
+                              "time per epoch (tokenized on the master, as the worker does)",
+                              description="Preview a preset's data as the worker will see it: tokenized on the "
+                              "master node with the model's own tokenizer and chat template, by the worker's own "
+                              "encoder. Prints the records (usable, dropped, cut), tokens and the supervised share, "
+                              "token lengths, steps and tokens per epoch, the padding, the time per epoch at the "
+                              "estimated speed, and advice with its fix when records are cut or padding is high.")
     p.add_argument("preset", help="a preset YAML file")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in qwen_tui/advice/datapreview.py)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from a check, for the speed estimate")
-    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
-                   help="GPU model for the speed estimate when there are no facts (any case: h100 is H100)")
-    p.add_argument("--bandwidth-gbps", type=float, help="link speed between nodes, Gbit/s, for the speed estimate")
+    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="NAME",
+                   help="GPU model for the speed estimate when there are no facts, one of " + ", ".join(sorted(GPUS))
+                   + " (any case: h100 is H100)")
+    p.add_argument("--link-gbps", type=float, metavar="GBPS", dest="link_gbps",
+                   help="the line rate of the link between nodes (one NIC), Gbit/s, for the speed estimate (taken "
+                   "at 0.9, as estimate --nic-gbps is)")
+    p.add_argument("--bandwidth-gbps", type=float, dest="link_gbps", action=DeprecatedAlias, new="--link-gbps")
     p.add_argument("--tokens-per-second", type=float, default=None,
                    help="the run's real speed (all GPUs together), when you know it better than the estimate")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -58,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         report = preview(preset, transport, facts, base_dir=os.getcwd(), gpu=args.gpu,
-                         bandwidth_gbps=args.bandwidth_gbps, tokens_per_second_override=args.tokens_per_second,
+                         nic_gbps=args.link_gbps, tokens_per_second_override=args.tokens_per_second,
                          timeout=args.timeout)
     except DataPreviewError as e:
         print(f"qwen-tui: {e}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`qwen-tui estimate PRESET [--json]`: memory per GPU, step time, scaling and the advice.
 
-The JSON keys are documented in docs/advice.md and stay stable: gpu_memory_gb,
+The JSON keys are documented in docs/guides/estimates.md and stay stable: gpu_memory_gb,
 step_time_s, tokens_per_second, scaling_efficiency, advice, plus the details.
 Nothing here writes the preset: a fix is shown, never applied.
 """
@@ -18,21 +18,30 @@ from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..preset.schema import load_preset
 from ..run import styles
 from .facts_file import read_facts_file
+from .options import DeprecatedAlias
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU needed)")
+    p = subparsers.add_parser("estimate", help="memory per GPU, step time, scaling and advice for a preset (no GPU "
+                              "needed)",
+                              description="Estimate a preset's memory per GPU (weights, gradients, optimizer, "
+                              "activations, logits, overhead), step time, tokens/s and scaling over 1..N nodes, and "
+                              "give the advice with its fixes, from the model's config alone: no GPU is needed. "
+                              "The bandwidth between nodes comes from --bus-gbps, else a check's rehearsal "
+                              "(--facts), else the NICs, else iperf3, and the output says which.")
     p.add_argument("preset", help="a preset YAML file")
-    p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/advice.md)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys in the manual: docs/guides/estimates.md)")
     p.add_argument("--facts", metavar="FACTS.json", help="cluster facts from `qwen-tui check --out FILE` (its rehearsal's all-reduce bandwidth, GPUs, "
                    "InfiniBand ports, iperf3 links)")
-    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="{" + ",".join(sorted(GPUS)) + "}",
-                   help="GPU model when there are no probe facts (any case: h100 is H100)")
+    p.add_argument("--gpu", choices=sorted(GPUS), type=gpu_name, metavar="NAME",
+                   help="GPU model when there are no probe facts, one of " + ", ".join(sorted(GPUS))
+                   + " (any case: h100 is H100)")
     p.add_argument("--gpu-memory-gib", type=float, help="memory of the smallest GPU, GiB (overrides --gpu and facts)")
-    p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS",
+    p.add_argument("--bus-gbps", type=float, metavar="GBPS", dest="bus_gbps",
                    help="per-node bus bandwidth between nodes, Gbit/s: what NCCL's all-reduce reaches across the "
                    "nodes (nccl-tests' busbw in GB/s, x 8), about the sum of the NICs NCCL uses on a node, not one "
                    "link's speed (overrides the facts)")
+    p.add_argument("--bandwidth-gbps", type=float, dest="bus_gbps", action=DeprecatedAlias, new="--bus-gbps")
     p.add_argument("--nic-gbps", type=float, metavar="GBPS",
                    help=f"line rate of one NIC NCCL uses between nodes (e.g. 400 for NDR), with --nics; the estimate "
                    f"takes {NIC_EFFICIENCY} of rate x count as the bus bandwidth (used when no rehearsal measured it)")
@@ -42,8 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="NCCL bus bandwidth inside a node, GB/s (default: the GPU type's, e.g. H100 NVLink 360; "
                    "PCIe-only nodes ~25)")
     p.add_argument("--efficiency", type=float, default=None,
-                   help=f"model FLOPs utilisation assumed for compute time (default: the worker's as measured on an "
-                   f"H200: {FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
+                   help=f"model FLOPs utilisation assumed for compute time (default: the worker's by its path: "
+                   f"{FAST_PATH_EFFICIENCY} without DeepSpeed, {ZERO_EFFICIENCY[(2, True)]} under ZeRO-2, "
                    f"{ZERO_EFFICIENCY[(3, True)]} under ZeRO-3 for full fine-tuning and {ZERO_EFFICIENCY[(3, False)]} "
                    "with a frozen base; Q-LoRA runs at 0.8x)")
     p.add_argument("--max-nodes", type=int, default=None, help="scaling table up to this many nodes (default max(4, nodes))")
@@ -167,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"qwen-tui: {e}", file=sys.stderr)
             return 2
-    for name in ("bandwidth_gbps", "nic_gbps", "nics", "intra_node_gbs"):
+    for name in ("bus_gbps", "nic_gbps", "nics", "intra_node_gbs"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             print(f"qwen-tui: --{name.replace('_', '-')} must be positive, got {v:g}", file=sys.stderr)
@@ -176,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         print("qwen-tui: --nics needs --nic-gbps (the rate of one NIC)", file=sys.stderr)
         return 2
     report = build_report(preset, facts, gpu=args.gpu, gpu_memory_gib=args.gpu_memory_gib,
-                          bandwidth_gbps=args.bandwidth_gbps, efficiency=args.efficiency, max_nodes=args.max_nodes,
+                          bandwidth_gbps=args.bus_gbps, efficiency=args.efficiency, max_nodes=args.max_nodes,
                           nic_gbps=args.nic_gbps, nics=args.nics, intra_node_gbs=args.intra_node_gbs)
     if args.json:
         json.dump(report, sys.stdout, indent=2)

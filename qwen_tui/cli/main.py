@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .. import __version__
 from ..base.logsetup import configure as configure_logging
@@ -16,6 +15,7 @@ from ..preset.schema import Preset, PresetError, load_preset
 from ..preset.shipped import shipped_preset
 from ..run.rundir import RunDirError
 from . import after, check, data, estimate
+from .options import HelpFormatter, examples
 
 DEMO_PRESET = shipped_preset("local-demo.yaml")
 RUNS_DIR_HELP = "where run directories live (default $QWEN_TUI_RUNS, else $XDG_STATE_HOME/qwen-tui/runs)"
@@ -54,7 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return prepare_and_launch(str(DEMO_PRESET), dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=False, force=False, skip_checks=False,
                               max_seconds=args.max_seconds, verbose=args.verbose > 0,
-                              overwrite_output=args.overwrite_output)
+                              overwrite_output=args.overwrite_output, replace_own_output=True)
 
 
 def _runs_root(args: argparse.Namespace) -> Path:
@@ -64,8 +64,8 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from ..run.runs import RunNotFound, resolve_run
     from ..run.live import attach
+    from ..run.runs import RunNotFound, resolve_run
 
     try:
         path = resolve_run(args.run, _runs_root(args))
@@ -121,10 +121,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
                      min_width=len(max((row[col] for row in rows), key=len)) if col == "run" else None)
     for row in rows:
         t.add_row(*(row[c] for c in shown))
-    Console(width=max(width, need(["run"]))).print(t)
+    console = Console(width=max(width, need(["run"])))
+    console.print(t)
     hidden = [c for c in cols if c not in shown]
-    if hidden:
-        print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)")
+    if hidden:  # wrapped to the terminal like the table
+        console.print(f"({', '.join(hidden)} left out to fit {width} columns: qwen-tui runs --json has every field)",
+                      markup=False, highlight=False)
     return 0
 
 
@@ -134,9 +136,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
+    if args.image and args.format not in ("kubeflow", "skypilot"):
+        _err(f"--image: the {args.format} format runs no container image (kubeflow and skypilot do)")
+        return 2
+    if args.accelerator and args.format != "skypilot":
+        _err(f"--accelerator: only the skypilot format asks for a GPU type, not {args.format}")
+        return 2
     run_id = new_run_id(preset.name or Path(args.preset).stem)
     plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
-    files = render(plan, args.format)
+    try:
+        files = render(plan, args.format, image=args.image, accelerator=args.accelerator)
+    except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
+        _err(f"{args.preset}: {e}")
+        return 2
     out = Path(args.output) if args.output else None
     if out is None:
         if len(files) == 1:
@@ -182,7 +194,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tui(preset: Optional[str]) -> int:
+def cmd_tui(preset: str | None) -> int:
     try:
         from ..ui.app import run_app
     except ImportError as e:
@@ -193,28 +205,42 @@ def cmd_tui(preset: Optional[str]) -> int:
 
 # ------------------------------------------------------------------ parser
 
-# What `qwen-tui COMMAND --help` ends with: one line a user can copy.
-EXAMPLES = {
-    "replay": "qwen-tui replay presets/local-demo.yaml   (--dry-run prints each node's command first)",
-    "demo": "qwen-tui demo   (the tiny model on two local 'nodes', a few minutes on a laptop's CPU)",
-    "attach": "qwen-tui attach last   (or a run id from `qwen-tui runs`, or runs/<id>; --stop stops it)",
-    "runs": "qwen-tui runs --json",
-    "export": "qwen-tui export presets/qwen2.5-7b-lora-2node-zero2.yaml --format slurm -o train.sbatch",
-    "show": "qwen-tui show presets/local-demo.yaml",
-    "check": "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --bandwidth-seconds 5 --out facts.json",
-    "keys": "qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml --accept-new-host-keys",
-    "estimate": "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100 --nic-gbps 400 --nics 8",
-    "data": "qwen-tui data presets/local-demo.yaml",
-    "merge": "qwen-tui merge runs/<id>",
-    "chat": "qwen-tui chat runs/<id> --prompt 'What is the capital of Chile?'",
-    "completion": 'eval "$(qwen-tui completion bash)"',
+# What `qwen-tui COMMAND --help` ends with: commands a user can copy, each within 78 columns (tests/unit/
+# test_cli_help.py parses each one and checks that the presets they name are shipped). Every sub-command has its
+# lines here.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "replay": ("qwen-tui replay presets/local-demo.yaml",
+               "qwen-tui replay presets/qwen2.5-14b-full-4node-zero3.yaml --dry-run"),
+    "demo": ("qwen-tui demo", "qwen-tui demo --dry-run"),
+    "attach": ("qwen-tui attach last", "qwen-tui attach last --stop"),
+    "runs": ("qwen-tui runs", "qwen-tui runs --json"),
+    "export": ("qwen-tui export presets/qwen2.5-7b-lora-2node-zero2.yaml --format slurm",
+               "qwen-tui export presets/local-demo.yaml --format sh -o scripts/"),
+    "show": ("qwen-tui show presets/local-demo.yaml",
+             "qwen-tui show presets/qwen3-30b-a3b-lora-2node-zero3.yaml"),
+    "check": ("qwen-tui check presets/local-demo.yaml",
+              "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --out facts.json",
+              "qwen-tui check presets/qwen2.5-7b-lora-2node-zero2.yaml --sync"),
+    "keys": ("qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml",
+             "qwen-tui keys presets/qwen2.5-7b-lora-2node-zero2.yaml --accept-new-host-keys"),
+    "estimate": ("qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --gpu H100",
+                 "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --bus-gbps 400",
+                 "qwen-tui estimate presets/qwen2.5-7b-lora-2node-zero2.yaml --facts facts.json"),
+    "data": ("qwen-tui data presets/local-demo.yaml",
+             "qwen-tui data presets/local-demo.yaml --json"),
+    "merge": ("qwen-tui merge last", "qwen-tui merge runs/RUN_ID --force"),
+    "chat": ("qwen-tui chat last --prompt 'What is the capital of Chile?'", "qwen-tui chat last"),
+    "completion": ('eval "$(qwen-tui completion bash)"', "qwen-tui completion zsh > ~/.zfunc/_qwen-tui"),
 }
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="qwen-tui",
+        prog="qwen-tui", formatter_class=HelpFormatter,
         description="Set up, check, launch and watch multi-node fine-tuning of Qwen models. "
                     "With no command (or with a preset path) it opens the wizard.",
+        epilog=examples("qwen-tui demo", "qwen-tui presets/local-demo.yaml",
+                        "qwen-tui check presets/local-demo.yaml", "qwen-tui COMMAND --help"),
     )
     p.add_argument("--version", action="version", version=f"qwen-tui {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
@@ -242,7 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(as training.exclude_failed: true)")
     r.set_defaults(func=cmd_replay)
 
-    d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)")
+    d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)",
+                       description="Train the tiny model on two local 'nodes' (the shipped local-demo preset: two "
+                       "torchrun agents on this machine, LoRA on CPU), with the checks, the plan and the live view "
+                       "of replay. Run again where it ran, it replaces its own earlier output (output/local-demo); "
+                       "the output of any other run is never replaced without --overwrite-output.")
     launch_opts(d)
     d.set_defaults(func=cmd_demo)
 
@@ -259,19 +289,37 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     a.set_defaults(func=cmd_attach)
 
-    ls = sub.add_parser("runs", help="list the runs: id, preset, state, nodes, start time, last loss")
+    ls = sub.add_parser("runs", help="list the runs: id, preset, state, nodes, start time, last loss",
+                        description="List the runs of the runs directory, oldest first: id, preset, state, nodes, "
+                        "start time, last step and loss. Columns that do not fit the terminal are left out (said "
+                        "under the table); the id never is. Each id works with attach, merge and chat.")
     ls.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
     ls.set_defaults(func=cmd_runs)
 
-    e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts that run the same plan")
+    e = sub.add_parser("export", help="write SLURM, PBS or per-node shell scripts, a Kubeflow TrainJob or a SkyPilot "
+                       "task that run the same plan",
+                       description="Write what runs the same plan as replay would on another engine: an sbatch "
+                       "script (slurm), a qsub script (pbs), one shell script per node (sh), a Kubeflow Trainer v2 "
+                       "TrainJob (kubeflow) or a SkyPilot task (skypilot). Secrets are read from the environment (or "
+                       "the engine's secrets) when it runs, never written into it; the scripts do not relaunch "
+                       "after a failure.")
     e.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
-    e.add_argument("--format", choices=("slurm", "pbs", "sh"), default="sh",
-                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node (default: sh)")
-    e.add_argument("-o", "--output", help="file (slurm, pbs) or directory (sh); default stdout for one file")
+    e.add_argument("--format", choices=("slurm", "pbs", "sh", "kubeflow", "skypilot"), default="sh",
+                   help="slurm: an sbatch script; pbs: a qsub script; sh: one script per node; kubeflow: a Kubeflow "
+                        "Trainer v2 TrainJob (kubectl apply -f); skypilot: a SkyPilot task (sky launch) (default: sh)")
+    e.add_argument("-o", "--output", help="file (slurm, pbs, kubeflow, skypilot) or directory (sh); default stdout "
+                   "for one file")
+    e.add_argument("--image", help="kubeflow, skypilot: the container image the nodes run (it must hold qwen-tui's "
+                   "worker); default: the engine's own")
+    e.add_argument("--accelerator", help="skypilot: the GPU type to ask for (e.g. H100); default: any of H100, H200, "
+                   "A100-80GB")
     e.set_defaults(func=cmd_export)
 
-    s = sub.add_parser("show", help="print a preset with every default filled in")
+    s = sub.add_parser("show", help="print a preset with every default filled in",
+                       description="Print a preset as YAML with every field, the defaults it leaves out filled in, "
+                       "after validating it (an error names the file, line and field). It writes nothing; the "
+                       "output reads back as the same preset.")
     s.add_argument("preset", help="a preset YAML file").complete = PRESET_FILES
     s.set_defaults(func=cmd_show)
 
@@ -279,15 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(sub)
 
     c = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
-                       description="bash: eval \"$(qwen-tui completion bash)\" in ~/.bashrc;\nzsh: "
-                       "qwen-tui completion zsh > ~/.zfunc/_qwen-tui (a directory on $fpath), then compinit")
+                       description="Print the shell completion script for bash or zsh: commands, options and preset "
+                       "files complete with Tab. bash: put the first example in ~/.bashrc. zsh: write the script "
+                       "as _qwen-tui in a directory on $fpath (the second example), then run compinit.")
     c.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
     c.set_defaults(func=cmd_completion)
 
     for name, sp in sub.choices.items():  # -v also after the command: `qwen-tui replay x.yaml -v`
-        if name in EXAMPLES and not sp.epilog:  # kept as written: a wrapped example cannot be copied
-            sp.formatter_class = argparse.RawDescriptionHelpFormatter
-            sp.epilog = "example:\n  " + EXAMPLES[name]
+        sp.formatter_class = HelpFormatter  # wrapped to the terminal, the examples kept as written
+        if name in EXAMPLES and not sp.epilog:
+            sp.epilog = examples(*EXAMPLES[name])
         if name != "completion":
             sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
         for action in sp._actions:  # every preset argument completes .yaml files
@@ -305,7 +354,7 @@ def _leading_verbosity(argv: list[str]) -> tuple[int, list[str]]:
     return n, argv
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     verbosity, rest = _leading_verbosity(list(argv))
     if not rest or (len(rest) == 1 and not rest[0].startswith("-") and rest[0].endswith((".yaml", ".yml"))):

@@ -8,7 +8,7 @@ also the node rank), so two local "nodes" on one host stay distinct.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -26,7 +26,7 @@ class FileFact:
     path: str
     exists: bool
     size_bytes: int = 0
-    sha256: Optional[str] = None  # of the file, or of the sorted (name, size, sha256) list of a directory
+    sha256: str | None = None  # of the file, or of the sorted (name, size, sha256) list of a directory
 
 
 @dataclass
@@ -37,10 +37,10 @@ class IBPort:
     port: int
     state: str  # ACTIVE, DOWN, INIT, ...
     link_layer: str  # InfiniBand | Ethernet (RoCE)
-    rate: Optional[str] = None  # "400 Gb/sec (4X NDR)"
-    gid_index: Optional[int] = None  # RoCE: the GID NCCL should use (NCCL_IB_GID_INDEX)
-    gid_type: Optional[str] = None  # "RoCE v2"
-    netdev: Optional[str] = None  # the Ethernet/IPoIB interface on top of it
+    rate: str | None = None  # "400 Gb/sec (4X NDR)"
+    gid_index: int | None = None  # RoCE: the GID NCCL should use (NCCL_IB_GID_INDEX)
+    gid_type: str | None = None  # "RoCE v2"
+    netdev: str | None = None  # the Ethernet/IPoIB interface on top of it
 
 
 @dataclass
@@ -50,8 +50,8 @@ class GPULink:
     a: int
     b: int
     link: str  # X, NV<n> (n bonded NVLinks), PIX, PXB, PHB, NODE, SYS
-    p2p_read: Optional[str] = None  # topo -p2p r: OK, CNS, GNS, TNS, NS, DR, U; None = not reported
-    p2p_write: Optional[str] = None  # topo -p2p w
+    p2p_read: str | None = None  # topo -p2p r: OK, CNS, GNS, TNS, NS, DR, U; None = not reported
+    p2p_write: str | None = None  # topo -p2p w
 
     @property
     def nvlinks(self) -> int:
@@ -59,7 +59,7 @@ class GPULink:
         return int(self.link[2:]) if self.link.startswith("NV") and self.link[2:].isdigit() else 0
 
     @property
-    def p2p_ok(self) -> Optional[bool]:
+    def p2p_ok(self) -> bool | None:
         """Whether the driver allows peer-to-peer both ways it reported; None when it reported nothing."""
         got = [s for s in (self.p2p_read, self.p2p_write) if s is not None]
         return None if not got else all(s == "OK" for s in got)
@@ -71,14 +71,14 @@ class GPUTopology:
 
     gpus: int
     links: list[GPULink] = field(default_factory=list)  # one per pair, a < b
-    cpu_affinity: list[Optional[str]] = field(default_factory=list)  # per GPU: "0-55,112-167"
-    numa_affinity: list[Optional[str]] = field(default_factory=list)  # per GPU: "0"; None = not reported
+    cpu_affinity: list[str | None] = field(default_factory=list)  # per GPU: "0-55,112-167"
+    numa_affinity: list[str | None] = field(default_factory=list)  # per GPU: "0"; None = not reported
 
-    def link(self, a: int, b: int) -> Optional[GPULink]:
+    def link(self, a: int, b: int) -> GPULink | None:
         lo, hi = min(a, b), max(a, b)
         return next((lk for lk in self.links if (lk.a, lk.b) == (lo, hi)), None)
 
-    def among(self, n: Optional[int]) -> list[GPULink]:
+    def among(self, n: int | None) -> list[GPULink]:
         """The pairs between the first `n` GPUs (all when None): the ones a run of n ranks uses."""
         k = self.gpus if n is None else min(n, self.gpus)
         return [lk for lk in self.links if lk.b < k]
@@ -88,42 +88,42 @@ class GPUTopology:
 class NodeFacts:
     """What one node's probe found. None means "not probed / unknown", not "absent"."""
 
-    hostname: Optional[str] = None
+    hostname: str | None = None
     addresses: dict[str, list[str]] = field(default_factory=dict)  # interface -> IPv4 addresses
-    route_interface: Optional[str] = None  # interface that routes to the master address
-    gpus: Optional[list[GPU]] = None  # [] = CPU-only node
-    driver_version: Optional[str] = None
-    cuda_version: Optional[str] = None
+    route_interface: str | None = None  # interface that routes to the master address
+    gpus: list[GPU] | None = None  # [] = CPU-only node
+    driver_version: str | None = None
+    cuda_version: str | None = None
     ib_devices: list[str] = field(default_factory=list)
     ib_ports: list[IBPort] = field(default_factory=list)  # [] also when not probed for them (older facts)
-    cpu_count: Optional[int] = None
-    memory_total_mib: Optional[int] = None
-    python_version: Optional[str] = None
-    versions: dict[str, Optional[str]] = field(default_factory=dict)  # torch, transformers, peft, deepspeed, ... (None = missing)
-    training_importable: Optional[bool] = None
-    disk_free_bytes: Optional[int] = None  # in the output dir's filesystem
-    shm_bytes: Optional[int] = None  # size of /dev/shm (NCCL's shared memory, DataLoader workers)
-    memlock_bytes: Optional[int] = None  # ulimit -l (soft), -1 = unlimited
-    open_files: Optional[int] = None  # ulimit -n (soft), -1 = unlimited
-    data: Optional[FileFact] = None
-    model: Optional[FileFact] = None
+    cpu_count: int | None = None
+    memory_total_mib: int | None = None
+    python_version: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)  # torch, transformers, peft, deepspeed, ... (None = missing)
+    training_importable: bool | None = None
+    disk_free_bytes: int | None = None  # in the output dir's filesystem
+    shm_bytes: int | None = None  # size of /dev/shm (NCCL's shared memory, DataLoader workers)
+    memlock_bytes: int | None = None  # ulimit -l (soft), -1 = unlimited
+    open_files: int | None = None  # ulimit -n (soft), -1 = unlimited
+    data: FileFact | None = None
+    model: FileFact | None = None
     missing_tools: list[str] = field(default_factory=list)  # e.g. ["iperf3", "nvidia-smi"]
-    topology: Optional[GPUTopology] = None  # nvidia-smi topo -m; None: no nvidia-smi, or not read
-    topology_error: Optional[str] = None  # why the matrix could not be read, when nvidia-smi was there
-    error: Optional[str] = None  # the probe itself failed (unreachable, auth, timeout)
+    topology: GPUTopology | None = None  # nvidia-smi topo -m; None: no nvidia-smi, or not read
+    topology_error: str | None = None  # why the matrix could not be read, when nvidia-smi was there
+    error: str | None = None  # the probe itself failed (unreachable, auth, timeout)
 
     @property
-    def gpu_count(self) -> Optional[int]:
+    def gpu_count(self) -> int | None:
         return None if self.gpus is None else len(self.gpus)
 
     @property
-    def gpu_model(self) -> Optional[str]:
+    def gpu_model(self) -> str | None:
         if not self.gpus:
             return None
         return self.gpus[0].name
 
     @property
-    def gpu_memory_gib(self) -> Optional[float]:
+    def gpu_memory_gib(self) -> float | None:
         if not self.gpus:
             return None
         return min(g.memory_total_mib for g in self.gpus) / 1024
@@ -133,26 +133,26 @@ class NodeFacts:
 class LinkFacts:
     """Network checks between the master (node 0) and one worker node."""
 
-    port_reachable: Optional[bool] = None  # master_port on the master, from this node
-    port_error: Optional[str] = None
-    bandwidth_gbps: Optional[float] = None  # iperf3, this node -> master
-    bandwidth_error: Optional[str] = None
+    port_reachable: bool | None = None  # master_port on the master, from this node
+    port_error: str | None = None
+    bandwidth_gbps: float | None = None  # iperf3, this node -> master
+    bandwidth_error: str | None = None
     firewall: list[str] = field(default_factory=list)  # rules seen that may block the job's ports
-    firewall_unread: Optional[str] = None  # why the rules could not be read (None: read, or not looked at)
+    firewall_unread: str | None = None  # why the rules could not be read (None: read, or not looked at)
 
 
 @dataclass
 class ClusterFacts:
     nodes: dict[int, NodeFacts] = field(default_factory=dict)
     links: dict[int, LinkFacts] = field(default_factory=dict)  # worker index -> link to master
-    master_port_free: Optional[bool] = None
-    shared_storage: Optional[bool] = None  # measured: output_dir is one filesystem on all nodes
-    rehearsal_ok: Optional[bool] = None
-    rehearsal_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth (nccl-tests' busbw), Gbit/s
-    rehearsal_size_mb: Optional[float] = None  # the message it was measured at
-    rehearsal_nodes: Optional[int] = None  # nodes it spanned (1: a bandwidth inside one node, not between nodes)
+    master_port_free: bool | None = None
+    shared_storage: bool | None = None  # measured: output_dir is one filesystem on all nodes
+    rehearsal_ok: bool | None = None
+    rehearsal_bandwidth_gbps: float | None = None  # all-reduce bus bandwidth (nccl-tests' busbw), Gbit/s
+    rehearsal_size_mb: float | None = None  # the message it was measured at
+    rehearsal_nodes: int | None = None  # nodes it spanned (1: a bandwidth inside one node, not between nodes)
 
-    def min_bandwidth_gbps(self) -> Optional[float]:
+    def min_bandwidth_gbps(self) -> float | None:
         vals = [lk.bandwidth_gbps for lk in self.links.values() if lk.bandwidth_gbps is not None]
         return min(vals) if vals else None
 

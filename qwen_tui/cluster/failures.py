@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,19 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
 # Causes that are consequences of another node's failure rather than a cause of their own.
 CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"})
 
+
+
+def signatures() -> list[tuple[str, str, str, str]]:
+    """Every known signature, most specific first: (code, pattern, cause, fix). The manual's troubleshooting page
+    is generated from them (docs/gen_reference.py)."""
+    return list(_SIGNATURES)
+
+
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
              for c, p, cause, fix in _SIGNATURES]
 
 
-def diagnose(log_text: str, python: str = "python3") -> Optional[Diagnosis]:
+def diagnose(log_text: str, python: str = "python3") -> Diagnosis | None:
     """The first signature (in priority order) found anywhere in the log text."""
     lines = log_text.splitlines()
     for code, rx, cause, fix in _COMPILED:
@@ -103,7 +110,7 @@ def without_agent_report(lines: list[str]) -> list[str]:
         del out[start:end + 1]
 
 
-def worker_error(lines: list[str]) -> Optional[str]:
+def worker_error(lines: list[str]) -> str | None:
     """The worker's own one-line error (bad input: it prints `error: ...` and exits 2), if the log holds one."""
     for ln in reversed(lines):
         if ln.startswith("error: "):
@@ -126,7 +133,7 @@ def describe_exception(err: BaseException, *, depth: int = 5) -> str:
 
     out: list[str] = []
     seen: set[int] = set()
-    e: Optional[BaseException] = err
+    e: BaseException | None = err
     while e is not None and id(e) not in seen and len(seen) < depth:
         seen.add(id(e))
         where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []

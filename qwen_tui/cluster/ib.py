@@ -20,15 +20,13 @@ Pure functions, no I/O.
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from qwen_tui.cluster.facts import IBPort
-
 
 _STATE = re.compile(r"^\s*(?:\d+:\s*)?(?:PORT_)?([A-Za-z_]+)")
 
 
-def _state(text: Optional[str]) -> str:
+def _state(text: str | None) -> str:
     """"4: ACTIVE" (sysfs) or "PORT_ACTIVE (4)" (ibv_devinfo) -> "ACTIVE"."""
     m = _STATE.match(text or "")
     return m.group(1).upper() if m else "UNKNOWN"
@@ -38,7 +36,7 @@ def parse_ibv_devinfo(text: str) -> list[dict]:
     """`ibv_devinfo -v` as read_sysfs's dicts (no rate, no netdevs)."""
     out: list[dict] = []
     hca = None
-    cur: Optional[dict] = None
+    cur: dict | None = None
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("hca_id:"):
@@ -63,7 +61,7 @@ def _ipv4_mapped(gid: str) -> bool:
     return g.startswith("::ffff:") or g.startswith("0000:0000:0000:0000:0000:ffff:")
 
 
-def choose_gid(gids: list[dict]) -> Optional[dict]:
+def choose_gid(gids: list[dict]) -> dict | None:
     """The GID NCCL should use on a RoCE port (see the module docstring), or None when there is none."""
     def v2(g):
         return "v2" in (g.get("type") or "").lower()
@@ -127,7 +125,7 @@ def _family(name: str) -> str:
     return "IB" if name.startswith("IB") else name
 
 
-def nccl_transport(log: str) -> Optional[str]:
+def nccl_transport(log: str) -> str | None:
     """The network NCCL used between nodes, from one node's NCCL_DEBUG=INFO output: "IB", "Socket", another
     plugin's name, or None when the log says nothing (no NCCL, or a single node)."""
     via = {_family(m.group(1)) for m in _VIA.finditer(log)}

@@ -9,12 +9,10 @@ heads/size of the attention heads, so the size must divide the world, the query 
 
 from __future__ import annotations
 
-from typing import Optional
-
-from .spec import ModelSpec, TINY, _from_shape, known_spec
+from .spec import TINY, ModelSpec, _from_shape, known_spec
 
 
-def heads_problem(size: int, heads: int, kv_heads: int) -> Optional[str]:
+def heads_problem(size: int, heads: int, kv_heads: int) -> str | None:
     """Why Ulysses cannot split these heads over `size` ranks, or None (training.sequence_parallel.shape_unfit)."""
     if size <= 1:
         return None
@@ -30,14 +28,14 @@ def fitting_sizes(world: int, heads: int, kv_heads: int) -> list[int]:
     return [s for s in range(2, world + 1) if world % s == 0 and heads_problem(s, heads, kv_heads) is None]
 
 
-def spec_without_reading(model: str) -> Optional[ModelSpec]:
+def spec_without_reading(model: str) -> ModelSpec | None:
     """The model's spec where it is known without reading a file (builtin:tiny, a known Qwen hub id)."""
     if model == "builtin:tiny":
         return _from_shape(model, TINY)
     return known_spec(model) if not model.startswith(("/", ".", "~")) else None
 
 
-def sequence_parallel_problem(size: int, world: int, model: str, spec: Optional[ModelSpec] = None) -> Optional[str]:
+def sequence_parallel_problem(size: int, world: int, model: str, spec: ModelSpec | None = None) -> str | None:
     """Why `size` cannot run on `world` GPUs with `model`, or None. The heads are checked where the model's shape
     is known (spec, or spec_without_reading); a local checkpoint is checked by the advice and by the worker."""
     if size <= 1:

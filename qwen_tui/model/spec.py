@@ -29,7 +29,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 LORA_TARGETS_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -52,9 +52,9 @@ class ModelSpec:
     qkv_bias: bool = True  # Qwen2/2.5: True; Qwen3: attention_bias (False)
     qk_norm: bool = False  # Qwen3
     o_bias: bool = False  # Qwen3 with attention_bias puts a bias on o_proj too
-    quant_method: Optional[str] = None  # quantization_config.quant_method ("gptq", "awq", "fp8", ...)
-    quant_bits: Optional[int] = None
-    max_position: Optional[int] = None
+    quant_method: str | None = None  # quantization_config.quant_method ("gptq", "awq", "fp8", ...)
+    quant_bits: int | None = None
+    max_position: int | None = None
     architecture: str = "qwen2"
     # mixture of experts (0 = dense)
     experts: int = 0
@@ -198,7 +198,7 @@ class ModelSpec:
             return self.intermediate
         return self.experts_per_token * self.moe_intermediate + self.shared_intermediate
 
-    def lora_params(self, r: int, targets: Optional[list[str]] = None, active: bool = False) -> int:
+    def lora_params(self, r: int, targets: list[str] | None = None, active: bool = False) -> int:
         """Trainable LoRA parameters: r * (in + out) for each targeted projection of every layer. On a mixture of
         experts, gate/up/down_proj adapt every expert (and the shared expert); active=True counts the adapters
         one token runs (its k experts), for FLOPs."""
@@ -360,7 +360,7 @@ TINY_MOE = {
 }
 
 
-def _from_shape(name: str, s: _Shape, quant: Optional[tuple[str, Optional[int]]] = None) -> ModelSpec:
+def _from_shape(name: str, s: _Shape, quant: tuple[str, int | None] | None = None) -> ModelSpec:
     return ModelSpec(
         name=name, layers=s.layers, hidden=s.hidden, intermediate=s.intermediate, heads=s.heads,
         kv_heads=s.kv_heads, vocab=s.vocab, tied_embeddings=s.tied, head_dim=s.head_dim,
@@ -369,7 +369,7 @@ def _from_shape(name: str, s: _Shape, quant: Optional[tuple[str, Optional[int]]]
     )
 
 
-def known_spec(hub_id: str) -> Optional[ModelSpec]:
+def known_spec(hub_id: str) -> ModelSpec | None:
     """Spec of a known Qwen release by hub id (`Qwen/Qwen2.5-7B-Instruct`, any case), or None."""
     short = hub_id.rsplit("/", 1)[-1].lower()
     m = _SUFFIX.match(short)
@@ -394,7 +394,7 @@ def known_hub_ids() -> list[str]:
     return [hub(b) for b in KNOWN] + moe
 
 
-def resolve_model(name: str, base_dir: Optional[str] = None) -> ModelSpec:
+def resolve_model(name: str, base_dir: str | None = None) -> ModelSpec:
     """The spec of `name`: builtin:tiny (or a tiny MoE), a local directory with config.json, or a known hub id.
 
     Raises UnknownModel otherwise. Reads at most one small file; imports nothing heavy.

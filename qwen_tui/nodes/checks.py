@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
-from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
 from qwen_tui.base.levels import worst
-from qwen_tui.nodes.containers import HOST_TOOLS, image_findings, precheck as container_precheck
+from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.nodes.containers import HOST_TOOLS, image_findings
+from qwen_tui.nodes.containers import precheck as container_precheck
 from qwen_tui.nodes.containers import start_failure as container_start_failure
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding, connect_fix
 from qwen_tui.nodes.ibcheck import ib_findings
@@ -72,7 +74,7 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def cell(self, node: int, column: str) -> tuple[Optional[str], list[Finding]]:
+    def cell(self, node: int, column: str) -> tuple[str | None, list[Finding]]:
         """(verdict, findings) for one matrix cell: ok / info / warning / error / None (not checked)."""
         fs = [f for f in self.findings if f.node == node and f.check == column]
         lv = worst(f.level for f in fs)
@@ -103,8 +105,8 @@ class CheckReport:
     not_checked: dict = field(default_factory=dict)  # (node, column) -> why the check could not run
 
 
-def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = None,
-                local_python: Optional[str] = None) -> list[Finding]:
+def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = None,
+                local_python: str | None = None) -> list[Finding]:
     """Compare nodes with each other and with the preset (pure). Only `probed` nodes (all
     nodes with facts, when not given) are judged: an unreachable node has no stack to judge."""
     out: list[Finding] = []
@@ -197,12 +199,13 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
             lab = nodes[i].label
             if not x.exists:
                 on_master = r is not None and r.exists and i != ref_i
-                out.append(Finding(ERROR, f"{kind.upper()}_MISSING", f"{lab}: {kind} {x.path} is missing",
+                out.append(Finding(ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
+                                   f"{lab}: {kind} {x.path} is missing",
                                    "copy it from the master: qwen-tui check --sync" if on_master else
                                    f"the master lacks it too: put it at {x.path} on node {ref_i}, or correct "
                                    f"training.{kind} in the preset", i, kind))
             elif r is not None and r.exists and i != ref_i and x.sha256 != r.sha256:
-                out.append(Finding(ERROR, f"{kind.upper()}_DIFFERS",
+                out.append(Finding(ERROR, "DATA_DIFFERS" if kind == "data" else "MODEL_DIFFERS",
                                    f"{lab}: {kind} {x.path} differs from the master's "
                                    f"({x.size_bytes} vs {r.size_bytes} bytes, sha256 {x.sha256[:12]} vs {r.sha256[:12]})",
                                    "qwen-tui check --sync --overwrite replaces it with the master's copy", i, kind))
@@ -211,8 +214,8 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: Optional[set] = 
 
 def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Finding]:
     """Per node: where the checkpoints and the final model will live, and whether the node has room for them."""
-    from ..plan import outputs
     from ..model.spec import UnknownModel, resolve_model
+    from ..plan import outputs
 
     try:
         spec = resolve_model(preset.training.model)
@@ -237,13 +240,13 @@ def output_findings(preset: Preset, facts: ClusterFacts, probed: set) -> list[Fi
     return out
 
 
-Progress = Callable[[str, Optional[int], str], None]  # (check, node or None for all, what happened)
+Progress = Callable[[str, int | None, str], None]  # (check, node or None for all, what happened)
 
 
-def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: Optional[dict] = None,
+def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_errors: dict | None = None,
                network: bool = True, bandwidth_seconds: float = 2.0,
-               warn_below_gbps: float = 10.0, local_python: Optional[str] = None,
-               progress: Optional[Progress] = None) -> CheckReport:
+               warn_below_gbps: float = 10.0, local_python: str | None = None,
+               progress: Progress | None = None) -> CheckReport:
     """`local_python`: what local nodes without a python of their own run (as make_plan);
     qwen-tui's own interpreter by default, as `replay` and the wizard launch them.
     `progress` hears each check start (node None) and each node's outcome, as they come."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import getpass
 import os
-from typing import Optional
 
 from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.hostkeys import Consent
@@ -31,7 +30,7 @@ from qwen_tui.preset.schema import Node, Preset
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 
 
-def _ssh_config(preset: Preset) -> Optional[SSHConfigLookup]:
+def _ssh_config(preset: Preset) -> SSHConfigLookup | None:
     """The preset's ssh_config (default: the user's own), read as OpenSSH reads it."""
     return sshconfig.load(preset.cluster.ssh_config)
 
@@ -39,7 +38,7 @@ def _ssh_config(preset: Preset) -> Optional[SSHConfigLookup]:
 MAX_JUMPS = 8
 
 
-def resolve_target(node: Node, preset: Preset, config: Optional[SSHConfigLookup] = None) -> SSHTarget:
+def resolve_target(node: Node, preset: Preset, config: SSHConfigLookup | None = None) -> SSHTarget:
     cfg = dict(config.lookup(node.host)) if config is not None else {}
     user = node.user or cfg.get("user") or getpass.getuser()
     if "port" in node.model_fields_set:
@@ -61,8 +60,8 @@ def _port(value, label: str, host: str) -> int:
     return port
 
 
-def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: Optional[SSHConfigLookup],
-           seen: frozenset = frozenset(), depth: int = 0) -> Optional[SSHTarget]:
+def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: SSHConfigLookup | None,
+           seen: frozenset = frozenset(), depth: int = 0) -> SSHTarget | None:
     """The ProxyJump chain in front of `host` as nested SSHTargets (the hop next to it outermost), or None.
     As with `ssh -J a,b`: b is reached through a, and only the first hop's own ProxyJump is followed."""
     if (cfg.get("proxycommand") or "none").lower() != "none":
@@ -76,7 +75,7 @@ def _jumps(label: str, host: str, cfg: dict, preset: Preset, config: Optional[SS
         raise TransportError(f"{label}: ssh_config ProxyJump {spec!r} for {host} is not a chain of 1 to "
                              f"{MAX_JUMPS} [user@]host[:port] hops")
     seen = seen | {host}
-    prev: Optional[SSHTarget] = None
+    prev: SSHTarget | None = None
     for k, hop in enumerate(hops):
         user, _, rest = hop.rpartition("@")
         name, port_text = rest, None
@@ -121,7 +120,7 @@ def _target(label: str, host: str, cfg: dict, user: str, port: int, preset: Pres
 
 
 def transport_for(node: Node, preset: Preset, *, accept_new_host_keys: Consent = False,
-                  password: Optional[str] = None) -> Transport:
+                  password: str | None = None) -> Transport:
     """A connected Transport for one node (raises TransportError and its kinds)."""
     if node.is_local:
         return LocalTransport(node.label)
@@ -130,7 +129,7 @@ def transport_for(node: Node, preset: Preset, *, accept_new_host_keys: Consent =
 
 
 def connect_all(preset: Preset, *, accept_new_host_keys: Consent = False,
-                password: Optional[str] = None, timeout: Optional[float] = None) -> NodeResults:
+                password: str | None = None, timeout: float | None = None) -> NodeResults:
     """Connect to every node in parallel: node index -> Transport | exception."""
     nodes = preset.cluster.nodes
     return on_nodes(lambda i: transport_for(nodes[i], preset, accept_new_host_keys=accept_new_host_keys,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
 
 from qwen_tui import __version__
 from qwen_tui.cluster.facts import NodeFacts
@@ -50,7 +49,7 @@ def _is_path(image: str) -> bool:
     return image.startswith(("/", ".")) or image.endswith((".sif", ".sqsh", ".squashfs"))
 
 
-def image_argv(c: Container) -> Optional[list[str]]:
+def image_argv(c: Container) -> list[str] | None:
     """The command that exits 0 when the image is on the node, 1 when it is not; None when it cannot be told
     without pulling (an apptainer URI)."""
     if c.runtime == "podman":
@@ -180,7 +179,7 @@ def start_failure(preset: Preset, index: int, rc: int, err: str) -> Finding:
                    f"(exit {rc}): {said}", fix, index, COLUMN)
 
 
-def remove(t: Transport, prefix: list[str], *, timeout: float = 60.0) -> Optional[str]:
+def remove(t: Transport, prefix: list[str], *, timeout: float = 60.0) -> str | None:
     """Remove the container `prefix` (a NodeCommand's container) names on the node, once its job is stopped:
     None when none is left, else what the runtime said."""
     argv = removal_argv(prefix)

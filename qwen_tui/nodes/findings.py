@@ -4,7 +4,7 @@ both, with a fix in words and where it belongs in the node x check matrix (node 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..base.levels import Issue, Level
 
@@ -14,7 +14,7 @@ ERROR, WARNING, INFO = Level.ERROR, Level.WARNING, Level.INFO  # the short names
 @dataclass(frozen=True)
 class Finding(Issue):
     fix: str = ""
-    node: Optional[int] = None  # None: the cluster as a whole
+    node: int | None = None  # None: the cluster as a whole
     check: str = ""  # matrix column: ssh, probe, gpu, python, code, data, model, disk, port, nccl-ports, firewall, bandwidth, rehearsal
 
     def to_dict(self) -> dict[str, Any]:

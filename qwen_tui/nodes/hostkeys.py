@@ -16,15 +16,15 @@ import fcntl
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
 
 import paramiko
 
 from qwen_tui.nodes.transport import TransportError
 
 # Consent: a fixed answer, or a question asked with (node label, host name, key).
-Consent = Union[bool, Callable[[str, str, paramiko.PKey], bool]]
+Consent = bool | Callable[[str, str, paramiko.PKey], bool]
 
 _write_lock = threading.Lock()
 

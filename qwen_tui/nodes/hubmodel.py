@@ -19,7 +19,6 @@ import json
 import os
 import posixpath
 import re
-from typing import Optional
 
 from qwen_tui.nodes.programs import program
 
@@ -42,7 +41,7 @@ def synced_rel(repo_id: str) -> str:
 DOWNLOAD = program("hub_download.py")
 
 
-def hf_env(network_env: dict, own_env: Optional[dict] = None) -> tuple[dict, Optional[str]]:
+def hf_env(network_env: dict, own_env: dict | None = None) -> tuple[dict, str | None]:
     """(environment for the master's download, token): qwen-tui's own HF_* settings, the preset's winning."""
     own = os.environ if own_env is None else own_env
     env = {k: own[k] for k in HF_PASSED if own.get(k)}

@@ -5,8 +5,6 @@ in its INFO lines: that is a warning naming the node."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 from qwen_tui.cluster.ib import active_ports, describe
 from qwen_tui.nodes.findings import INFO, WARNING, Finding
@@ -29,8 +27,8 @@ def ib_findings(i: int, lab: str, f: NodeFacts, column: str = "bandwidth") -> li
     return [Finding(INFO, "IB_PORTS", f"{lab}: {describe(f.ib_ports)}", "", i, column)]
 
 
-def nccl_network_findings(labels: list[str], facts: Optional[ClusterFacts],
-                          transports: dict[int, Optional[str]]) -> list[Finding]:
+def nccl_network_findings(labels: list[str], facts: ClusterFacts | None,
+                          transports: dict[int, str | None]) -> list[Finding]:
     """Per node, what NCCL chose in the rehearsal; sockets on a node with HCAs is a warning."""
     out = []
     for i, net in sorted(transports.items()):

@@ -26,8 +26,9 @@ import re
 import shlex
 import signal
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Protocol, Sequence
+from typing import Protocol
 
 from .programs import program
 
@@ -50,7 +51,7 @@ class JobRef:
     """A job as recorded at launch: its leader's pid (= pgid), start time, run id."""
 
     pid: int
-    start: Optional[int]  # the leader's start time (clock ticks after boot, /proc/PID/stat field 22)
+    start: int | None  # the leader's start time (clock ticks after boot, /proc/PID/stat field 22)
     run_id: str
 
 
@@ -61,10 +62,10 @@ class Proc:
     start: int
     state: str
     marks: dict[str, str] = field(default_factory=dict)
-    ppid: Optional[int] = None  # the parent's pid, where it was read
+    ppid: int | None = None  # the parent's pid, where it was read
 
 
-def parse_stat(text: str) -> Optional[tuple[str, int, int]]:
+def parse_stat(text: str) -> tuple[str, int, int] | None:
     """(state, pgrp, start time) from the text of /proc/PID/stat, or None."""
     # comm may hold spaces and parentheses: the fields start after the last ')'
     rest = text[text.rfind(")") + 1:].split()
@@ -74,7 +75,7 @@ def parse_stat(text: str) -> Optional[tuple[str, int, int]]:
         return None
 
 
-def parse_ppid(text: str) -> Optional[int]:
+def parse_ppid(text: str) -> int | None:
     """The parent's pid from the text of /proc/PID/stat, or None."""
     rest = text[text.rfind(")") + 1:].split()
     try:
@@ -179,7 +180,7 @@ def workers(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
 
 
 def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
-             on_phase: Optional[Callable[[str], None]] = None) -> bool:
+             on_phase: Callable[[str], None] | None = None) -> bool:
     """Stop the job; True when nothing of it is left. Touches only processes that prove they are
     the job's. `on_phase(text)` hears each phase, for a face that shows the stop's progress.
 
@@ -234,7 +235,7 @@ def _read(path: str, mode: str = "r"):
         return None  # gone, or not ours to read
 
 
-def local_proc(pid: int) -> Optional[Proc]:
+def local_proc(pid: int) -> Proc | None:
     stat = _read(f"/proc/{pid}/stat")
     parsed = parse_stat(stat) if stat else None
     if parsed is None:

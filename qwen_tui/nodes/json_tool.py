@@ -4,7 +4,7 @@ preview, merge and chat all run this way, on the master, through its transport."
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from .transport import Transport, quote_argv
 
@@ -12,8 +12,8 @@ from .transport import Transport, quote_argv
 TOOL_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-def run_json_tool(transport: Transport, argv: list[str], *, cwd: Optional[str], timeout: float, what: str,
-                  error: type[Exception], input: Optional[bytes] = None) -> dict[str, Any]:
+def run_json_tool(transport: Transport, argv: list[str], *, cwd: str | None, timeout: float, what: str,
+                  error: type[Exception], input: bytes | None = None) -> dict[str, Any]:
     """Runs argv on the node and returns its last stdout line as JSON. A failure raises `error` with one line: the
     tool's own "error: ..." line (else its last stderr line), or that it did not answer within `timeout`."""
     r = transport.run(argv, timeout=timeout, cwd=cwd, env=TOOL_ENV, input=input)

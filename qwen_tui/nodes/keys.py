@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -66,7 +65,7 @@ def key_is_encrypted(path: str) -> bool:
 
 
 def ensure_keypair(path: str = "~/.ssh/id_ed25519", comment: str = "qwen-tui",
-                   passphrase: Optional[str] = None) -> KeyPair:
+                   passphrase: str | None = None) -> KeyPair:
     """Load or create an ed25519 key pair (private 0600, public next to it). A key with a
     passphrase is read with `passphrase`, or, without one, known by its .pub file."""
     priv = Path(os.path.expanduser(path))
@@ -121,7 +120,7 @@ class KeySetupReport:
     key: KeyPair
     installed: NodeResults  # node -> number of lines added to authorized_keys (0 = already there)
     mesh: NodeResults = field(default_factory=NodeResults)  # node -> lines added for node-to-node SSH
-    matrix: dict[tuple[int, int], Optional[str]] = field(default_factory=dict)  # (from, to) -> None ok | error
+    matrix: dict[tuple[int, int], str | None] = field(default_factory=dict)  # (from, to) -> None ok | error
 
     @property
     def changed(self) -> bool:
@@ -139,7 +138,7 @@ class KeySetupReport:
         return out
 
 
-def identity_for(preset: Preset, identity: Optional[str] = None) -> str:
+def identity_for(preset: Preset, identity: str | None = None) -> str:
     """The key ssh would use: explicit, else the preset's/ssh_config's IdentityFile, else the default."""
     config = _ssh_config(preset)
     targets = [resolve_target(n, preset, config) for n in preset.cluster.nodes if not n.is_local]
@@ -147,9 +146,9 @@ def identity_for(preset: Preset, identity: Optional[str] = None) -> str:
     return identity or preset.cluster.identity_file or configured or "~/.ssh/id_ed25519"
 
 
-def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[str] = None,
+def setup_keys(preset: Preset, password: str | None, *, identity: str | None = None,
                accept_new_host_keys: Consent = False, timeout: float = 60.0,
-               passphrase: Optional[str] = None) -> KeySetupReport:
+               passphrase: str | None = None) -> KeySetupReport:
     """The whole key step for every remote node; per-node results, never the first error.
     A key with a passphrase is used with `passphrase` (memory only) or, without one,
     through ssh-agent. Raises KeyLocked when the key cannot be used at all."""
@@ -222,13 +221,13 @@ def _node_pubkey(t: Transport, label: str) -> str:
 
 
 def pair_matrix(preset: Preset, transports: dict[int, Transport], targets: dict, *,
-                timeout: float = 60.0) -> dict[tuple[int, int], Optional[str]]:
+                timeout: float = 60.0) -> dict[tuple[int, int], str | None]:
     """(from, to) -> None when node `from` logs into node `to` with no password and no prompt."""
     idx = sorted(transports)
     ct = max(1, int(preset.cluster.connect_timeout))
 
-    def from_node(a: int) -> dict[int, Optional[str]]:
-        res: dict[int, Optional[str]] = {}
+    def from_node(a: int) -> dict[int, str | None]:
+        res: dict[int, str | None] = {}
         for b in idx:
             if b == a:
                 continue
@@ -241,7 +240,7 @@ def pair_matrix(preset: Preset, transports: dict[int, Transport], targets: dict,
         return res
 
     rows = on_nodes(from_node, idx, timeout=timeout)
-    out: dict[tuple[int, int], Optional[str]] = {}
+    out: dict[tuple[int, int], str | None] = {}
     for a in idx:
         row = rows[a]
         for b in idx:

@@ -18,7 +18,6 @@ import json
 import random
 import threading
 import time
-from typing import Optional
 
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts
 from qwen_tui.nodes.findings import ERROR, INFO, WARNING, Finding
@@ -40,7 +39,7 @@ CONNECT = program("port_connect.py")
 PROBE_S = 2.0
 
 
-def node_address(preset: Preset, facts: ClusterFacts, i: int) -> Optional[str]:
+def node_address(preset: Preset, facts: ClusterFacts, i: int) -> str | None:
     """The address other nodes use for node i: master_addr for the master, else the
     address on the interface that routes to the master."""
     if i == 0:
@@ -51,7 +50,7 @@ def node_address(preset: Preset, facts: ClusterFacts, i: int) -> Optional[str]:
     return None
 
 
-def sample_ports(rng_range: Optional[tuple[int, int]], k: int, avoid: set[int], rng: random.Random) -> list[int]:
+def sample_ports(rng_range: tuple[int, int] | None, k: int, avoid: set[int], rng: random.Random) -> list[int]:
     lo, hi = rng_range or (32768, 60999)  # Linux default ephemeral range
     out: list[int] = []
     while len(out) < k:
@@ -62,8 +61,8 @@ def sample_ports(rng_range: Optional[tuple[int, int]], k: int, avoid: set[int], 
 
 
 def check_ports(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *,
-                window: Optional[float] = None, sample: int = 2, seed: Optional[int] = None,
-                ephemeral: Optional[dict[int, tuple[int, int]]] = None) -> list[Finding]:
+                window: float | None = None, sample: int = 2, seed: int | None = None,
+                ephemeral: dict[int, tuple[int, int]] | None = None) -> list[Finding]:
     """Fill facts.master_port_free and facts.links[i].port_*; return findings."""
     nodes = preset.cluster.nodes
     port = preset.network.master_port
@@ -245,7 +244,7 @@ def _run_tool(t: Transport, tool: str, args: list[str]):
     return None
 
 
-def read_firewall(t: Transport) -> tuple[list[str], list[str], Optional[str]]:
+def read_firewall(t: Transport) -> tuple[list[str], list[str], str | None]:
     """(rules that drop or reject, notes about what could not be read, why the firewall
     could not be read at all: None once iptables or nft answered)."""
     rules, notes, read = [], [], False

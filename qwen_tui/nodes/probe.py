@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Optional
 
 from qwen_tui.cluster.facts import GPU, FileFact, NodeFacts
 from qwen_tui.cluster.ib import parse_ibv_devinfo, ports_from_probe
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
 from qwen_tui.nodes.programs import program
-from qwen_tui.nodes.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.results import NodeResults, on_nodes
+from qwen_tui.nodes.topology import TopologyError, parse_p2p_matrix, parse_topo_matrix, with_p2p
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset.schema import Preset
 
@@ -33,7 +32,7 @@ TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 SNIPPET = program("probe.py")  # remote/ib_sysfs.py, digests.py and probe.py
 
 
-def local_path(spec: str) -> Optional[str]:
+def local_path(spec: str) -> str | None:
     """The path to check on a node, or None for builtin: specs and hub ids."""
     if spec.startswith("builtin:"):
         return None
@@ -47,7 +46,7 @@ def local_path(spec: str) -> Optional[str]:
 QUERY_FIELDS = ["index", "name", "uuid", "memory.total", "driver_version"]
 
 
-def gpu_rows(text: str, fields: Optional[list[str]] = None) -> list[dict[str, str]]:
+def gpu_rows(text: str, fields: list[str] | None = None) -> list[dict[str, str]]:
     """Rows of nvidia-smi --query-gpu CSV as dicts; a header row (with units) names the
     columns, else `fields` does (the order of the --query-gpu list)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -63,7 +62,7 @@ def gpu_rows(text: str, fields: Optional[list[str]] = None) -> list[dict[str, st
     return rows
 
 
-def parse_gpu_csv(text: str, fields: Optional[list[str]] = None) -> list[GPU]:
+def parse_gpu_csv(text: str, fields: list[str] | None = None) -> list[GPU]:
     gpus = []
     for vals in gpu_rows(text, fields):
         mem = re.match(r"(\d+)", vals.get("memory.total", ""))
@@ -72,12 +71,12 @@ def parse_gpu_csv(text: str, fields: Optional[list[str]] = None) -> list[GPU]:
     return gpus
 
 
-def parse_driver(text: str, fields: Optional[list[str]] = None) -> Optional[str]:
+def parse_driver(text: str, fields: list[str] | None = None) -> str | None:
     rows = gpu_rows(text, fields)
     return rows[0].get("driver_version") if rows else None
 
 
-def parse_cuda_from_version(text: str) -> Optional[str]:
+def parse_cuda_from_version(text: str) -> str | None:
     m = re.search(r"CUDA Version\s*:\s*([\d.]+)", text)
     return m.group(1) if m else None
 
@@ -141,7 +140,7 @@ def topology_from_json(f: NodeFacts, d: dict) -> None:
 
 
 def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180.0,
-               local_python: Optional[str] = None) -> tuple[NodeFacts, dict]:
+               local_python: str | None = None) -> tuple[NodeFacts, dict]:
     """Probe one node with the interpreter a run would use there (Node.python_for).
     Returns (facts, raw JSON). A missing python is a fact, not a crash."""
     node = preset.cluster.nodes[index]
@@ -180,7 +179,7 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
 
 
 def probe_all(preset: Preset, transports: dict[int, Transport], *, timeout: float = 180.0,
-              local_python: Optional[str] = None) -> NodeResults:
+              local_python: str | None = None) -> NodeResults:
     """node -> (NodeFacts, raw) in parallel."""
     labels = {i: n.label for i, n in enumerate(preset.cluster.nodes)}
     return on_nodes(lambda i: probe_node(transports[i], preset, i, timeout=timeout, local_python=local_python),

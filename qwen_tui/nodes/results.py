@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Callable, Generic, Iterable, Mapping, Optional, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -22,7 +23,7 @@ class NodeTimeout(TimeoutError):
 class NodeResults(dict, Generic[T]):
     """node index -> value | BaseException. `labels` names nodes in messages."""
 
-    def __init__(self, data: Optional[Mapping[int, object]] = None, labels: Optional[Mapping[int, str]] = None):
+    def __init__(self, data: Mapping[int, object] | None = None, labels: Mapping[int, str] | None = None):
         super().__init__(data or {})
         self.labels: dict[int, str] = dict(labels or {})
 
@@ -46,7 +47,7 @@ class NodeResults(dict, Generic[T]):
 
 
 def on_nodes(fn: Callable[[int], T], indices: Iterable[int], *, timeout: float,
-             labels: Optional[Mapping[int, str]] = None) -> NodeResults[T]:
+             labels: Mapping[int, str] | None = None) -> NodeResults[T]:
     """Call fn(i) for every node index in parallel; wait at most `timeout` seconds.
 
     A node still running at the bound gets a NodeTimeout (its thread is left to end

@@ -21,16 +21,16 @@ import signal as _signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import paramiko
 
+from qwen_tui.base.shell import quote_argv
 from qwen_tui.nodes.hostkeys import ChangedHostKey, Consent, ConsentPolicy, HostKeyError, fingerprint
 from qwen_tui.nodes.jobs import Proc, env_script, job_argv, parse_marks, parse_ppid, parse_stat
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.transport import CommandResult, TransportError, check_stream_quiet
-from qwen_tui.base.shell import quote_argv
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,12 @@ class SSHTarget:
     label: str
     hostname: str
     port: int = 22
-    user: Optional[str] = None
+    user: str | None = None
     identity_files: list[str] = field(default_factory=list)
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     look_for_keys: bool = True  # also try ~/.ssh/id_* and the agent when no IdentityFile is set
-    jump: Optional["SSHTarget"] = None  # ssh_config ProxyJump: reach this host through that one
+    jump: "SSHTarget" | None = None  # ssh_config ProxyJump: reach this host through that one
 
     @property
     def address(self) -> str:
@@ -83,20 +83,20 @@ def _close_quietly(thing) -> None:
 
 
 class SSHTransport:
-    def __init__(self, target: SSHTarget, *, password: Optional[str] = None,
-                 accept_new_host_keys: Consent = False, passphrase: Optional[str] = None):
+    def __init__(self, target: SSHTarget, *, password: str | None = None,
+                 accept_new_host_keys: Consent = False, passphrase: str | None = None):
         self.target = target
         self.label = target.label
         self._password = password  # memory only; needed again only to reconnect
         self._passphrase = passphrase  # the identity file's, memory only
         self._consent = accept_new_host_keys
-        self._client: Optional[paramiko.SSHClient] = None
-        self._sftp: Optional[paramiko.SFTPClient] = None
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()  # guards the client and the one SFTP session
         self._connect_lock = threading.Lock()
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
-        self._home: Optional[str] = None
-        self._jump: Optional[SSHTransport] = None  # the ProxyJump host's connection, when there is one
+        self._home: str | None = None
+        self._jump: SSHTransport | None = None  # the ProxyJump host's connection, when there is one
 
     # ------------------------------------------------------------ connection
     def connect(self) -> "SSHTransport":
@@ -239,8 +239,8 @@ class SSHTransport:
 
     # ------------------------------------------------------------ commands
     @staticmethod
-    def command_line(argv: Sequence[str], *, timeout: Optional[float] = None,
-                     env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> str:
+    def command_line(argv: Sequence[str], *, timeout: float | None = None,
+                     env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
         """The one string sshd hands to the login shell: every element quoted."""
         full: list[str] = []
         if timeout is not None:
@@ -321,7 +321,7 @@ class SSHTransport:
 
     # ------------------------------------------------------------ streams
     def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
-                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+                     idle_timeout: float | None = None, poll: float = 0.2) -> Iterator[str]:
         """Run one long-lived command and yield its output lines as they arrive, until
         `stop` is set, the command ends, or the consumer closes the iterator.
 
@@ -349,7 +349,7 @@ class SSHTransport:
                 buf = bytearray()
                 started = last = time.monotonic()
                 got_line = False
-                exited_at: Optional[float] = None
+                exited_at: float | None = None
                 while not stop.is_set():
                     select.select([chan], [], [], poll)
                     try:
@@ -426,7 +426,7 @@ class SSHTransport:
         except (ValueError, IndexError):
             raise TransportError(f"{self.label}: job start printed no pid: {r.stdout!r} {r.stderr!r}") from None
 
-    def proc_start(self, pid, *, timeout=15.0) -> Optional[int]:
+    def proc_start(self, pid, *, timeout=15.0) -> int | None:
         if pid <= 0:
             return None
         r = self.run(["cat", f"/proc/{int(pid)}/stat"], timeout=timeout)
@@ -509,7 +509,7 @@ class SSHTransport:
                 self._sftp = None
                 raise TransportError(f"{self.label}: reading {path} failed: {e}") from None
 
-    def put_file(self, local, remote, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
+    def put_file(self, local, remote, *, timeout=600.0, progress: Callable[[int, int], None] | None = None) -> None:
         """Copy to `remote.part`, then rename: a reader never sees half a file."""
         remote = self.abspath(remote)
         parent = posixpath.dirname(remote)
@@ -539,7 +539,7 @@ class SSHTransport:
 
     @staticmethod
     def _put_exclusive(sftp: paramiko.SFTPClient, local: str, tmp: str,
-                       progress: Optional[Callable[[int, int], None]]) -> None:
+                       progress: Callable[[int, int], None] | None) -> None:
         size = os.path.getsize(local)
         done = 0
         with open(local, "rb") as src, sftp.open(tmp, "wxb") as dst:
@@ -553,7 +553,7 @@ class SSHTransport:
         if got != size:
             raise OSError(f"size mismatch after copying: {got} != {size}")
 
-    def get_file(self, remote, local, *, timeout=600.0, progress: Optional[Callable[[int, int], None]] = None) -> None:
+    def get_file(self, remote, local, *, timeout=600.0, progress: Callable[[int, int], None] | None = None) -> None:
         remote = self.abspath(remote)
         with self._lock:
             sftp = self._sftp_client(timeout)

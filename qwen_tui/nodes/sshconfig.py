@@ -27,7 +27,7 @@ import shlex
 import shutil
 import socket
 import subprocess
-from typing import Optional, Protocol
+from typing import Protocol
 
 import paramiko
 
@@ -45,7 +45,7 @@ class SSHConfigLookup(Protocol):
     def lookup(self, hostname: str) -> dict: ...
 
 
-def ssh_client() -> Optional[str]:
+def ssh_client() -> str | None:
     """The OpenSSH client on PATH, or None (then paramiko reads the file)."""
     return shutil.which("ssh")
 
@@ -63,8 +63,8 @@ def user_ssh_dir() -> str:
     return os.path.join(_home(), ".ssh")
 
 
-def load(path: Optional[str], *, ssh: Optional[str] = None, use_ssh: bool = True,
-         ssh_dir: Optional[str] = None) -> Optional[SSHConfigLookup]:
+def load(path: str | None, *, ssh: str | None = None, use_ssh: bool = True,
+         ssh_dir: str | None = None) -> SSHConfigLookup | None:
     """The ssh_config of a preset: `path`, or the user's own config when None.
 
     With an ssh client, `ssh -G` resolves hosts (with no path: ~/.ssh/config and the
@@ -101,10 +101,10 @@ def parse_ssh_g(text: str) -> dict[str, list[str]]:
 class OpenSSHConfig:
     """Hosts resolved by the ssh client (`ssh -G`), once each."""
 
-    def __init__(self, path: Optional[str], ssh: str):
+    def __init__(self, path: str | None, ssh: str):
         self.path, self.ssh = path, ssh
         self._cache: dict[str, dict] = {}
-        self._defaults: Optional[dict[str, list[str]]] = None
+        self._defaults: dict[str, list[str]] | None = None
 
     @property
     def where(self) -> str:
@@ -114,7 +114,7 @@ class OpenSSHConfig:
         """Fail now, naming the file, when OpenSSH refuses the config (a bad line, a bad Include)."""
         self._run(self.path, "qwen-tui-config-check", what="OpenSSH refuses it")
 
-    def _run(self, config: Optional[str], host: str, what: str = "") -> dict[str, list[str]]:
+    def _run(self, config: str | None, host: str, what: str = "") -> dict[str, list[str]]:
         argv = [self.ssh, "-G", "-T", *(["-F", config] if config else []), "--", host]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=SSH_G_TIMEOUT,
@@ -181,7 +181,7 @@ def expand_tokens(value: str, got: dict[str, list[str]], host: str) -> str:
 class ParamikoConfig:
     """paramiko's reader over the file with its Includes expanded."""
 
-    def __init__(self, path: str, *, ssh_dir: Optional[str] = None):
+    def __init__(self, path: str, *, ssh_dir: str | None = None):
         self.path = path
         try:
             self._config = paramiko.SSHConfig.from_text(expand_includes(path, ssh_dir=ssh_dir))
@@ -222,7 +222,7 @@ def include_paths(args: str, ssh_dir: str) -> list[str]:
     return out
 
 
-def expand_includes(path: str, *, ssh_dir: Optional[str] = None, _depth: int = 0) -> str:
+def expand_includes(path: str, *, ssh_dir: str | None = None, _depth: int = 0) -> str:
     """The config text with every Include replaced by the files it names, recursively. After an
     included file, the block the Include stood in is opened again (OpenSSH returns to it)."""
     if _depth > MAX_INCLUDE_DEPTH:
@@ -250,7 +250,7 @@ def expand_includes(path: str, *, ssh_dir: Optional[str] = None, _depth: int = 0
     return "\n".join(out) + "\n"
 
 
-def import_text(path: str, *, ssh_dir: Optional[str] = None) -> str:
+def import_text(path: str, *, ssh_dir: str | None = None) -> str:
     """A config's text for the host import: Includes expanded, so their Host entries are offered too."""
     return expand_includes(os.path.expanduser(path), ssh_dir=ssh_dir)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-from typing import Optional
 
 from ..preset.schema import Preset
 from .programs import program
@@ -26,7 +25,7 @@ _WRITE = program("write_marker.sh")
 
 
 def detect_shared_storage(preset: Preset, transports: dict[int, Transport], *,
-                          timeout: float = 20.0) -> Optional[bool]:
+                          timeout: float = 20.0) -> bool | None:
     """True when every node sees the master's marker, False when one does not, None
     when it could not be told (fewer than two nodes reachable, the master cannot write)."""
     nodes = preset.cluster.nodes

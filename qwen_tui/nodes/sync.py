@@ -10,8 +10,8 @@ import json
 import os
 import posixpath
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.hubmodel import hub_id, synced_rel
@@ -45,7 +45,7 @@ def manifest(t: Transport, python: str, path: str, *, timeout: float = 600.0) ->
 
 
 def _copy_file(src: Transport, src_path: str, dst: Transport, dst_path: str, *,
-               progress: Optional[Callable[[int, int], None]]) -> None:
+               progress: Callable[[int, int], None] | None) -> None:
     """master file -> node file. A remote master's file passes through a local temp file."""
     if isinstance(src, LocalTransport):
         dst.put_file(src_path, dst_path, progress=progress)
@@ -68,7 +68,7 @@ def _targets(preset: Preset, facts: ClusterFacts) -> list[tuple[str, str, str]]:
 
 
 def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, *, overwrite: bool = False,
-         code: bool = True, progress: Optional[Progress] = None, timeout: float = 3600.0) -> NodeResults:
+         code: bool = True, progress: Progress | None = None, timeout: float = 3600.0) -> NodeResults:
     """node -> [SyncAction]. Copies what is missing; what differs only with `overwrite`."""
     nodes = preset.cluster.nodes
     master = transports[0]

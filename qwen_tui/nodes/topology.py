@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from qwen_tui.cluster.facts import GPULink, GPUTopology, NodeFacts
 
@@ -76,8 +76,8 @@ def parse_topo_matrix(text: str) -> GPUTopology:
     if [f"GPU{k}" for k in range(len(gpus))] != gpus:
         raise TopologyError(f"GPU columns are not GPU0..GPU{len(gpus) - 1}: {' '.join(gpus)}")
     cells: dict[int, list[str]] = {}
-    cpu: list[Optional[str]] = [None] * len(gpus)
-    numa: list[Optional[str]] = [None] * len(gpus)
+    cpu: list[str | None] = [None] * len(gpus)
+    numa: list[str | None] = [None] * len(gpus)
     for r in rows[head + 1:]:
         if not re.fullmatch(r"GPU\d+", r[0]):
             continue  # NIC rows, and the prompt or notes around the matrix
@@ -126,9 +126,9 @@ def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
     return out
 
 
-def with_p2p(topo: GPUTopology, read: Optional[dict] = None, write: Optional[dict] = None) -> GPUTopology:
+def with_p2p(topo: GPUTopology, read: dict | None = None, write: dict | None = None) -> GPUTopology:
     """Sets the driver's P2P status on each pair of `topo` (the worse of a->b and b->a) and returns it."""
-    def both(m: Optional[dict], a: int, b: int) -> Optional[str]:
+    def both(m: dict | None, a: int, b: int) -> str | None:
         if not m:
             return None
         vals = [m.get((a, b)), m.get((b, a))]
@@ -164,7 +164,7 @@ _PCIE5 = re.compile(r"RTX 50\d0|Blackwell|RTX PRO", re.IGNORECASE)
 _PCIE3 = re.compile(r"\b(P100|P40|P4|T4)\b|RTX 20\d0|GTX|Quadro RTX|TITAN", re.IGNORECASE)
 
 
-def _family(name: str) -> Optional[_Family]:
+def _family(name: str) -> _Family | None:
     return next((f for rx, f in _FAMILIES if rx.search(name or "")), None)
 
 
@@ -181,7 +181,7 @@ def is_consumer(name: str) -> bool:
 
 # ---------------------------------------------------------------- judging the matrix
 
-def _worst_path(pairs: list[GPULink]) -> Optional[str]:
+def _worst_path(pairs: list[GPULink]) -> str | None:
     paths = [lk.link for lk in pairs if not lk.nvlinks]
     return max(paths, key=PCIE_PATHS.index) if paths else None
 
@@ -235,7 +235,7 @@ class IntraNodeBus:
     basis: str  # how the figure was reached
 
 
-def intra_node_bus(topo: GPUTopology, gpu_name: str = "", gpus: Optional[int] = None) -> Optional[IntraNodeBus]:
+def intra_node_bus(topo: GPUTopology, gpu_name: str = "", gpus: int | None = None) -> IntraNodeBus | None:
     """The bus a ring over the node's first `gpus` GPUs (all when None) runs at; None below two GPUs.
 
     Every pair on NVLink: the GPU's NVLinks (capped at what its family has: an NVSwitch shows all of them
@@ -268,7 +268,7 @@ def intra_node_bus(topo: GPUTopology, gpu_name: str = "", gpus: Optional[int] = 
                         f"PCIe Gen{gen} x16 {PCIE_GBS[gen]:g} GB/s x {NCCL_EFFICIENCY}" + (" / 2" if host else ""))
 
 
-def node_intra_bus(facts: Optional[NodeFacts], gpus: Optional[int] = None) -> Optional[IntraNodeBus]:
+def node_intra_bus(facts: NodeFacts | None, gpus: int | None = None) -> IntraNodeBus | None:
     """intra_node_bus for one node's probe facts; None without a matrix or below two GPUs."""
     if facts is None or facts.topology is None:
         return None
@@ -288,7 +288,7 @@ class P2PRisk:
         return ", ".join(shown) + (f" and {len(self.pairs) - 3} more" if len(self.pairs) > 3 else "")
 
 
-def p2p_risk(topo: GPUTopology, gpu_name: str = "", gpus: Optional[int] = None) -> Optional[P2PRisk]:
+def p2p_risk(topo: GPUTopology, gpu_name: str = "", gpus: int | None = None) -> P2PRisk | None:
     """Consumer or workstation cards (GeForce, TITAN, RTX) joined over PCIe only: whatever the driver says,
     this is where NCCL hangs until P2P is turned off. Other GPUs: only the pairs the driver reports without
     P2P (NCCL then goes through host memory: slower, no hang). None when nothing applies."""

@@ -10,20 +10,22 @@ script, never pasted into it.
 from __future__ import annotations
 
 import os
-import signal
 import select
+import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Protocol
 
 from ..base.shell import quote_argv
 from .jobs import JOB_MARK, RUN_MARK, Proc, job_argv, local_kill, local_proc, local_procs
 
+
 def check_stream_quiet(label: str, argv: Sequence[str], now: float, started: float, last: float, got_line: bool,
-                       timeout_first_line: float, idle_timeout: Optional[float]) -> None:
+                       timeout_first_line: float, idle_timeout: float | None) -> None:
     """The bounds of a silent stream: no first line in time, or silence past idle_timeout."""
     if not got_line and now - started > timeout_first_line:
         raise TransportError(f"{label}: no output within {timeout_first_line:g}s from {quote_argv(argv)[:200]}")
@@ -46,7 +48,7 @@ class TransportError(RuntimeError):
     """The node could not be reached or the command could not be run (not a non-zero exit)."""
 
 
-Progress = Optional[Callable[[int, int], None]]  # (bytes done, bytes in all) while a file is copied
+Progress = Callable[[int, int], None] | None  # (bytes done, bytes in all) while a file is copied
 
 
 class Transport(Protocol):
@@ -55,11 +57,11 @@ class Transport(Protocol):
 
     label: str
 
-    def run(self, argv: Sequence[str], *, timeout: float, input: Optional[bytes] = None,
-            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> CommandResult: ...
+    def run(self, argv: Sequence[str], *, timeout: float, input: bytes | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None) -> CommandResult: ...
 
     def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
-                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+                     idle_timeout: float | None = None, poll: float = 0.2) -> Iterator[str]:
         """One long-lived command's output lines as they arrive, until `stop` is set or it ends."""
         ...
 
@@ -77,7 +79,7 @@ class Transport(Protocol):
         """Start a detached job in its own process group; return its pid (= pgid)."""
         ...
 
-    def proc_start(self, pid: int, *, timeout: float = 15.0) -> Optional[int]:
+    def proc_start(self, pid: int, *, timeout: float = 15.0) -> int | None:
         """The start time (clock ticks after boot) of process `pid`, None if there is none."""
         ...
 
@@ -128,7 +130,7 @@ class LocalTransport:
         return CommandResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
 
     def stream_lines(self, argv: Sequence[str], *, stop: threading.Event, timeout_first_line: float = 15.0,
-                     idle_timeout: Optional[float] = None, poll: float = 0.2) -> Iterator[str]:
+                     idle_timeout: float | None = None, poll: float = 0.2) -> Iterator[str]:
         """One long-lived command; its stdout+stderr lines as they arrive, until `stop`
         is set, the command ends or the iterator is closed. The command runs in its own
         process group, which is terminated (then killed) when the stream ends. A
@@ -180,7 +182,7 @@ class LocalTransport:
         threading.Thread(target=p.wait, daemon=True).start()
         return p.pid
 
-    def proc_start(self, pid, *, timeout=15.0) -> Optional[int]:
+    def proc_start(self, pid, *, timeout=15.0) -> int | None:
         p = local_proc(pid) if pid > 0 else None
         return p.start if p else None
 
@@ -298,7 +300,7 @@ def _marked_pids(pgid: int) -> list[int]:
     return out
 
 
-def _stat_fields(pid: int) -> Optional[list[str]]:
+def _stat_fields(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             s = f.read()
@@ -308,7 +310,7 @@ def _stat_fields(pid: int) -> Optional[list[str]]:
     return s[s.rfind(")") + 2:].split()
 
 
-def _pgid_of(pid: int) -> Optional[int]:
+def _pgid_of(pid: int) -> int | None:
     f = _stat_fields(pid)
     return int(f[2]) if f else None
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 from ..preset.schema import Container, Preset
 
@@ -132,7 +132,7 @@ def _ulimits(container: Container) -> list[str]:
 
 
 def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: list[Mount], env: list[str],
-                   gpus: bool, infiniband: bool, make_dirs: Optional[list[str]] = None) -> list[str]:
+                   gpus: bool, infiniband: bool, make_dirs: list[str] | None = None) -> list[str]:
     """The runtime's command up to the image (and, for enroot, the step into the workdir): what a node's argv
     runs after. `env`: the variable names to pass in (env_names); `gpus`, `infiniband`: whether to hand the
     node's GPUs and HCAs to the container; `make_dirs`: directories to create on the node first."""
@@ -188,7 +188,7 @@ def with_env(prefix: list[str], names: Iterable[str]) -> list[str]:
     return list(prefix)
 
 
-def removal_argv(prefix: list[str]) -> Optional[list[str]]:
+def removal_argv(prefix: list[str]) -> list[str] | None:
     """The command that removes the container a runtime_prefix names, whatever state it is in (a stop that had to
     kill the runtime's client can leave it behind), or None where the runtime keeps no container (Apptainer,
     enroot) or the prefix names none."""
@@ -200,7 +200,7 @@ def removal_argv(prefix: list[str]) -> Optional[list[str]]:
 
 
 def wrap(container: Container, argv: list[str], *, name: str, workdir: str, env: Iterable[str] = (),
-         mounts: Optional[list[Mount]] = None, make_dirs: Optional[list[str]] = None, gpus: bool = True,
+         mounts: list[Mount] | None = None, make_dirs: list[str] | None = None, gpus: bool = True,
          infiniband: bool = False) -> list[str]:
     """`argv` run inside `container`: the node's whole command (for an srun step, or any launcher that starts
     the command itself). `env`: the names of the variables it must see, set in the environment the command

@@ -61,7 +61,7 @@ documentation), and allocator fragmentation: 10% of the step's transient tensors
 
 Checked against: DeepSpeed's own estimators (model states, exactly) in
 tests/unit/test_estimate.py, and peak memory measured on one H200
-(../shared/fixtures/peak_memory_h200.csv, every row within 15%).
+(tests/fixtures/peak_memory_h200.csv: every row within 2.5%; the test allows 15%).
 
 Step time (`estimate_step`, `scaling`)
 ======================================
@@ -74,20 +74,19 @@ Step time (`estimate_step`, `scaling`)
   the checkpoints).
 - Compute time = tokens x FLOPs per token / (peak bf16 FLOP/s x efficiency). The
   efficiency (model FLOPs utilisation) depends on the worker's path unless given,
-  each figure measured through the worker on one H200 ("runN" below is bench/results/*-runN.json; the test
-  in tests/unit/test_estimate.py holds every run within 15%): without DeepSpeed
-  the fast path (packing, fused loss, compiled layers, cuDNN attention, LM head
-  on supervised positions only) measured 0.52-0.57 for 7B LoRA and 1.5B full
-  (runs 18-26), so 0.53; under ZeRO-2 the same fast path runs inside the engine,
-  0.95x plain DDP (runs 24 and 26), so 0.51; under ZeRO-3, which gathers every
-  layer's weights in forward and backward, 0.54 for full fine-tuning (between
-  1.5B's 0.49 in run26 and 7B's 0.60 with checkpointing in run34: the larger
-  model's matmuls run faster; each within 15%) and 0.49 with a frozen base too (7B LoRA, 0.95x plain DDP in run30;
-  run27's 0.34 trained the adapters in fp32, fixed since). Q-LoRA runs at 0.8x
+  each figure measured through the worker on one H200 (bench/train_speed.py; the
+  test in tests/unit/test_estimate.py holds every current result within 15%):
+  without DeepSpeed the fast path (packing, fused loss, compiled layers, cuDNN
+  attention, LM head on supervised positions only) runs 7B LoRA and 1.5B full at
+  0.52-0.57, so 0.53; under ZeRO-2 the same fast path runs inside the engine at
+  0.95x plain DDP, so 0.51; under ZeRO-3, which gathers every layer's weights in
+  forward and backward, 0.54 for full fine-tuning (1.5B runs at 0.49 and 7B with
+  checkpointing at 0.60: the larger model's matmuls run faster; each within 15%)
+  and 0.49 with a frozen base (7B LoRA, 0.95x plain DDP). Q-LoRA runs at 0.8x
   without DeepSpeed (4-bit dequantisation in every matmul: 0.83x LoRA's
-  tokens/s, run20) and at LoRA's speed under ZeRO-2 and ZeRO-3 (0.99x LoRA
-  ZeRO-2 in run29, 1.00x LoRA ZeRO-3 in run30: the engine's bf16 adapters). A micro-batch never takes less
-  than its host needs to issue it (estimate_comm.host_floor_s): tiny models are host-bound.
+  tokens/s) and at LoRA's speed under ZeRO-2 and ZeRO-3 (the engine's bf16
+  adapters). A micro-batch never takes less than its host needs to issue it
+  (estimate_comm.host_floor_s): tiny models are host-bound.
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -103,7 +102,7 @@ Step time (`estimate_step`, `scaling`)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..model.spec import LORA_TARGETS_ALL, ModelSpec
 
@@ -151,7 +150,7 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in (
 )}
 
 
-def gpu_spec(name: str, memory_mib: Optional[int] = None) -> Optional[GPUSpec]:
+def gpu_spec(name: str, memory_mib: int | None = None) -> GPUSpec | None:
     """Matches a table key (`H100`) or what nvidia-smi prints (`NVIDIA A100-SXM4-40GB`)."""
     if name in GPUS:
         return GPUS[name]
@@ -178,7 +177,7 @@ class RunShape:
     """What the estimate needs from `preset.training`, with overrides applied."""
 
     method: str = "lora"
-    zero_stage: Optional[int] = 2
+    zero_stage: int | None = 2
     offload: str = "none"
     precision: str = "bf16"
     seq: int = 2048
@@ -188,7 +187,7 @@ class RunShape:
     lora_r: int = 64
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = LORA_TARGETS_ALL
-    master_fp32: Optional[bool] = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
+    master_fp32: bool | None = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -294,6 +293,9 @@ def _model_states(spec: ModelSpec, run: RunShape, world: int) -> tuple[float, fl
         frozen_bytes = Pf * (2 if run.half else 4)
     largest = spec.largest_layer_params
     zs = run.zero_stage
+    w: float  # bytes a GPU holds of weights, gradients and optimizer states
+    g: float
+    o: float
     if zs is None or not run.half:
         if zs is not None and not run.half:
             notes.append("ZeRO without bf16/fp16 estimated like plain data parallel")
@@ -350,7 +352,7 @@ def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, 
     grads_in_fwd = g if (run.grad_accum > 1 or ds) else 0.0
     transient_tied = 4 * V * h if (not lora and spec.tied_embeddings and not ds) else 0
 
-    phases: list[tuple[str, float, float, float, float, float]] = []  # name, weights+, grads, acts, logits
+    phases: list[tuple[str, float, float, float, float]] = []  # name, weights+, grads, acts, logits
     if run.gradient_checkpointing:
         ckpt = L * r * h * T
         fwd_end = (cache, grads_in_fwd, ckpt + final_norm, 10 * T * V)
@@ -469,16 +471,16 @@ def path_efficiency(run: RunShape) -> float:
     return ZERO_EFFICIENCY.get((min(max(int(run.zero_stage), 1), 3), run.method == "full"), ZERO_EFFICIENCY[(2, True)])
 
 
-def effective_efficiency(run: RunShape, efficiency: Optional[float] = None) -> float:
+def effective_efficiency(run: RunShape, efficiency: float | None = None) -> float:
     """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
     base = path_efficiency(run) if efficiency is None else efficiency
     return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" and run.zero_stage is None else 1.0)
 
 
 def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int,
-                  bandwidth_gbps: Optional[float], gpu_tflops: float = GPUS["H100"].bf16_tflops,
-                  efficiency: Optional[float] = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
-                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: Optional[int] = None,
+                  bandwidth_gbps: float | None, gpu_tflops: float = GPUS["H100"].bf16_tflops,
+                  efficiency: float | None = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
+                  hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: int | None = None,
                   **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
     estimate_comm's.
@@ -556,15 +558,15 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     )
 
 
-def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: Optional[float],
+def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, bandwidth_gbps: float | None,
             **kwargs: Any) -> list[ScalePoint]:
     """Predicted step time, tokens/s and weak-scaling efficiency for 1..max_nodes nodes."""
     out: list[ScalePoint] = []
-    base = base_no = None
+    base = base_no = 0.0  # one node's tokens/s, with and without overlap: what the others are measured against
     for n in range(1, max(1, max_nodes) + 1):
         s = estimate_step(spec, training, n, gpus_per_node, bandwidth_gbps, **kwargs)
         tps_no = s.tokens_per_step / s.step_time_no_overlap_s
-        if base is None:
+        if n == 1:
             base, base_no = s.tokens_per_second, tps_no
         out.append(ScalePoint(nodes=n, step_time_s=s.step_time_s, tokens_per_second=s.tokens_per_second,
                               scaling_efficiency=s.tokens_per_second / (n * base),
@@ -576,8 +578,8 @@ def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, 
 WORTH_SHARE = 0.5  # a node is worth adding while its GPUs add at least half of what each GPU does alone
 
 
-def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: Optional[float],
-                   limit: int = 64, **kwargs: Any) -> Optional[int]:
+def nodes_worth_it(spec: ModelSpec, training: Any, gpus_per_node: int, bandwidth_gbps: float | None,
+                   limit: int = 64, **kwargs: Any) -> int | None:
     """The node count past which one more node adds less than WORTH_SHARE of a node's worth of tokens/s (its GPUs
     at half their one-node speed), up to `limit` (returned when every node up to it is worth it). None when the
     link between nodes is unknown."""

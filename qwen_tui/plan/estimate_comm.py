@@ -7,7 +7,7 @@ The figure that matters is NCCL's own all-reduce *bus bandwidth* between nodes, 
 nccl-tests calls busbw (bytes x 2(n-1)/n / time, NCCL's PERFORMANCE.md). On a ring across nodes it is the sum of
 the NICs NCCL drives on a node, whatever the number of GPUs. In order of trust:
 
-1. `--bandwidth-gbps` (given): that figure, as the user measured it;
+1. `--bus-gbps` (given): that figure, as the user measured it;
 2. the rehearsal of `qwen-tui check`: NCCL (or gloo) all-reduce over the run's own settings, at a message of
    REHEARSAL_BUCKET_MB (the size of the run's buckets; a smaller message reads low and says so);
 3. `--nic-gbps R --nics K`, or the InfiniBand/RoCE ports the probe found ACTIVE on every node: R x K x
@@ -54,9 +54,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Iterable, Optional
+from typing import Any
 
 # NCCL's latency model (src/graph/tuning.cc, NCCL 2.8-2.10, Simple protocol), microseconds.
 RING_BASE_US = 8.4
@@ -98,7 +99,7 @@ _RATE = re.compile(r"([0-9.]+)\s*Gb")
 class Bandwidth:
     """The bandwidth between nodes the estimate uses: per-node all-reduce bus bandwidth, Gbit/s."""
 
-    gbps: Optional[float]  # None: unknown
+    gbps: float | None  # None: unknown
     source: str  # given | rehearsal | nics | ib-ports | iperf3 | unknown
     detail: str  # one line for a person: where the figure came from
     lower_bound: bool = False
@@ -113,16 +114,16 @@ class Bandwidth:
 
 
 MEASURE_HINT = ("run `qwen-tui check` (its rehearsal measures NCCL's all-reduce between the nodes) and pass "
-                "--facts, or give --bandwidth-gbps (per-node bus bandwidth) or --nic-gbps with --nics")
+                "--facts, or give --bus-gbps (per-node bus bandwidth) or --nic-gbps with --nics")
 
 
-def port_gbps(rate: Optional[str]) -> Optional[float]:
+def port_gbps(rate: str | None) -> float | None:
     """"400 Gb/sec (4X NDR)" -> 400.0; None when the rate is not there."""
     m = _RATE.search(rate or "")
     return float(m.group(1)) if m else None
 
 
-def ib_ports_gbps(nodes: Iterable[Any]) -> tuple[Optional[float], str]:
+def ib_ports_gbps(nodes: Iterable[Any]) -> tuple[float | None, str]:
     """The slowest node's sum of ACTIVE InfiniBand/RoCE port rates (NodeFacts with ib_ports), and a line
     naming it; (None, why) when any node has none or a rate is missing."""
     per_node = []
@@ -138,11 +139,11 @@ def ib_ports_gbps(nodes: Iterable[Any]) -> tuple[Optional[float], str]:
     return total, f"{count} active port(s) on node {i}, {total:g} Gbit/s"
 
 
-def resolve_bandwidth(facts: Any = None, *, given_gbps: Optional[float] = None, nic_gbps: Optional[float] = None,
-                      nics: Optional[int] = None, ib_disabled: bool = False) -> Bandwidth:
+def resolve_bandwidth(facts: Any = None, *, given_gbps: float | None = None, nic_gbps: float | None = None,
+                      nics: int | None = None, ib_disabled: bool = False) -> Bandwidth:
     """The bandwidth between nodes and where it came from (order in the module docstring)."""
     if given_gbps is not None:
-        return Bandwidth(float(given_gbps), "given", f"--bandwidth-gbps {given_gbps:g} (per-node bus bandwidth)")
+        return Bandwidth(float(given_gbps), "given", f"--bus-gbps {given_gbps:g} (per-node bus bandwidth)")
     # a rehearsal on one node measured the link inside it (NVLink, PCIe), not the one between nodes
     if facts is not None and getattr(facts, "rehearsal_bandwidth_gbps", None) and facts.rehearsal_nodes != 1:
         bw = float(facts.rehearsal_bandwidth_gbps)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
+from ..base.shell import quote_argv
 from ..cluster.facts import ClusterFacts
 from ..cluster.ib import active_ports, nccl_ib_env
-from .container import container_name, env_names, run_mounts, runtime_prefix
 from ..preset.schema import Node, Preset, Training
-from ..base.shell import quote_argv
+from .container import container_name, env_names, run_mounts, runtime_prefix
 
 # Where a remote node keeps its part of a run, relative to the node's workdir.
 REMOTE_RUNS = ".qwen-tui/runs"
@@ -93,7 +93,7 @@ class LaunchPlan:
 
 
 def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False,
-                ddp_timeout: Optional[int] = None) -> list[str]:
+                ddp_timeout: int | None = None) -> list[str]:
     """The worker's argv after `-m training.finetune`, by the worker's own flag names."""
     a = [
         "--model_name_or_path", t.model,
@@ -163,14 +163,14 @@ def _backend(preset: Preset) -> str:
     return "gloo" if preset.training.device == "cpu" else "nccl"
 
 
-def _interface(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Optional[str]:
+def _interface(preset: Preset, facts: ClusterFacts | None, rank: int) -> str | None:
     if preset.network.interface:
         return preset.network.interface
     nf = facts.nodes.get(rank) if facts else None
     return nf.route_interface if nf else None
 
 
-def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Optional[bool]:
+def _ib_disable(preset: Preset, facts: ClusterFacts | None, rank: int) -> bool | None:
     if preset.network.nccl_ib_disable is not None:
         return preset.network.nccl_ib_disable
     nf = facts.nodes.get(rank) if facts else None
@@ -181,13 +181,13 @@ def _ib_disable(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> Opt
     return not nf.ib_devices
 
 
-def _ib_env(facts: Optional[ClusterFacts], rank: int) -> dict[str, str]:
+def _ib_env(facts: ClusterFacts | None, rank: int) -> dict[str, str]:
     """NCCL_IB_HCA / NCCL_IB_GID_INDEX from the node's probed ports; network.env, applied after, wins."""
     nf = facts.nodes.get(rank) if facts else None
     return nccl_ib_env(nf.ib_ports) if nf is not None else {}
 
 
-def _gpus_in_container(preset: Preset, facts: Optional[ClusterFacts], rank: int) -> bool:
+def _gpus_in_container(preset: Preset, facts: ClusterFacts | None, rank: int) -> bool:
     """Hand the node's GPUs to its container, unless the run is on CPU or the probe found none there."""
     nf = facts.nodes.get(rank) if facts else None
     return preset.training.device != "cpu" and not (nf is not None and nf.gpus == [])
@@ -202,7 +202,7 @@ def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
 
 
 def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str = ".",
-              facts: Optional[ClusterFacts] = None, local_python: Optional[str] = None) -> LaunchPlan:
+              facts: ClusterFacts | None = None, local_python: str | None = None) -> LaunchPlan:
     """Build the plan. `local_run_dir` is the run directory on this machine (absolute),
     `base_dir` the directory relative local workdirs are taken from, `local_python`
     the interpreter local nodes use when the preset leaves `python` at its default

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
-from .estimate import GIB, FRAGMENTATION, RunShape, _layer_act_bytes, estimate_memory
+from ..model.seqparallel import (  # noqa: F401 - one place to
+    fitting_sizes,
+    heads_problem,
+    sequence_parallel_problem,
+    spec_without_reading,  # import the long-context names from
+)
 from ..model.spec import ModelSpec
-from ..model.seqparallel import (fitting_sizes, heads_problem, sequence_parallel_problem,  # noqa: F401 - one place to
-                          spec_without_reading)  # import the long-context names from
+from .estimate import FRAGMENTATION, GIB, RunShape, _layer_act_bytes, estimate_memory
 
 TILE_FROM_TOKENS = 32768  # the worker's default: the MLP is tiled where a rank's share is longer (--tiled_mlp)
 TILE_TOKENS = 8192  # --tiled_mlp_tokens' default
@@ -35,7 +39,7 @@ LONG_ROW_TOKENS = 16384  # from here a row is a long one: the long-row model, no
 
 # ---------------------------------------------------------------- the longest record
 
-def tiling_runs(world: int, zero_stage: Optional[int], sp_size: int) -> bool:
+def tiling_runs(world: int, zero_stage: int | None, sp_size: int) -> bool:
     """Where the worker can tile the MLP (training.long_context): one process, ZeRO-1/2, or ZeRO-3 with
     sequence parallelism over all ranks; not plain DDP over several."""
     if world <= 1:
@@ -74,7 +78,7 @@ class RowMemory:
     notes: list[str] = field(default_factory=list)
 
 
-def row_memory(spec: ModelSpec, training: Any, world: int, tokens: int, tiled: Optional[bool] = None) -> RowMemory:
+def row_memory(spec: ModelSpec, training: Any, world: int, tokens: int, tiled: bool | None = None) -> RowMemory:
     """Peak memory of one rank for one row of `tokens` tokens (see the module doc)."""
     run = RunShape.of(training, micro_batch=1, gradient_checkpointing=True)
     sp = max(1, int(getattr(training, "sequence_parallel_size", 1) or 1))

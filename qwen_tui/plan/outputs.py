@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import posixpath
 from dataclasses import dataclass
-from typing import Optional
 
 from ..model.spec import ModelSpec
 from ..preset.schema import Preset
@@ -107,7 +106,7 @@ def output_need(preset: Preset, spec: ModelSpec, node: int) -> OutputNeed:
     return OutputNeed(ckpt, n, final, at_least)
 
 
-def room_problem(preset: Preset, spec: Optional[ModelSpec], node: int, free_bytes: Optional[int]) -> Optional[str]:
+def room_problem(preset: Preset, spec: ModelSpec | None, node: int, free_bytes: int | None) -> str | None:
     """Why `node` has too little room for the run's outputs, or None when it has enough (or cannot be told)."""
     if spec is None or free_bytes is None:
         return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import io
 import re
-from typing import Optional
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -74,7 +73,7 @@ def guess_indent(text: str) -> tuple[int, int]:
     return mapping or 2, max(offset or 0, 0)
 
 
-def merged_text(original: str, old: dict, new: dict, sparse: dict) -> Optional[str]:
+def merged_text(original: str, old: dict, new: dict, sparse: dict) -> str | None:
     """`original` (the file's text) with the changes from `old` to `new` written in; None when the text is not
     a YAML mapping ruamel can round-trip (the caller then writes a fresh dump)."""
     try:

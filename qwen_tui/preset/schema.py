@@ -14,13 +14,13 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .yaml_io import PresetError  # defined beside the YAML guards; everyone imports it from here
 
@@ -38,17 +38,18 @@ class _Strict(BaseModel):
 class Node(_Strict):
     """One machine. `host` is an address, a DNS name, an ssh_config alias or `localhost`."""
 
-    host: str = Field(min_length=1)
-    user: Optional[str] = None
-    port: int = Field(default=22, ge=1, le=65535)
+    host: str = Field(min_length=1, description="address, DNS name, ssh_config alias, or localhost (a local \"node\": "
+                      "a torchrun agent on this machine)")
+    user: str | None = Field(default=None, description="SSH login; default from ssh_config, else yours")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     gpus: int = Field(default=1, ge=1, le=64, description="processes (GPUs) on this node")
     workdir: str = Field(default=".", min_length=1, description="directory the worker runs in")
     python: str = Field(default="python3", min_length=1, description="the node's Python")
-    name: Optional[str] = Field(default=None, description="label shown in the UI; default host")
+    name: str | None = Field(default=None, description="label shown in the UI; default host")
 
     @field_validator("host", "user", "workdir", "python", "name")
     @classmethod
-    def _no_control_chars(cls, v: Optional[str]) -> Optional[str]:
+    def _no_control_chars(cls, v: str | None) -> str | None:
         if v is not None and _CONTROL.search(v):
             raise ValueError("must not contain control characters")
         return v
@@ -57,7 +58,7 @@ class Node(_Strict):
     def label(self) -> str:
         return self.name or self.host
 
-    def python_for(self, local_python: Optional[str]) -> str:
+    def python_for(self, local_python: str | None) -> str:
         """The interpreter a run uses here: a local node that names no python of its own
         runs `local_python` (qwen-tui's own). The checks probe the same one."""
         if self.is_local and local_python and "python" not in self.model_fields_set:
@@ -70,20 +71,25 @@ class Node(_Strict):
 
 
 class Cluster(_Strict):
-    nodes: list[Node] = Field(min_length=1)
-    ssh_config: Optional[str] = Field(default=None, description="ssh_config file; default ~/.ssh/config")
-    identity_file: Optional[str] = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
-    known_hosts: Optional[str] = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
-    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    nodes: list[Node] = Field(min_length=1, description="the machines, node 0 first: the master, where qwen-tui "
+                              "runs and rank 0 trains")
+    ssh_config: str | None = Field(default=None, description="ssh_config file; default ~/.ssh/config")
+    identity_file: str | None = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
+    known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
+    connect_timeout: float = Field(default=10.0, gt=0, le=300, description="seconds an SSH connection (each hop) "
+                                   "may take before the node counts as unreachable")
     shared_storage: bool = Field(default=False, description="output_dir is on storage every node sees")
 
 
 class Network(_Strict):
-    master_addr: Optional[str] = Field(default=None, description="address workers use to reach node 0; default its host")
-    master_port: int = Field(default=29500, ge=1024, le=65535)
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    interface: Optional[str] = Field(default=None, description="NCCL/GLOO_SOCKET_IFNAME for every node; default from the probe")
-    nccl_ib_disable: Optional[bool] = None
+    master_addr: str | None = Field(default=None, description="address workers use to reach node 0; default its host")
+    master_port: int = Field(default=29500, ge=1024, le=65535, description="the rendezvous port on node 0")
+    backend: Literal["auto", "nccl", "gloo"] = Field(default="auto", description="process-group backend; auto: nccl "
+                                                     "on GPUs, gloo on CPU")
+    interface: str | None = Field(default=None, description="NCCL/GLOO_SOCKET_IFNAME for every node; default from the probe")
+    nccl_ib_disable: bool | None = Field(
+        default=None, description="NCCL_IB_DISABLE for every node; default from the HCAs the probe found (true: "
+        "sockets between nodes on purpose)")
     rdzv_timeout: int = Field(default=60, ge=1, le=3600, description="seconds to wait for every node to join")
     nccl_timeout: int = Field(default=1800, ge=1, le=86400, description="seconds a collective may hang")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
@@ -102,42 +108,60 @@ class Training(_Strict):
 
     model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
     data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
-    eval_data: Optional[str] = Field(default=None, description="chat data for the eval loss (same formats as data)")
+    eval_data: str | None = Field(default=None, description="chat data for the eval loss (same formats as data)")
     eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
-    output_dir: str = Field(default="output", min_length=1)
-    method: Literal["full", "lora", "qlora"] = "lora"
-    zero_stage: Optional[int] = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
-    offload: Literal["none", "optimizer", "all"] = "none"
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    device: Literal["auto", "cuda", "cpu"] = "auto"
-    model_max_length: int = Field(default=2048, ge=8, le=1_048_576)
-    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096)
-    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096)
-    learning_rate: float = Field(default=2e-4, gt=0, lt=1)
-    num_train_epochs: float = Field(default=1.0, gt=0)
-    max_steps: int = Field(default=-1, ge=-1)
-    warmup_ratio: float = Field(default=0.03, ge=0, le=1)
-    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
-    weight_decay: float = Field(default=0.0, ge=0)
-    gradient_checkpointing: bool = True
+    output_dir: str = Field(default="output", min_length=1, description="checkpoints, the final model and "
+                            "metrics.jsonl; relative to each node's workdir")
+    method: Literal["full", "lora", "qlora"] = Field(default="lora", description="full fine-tuning, LoRA, or "
+                                                     "Q-LoRA (a 4-bit base)")
+    zero_stage: int | None = Field(default=2, description="DeepSpeed ZeRO stage 2 or 3; null for plain DDP")
+    offload: Literal["none", "optimizer", "all"] = Field(default="none", description="ZeRO offload to host memory: "
+                                                         "the optimizer states, or (ZeRO-3) the weights too")
+    precision: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="mixed-precision dtype; fp32 "
+                                                       "on CPU")
+    device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="auto: CUDA where the nodes have "
+                                                   "GPUs, else CPU over gloo")
+    model_max_length: int = Field(default=2048, ge=8, le=1_048_576, description="tokens a record may have; longer "
+                                  "records are cut (and counted)")
+    per_device_train_batch_size: int = Field(default=1, ge=1, le=4096, description="records per process per "
+                                             "micro-batch (with packing, records a step; rows are sized by memory)")
+    gradient_accumulation_steps: int = Field(default=8, ge=1, le=4096, description="micro-batches per optimizer "
+                                             "step")
+    learning_rate: float = Field(default=2e-4, gt=0, lt=1, description="peak learning rate")
+    num_train_epochs: float = Field(default=1.0, gt=0, description="epochs to train (max_steps wins when set)")
+    max_steps: int = Field(default=-1, ge=-1, description="optimizer steps to train; -1: by num_train_epochs")
+    warmup_ratio: float = Field(default=0.03, ge=0, le=1, description="share of the steps with a linear warm-up")
+    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
+        default="cosine", description="learning-rate schedule after the warm-up")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay (not on biases and norms)")
+    gradient_checkpointing: bool = Field(default=True, description="recompute activations in the backward to save "
+                                         "memory (the estimate says when it is not needed)")
     sequence_parallel_size: int = Field(default=1, ge=1, le=1024, description="ranks that share every packed row "
                                         "(DeepSpeed's Ulysses attention): records that many times longer fit; "
                                         "1: off")
-    lora_r: int = Field(default=64, ge=1, le=4096)
-    lora_alpha: int = Field(default=16, ge=1)
-    lora_dropout: float = Field(default=0.05, ge=0, lt=1)
-    lora_target_modules: Optional[list[str]] = None
-    save_strategy: Literal["steps", "epoch", "no"] = "steps"
-    save_steps: int = Field(default=500, ge=1)
-    save_total_limit: Optional[int] = Field(default=2, ge=1)
-    logging_steps: int = Field(default=1, ge=1)
-    seed: int = 42
-    resume_from_checkpoint: Optional[str] = None
-    lazy_preprocess: bool = False
-    tokenized_cache_dir: Optional[str] = Field(
+    lora_r: int = Field(default=64, ge=1, le=4096, description="LoRA rank")
+    lora_alpha: int = Field(default=16, ge=1, description="LoRA scaling numerator (the update is scaled by "
+                            "alpha / r)")
+    lora_dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' inputs")
+    lora_target_modules: list[str] | None = Field(
+        default=None, description="modules LoRA adapts; default every linear projection (q, k, v, o, gate, up, "
+        "down); on a mixture of experts the expert names reach every expert")
+    save_strategy: Literal["steps", "epoch", "no"] = Field(default="steps", description="when checkpoints are "
+                                                           "written")
+    save_steps: int = Field(default=500, ge=1, description="a checkpoint every N optimizer steps")
+    save_total_limit: int | None = Field(default=2, ge=1, description="checkpoints kept, the oldest deleted "
+                                            "first; null keeps all")
+    logging_steps: int = Field(default=1, ge=1, description="a metrics record every N optimizer steps")
+    seed: int = Field(default=42, description="seed for initialisation, dropout and data order")
+    resume_from_checkpoint: str | None = Field(
+        default=None, description="a checkpoint directory, or auto: the newest complete on every node")
+    lazy_preprocess: bool = Field(default=False, description="tokenize records as they are read rather than all "
+                                  "up front (still validated up front)")
+    tokenized_cache_dir: str | None = Field(
         default=None, description="where each node caches the tokenized data (the worker's default: "
         "$XDG_CACHE_HOME/qwen-tui/tokenized or ~/.cache/qwen-tui/tokenized); 'none' tokenizes on every rank")
-    merge_lora: bool = False
+    merge_lora: bool = Field(default=False, description="after a LoRA run, also save the merged model in "
+                             "OUTPUT_DIR/merged")
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
         default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
     extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
@@ -159,7 +183,7 @@ class Training(_Strict):
 
     @field_validator("zero_stage")
     @classmethod
-    def _zero(cls, v: Optional[int]) -> Optional[int]:
+    def _zero(cls, v: int | None) -> int | None:
         if v is not None and v not in (2, 3):
             raise ValueError(f"must be 2 or 3 (or null for plain DDP), got {v}")
         return v
@@ -176,7 +200,7 @@ class Monitor(_Strict):
     on_unreachable: Literal["stop", "keep"] = Field(
         default="stop", description="at the bound: stop every node (the run fails, and training.restarts may "
         "relaunch it), or keep the run and keep trying to reach the node")
-    hang_timeout: Optional[int] = Field(
+    hang_timeout: int | None = Field(
         default=None, ge=10, le=7 * 86400,
         description="seconds without a finished step before the run counts as hung (default: 5 x the median "
         "step time, at least 120 s; checkpoints and evaluations get 10 times as long)")
@@ -287,19 +311,22 @@ class Container(_Strict):
 
 
 class Preset(_Strict):
-    version: int = PRESET_VERSION
-    name: Optional[str] = None
-    description: Optional[str] = None
-    cluster: Cluster
-    network: Network = Field(default_factory=Network)
-    training: Training
-    monitor: Monitor = Field(default_factory=Monitor)
-    container: Optional[Container] = Field(default=None, description="run each node's job in this container "
-                                           "image (none: on the node itself)")
+    version: int = Field(default=PRESET_VERSION, description="the preset format's version")
+    name: str | None = Field(default=None, description="names the run and its run directory; default the "
+                                "file's name")
+    description: str | None = Field(default=None, description="a few lines for the reader; heads the saved "
+                                       "file as comments")
+    cluster: Cluster = Field(description="the nodes and how to reach them")
+    network: Network = Field(default_factory=Network, description="rendezvous, backend, interfaces and the "
+                             "environment of every rank")
+    training: Training = Field(description="the model, the data and the worker's arguments")
+    monitor: Monitor = Field(default_factory=Monitor, description="how qwen-tui watches a running job")
+    container: Container | None = Field(default=None, description="run each node's job in this container image "
+                                        "(docs/containers.md); none: on the node itself")
 
     @field_validator("name")
     @classmethod
-    def _name_one_line(cls, v: Optional[str]) -> Optional[str]:
+    def _name_one_line(cls, v: str | None) -> str | None:
         # the name heads the saved preset's comment and names the run directory
         if v is not None and _CONTROL.search(v):
             raise ValueError("must not contain control characters (one line, no escapes)")
@@ -307,7 +334,7 @@ class Preset(_Strict):
 
     @field_validator("description")
     @classmethod
-    def _description_text(cls, v: Optional[str]) -> Optional[str]:
+    def _description_text(cls, v: str | None) -> str | None:
         if v is not None and re.search(r"[\x00-\x08\x0b-\x1f\x7f]", v):
             raise ValueError("must not contain control characters other than newlines and tabs")
         return v
@@ -469,7 +496,7 @@ class FieldError:
 
 # ---------------------------------------------------------------- loading
 
-def _line_of(root: Optional[yaml.Node], loc: tuple[Any, ...]) -> Optional[int]:
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest YAML node along `loc` (a pydantic error location)."""
     node, line = root, None
     for part in loc:
@@ -492,7 +519,7 @@ def _line_of(root: Optional[yaml.Node], loc: tuple[Any, ...]) -> Optional[int]:
     return line
 
 
-def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at `loc` (to suggest near misses)."""
     model: Any = Preset
     for part in loc[:-1]:
@@ -513,7 +540,7 @@ def _model_at(loc: tuple[Any, ...]) -> Optional[type[BaseModel]]:
     return model
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     loc = err["loc"]
     if err["type"] == "extra_forbidden":
         model = _model_at(loc)
@@ -612,7 +639,7 @@ def dump_preset(preset: Preset) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
-def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[str] = None,
+def save_preset(preset: Preset, path: str | os.PathLike[str], header: str | None = None,
                 mode: int = 0o644) -> Path:
     """Write atomically: a reader sees the old file or the new one, never half of one.
 
@@ -650,7 +677,7 @@ def save_preset(preset: Preset, path: str | os.PathLike[str], header: Optional[s
     return p
 
 
-def _edited_text(preset: Preset, p: Path) -> Optional[str]:
+def _edited_text(preset: Preset, p: Path) -> str | None:
     """The user's existing file with only the edited values changed (comments, order and explicit values kept;
     qwen_tui.preset.roundtrip), or None where there is no valid file to start from."""
     from .roundtrip import merged_text

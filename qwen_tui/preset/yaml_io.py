@@ -10,7 +10,7 @@ problem` line.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -43,7 +43,7 @@ def _err(source: str, line: int, path: list, problem: str):
 
 def _check_depth(text: str, source: str) -> None:
     """Nesting depth from the token stream (PyYAML's scanner does not recurse)."""
-    stack: list[Optional[str]] = []
+    stack: list[str | None] = []
     want_key = False
     for tok in yaml.scan(text, Loader=yaml.SafeLoader):
         if isinstance(tok, _OPEN):
@@ -101,7 +101,7 @@ def _check_graph(root: yaml.Node, source: str) -> None:
     walk(root, [])
 
 
-def load_yaml(text: str, source: str) -> tuple[Optional[yaml.Node], Any]:
+def load_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
     """(composed root node, Python data) of one YAML document, guarded as above.
     Raises PresetError, or yaml.YAMLError for plain syntax errors."""
     _check_depth(text, source)

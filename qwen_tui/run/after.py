@@ -15,7 +15,7 @@ import json
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..nodes.json_tool import run_json_tool
 from ..nodes.transport import Transport
@@ -38,7 +38,7 @@ class RunResult:
     python: str  # node 0's interpreter, as the run used it
     workdir: str  # node 0's working directory
     output_dir: str  # absolute, or relative to workdir
-    finished: Optional[bool]  # the worker's end record says ok (None: the metrics are on a remote master)
+    finished: bool | None  # the worker's end record says ok (None: the metrics are on a remote master)
 
     @property
     def master(self):
@@ -49,7 +49,7 @@ class RunResult:
         return posixpath.join(self.output_dir, "merged")
 
 
-def _end_record(metrics: Path) -> Optional[dict[str, Any]]:
+def _end_record(metrics: Path) -> dict[str, Any] | None:
     if not metrics.is_file():
         return None
     end = None
@@ -72,7 +72,7 @@ def locate(run_dir: str | Path) -> RunResult:
     preset = load_preset(preset_file)
     node0 = plan.nodes[0]
     out = plan.output_dir
-    finished: Optional[bool] = None
+    finished: bool | None = None
     if node0.local:
         end = _end_record(Path(plan.metrics_file))
         if end is not None:
@@ -92,7 +92,7 @@ def locate(run_dir: str | Path) -> RunResult:
 
 
 def _run(res: RunResult, transport: Transport, module: str, args: list[str], timeout: float,
-         input: Optional[bytes] = None) -> dict[str, Any]:
+         input: bytes | None = None) -> dict[str, Any]:
     return run_json_tool(transport, [res.python, "-m", module, *args], cwd=res.workdir, timeout=timeout,
                          what=module, error=AfterRunError, input=input)
 
@@ -109,7 +109,7 @@ def merge(res: RunResult, transport: Transport, *, force: bool = False, dtype: s
     return _run(res, transport, "training.merge", args, timeout)
 
 
-def chat(res: RunResult, transport: Transport, prompt: str, *, system: Optional[str] = None,
+def chat(res: RunResult, transport: Transport, prompt: str, *, system: str | None = None,
          max_new_tokens: int = 256, temperature: float = 0.0, device: str = "auto",
          timeout: float = CHAT_TIMEOUT_S) -> dict[str, Any]:
     """One reply of the run's model (OUTPUT_DIR/merged when there, else the adapter on its base)."""

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..base.levels import Level
 from ..cluster.facts import ClusterFacts, NodeFacts
@@ -28,9 +29,22 @@ from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport import Transport
 from ..plan.launch import LaunchPlan, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
-from .events import (AlreadyEnded, CheckProgress, CheckResult, Checked, Connected, Ended, Event, Failure, Planned,
-                     Snapshot, Stage, Started, Stopping)
-from .launcher import LaunchError, Launcher, RunOutcome
+from .events import (
+    AlreadyEnded,
+    Checked,
+    CheckProgress,
+    CheckResult,
+    Connected,
+    Ended,
+    Event,
+    Failure,
+    Planned,
+    Snapshot,
+    Stage,
+    Started,
+    Stopping,
+)
+from .launcher import Launcher, LaunchError, RunOutcome
 from .metrics import TrainingProgress
 from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
@@ -59,9 +73,9 @@ class Connections:
         self._open: dict[int, Transport] = {}
         self._epoch = 0  # close() starts a new one: what a connect begun before it brings back is not kept
 
-    def connect(self, preset: Preset, indices: Optional[list[int]] = None, *, consent: Consent = False,
-                password: Optional[str] = None, on_progress: Optional[Callable[[int, str], None]] = None,
-                timeout: Optional[float] = None) -> NodeResults:
+    def connect(self, preset: Preset, indices: list[int] | None = None, *, consent: Consent = False,
+                password: str | None = None, on_progress: Callable[[int, str], None] | None = None,
+                timeout: float | None = None) -> NodeResults:
         """Connect the nodes not connected yet, in parallel and bounded (nodes.results.on_nodes):
         node index -> Transport, or the exception that node raised (a NodeTimeout past the bound).
         A node that answers after the bound is closed, never kept half-known."""
@@ -103,7 +117,7 @@ class Connections:
         with self._lock:
             return dict(self._open)
 
-    def get(self, i: int) -> Optional[Transport]:
+    def get(self, i: int) -> Transport | None:
         with self._lock:
             return self._open.get(i)
 
@@ -128,7 +142,7 @@ def connect_failure(res: NodeResults, what: str = "not launched") -> Failure:
 
 # ---------------------------------------------------------------- check
 
-def local_port_free(port: int, host: str = "") -> Optional[str]:
+def local_port_free(port: int, host: str = "") -> str | None:
     """None when a listener could bind `port` on this machine, else why not."""
     import socket
 
@@ -162,7 +176,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice(Level.ERROR, f"{kind.upper()}_MISSING",
+                out.append(Advice(Level.ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))
@@ -197,7 +211,7 @@ def _with_progress(call: Callable[[Progress], T]) -> Generator[CheckProgress, No
 
 
 def checking(preset: Preset, transports: dict[int, Transport], *, local_python: str,
-             connect_errors: Optional[dict[int, BaseException]] = None, bandwidth_seconds: float = 2.0,
+             connect_errors: dict[int, BaseException] | None = None, bandwidth_seconds: float = 2.0,
              rehearsal: bool = True, on_one_machine: bool = False) -> Iterator[Event]:
     """The launch checks step by step: Stage and CheckProgress events, then one Checked.
 
@@ -232,8 +246,8 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
             v = rep.verdict(i, "rehearsal")
             yield CheckProgress("rehearsal", i, "passed" if v == "ok" else f"failed ({v})")
     advice = list(advise(preset, rep.facts))
-    said = {(a.code, a.node) for a in advice}
-    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in said]
+    advised = {(a.code, a.node) for a in advice}
+    findings = [f for f in rep.findings if f.level != Level.INFO and (f.code, f.node) not in advised]
     yield Checked(CheckResult(rep.facts, advice + findings, rep.to_dict(), rep))
 
 
@@ -284,7 +298,7 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
     return sync_from_master(preset, transports, facts, overwrite=overwrite)
 
 
-def setup_keys(preset: Preset, password: Optional[str], *, identity: Optional[str] = None,
+def setup_keys(preset: Preset, password: str | None, *, identity: str | None = None,
                consent: Consent = False) -> KeySetupReport:
     """Make (or use) the SSH key, install it on every remote node with `password` (memory only)
     and check every node pair: per-node results, never the first error. Raises KeyLocked when
@@ -299,7 +313,7 @@ def host_key(transport: Transport) -> str:
     return transport.host_key()
 
 
-def master_transport(preset: Preset, conns: Connections) -> Optional[Transport]:
+def master_transport(preset: Preset, conns: Connections) -> Transport | None:
     """Node 0's transport: this machine's own when node 0 is local (no connection needed), else
     its open connection (None until the nodes are connected)."""
     from ..nodes.transport import LocalTransport
@@ -308,8 +322,8 @@ def master_transport(preset: Preset, conns: Connections) -> Optional[Transport]:
     return LocalTransport(master.label) if master.is_local else conns.get(0)
 
 
-def look_at_output_dir(preset: Preset, transport: Optional[Transport], *, base_dir: str, local_python: str,
-                       facts: Optional[ClusterFacts] = None) -> tuple[Optional[str], Optional[list[str]], str]:
+def look_at_output_dir(preset: Preset, transport: Transport | None, *, base_dir: str, local_python: str,
+                       facts: ClusterFacts | None = None) -> tuple[str | None, list[str] | None, str]:
     """What node 0's output directory holds before a launch, for the wizard's question: (the directory,
     its entries or None when it could not be looked at, why not). (None, None, "") when the run resumes
     (continuing a run there is the point). A missing directory holds nothing. Blocking, bounded by
@@ -333,7 +347,7 @@ def look_at_output_dir(preset: Preset, transport: Optional[Transport], *, base_d
         return out, None, str(e)
 
 
-def preview_data(preset: Preset, transport: Transport, facts: Optional[ClusterFacts] = None, *, base_dir: str,
+def preview_data(preset: Preset, transport: Transport, facts: ClusterFacts | None = None, *, base_dir: str,
                  local_python: str, bins: int = 16) -> dict[str, Any]:
     """The data preview on node 0 (`transport`: master_transport's): token counts and lengths by the
     worker's own tokenizer, timing from the estimate. Raises DataPreviewError (advice.datapreview)."""
@@ -345,14 +359,14 @@ def preview_data(preset: Preset, transport: Transport, facts: Optional[ClusterFa
 # ---------------------------------------------------------------- plan, start
 
 def plan(preset: Preset, *, run_id: str, root: Path, base_dir: str, local_python: str,
-         facts: Optional[ClusterFacts] = None) -> LaunchPlan:
+         facts: ClusterFacts | None = None) -> LaunchPlan:
     """The LaunchPlan of a run `run_id` whose run directory is root/run_id."""
     return make_plan(preset, run_id=run_id, local_run_dir=str(root / run_id), base_dir=base_dir, facts=facts,
                      local_python=local_python)
 
 
 def start(preset: Preset, plan_: LaunchPlan, transports: dict[int, Transport], facts: ClusterFacts,
-          root: Path, check_report: Optional[dict] = None) -> Launcher:
+          root: Path, check_report: dict | None = None) -> Launcher:
     """Record the run (plan, preset, facts, the check matrix) in a new run directory and start
     every node. Raises LaunchError (naming each node that did not start; the others are stopped)."""
     rd = RunDir.create(root, plan_.run_id)
@@ -378,11 +392,13 @@ class LaunchRequest:
     local_python: str
     force: bool = False
     skip_checks: bool = False
-    facts: Optional[ClusterFacts] = None
+    facts: ClusterFacts | None = None
     consent: Consent = False
-    password: Optional[str] = None
+    password: str | None = None
     # refuse an output directory that holds another run's checkpoints or model (replay and demo; the wizard asks)
     guard_output: bool = False
+    # but replace what earlier runs of this same preset name left there (the demo, run again where it ran before)
+    replace_own_output: bool = False
 
 
 def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
@@ -397,7 +413,7 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
     transports = dict(res.succeeded)
     facts, report = req.facts or ClusterFacts(), None
     if not req.skip_checks:
-        result: Optional[CheckResult] = None
+        result: CheckResult | None = None
         for ev in checking(p, transports, local_python=req.local_python):
             if isinstance(ev, Checked):
                 result = ev.result
@@ -414,8 +430,10 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
               facts=facts)
     if req.guard_output:
         from .output_guard import FIX, guard
+        from .rundir import run_slug
 
-        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0])
+        own = run_slug(req.run_id) if req.replace_own_output else None
+        refusal, note = guard(pl, p.training.resume_from_checkpoint, transports[0], own=own)
         if refusal is not None:
             yield Failure("output", refusal, FIX)
             return
@@ -434,8 +452,8 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
 
 # ---------------------------------------------------------------- attach
 
-def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, password: Optional[str] = None,
-           on_preset: Optional[Callable[[Preset], None]] = None) -> Iterator[Event]:
+def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, password: str | None = None,
+           on_preset: Callable[[Preset], None] | None = None) -> Iterator[Event]:
     """Find a run again from its run directory: AlreadyEnded, or Started with a Launcher that
     follows (and may stop) it, or a Failure. Never returns a launcher whose recorded pids do not
     prove to be this run's job. `on_preset(preset)` is called with the run's preset before
@@ -488,7 +506,7 @@ def _copy_progress(p: TrainingProgress) -> TrainingProgress:
     return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))
 
 
-def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) -> Snapshot:
+def snapshot(la: Launcher, log_rank: int | None = None, log_lines: int = 60) -> Snapshot:
     mon = la.monitor
     log: list[str] = []
     if log_rank is not None and mon.health.unreachable(log_rank):
@@ -507,9 +525,9 @@ def snapshot(la: Launcher, log_rank: Optional[int] = None, log_lines: int = 60) 
                     notices=tuple(mon.copy()), notes=notes)
 
 
-def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] = None,
-           log_rank: Optional[Callable[[], int]] = None, log_lines: int = 60,
-           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Union[Snapshot, Stopping, Ended]]:
+def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = None,
+           log_rank: Callable[[], int] | None = None, log_lines: int = 60,
+           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Snapshot | Stopping | Ended]:
     """Watch a running job: a Snapshot per look (every `interval` s), then Ended with the outcome.
     `la.request_stop()` (from any thread) stops every node, with a Stopping event every quarter
     second while it runs, and ends it as stopped; `max_seconds` stops it as failed. When
@@ -522,9 +540,9 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: Optional[float] 
         if cancelled():
             return
         if la.stop_requested:
-            out, _ = yield from _stopping(la)
+            stopped, _ = yield from _stopping(la)
             yield snapshot(la, log_rank() if log_rank else None, log_lines)
-            yield Ended(out)
+            yield Ended(stopped)
             return
         out = la.step(deadline=deadline, max_seconds=max_seconds)
         yield snapshot(la, log_rank() if log_rank else None, log_lines)
@@ -538,7 +556,8 @@ def _stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, tu
     """Stop every node on a thread of its own and say how far each is while it runs; returns the
     outcome and the ranks where something survived (the generator's value)."""
     import time
-    from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
 
     labels = {c.rank: c.label for c in la.plan.nodes}
     t0 = time.monotonic()

@@ -17,8 +17,9 @@ worker converts it, training/checkpoints/universal.py), when every rank's slice 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from ..preset.schema import Preset
 from .states import RunState
@@ -103,7 +104,7 @@ def without_nodes(preset: Preset, gone: Iterable[int], *, resuming: bool) -> tup
     return new, fit
 
 
-def zero_resume_blocker(preset: Preset) -> Optional[str]:
+def zero_resume_blocker(preset: Preset) -> str | None:
     """Why a ZeRO checkpoint of this preset cannot resume on another number of processes (None: it can).
 
     The worker converts it to DeepSpeed's universal format (training/checkpoints/universal.py), which needs every rank's
@@ -120,18 +121,18 @@ def zero_resume_blocker(preset: Preset) -> Optional[str]:
     return None
 
 
-def common_checkpoint(listings: Mapping[int, Iterable[str]]) -> Optional[int]:
+def common_checkpoint(listings: Mapping[int, Iterable[str]]) -> int | None:
     """The newest checkpoint step that every node lists complete (None when there is none): without
     shared storage each node resumes from its own copy, and they must all start from the same step."""
-    steps: Optional[set[int]] = None
+    steps: set[int] | None = None
     for names in listings.values():
         mine = {int(m.group(1)) for n in names if (m := CKPT_NAME.match(n.strip()))}
         steps = mine if steps is None else steps & mine
     return max(steps) if steps else None
 
 
-def why_not_restart(status: RunState, failed_rank: Optional[int], cause: Optional[str], restarts_made: int,
-                    allowed: int) -> Optional[str]:
+def why_not_restart(status: RunState, failed_rank: int | None, cause: str | None, restarts_made: int,
+                    allowed: int) -> str | None:
     """None when a failed attempt should be followed by another; else why not, for the user."""
     if status != RunState.FAILED:
         return f"the run ended {status}"
@@ -160,7 +161,7 @@ def recovery_notes(preset: Preset, exclude_failed: bool) -> list[str]:
     return notes
 
 
-def attempt_note(state: Mapping[str, Any]) -> Optional[str]:
+def attempt_note(state: Mapping[str, Any]) -> str | None:
     """One line about the attempts recorded in a run's state.json, for the live view and `qwen-tui runs`;
     None for a run that never restarted."""
     attempts = state.get("attempts")

@@ -18,7 +18,8 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from ..nodes.jobs import local_proc
 from .rundir import RunDir, locked_file
@@ -54,7 +55,7 @@ def is_me(rec: Any) -> bool:
     return isinstance(rec, dict) and all(rec.get(k) == mine[k] for k in ("pid", "start", "host"))
 
 
-def current(rd: RunDir) -> Optional[dict]:
+def current(rd: RunDir) -> dict | None:
     rec = rd.read_state().get("driver")
     return rec if isinstance(rec, dict) else None
 

@@ -4,15 +4,15 @@ typed, for every face to render."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 from ..base.levels import Level
 from ..cluster.facts import ClusterFacts
 from ..plan.launch import LaunchPlan
 from .launcher import Launcher, RunOutcome
-from .states import JobState, RunState
 from .metrics import TrainingProgress
 from .notices import Notice
+from .states import JobState, RunState
 
 if TYPE_CHECKING:
     from ..nodes.checks import CheckReport
@@ -39,7 +39,7 @@ class CheckProgress:
     as it comes: what a face shows while the checks run."""
 
     check: str
-    node: Optional[int]
+    node: int | None
     text: str
 
 
@@ -52,8 +52,8 @@ class CheckResult:
 
     facts: ClusterFacts
     items: list = field(default_factory=list)
-    report: Optional[dict] = None
-    checks: Optional[CheckReport] = None
+    report: dict | None = None
+    checks: CheckReport | None = None
 
     @property
     def errors(self) -> list:
@@ -107,10 +107,10 @@ class Failure:
 class Snapshot:
     """A copy of a running job's state for a face to draw (never the live objects)."""
 
-    nodes: dict[int, tuple[JobState, Optional[str]]]  # rank -> (state, error); UNREACHABLE while it cannot be read
+    nodes: dict[int, tuple[JobState, str | None]]  # rank -> (state, error); UNREACHABLE while it cannot be read
     progress: TrainingProgress
     log: list[str] = field(default_factory=list)
-    log_rank: Optional[int] = None
+    log_rank: int | None = None
     notices: tuple[Notice, ...] = ()  # everything the monitor noticed so far, oldest first (run/notices.py)
     notes: dict[int, str] = field(default_factory=dict)  # rank -> one line beside the node (compute time, ...)
 
@@ -138,5 +138,5 @@ class Ended:
     outcome: RunOutcome
 
 
-Event = Union[Stage, CheckProgress, Connected, Checked, Planned, Started, AlreadyEnded, Failure, Snapshot, Stopping,
-              Ended]
+Event = (Stage | CheckProgress | Connected | Checked | Planned | Started | AlreadyEnded | Failure | Snapshot | Stopping
+         | Ended)

@@ -4,8 +4,6 @@ what cannot be read is left out, never guessed."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..nodes.programs import program
 from ..nodes.transport import Transport
 
@@ -34,7 +32,7 @@ def parse_evidence(text: str) -> list[str]:
     return out
 
 
-def node_evidence(t: Transport, link_gbps: Optional[float]) -> str:
+def node_evidence(t: Transport, link_gbps: float | None) -> str:
     try:
         res = t.run(["sh", "-c", _PROBE], timeout=15)
         parts = parse_evidence(res.stdout) if res.ok else []

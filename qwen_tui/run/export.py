@@ -1,18 +1,27 @@
 """Render a LaunchPlan as batch scripts: SLURM (sbatch + srun), PBS, or one plain
-shell script per node. Same argv and environment as `replay`; only the node rank
-and master address come from the scheduler where it assigns the nodes. Secrets
-(HF_TOKEN, ...) are not written: the scripts read them from their environment.
+shell script per node; or as an engine's job file: a Kubeflow Trainer TrainJob
+(export_kubeflow.py) or a SkyPilot task (export_skypilot.py). Same argv and
+environment as `replay`; only the node rank and master address come from the
+scheduler where it assigns the nodes. Secrets (HF_TOKEN, ...) are not written:
+the scripts read them from their environment.
 """
 
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
-from ..plan.launch import LaunchPlan, NodeCommand
 from ..base.redact import is_secret
+from ..plan.launch import LaunchPlan, NodeCommand
+from .export_kubeflow import render_kubeflow
+from .export_skypilot import render_skypilot
 
-FORMATS = ("slurm", "pbs", "sh")
+FORMATS = ("slurm", "pbs", "sh", "kubeflow", "skypilot")
+# Engines that place the nodes themselves: one YAML file each, given the image and (SkyPilot) the accelerator.
+ENGINES: dict[str, tuple[str, Callable[..., str]]] = {
+    "kubeflow": ("trainjob.yaml", lambda plan, image=None, accelerator=None: render_kubeflow(plan, image)),
+    "skypilot": ("sky.yaml", render_skypilot),
+}
 
 
 def _argv_with(cmd: NodeCommand, replace: dict[str, str]) -> str:
@@ -123,8 +132,12 @@ def render_pbs(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def render(plan: LaunchPlan, fmt: str) -> dict[str, str]:
-    """File name -> script text."""
+def render(plan: LaunchPlan, fmt: str, image: str | None = None,
+           accelerator: str | None = None) -> dict[str, str]:
+    """File name -> script text. `image` and `accelerator` are the engines' (ENGINES) container image and GPU."""
+    if fmt in ENGINES:
+        suffix, engine = ENGINES[fmt]
+        return {f"{plan.run_id}.{suffix}": engine(plan, image=image, accelerator=accelerator)}
     if fmt == "sh":
         return {f"node-{c.rank}.sh": render_sh(plan, c) for c in plan.nodes}
     renderers: dict[str, Callable[[LaunchPlan], str]] = {"slurm": render_slurm, "pbs": render_pbs}

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
 
 from ..nodes.programs import program
 
@@ -31,7 +31,7 @@ FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total")
 INTERVAL_MS = 1000
 
 
-def query_argv(fields: Sequence[str] = FIELDS, loop_ms: Optional[int] = INTERVAL_MS) -> list[str]:
+def query_argv(fields: Sequence[str] = FIELDS, loop_ms: int | None = INTERVAL_MS) -> list[str]:
     argv = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
     if loop_ms:
         argv += ["-lms", str(loop_ms)]
@@ -42,12 +42,12 @@ def query_argv(fields: Sequence[str] = FIELDS, loop_ms: Optional[int] = INTERVAL
 class GpuSample:
     index: int
     name: str
-    util_pct: Optional[float]
-    mem_used_mib: Optional[float]
-    mem_total_mib: Optional[float]
+    util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
 
     @property
-    def mem_fraction(self) -> Optional[float]:
+    def mem_fraction(self) -> float | None:
         if self.mem_used_mib is None or not self.mem_total_mib:
             return None
         return self.mem_used_mib / self.mem_total_mib
@@ -57,17 +57,17 @@ class GpuSample:
 class NodeSample:
     rank: int
     gpus: list[GpuSample] = field(default_factory=list)
-    cpu_util_pct: Optional[float] = None  # CPU-only nodes: busy share of all cores since the last sample
-    load1: Optional[float] = None
-    cpu_count: Optional[int] = None
-    error: Optional[str] = None
+    cpu_util_pct: float | None = None  # CPU-only nodes: busy share of all cores since the last sample
+    load1: float | None = None
+    cpu_count: int | None = None
+    error: str | None = None
 
     @property
     def cpu_only(self) -> bool:
         return not self.gpus and (self.cpu_util_pct is not None or self.load1 is not None)
 
 
-def _num(v: str) -> Optional[float]:
+def _num(v: str) -> float | None:
     # values may carry units ("143771 MiB", "99 %") when a query omits nounits;
     # "[N/A]" / "[Not Supported]" mean unknown
     v = v.strip()
@@ -79,7 +79,7 @@ def _num(v: str) -> Optional[float]:
         return None
 
 
-def parse_gpu_line(line: str, fields: Sequence[str] = FIELDS) -> Optional[GpuSample]:
+def parse_gpu_line(line: str, fields: Sequence[str] = FIELDS) -> GpuSample | None:
     """One CSV row of a --query-gpu output (fields in `fields` order) -> a sample; None if not a row."""
     parts = [p.strip() for p in line.strip().split(", ")]
     if len(parts) != len(fields):
@@ -107,7 +107,7 @@ class TickGrouper:
         self.fields = fields
         self.rows = 0  # GPU rows seen so far
         self._cur: list[GpuSample] = []
-        self._n: Optional[int] = None
+        self._n: int | None = None
 
     def push(self, line: str) -> list[list[GpuSample]]:
         """Feed one line; the ticks it completed (none, one, rarely two)."""
@@ -141,7 +141,7 @@ def group_stream(lines: Iterator[str], fields: Sequence[str] = FIELDS) -> Iterat
 
 # ------------------------------------------------------------------ CPU
 
-def parse_proc_stat(text: str) -> Optional[tuple[int, int]]:
+def parse_proc_stat(text: str) -> tuple[int, int] | None:
     """(busy, total) jiffies from the `cpu ` line of /proc/stat."""
     for ln in text.splitlines():
         if ln.startswith("cpu "):
@@ -157,7 +157,7 @@ def cpu_count_from_stat(text: str) -> int:
 
 
 def cpu_sample(rank: int, stat_text: str, loadavg_text: str,
-               prev: Optional[tuple[int, int]]) -> tuple[NodeSample, Optional[tuple[int, int]]]:
+               prev: tuple[int, int] | None) -> tuple[NodeSample, tuple[int, int] | None]:
     cur = parse_proc_stat(stat_text)
     util = None
     if cur and prev and cur[1] > prev[1]:
@@ -179,8 +179,8 @@ def cpu_loop_argv(python: str = "python3", interval: float = INTERVAL_MS / 1000)
     return [python, "-u", "-c", CPU_LOOP, f"{max(1.0, interval):g}"]
 
 
-def parse_cpu_stream_line(rank: int, line: str, prev: Optional[tuple[int, int]]
-                          ) -> tuple[Optional[NodeSample], Optional[tuple[int, int]]]:
+def parse_cpu_stream_line(rank: int, line: str, prev: tuple[int, int] | None
+                          ) -> tuple[NodeSample | None, tuple[int, int] | None]:
     """One CPU_LOOP line -> (sample, counters); (None, prev) when the line is not one."""
     parts = line.rstrip("\r\n").split("\t")
     if len(parts) != 3 or not parts[0].startswith("cpu "):
@@ -204,8 +204,8 @@ class GpuMonitor:
     RETRY_S = 5.0  # a failed stream is started again after this pause
 
     def __init__(self, transports: dict, on_sample: Callable[[NodeSample], None], *,
-                 gpu_nodes: Optional[dict[int, bool]] = None, interval: float = INTERVAL_MS / 1000,
-                 timeout: float = 10.0, pythons: Optional[dict[int, str]] = None):
+                 gpu_nodes: dict[int, bool] | None = None, interval: float = INTERVAL_MS / 1000,
+                 timeout: float = 10.0, pythons: dict[int, str] | None = None):
         self.transports = transports
         self.on_sample = on_sample
         self.gpu_nodes = gpu_nodes or {}
@@ -311,7 +311,7 @@ class GpuMonitor:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
 
     def _cpu_stream(self, rank: int, t) -> None:
-        prev: list[Optional[tuple[int, int]]] = [None]
+        prev: list[tuple[int, int] | None] = [None]
 
         def feed(line: str) -> bool:
             s, prev[0] = parse_cpu_stream_line(rank, line, prev[0])

@@ -20,7 +20,7 @@ import json
 import posixpath
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..nodes.programs import program
 from .gpumon import GpuMonitor, NodeSample
@@ -73,7 +73,7 @@ class _Window:
             got = True
         self.samples += got
 
-    def line(self, rank: int, now: float) -> Optional[dict]:
+    def line(self, rank: int, now: float) -> dict | None:
         if not self.samples:
             return None
         rec: dict = {"time": now, "node": rank, "label": self.label, "samples": self.samples}
@@ -89,7 +89,7 @@ class GpuSeriesWriter:
     """Collects NodeSamples (add() is called from the monitor's sampler threads) and appends one line per node to
     `path` on the master through `transport`, every `interval` seconds from its own thread, and once more at stop()."""
 
-    def __init__(self, transport, path: str, labels: Optional[dict[int, str]] = None, *,
+    def __init__(self, transport, path: str, labels: dict[int, str] | None = None, *,
                  interval: float = FLUSH_S, timeout: float = 15.0, clock: Callable[[], float] = time.time):
         self.transport = transport
         self.path = path
@@ -98,11 +98,11 @@ class GpuSeriesWriter:
         self.timeout = timeout
         self.clock = clock
         self.lines_written = 0
-        self.last_error: Optional[str] = None
+        self.last_error: str | None = None
         self._windows: dict[int, _Window] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def add(self, s: NodeSample) -> None:
         with self._lock:
@@ -171,8 +171,8 @@ class NodeWatch:
     """The monitor of a launched run's nodes, and (when its worker reports to a tracker) the writer that hands
     the samples to the worker. on_sample: the face's own callback (the TUI's panels), or None."""
 
-    def __init__(self, la, on_sample: Optional[Callable[[NodeSample], None]] = None,
-                 gpu_nodes: Optional[dict[int, bool]] = None, series: Optional[bool] = None):
+    def __init__(self, la, on_sample: Callable[[NodeSample], None] | None = None,
+                 gpu_nodes: dict[int, bool] | None = None, series: bool | None = None):
         plan = la.plan
         master_argv = plan.nodes[0].argv if plan.nodes else []
         series = reports_to_tracker(master_argv) if series is None else series

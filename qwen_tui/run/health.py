@@ -11,8 +11,8 @@ or a training failure, is the launcher's to decide, as before.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from .notices import GIVEN_UP, REACHABLE, UNREACHABLE, Notice
 
@@ -30,13 +30,13 @@ def backoff(failures: int) -> float:
 
 @dataclass
 class Reach:
-    since: Optional[float] = None  # monotonic time of the first failed read of this episode
+    since: float | None = None  # monotonic time of the first failed read of this episode
     failures: int = 0  # failed reads in a row
     last_error: str = ""
     next_try: float = 0.0
     given_up: bool = False
     episodes: int = 0  # how many times the node was unreachable in this run
-    last_failed_read: Optional[float] = None  # when the last failed read began
+    last_failed_read: float | None = None  # when the last failed read began
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Health:
                             attempt=self.attempt, details={"seconds": round(gone, 1)}))
         r.since, r.failures, r.last_error, r.next_try, r.given_up = None, 0, "", 0.0, False
 
-    def failed(self, rank: int, error: str, *, started: Optional[float] = None) -> None:
+    def failed(self, rank: int, error: str, *, started: float | None = None) -> None:
         """A read of the node raised, or (started: when it began) has not answered for SILENT_S."""
         r = self.nodes[rank]
         now = self.clock()
@@ -98,7 +98,7 @@ class Health:
                             f"retrying (given up after {self.bound:g} s: monitor.unreachable_timeout)", rank,
                             attempt=self.attempt, details={"error": error}))
 
-    def note(self, rank: int) -> Optional[str]:
+    def note(self, rank: int) -> str | None:
         """What a face shows beside the node while it is unreachable."""
         r = self.nodes[rank]
         if r.since is None:

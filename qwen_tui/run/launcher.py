@@ -13,9 +13,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from ..nodes.containers import remove as remove_container
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
@@ -35,20 +35,20 @@ class NodeState:
     rank: int
     label: str
     status: JobState = JobState.PENDING
-    pid: Optional[int] = None
-    start: Optional[int] = None  # the job leader's start time, recorded at launch
-    rc: Optional[int] = None
-    error: Optional[str] = None
-    cause: Optional[str] = None  # set by the monitor when it gives up on the node (UNREACHABLE)
+    pid: int | None = None
+    start: int | None = None  # the job leader's start time, recorded at launch
+    rc: int | None = None
+    error: str | None = None
+    cause: str | None = None  # set by the monitor when it gives up on the node (UNREACHABLE)
 
 
 @dataclass
 class RunOutcome:
     status: RunState  # ok | failed | stopped
     message: str
-    failed_rank: Optional[int] = None
+    failed_rank: int | None = None
     nodes: dict[int, NodeState] = field(default_factory=dict)
-    cause: Optional[str] = None  # the diagnosis code of the failed node's log (cluster/failures.py), if one matched
+    cause: str | None = None  # the diagnosis code of the failed node's log (cluster/failures.py), if one matched
 
     def __post_init__(self) -> None:
         self.status = RunState(self.status)  # also when given as its word (an ended run's state.json)
@@ -106,7 +106,7 @@ class Launcher:
         # which launch of this run directory this is (run/restarts.py relaunches after a failure);
         # a launcher whose attempt is over no longer writes the run's state
         self.attempt = attempt
-        self.attempt_note: Optional[str] = None  # one line about earlier attempts, for the views
+        self.attempt_note: str | None = None  # one line about earlier attempts, for the views
         self.nodes = {c.rank: NodeState(c.rank, c.label) for c in plan.nodes}
         # a remote master's metrics are copied into the run directory as they are read (a
         # local master writes them there itself): the run keeps them after the node is gone
@@ -125,7 +125,7 @@ class Launcher:
         """Start every node; if any fails to start, stop the ones that did and raise."""
         self.run_dir.write_plan(self.plan)
 
-        def go(c: NodeCommand) -> tuple[int, Optional[int]]:
+        def go(c: NodeCommand) -> tuple[int, int | None]:
             t = self.transports[c.rank]
             pid = t.start_job(c.command, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
                               run_id=self.plan.run_id)
@@ -165,7 +165,7 @@ class Launcher:
             la.nodes[r].pid, la.nodes[r].start, la.nodes[r].status = pid, start, JobState.RUNNING
         return la
 
-    def _ref(self, rank: int) -> Optional[JobRef]:
+    def _ref(self, rank: int) -> JobRef | None:
         st = self.nodes[rank]
         return None if st.pid is None else JobRef(st.pid, st.start, self.plan.run_id)
 
@@ -217,7 +217,7 @@ class Launcher:
                     f"{len(left)} orphaned process(es) of it left" if left else
                     "its processes were killed or the node went away (no exit code)")
 
-    def poll(self) -> Optional[RunOutcome]:
+    def poll(self) -> RunOutcome | None:
         """Refresh node states and metrics (run/monitor.py: never decided from one failed read, never held
         up by a node that does not answer). Returns the outcome once the run is over."""
         self.monitor.look(self._check_node)
@@ -336,7 +336,7 @@ class Launcher:
                                  nodes={str(r): {"status": s.status, "rc": s.rc, "error": s.error}
                                         for r, s in out.nodes.items()})
 
-    def step(self, *, deadline: Optional[float] = None, max_seconds: Optional[float] = None) -> Optional[RunOutcome]:
+    def step(self, *, deadline: float | None = None, max_seconds: float | None = None) -> RunOutcome | None:
         """One look at the run: its outcome once it has ended, else None. A requested stop ends it
         (every node stopped, recorded), and so does time.monotonic() passing `deadline` (the run's
         `max_seconds`, named in the message). What wait() and run.api.follow() repeat."""
@@ -353,8 +353,8 @@ class Launcher:
         """Sleep between looks; a stop request wakes it at once."""
         self._stop_requested.wait(seconds)
 
-    def wait(self, *, interval: float = 0.5, on_update: Optional[Callable[["Launcher"], None]] = None,
-             max_seconds: Optional[float] = None) -> RunOutcome:
+    def wait(self, *, interval: float = 0.5, on_update: Callable[["Launcher"], None] | None = None,
+             max_seconds: float | None = None) -> RunOutcome:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while True:
             out = self.step(deadline=deadline, max_seconds=max_seconds)
@@ -395,7 +395,7 @@ class Launcher:
         return out, left
 
     # ------------------------------------------------------------ stop
-    def stop_all(self, grace: Optional[float] = None) -> dict[int, bool]:
+    def stop_all(self, grace: float | None = None) -> dict[int, bool]:
         """Stop every node's process group in parallel (`grace`: how long the workers may take to end on their
         own; default the launcher's stop_grace). rank -> True when nothing is left."""
         grace = self.stop_grace if grace is None else grace

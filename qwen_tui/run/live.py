@@ -10,8 +10,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,15 +19,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..plan.launch import LaunchPlan
-from ..preset.schema import load_preset
 from ..base.redact import printable, shown_env
-from . import api
+from ..plan.launch import METRICS_NAME, LaunchPlan
+from ..preset.schema import load_preset
+from . import api, styles
 from .gpuseries import NodeWatch, reports_to_tracker
 from .launcher import Launcher, RunOutcome
-from .metrics import fmt_duration
+from .metrics import fmt_duration, loss_summary, read_progress
 from .rundir import default_runs_root, new_run_id
-from . import styles
 from .states import JobState, RunState
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -155,8 +154,8 @@ def watch_keys(on_key) -> contextlib.AbstractContextManager:
     return cm()
 
 
-def follow(la: Launcher, console: Optional[Console] = None, *, interval: float = 0.5,
-           max_seconds: Optional[float] = None, ctrl_c: str = "stop") -> RunOutcome:
+def follow(la: Launcher, console: Console | None = None, *, interval: float = 0.5,
+           max_seconds: float | None = None, ctrl_c: str = "stop") -> RunOutcome:
     """Watch until the run ends (api.follow). `ctrl_c`: "stop" (replay, which launched the run: Ctrl-C or SIGTERM
     stops every node of the run, and says so) or "detach" (attach: they leave the run going, as `tail -f` and
     `kubectl logs -f` do). `d` or Ctrl-\\ always detaches: Detached is raised and the run goes on."""
@@ -186,7 +185,7 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
                 f"qwen-tui attach {ref})")
     hint_text = Text(hint, style="dim")
     old = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
-    out: Optional[RunOutcome] = None
+    out: RunOutcome | None = None
     # A worker that reports to a tracker gets every node's GPU load from the monitor (run.gpuseries).
     watch = NodeWatch(la) if la.plan.nodes and reports_to_tracker(la.plan.nodes[0].argv) else None
     if watch is not None:
@@ -226,13 +225,8 @@ def follow(la: Launcher, console: Optional[Console] = None, *, interval: float =
         console.print(f"last lines of node {out.failed_rank} ({la.plan.nodes[out.failed_rank].label}):")
         for ln in la.log_tail(out.failed_rank, 15):
             console.print("  " + ln, markup=False, highlight=False)
-    losses = la.metrics.progress.losses
-    if losses:
-        console.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps")
-    ev = la.metrics.progress.evals
-    if ev:
-        first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
-        console.print(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    for line in loss_summary(la.metrics.progress):
+        console.print(line, markup=False, highlight=False)
     return out
 
 
@@ -258,7 +252,7 @@ def print_plan(plan: LaunchPlan, console: Console, full: bool = True) -> None:
     if not full:
         argv = plan.nodes[0].argv if plan.nodes else []
 
-        def flag(name: str) -> Optional[str]:
+        def flag(name: str) -> str | None:
             i = argv.index(name) if name in argv else -1
             return argv[i + 1] if 0 <= i < len(argv) - 1 else None
 
@@ -296,17 +290,20 @@ def print_failure(f: api.Failure, console: Console) -> None:
         console.print(Text("fix: " + printable(f.fix), style=styles.WARN))
 
 
-def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: Optional[str], accept_new_host_keys: bool,
-                       force: bool, skip_checks: bool, max_seconds: Optional[float],
-                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False) -> int:
+def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None, accept_new_host_keys: bool,
+                       force: bool, skip_checks: bool, max_seconds: float | None,
+                       exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
+                       replace_own_output: bool = False) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
-    every relaunch that training.restarts allows (run/restarts.py)."""
+    every relaunch that training.restarts allows (run/restarts.py). replace_own_output: the output left by an
+    earlier run of the same preset is replaced, not refused (the demo run again)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
     req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
-                            consent=accept_new_host_keys, guard_output=not overwrite_output)
+                            consent=accept_new_host_keys, guard_output=not overwrite_output,
+                            replace_own_output=replace_own_output)
     if dry_run:
         print_plan(api.plan(preset, run_id=req.run_id, root=root, base_dir=req.base_dir,
                             local_python=req.local_python), console)
@@ -402,6 +399,9 @@ def attach(run_dir: str, *, accept_new_host_keys: bool, stop: bool) -> int:
                 what = "nothing to stop" if stop else "nothing to follow"
                 console.print(f"run {ev.run_id} already ended ({ev.status}): {ev.message}; {what}",
                               markup=False, highlight=False)
+                # what it trained, from the run directory's copy of the master's metrics
+                for line in loss_summary(read_progress(Path(run_dir) / METRICS_NAME)):
+                    console.print(line, markup=False, highlight=False)
                 return 0 if stop else ev.status.exit_code
             if isinstance(ev, api.Failure):
                 print_failure(ev, console)

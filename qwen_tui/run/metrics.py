@@ -7,22 +7,22 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
 class TrainingProgress:
-    start: Optional[dict[str, Any]] = None
-    end: Optional[dict[str, Any]] = None
+    start: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # checkpoints, evals, ...
 
     @property
-    def total_steps(self) -> Optional[int]:
+    def total_steps(self) -> int | None:
         return self.start.get("total_steps") if self.start else None
 
     @property
-    def last(self) -> Optional[dict[str, Any]]:
+    def last(self) -> dict[str, Any] | None:
         return self.steps[-1] if self.steps else None
 
     @property
@@ -35,11 +35,11 @@ class TrainingProgress:
         return [e for e in self.events if e.get("event") == "eval" and isinstance(e.get("eval_loss"), (int, float))]
 
     @property
-    def last_eval(self) -> Optional[dict[str, Any]]:
+    def last_eval(self) -> dict[str, Any] | None:
         ev = self.evals
         return ev[-1] if ev else None
 
-    def eta_seconds(self) -> Optional[float]:
+    def eta_seconds(self) -> float | None:
         last, total = self.last, self.total_steps
         if not last or not total or len(self.steps) < 2:
             return None
@@ -61,13 +61,44 @@ class TrainingProgress:
             self.events.append(rec)
 
 
+def read_progress(path: str | os.PathLike[str]) -> TrainingProgress:
+    """The progress a metrics file records (a run directory's copy, say); a damaged line is skipped, a missing file
+    records nothing."""
+    progress = TrainingProgress()
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return progress
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            progress.add(rec)
+    return progress
+
+
+def loss_summary(progress: TrainingProgress) -> list[str]:
+    """How the loss went, in a line or two: the end of a followed run, or attach on one that has ended."""
+    out = []
+    losses = progress.losses
+    if losses:
+        out.append(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps")
+    ev = progress.evals
+    if ev:
+        first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
+        out.append(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    return out
+
+
 class MetricsFollower:
     """Reads only what was appended since the last call; a partial last line waits.
     `keep`: a local file that gets every byte read, at the offset it was read from plus `keep_at`
     (a follower re-attached from offset 0 rewrites the same bytes: no duplicates; a relaunch on
     another master appends its file after what the first master wrote)."""
 
-    def __init__(self, transport, path: str, keep: Optional[str] = None, keep_at: int = 0):
+    def __init__(self, transport, path: str, keep: str | None = None, keep_at: int = 0):
         self.transport = transport
         self.path = path
         self.keep = keep
@@ -105,7 +136,7 @@ class MetricsFollower:
         return out
 
 
-def fmt_duration(seconds: Optional[float]) -> str:
+def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)

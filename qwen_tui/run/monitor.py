@@ -16,10 +16,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import replace
-from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Protocol
 
 from ..cluster.facts import ClusterFacts
 from ..nodes.jobs import JobRef
@@ -27,12 +29,12 @@ from ..nodes.transport import Transport
 from ..plan.launch import LaunchPlan
 from .evidence import node_evidence
 from .health import SILENT_S, Health
-from .notices import HANG, HANG_OVER, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
-from .stacks import collect_node
-from .stragglers import StragglerWatch
 from .metrics import MetricsFollower
+from .notices import HANG, HANG_OVER, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
 from .rundir import RunDir
+from .stacks import collect_node
 from .states import JobState, RunState
+from .stragglers import StragglerWatch
 from .watchdog import READ_BEATS, HangVerdict, HangWatch, parse_beats
 
 
@@ -46,7 +48,7 @@ class Watched(Protocol):
     metrics: MetricsFollower
     attempt: int
 
-    def _ref(self, rank: int) -> Optional[JobRef]: ...
+    def _ref(self, rank: int) -> JobRef | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,9 @@ class RunMonitor:
         self.stragglers = StragglerWatch(threshold=float(m.get("straggler_threshold", 0.2)),
                                          steps=int(m.get("straggler_steps", 3)))
         self.beats: dict[int, dict[int, dict]] = {}  # node -> global rank -> heartbeat
-        self.verdict: Optional[HangVerdict] = None
-        self.hang_action: Optional[str] = None  # "stop" or "restart": the launcher ends the attempt
-        self._pool: Optional[ThreadPoolExecutor] = None  # made at the first read, let go when the attempt ends
+        self.verdict: HangVerdict | None = None
+        self.hang_action: str | None = None  # "stop" or "restart": the launcher ends the attempt
+        self._pool: ThreadPoolExecutor | None = None  # made at the first read, let go when the attempt ends
         self._inflight: dict[str, tuple[Future, float, int]] = {}  # key -> (future, started, node)
         self._silent: set[str] = set()  # reads already counted as unanswered
         self._beats_due = 0.0
@@ -99,7 +101,7 @@ class RunMonitor:
         with self._lock:
             return list(self.notices)
 
-    def note(self, rank: int) -> Optional[str]:
+    def note(self, rank: int) -> str | None:
         """One line a face shows beside node `rank`: unreachable, or its compute and wait per step."""
         return self.health.note(rank) or self.stragglers.note(rank)
 
@@ -278,7 +280,7 @@ class RunMonitor:
                         f"step waits for it. Evidence: {evidence}", s.node, attempt=self.la.attempt,
                         details={"compute_s": s.compute, "others_s": s.others, "evidence": evidence}))
 
-    def _link(self, node: int) -> Optional[float]:
+    def _link(self, node: int) -> float | None:
         try:
             facts = ClusterFacts.from_dict(json.loads((self.la.run_dir.path / "facts.json").read_text()))
         except (OSError, ValueError, TypeError, AttributeError):

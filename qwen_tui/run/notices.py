@@ -10,25 +10,45 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
-from ..base.levels import Level
+from ..base.levels import CodeDoc, Level
 
 NOTICES_NAME = "notices.jsonl"
 
-# The kinds, and how loud each is (a face colours each level its way: ui/styles.py, run/styles.py).
+# The kinds, what each says and how loud it is (a face colours each level its way: ui/styles.py, run/styles.py);
+# the manual's reference is generated from KINDS (docs/gen_reference.py).
 UNREACHABLE, REACHABLE, GIVEN_UP = "UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"
 HANG, HANG_OVER = "HANG", "HANG_OVER"
 STRAGGLER, STRAGGLER_OVER = "STRAGGLER", "STRAGGLER_OVER"
-LEVELS = {UNREACHABLE: Level.WARNING, REACHABLE: Level.INFO, GIVEN_UP: Level.ERROR, HANG: Level.ERROR,
-          HANG_OVER: Level.INFO, STRAGGLER: Level.WARNING, STRAGGLER_OVER: Level.INFO}
+KINDS = {
+    UNREACHABLE: CodeDoc("warning", "a read of a running node failed or stayed unanswered for 8 s: qwen-tui drops its "
+                         "SSH connection and retries with backoff; the node's training goes on",
+                         "nothing, for a blip; past `monitor.unreachable_timeout` the node is given up on (below)"),
+    REACHABLE: CodeDoc("info", "a node that was unreachable answers again; its log and the master's metrics are read "
+                       "on from where they stopped"),
+    GIVEN_UP: CodeDoc("error", "a node stayed unreachable past `monitor.unreachable_timeout`: with `on_unreachable: "
+                      "stop` every node is stopped (cause UNREACHABLE, and `training.restarts` may relaunch without "
+                      "it); with `keep` the run goes on", "the node's network or sshd; `monitor.unreachable_timeout` "
+                      "for networks that blink longer"),
+    HANG: CodeDoc("error", "no step finished within the hang bound (`monitor.hang_timeout`, default 5 x the median "
+                  "step, at least 120 s): names the node, rank and phase by the strongest evidence, and every rank's "
+                  "stack is in the run directory's `stacks/`", "read the named rank's stack; `monitor.on_hang: "
+                  "restart` relaunches from the last checkpoint"),
+    HANG_OVER: CodeDoc("info", "steps finish again after a hang was called"),
+    STRAGGLER: CodeDoc("warning", "a node's compute time per step exceeded the other nodes' median by "
+                       "`monitor.straggler_threshold` (and 50 ms) for `monitor.straggler_steps` logged steps; with "
+                       "the evidence at hand (GPU clocks and temperature, CPU load, the link to the master)",
+                       "the evidence's cause: a throttled GPU, a busy CPU, a slow link; or leave the node out"),
+    STRAGGLER_OVER: CodeDoc("info", "the straggler keeps pace again"),
+}
+LEVELS = {kind: doc.level_list[0] for kind, doc in KINDS.items()}
 
 
 @dataclass(frozen=True)
 class Notice:
     kind: str
     text: str  # one line, complete: "node 1 (gpu-2) unreachable: ...; training goes on"
-    node: Optional[int] = None
+    node: int | None = None
     at: float = field(default_factory=time.time)
     attempt: int = 1
     details: dict = field(default_factory=dict)  # stacks directory, culprit rank, figures
@@ -41,7 +61,7 @@ class Notice:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Optional["Notice"]:
+    def from_dict(cls, d: dict) -> "Notice" | None:
         """None for a record that is not a notice (a damaged line is skipped, never fatal)."""
         if not isinstance(d, dict) or not isinstance(d.get("kind"), str) or not isinstance(d.get("text"), str):
             return None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from typing import Optional
 
 from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan
@@ -53,9 +52,12 @@ def checkpoint_state(t: Transport, ckpt: str) -> dict:
     return {}
 
 
-def guard(plan: LaunchPlan, resume: Optional[str], t: Transport) -> tuple[Optional[str], Optional[str]]:
+def guard(plan: LaunchPlan, resume: str | None, t: Transport,
+          own: str | None = None) -> tuple[str | None, str | None]:
     """(refusal, note): a refusal when the output directory holds another run's files and nothing says to use
-    them; a note saying what `resume_from_checkpoint` will continue from. Both None when the directory is new."""
+    them; a note saying what `resume_from_checkpoint` will continue from. Both None when the directory is new.
+    `own`: a preset name whose earlier runs' output this run replaces (each checkpoint there must say it was saved
+    by a run of that name; a final model alone proves nothing and is refused as before)."""
     out = output_dir(plan)
     try:
         found = run_files(look(t, out))
@@ -73,6 +75,12 @@ def guard(plan: LaunchPlan, resume: Optional[str], t: Transport) -> tuple[Option
                           f"set another training.output_dir to start afresh")
     if not found:
         return None, None
+    if own and ckpts:
+        from .rundir import run_slug
+
+        savers = {checkpoint_state(t, posixpath.join(out, c)).get("run_id") for c in ckpts}
+        if all(isinstance(s, str) and run_slug(s) == own for s in savers):
+            return None, f"replacing the output of the earlier {own} run in {out} ({', '.join(sorted(savers))})"
     shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
     what = "checkpoints" if ckpts else "final model"
     return (f"not launched: {out} on node 0 already holds another run's {what} ({shown}); the new run would write "

@@ -18,20 +18,19 @@ import posixpath
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
 
-from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.cluster.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.cluster.ib import nccl_transport
 from qwen_tui.nodes.checks import CheckReport
 from qwen_tui.nodes.containers import remove as remove_container
-from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.findings import ERROR, INFO, Finding
+from qwen_tui.nodes.ibcheck import nccl_network_findings
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import Transport, stop_group
 from qwen_tui.plan.container import with_env
+from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
 from qwen_tui.plan.launch import LaunchPlan
 from qwen_tui.preset.schema import Preset
 
@@ -44,15 +43,15 @@ class RehearsalResult:
     ok: bool
     message: str
     wall_s: float
-    meet_s: Optional[float] = None
-    busbw_gbps: Optional[float] = None
-    size_mb: Optional[float] = None  # the all-reduce message busbw was measured at
-    failed_node: Optional[int] = None
-    diagnosis: Optional[Diagnosis] = None
-    rcs: dict[int, Optional[int]] = field(default_factory=dict)
+    meet_s: float | None = None
+    busbw_gbps: float | None = None
+    size_mb: float | None = None  # the all-reduce message busbw was measured at
+    failed_node: int | None = None
+    diagnosis: Diagnosis | None = None
+    rcs: dict[int, int | None] = field(default_factory=dict)
     log_tails: dict[int, list[str]] = field(default_factory=dict)
     left_running: list[int] = field(default_factory=list)  # nodes where a process survived the stop (never expected)
-    transports: dict[int, Optional[str]] = field(default_factory=dict)  # node -> "IB" | "Socket" | ... (NCCL's word)
+    transports: dict[int, str | None] = field(default_factory=dict)  # node -> "IB" | "Socket" | ... (NCCL's word)
 
 
 # One timed all-reduce may take this long; a slower link is measured at a smaller message (the job says so).
@@ -101,9 +100,9 @@ def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int,
 
 
 def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
-             deadline_s: float = 60.0, size_mb: Optional[float] = None, collective_timeout: int = 30,
+             deadline_s: float = 60.0, size_mb: float | None = None, collective_timeout: int = 30,
              allreduce_budget_s: float = ALLREDUCE_BUDGET_S,
-             facts: Optional[ClusterFacts] = None, poll: float = 0.3) -> RehearsalResult:
+             facts: ClusterFacts | None = None, poll: float = 0.3) -> RehearsalResult:
     """The rehearsal on every node. size_mb: the all-reduce message (default rehearsal_size_mb(plan.backend)); on a
     link too slow to move it within ALLREDUCE_BUDGET_S the job measures at a smaller power of two and says so."""
     if size_mb is None:
@@ -130,7 +129,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
 
     started = on_nodes(start, sorted(cmds), timeout=60)
     pids = started.succeeded
-    rcs: dict[int, Optional[int]] = {r: None for r in cmds}
+    rcs: dict[int, int | None] = {r: None for r in cmds}
     failed_start = started.failed
     msg = ""
     while not failed_start:
@@ -209,7 +208,7 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
 
 
 def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckReport,
-                  *, local_python: Optional[str] = None) -> None:
+                  *, local_python: str | None = None) -> None:
     """Run the rehearsal (rendezvous + all-reduce with the plan's own settings) and
     put its verdict into the report. Only worth it once every node answered and the
     other checks passed."""

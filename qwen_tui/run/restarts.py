@@ -30,7 +30,7 @@ import posixpath
 import shutil
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..cluster.facts import ClusterFacts
 from ..nodes.programs import program
@@ -38,9 +38,8 @@ from ..nodes.transport import Transport, TransportError
 from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
-from .attempts import (RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart,
-                       without_nodes)
-from .launcher import LaunchError, Launcher, RunOutcome
+from .attempts import RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart, without_nodes
+from .launcher import Launcher, LaunchError, RunOutcome
 from .rundir import RunDir
 from .states import JobState, RunState
 
@@ -48,10 +47,10 @@ from .states import JobState, RunState
 _LIST_CHECKPOINTS = program("list_checkpoints.sh")
 NEXT_ATTEMPT_BOUND = 120.0  # how long `attach` waits for replay to start the next attempt
 
-FollowOne = Callable[[Launcher, Optional[float]], RunOutcome]
+FollowOne = Callable[[Launcher, float | None], RunOutcome]
 
 
-def run_facts(rd: RunDir) -> Optional[ClusterFacts]:
+def run_facts(rd: RunDir) -> ClusterFacts | None:
     """What the launch checks learned (facts.json), for the plans of the relaunches; None without it."""
     try:
         return ClusterFacts.from_dict(json.loads((rd.path / "facts.json").read_text(encoding="utf-8")))
@@ -59,7 +58,7 @@ def run_facts(rd: RunDir) -> Optional[ClusterFacts]:
         return None
 
 
-def _facts_for(rd: RunDir, state: dict, plan: LaunchPlan) -> Optional[ClusterFacts]:
+def _facts_for(rd: RunDir, state: dict, plan: LaunchPlan) -> ClusterFacts | None:
     """facts.json keyed by the current attempt's ranks: it holds the first launch's, and a relaunch without a
     failed node renumbers the nodes that stay (matched by their labels, as the attempts list them)."""
     facts = run_facts(rd)
@@ -97,8 +96,8 @@ class Restarts:
     """Follows a run through its attempts. `preset`, `transports` and `facts` are those of the launcher
     passed to `follow`; `say` prints one line for the user."""
 
-    def __init__(self, preset: Preset, transports: dict[int, Transport], facts: Optional[ClusterFacts],
-                 *, exclude_failed: bool, base_dir: str, local_python: Optional[str],
+    def __init__(self, preset: Preset, transports: dict[int, Transport], facts: ClusterFacts | None,
+                 *, exclude_failed: bool, base_dir: str, local_python: str | None,
                  say: Callable[[str], None] = print):
         self.preset, self.transports, self.facts = preset, transports, facts
         self.exclude_failed = exclude_failed
@@ -136,7 +135,7 @@ class Restarts:
         a = rd.read_state().get("attempts")
         return a if isinstance(a, list) else []
 
-    def _record_start(self, la: Launcher, batch: str, resume_from: Optional[str], started: float) -> None:
+    def _record_start(self, la: Launcher, batch: str, resume_from: str | None, started: float) -> None:
         rd = la.run_dir
         attempts = self._attempts(rd)
         attempts.append({"attempt": la.attempt, "started": started, "nodes": [c.label for c in la.plan.nodes],
@@ -157,7 +156,7 @@ class Restarts:
             rd.write_state(attempts=attempts)
 
     # ------------------------------------------------------------ the loop
-    def follow(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float] = None) -> RunOutcome:
+    def follow(self, la: Launcher, follow_one: FollowOne, max_seconds: float | None = None) -> RunOutcome:
         """Follow `la` (the first attempt, just started) and every relaunch until the run ends."""
         for note in recovery_notes(self.preset, self.exclude_failed):
             self.say(f"note: {note}")
@@ -170,7 +169,7 @@ class Restarts:
         return self._drive(la, follow_one, max_seconds, None)
 
     def take_over(self, la: Launcher, out: RunOutcome, follow_one: FollowOne,
-                  max_seconds: Optional[float] = None) -> RunOutcome:
+                  max_seconds: float | None = None) -> RunOutcome:
         """After attempt `la` ended with `out` and no live face drives the run (this one has claimed the
         role: driver.claim): relaunch as the launching face would have, and follow until the run ends."""
         if out.status == RunState.FAILED and self.made < self.allowed:
@@ -178,8 +177,8 @@ class Restarts:
                      f"(attempt {la.attempt + 1} of {self.allowed + 1})")
         return self._drive(la, follow_one, max_seconds, out)
 
-    def _drive(self, la: Launcher, follow_one: FollowOne, max_seconds: Optional[float],
-               out: Optional[RunOutcome]) -> RunOutcome:
+    def _drive(self, la: Launcher, follow_one: FollowOne, max_seconds: float | None,
+               out: RunOutcome | None) -> RunOutcome:
         """The loop: follow an attempt (unless its outcome `out` is known), relaunch it while restarts remain.
         This face is the run's driver until it returns."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -293,7 +292,7 @@ class Restarts:
         return kept.stat().st_size if kept.exists() else 0
 
 
-def _next_of(state: dict, attempt: int) -> Optional[tuple[str, Optional[int]]]:
+def _next_of(state: dict, attempt: int) -> tuple[str, int | None] | None:
     """What state.json says follows attempt `attempt`: ("next", K) once attempt K runs, ("none", None) when no
     attempt follows (the driver decided so, or the run allows no restart), None while undecided."""
     cur = state.get("attempt", 1)
@@ -308,7 +307,7 @@ def _next_of(state: dict, attempt: int) -> Optional[tuple[str, Optional[int]]]:
 
 
 def wait_for_next_attempt(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND,
-                          interval: float = 0.5) -> Optional[int]:
+                          interval: float = 0.5) -> int | None:
     """For `attach`: after attempt `attempt` ended, wait (bounded) for replay to say what comes next. The new
     attempt's number once it runs; None when no attempt follows (or none started within `bound`)."""
     deadline = time.monotonic() + bound
@@ -330,7 +329,7 @@ def _claimed(rd: RunDir) -> bool:
 
 
 def next_or_take_over(rd: RunDir, attempt: int, bound: float = NEXT_ATTEMPT_BOUND, interval: float = 0.5,
-                      cancelled: Callable[[], bool] = lambda: False) -> tuple[str, Optional[int]]:
+                      cancelled: Callable[[], bool] = lambda: False) -> tuple[str, int | None]:
     """For `attach`, after attempt `attempt` failed: ("next", K) once the run's driver started attempt K;
     ("drive", None) when no live face drives the run: this face has claimed the role (driver.claim) and
     relaunches it (Restarts.from_run_dir, take_over); ("none", None) when no attempt follows, or the live

@@ -23,8 +23,9 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from ..base.logsetup import log_to_run_dir
 from ..plan.launch import LaunchPlan
@@ -33,10 +34,16 @@ from .states import RunState
 log = logging.getLogger(__name__)
 
 
-def new_run_id(name: Optional[str], now: Optional[float] = None) -> str:
+def new_run_id(name: str | None, now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or "run").strip("-")[:40] or "run"
     return f"{stamp}-{slug}-{os.getpid() % 10000:04d}"
+
+
+def run_slug(run_id: str) -> str | None:
+    """The preset name a run id was made from (new_run_id's middle part); None for an id of another shape."""
+    m = re.fullmatch(r"\d{8}-\d{6}-(.+)-\d{4}", run_id or "")
+    return m.group(1) if m else None
 
 
 def default_runs_root() -> Path:
@@ -134,15 +141,15 @@ class RunDir:
             raise RunDirError(f"{self.path / 'plan.json'}: not a plan qwen-tui wrote: "
                               f"{type(e).__name__}: {e}") from None
 
-    def write_pids(self, pids: dict[int, int], starts: Optional[dict[int, Optional[int]]] = None) -> None:
+    def write_pids(self, pids: dict[int, int], starts: dict[int, int | None] | None = None) -> None:
         write_json_atomic(self.path / "pids.json", {str(k): v for k, v in pids.items()})
         if starts is not None:
             write_json_atomic(self.path / "starts.json", {str(k): v for k, v in starts.items()})
 
-    def read_jobs(self, nnodes: Optional[int] = None) -> dict[int, tuple[int, Optional[int]]]:
+    def read_jobs(self, nnodes: int | None = None) -> dict[int, tuple[int, int | None]]:
         """rank -> (pid, start time or None), checked: ranks of the plan, integer pids."""
         pids, starts = self._read_json("pids.json", {}), self._read_json("starts.json", {})
-        out: dict[int, tuple[int, Optional[int]]] = {}
+        out: dict[int, tuple[int, int | None]] = {}
         for name, data in (("pids.json", pids), ("starts.json", starts)):
             if not isinstance(data, dict):
                 raise RunDirError(f"{self.path / name}: a JSON object rank -> number is needed, "
@@ -184,7 +191,7 @@ class RunDir:
         return data
 
 
-def find_running(root: Path) -> Optional[RunDir]:
+def find_running(root: Path) -> RunDir | None:
     """The newest run directory under `root` whose state says running (what the wizard re-attaches to)."""
     if not root.is_dir():
         return None

@@ -7,7 +7,6 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -21,14 +20,14 @@ TAIL_BYTES = 64 * 1024  # the last step record of metrics.jsonl is near its end
 class RunSummary:
     run_id: str
     path: str
-    preset: Optional[str]
+    preset: str | None
     state: str
     nodes: list[str]
-    started: Optional[float]
-    step: Optional[int]
-    last_loss: Optional[float]
+    started: float | None
+    step: int | None
+    last_loss: float | None
     attempt: int = 1  # relaunches after a failure make more (run/restarts.py)
-    attempt_note: Optional[str] = None
+    attempt_note: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,7 +37,7 @@ def is_run_dir(path: Path) -> bool:
     return (path / "plan.json").is_file()
 
 
-def _preset_name(path: Path) -> Optional[str]:
+def _preset_name(path: Path) -> str | None:
     try:
         data = yaml.safe_load((path / "preset.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -46,7 +45,7 @@ def _preset_name(path: Path) -> Optional[str]:
     return data.get("name") if isinstance(data, dict) else None
 
 
-def _last_step(metrics: Path) -> tuple[Optional[int], Optional[float]]:
+def _last_step(metrics: Path) -> tuple[int | None, float | None]:
     """(step, loss) of the last step record in a metrics.jsonl, reading only its tail."""
     try:
         with open(metrics, "rb") as f:
@@ -103,12 +102,15 @@ class RunNotFound(LookupError):
 
 def resolve_run(ref: str, root: Path) -> Path:
     """A run directory from what the user typed: a path, `last` (the newest run), a run id, or a unique
-    prefix of one. Raises RunNotFound naming the runs root."""
+    prefix of one. A path that is not here (`runs/<id>`, as the runs are shown) names a run of the runs root by
+    its last part. Raises RunNotFound naming the runs root."""
     p = Path(ref).expanduser()
     if (os.sep in ref or ref in (".", "..")) and p.is_dir():
         if not is_run_dir(p):
             raise RunNotFound(f"{p}: not a qwen-tui run directory (no plan.json)")
         return p.absolute()
+    if os.sep in ref and p.name and not p.exists():
+        ref = p.name
     runs = list_runs(root)
     if ref == "last":
         if not runs:

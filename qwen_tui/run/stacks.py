@@ -12,7 +12,6 @@ import posixpath
 import signal
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..nodes.jobs import JobRef, members
 from ..nodes.transport import Transport
@@ -28,7 +27,7 @@ def _safe(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label) or "node"
 
 
-def collect_node(t: Transport, cmd: NodeCommand, ref: Optional[JobRef], beats: dict[int, dict], dest: Path,
+def collect_node(t: Transport, cmd: NodeCommand, ref: JobRef | None, beats: dict[int, dict], dest: Path,
                  *, wait_s: float = STACK_WAIT_S) -> dict[int, str]:
     """Stacks of node `cmd`'s ranks into dest/<label>-rank<R>.txt: global rank -> "ok (py-spy)", "ok (SIGUSR1)"
     or why there is none."""

@@ -4,7 +4,7 @@ they always had, and a state read back from a file compares equal to its member.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from ..base.strenum import StrEnum
 
 
 class JobState(StrEnum):

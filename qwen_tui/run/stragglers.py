@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
 
 # Below this a gap is the master's own bookkeeping (rank 0 writes the metrics and the log: ~10-20 ms a step on a
 # tiny CPU model), not a slow node; on real models a step takes a second or more and 20% of it is far above.
 MIN_GAP_S = 0.05
 
 
-def node_times(rec: dict) -> Optional[dict[int, tuple[float, float]]]:
+def node_times(rec: dict) -> dict[int, tuple[float, float]] | None:
     """node rank -> (compute s/step, wait s/step) of one metrics record; None when it has no per-rank times."""
     comp, wait, nodes = rec.get("rank_compute_s"), rec.get("rank_wait_s"), rec.get("rank_node")
     if not (isinstance(comp, list) and isinstance(nodes, list) and len(comp) == len(nodes) and comp):
@@ -86,7 +85,7 @@ class StragglerWatch:
         self.seen = len(records)
         return new, over
 
-    def note(self, node: int) -> Optional[str]:
+    def note(self, node: int) -> str | None:
         """What a face shows beside a node: its compute and wait per step."""
         t = self.latest.get(node)
         if t is None:

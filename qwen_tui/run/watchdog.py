@@ -22,8 +22,8 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from ..nodes.programs import program
 
@@ -56,7 +56,7 @@ def parse_beats(text: str) -> dict[int, dict]:
 @dataclass(frozen=True)
 class HangVerdict:
     culprits: list[int]  # global ranks
-    node: Optional[int]  # node rank of the first culprit (its heartbeat's node_rank)
+    node: int | None  # node rank of the first culprit (its heartbeat's node_rank)
     phase: str
     reason: str
     stalled_for: float
@@ -72,7 +72,7 @@ class HangVerdict:
 
 @dataclass
 class HangWatch:
-    bound_s: Optional[float] = None  # monitor.hang_timeout; None: from the run's own step times
+    bound_s: float | None = None  # monitor.hang_timeout; None: from the run's own step times
     clock: Callable[[], float] = time.monotonic
     best_step: int = -1
     progress_at: float = field(default=0.0)
@@ -92,7 +92,7 @@ class HangWatch:
             b = max(b * SLOW_FACTOR, SLOW_MIN_S)
         return b
 
-    def observe(self, beats: dict[int, dict], step_times: list[float]) -> Optional[HangVerdict]:
+    def observe(self, beats: dict[int, dict], step_times: list[float]) -> HangVerdict | None:
         """Feed the heartbeats read now; a HangVerdict the first time the run is found hung (once per stall)."""
         now = self.clock()
         for r, b in beats.items():

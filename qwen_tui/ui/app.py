@@ -8,9 +8,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import sys
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -18,10 +19,10 @@ from textual.screen import Screen
 from textual.worker import Worker
 
 from ..advice.rules import Advice, apply_fix
-from ..cluster.facts import ClusterFacts
 from ..base.field_words import plain_message
-from ..preset.schema import Preset, PresetError, save_preset
+from ..cluster.facts import ClusterFacts
 from ..preset.lenient import load_preset_keeping_known
+from ..preset.schema import Preset, PresetError, save_preset
 from ..run.api import CONSENT_WAIT_S
 from ..wizard.state import STEPS, TITLES, WizardState, new_preset
 from .launch_guard import LaunchGuard
@@ -58,12 +59,12 @@ class WizardApp(App[int]):
     HORIZONTAL_BREAKPOINTS = [(0, "-tiny-w"), (MIN_SIZE[0], "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-tiny-h"), (MIN_SIZE[1], "-short"), (30, "-tall")]
 
-    def __init__(self, preset_path: Optional[str] = None, *, preset: Optional[Preset] = None,
-                 facts: Optional[ClusterFacts] = None, runs_root: Optional[str] = None,
-                 reattach: bool = True, base_dir: Optional[str] = None,
-                 local_python: Optional[str] = None) -> None:
+    def __init__(self, preset_path: str | None = None, *, preset: Preset | None = None,
+                 facts: ClusterFacts | None = None, runs_root: str | None = None,
+                 reattach: bool = True, base_dir: str | None = None,
+                 local_python: str | None = None) -> None:
         super().__init__()
-        self.load_error: Optional[str] = None
+        self.load_error: str | None = None
         self.unknown_keys: list[str] = []  # the opened file's keys qwen-tui does not know (left out, file kept)
         path = Path(preset_path) if preset_path else None
         self.new_path = False  # a path that names no file yet: a new preset that ctrl+s saves there
@@ -86,8 +87,9 @@ class WizardApp(App[int]):
         self.base_dir = base_dir or os.getcwd()  # relative local workdirs resolve against it
         # Local nodes without a python of their own run this one: Review shows it, launch uses it.
         self.local_python = local_python or sys.executable
-        self.password: Optional[str] = None  # asked once in the SSH step; memory only
+        self.password: str | None = None  # asked once in the SSH step; memory only
         self.launch_guard = LaunchGuard(self)  # the questions before a launch (Review's l, the Run step's l)
+        self.quit_note: str | None = None  # said on the terminal once the wizard has gone: a run it leaves going
 
     # ---------------------------------------------------------------- start
     def on_mount(self) -> None:
@@ -153,12 +155,12 @@ class WizardApp(App[int]):
             return
         self.set_preset(new, note=msg.note)
 
-    def shown_screen(self) -> Optional[Screen]:
+    def shown_screen(self) -> Screen | None:
         """The screen on top, or None once the App has closed its screens: a form's last change (a field's blur as
         the App quits) can arrive after them, and is then only recorded."""
         return self.screen_stack[-1] if self.screen_stack else None
 
-    def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None:
+    def set_preset(self, preset: Preset, *, note: str | None = None, dirty: bool = True) -> None:
         old_nodes = self.state.preset.cluster.nodes
         self.state.preset = preset
         self.state.dirty = self.state.dirty or dirty
@@ -285,9 +287,9 @@ class WizardApp(App[int]):
 
     def action_save_as(self) -> None:
         default = str(self.state.path or f"presets/{self.state.preset.name or 'my-run'}.yaml")
-        self.push_screen(Form("Save preset as", [("path", "file", default)]), self._save_to)
+        self.push_screen(Form("Save preset as", [("path", "file", default)], paths=["path"]), self._save_to)
 
-    def _save_to(self, answer: Optional[dict[str, Any]], *, old_values_ok: bool = False) -> None:
+    def _save_to(self, answer: dict[str, Any] | None, *, old_values_ok: bool = False) -> None:
         if not answer or not answer.get("path"):
             return
         if self.state.field_errors and not old_values_ok:
@@ -321,10 +323,10 @@ class WizardApp(App[int]):
         self.screen.post_message(StateChanged())
 
     def action_open(self) -> None:
-        def ask_path(yes: Optional[bool] = True) -> None:
+        def ask_path(yes: bool | None = True) -> None:
             if yes:
-                self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))]),
-                                 self._open)
+                self.push_screen(Form("Open preset", [("path", "file", str(self.state.path or "presets/"))],
+                                      paths=["path"]), self._open)
 
         if self.state.dirty:  # opening replaces the preset in memory: its edits would be gone
             self.push_screen(Confirm("Open another preset?", "This preset has unsaved changes; opening another "
@@ -333,7 +335,7 @@ class WizardApp(App[int]):
             return
         ask_path()
 
-    def _open(self, answer: Optional[dict[str, Any]]) -> None:
+    def _open(self, answer: dict[str, Any] | None) -> None:
         if not answer:
             return
         path = Path(os.path.expanduser(answer["path"]))
@@ -350,16 +352,33 @@ class WizardApp(App[int]):
         if unknown:
             self._say_unknown_keys()
 
+    def running_run_id(self) -> str | None:
+        """The run this wizard follows while it trains (or starts), else None."""
+        from ..run.states import RunState
+
+        launcher = getattr(self.get_screen("run"), "launcher", None) if "run" in self._installed_screens else None
+        if launcher is None or self.state.run_status not in (RunState.RUNNING, RunState.STARTING):
+            return None
+        return str(launcher.plan.run_id)
+
+    def _quit(self) -> None:
+        run_id = self.running_run_id()
+        if run_id:  # quitting detaches: say so where the user will look next, the terminal
+            self.quit_note = (f"the run {run_id} goes on without the wizard:\n"
+                              f"  qwen-tui attach {run_id}          follows it (reopening qwen-tui does too)\n"
+                              f"  qwen-tui attach {run_id} --stop   stops it")
+        self.exit(0)
+
     async def action_quit(self) -> None:
         if self.state.dirty:
-            def done(yes: Optional[bool]) -> None:
+            def done(yes: bool | None) -> None:
                 if yes:
-                    self.exit(0)
+                    self._quit()
             self.push_screen(Confirm("Quit without saving?",
                                      "The preset has unsaved changes (ctrl+s saves). A running job keeps "
                                      "running either way; reopening qwen-tui re-attaches."), done)
             return
-        self.exit(0)
+        self._quit()
 
     # ---------------------------------------------------------------- launch
     def launch_asking(self, *, ask_errors: bool = True) -> None:
@@ -398,7 +417,9 @@ class WizardApp(App[int]):
         self.state.conns.close()
 
 
-def run_app(preset_path: Optional[str] = None) -> int:
+def run_app(preset_path: str | None = None) -> int:
     app = WizardApp(preset_path)
     rc = app.run()
+    if app.quit_note:
+        print(app.quit_note)
     return int(rc or 0)

@@ -10,11 +10,11 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Input, Label, Static
+from textual.widgets import Input, Static
 
+from .dialog import Dialog
 from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
 from .widgets.form_inputs import OrderedInput
 
@@ -29,22 +29,22 @@ class ChatReply(Message):
         self.reply, self.error = reply, error
 
 
-class ChatScreen(ModalScreen[None]):
+class ChatScreen(Dialog[None]):
     BINDINGS = [Binding("escape", "close", "Close")]
+    WIDE = True
+    DIALOG_ID = "chat-dialog"
 
     def __init__(self, result: RunResult, transport: Transport) -> None:
-        super().__init__(classes="modal")
+        super().__init__(f"Chat with {result.output_dir}")
         self.result, self.transport = result, transport
         self.messages: list[dict[str, str]] = []
         self.busy = False
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog wide", id="chat-dialog"):
-            yield Label(f"Chat with {self.result.output_dir}", classes="dialog-title")
-            with VerticalScroll(id="chat-log"):
-                yield Static(Text("Type a message and press Enter; Esc closes. The model loads on the master for "
-                                  "each reply.", style="dim"), id="chat-hint")
-            yield OrderedInput(placeholder="your message", id="chat-input")
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="chat-log"):
+            yield Static(Text("Type a message and press Enter; Esc closes. The model loads on the master for "
+                              "each reply.", style="dim"), id="chat-hint")
+        yield OrderedInput(placeholder="your message", id="chat-input")
 
     def on_mount(self) -> None:
         self.query_one("#chat-input", Input).focus()

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
+
+from .dialog import Dialog
 
 # One text per step; a step screen's own HELP wins (StepScreen.help_text).
 STEP_HELP = {
@@ -57,23 +57,21 @@ def keys_text(bindings: list[Binding]) -> Text:
     return t
 
 
-class HelpPanel(ModalScreen[None]):
+class HelpPanel(Dialog[None]):
     BINDINGS = [Binding("escape,enter,f10,question_mark", "close", "Close")]
+    WIDE = True
+    DIALOG_ID = "help"
 
     def __init__(self, title: str, body: str, keys: list[Binding]) -> None:
-        super().__init__(classes="modal")
-        self.title_text, self.body, self.keys = title, body, keys
+        super().__init__(f"Help: {title}")
+        self.body, self.keys = body, keys
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog wide", id="help"):
-            yield Label(f"Help: {self.title_text}", classes="dialog-title")
-            with VerticalScroll(classes="dialog-scroll"):
-                yield Static(self.body, classes="dialog-body", markup=False, id="help-body")
-                yield Label("Keys of this step", classes="section")
-                yield Static(keys_text(self.keys), id="help-keys")
-                yield Static(GLOBAL_KEYS, classes="dialog-body", markup=False)
-            with Horizontal(classes="dialog-buttons"):
-                yield Button("Close (esc)", id="close", variant="primary")
+    def compose_body(self) -> ComposeResult:
+        yield self.scrolling(self.text(self.body, id="help-body"), Label("Keys of this step", classes="section"),
+                             Static(keys_text(self.keys), id="help-keys"), self.text(GLOBAL_KEYS))
+
+    def compose_buttons(self) -> ComposeResult:
+        yield Button("Close (esc)", id="close", variant="primary")
 
     def on_button_pressed(self, _: Button.Pressed) -> None:
         self.dismiss(None)

@@ -8,7 +8,6 @@ come through here."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Optional
 
 from textual.worker import Worker, WorkerState
 
@@ -21,7 +20,7 @@ from .wizard import Wizard
 LOOK = "launch-look"  # the look's worker: the App hands its state changes to LaunchGuard.worker_changed
 
 
-def questions(advice: list, out: Optional[str], entries: Optional[list[str]], ask_errors: bool) -> list[Confirm]:
+def questions(advice: list, out: str | None, entries: list[str] | None, ask_errors: bool) -> list[Confirm]:
     asks: list[Confirm] = []
     errs = [a for a in advice if a.level == Level.ERROR]
     if errs and ask_errors:

@@ -5,7 +5,7 @@ handler (on the UI thread) updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
@@ -25,7 +25,7 @@ class ChangePreset(Message):
     """A screen asks the App to change the preset: {"training.zero_stage": 3, ...}."""
 
     changes: dict[str, object]  # dotted preset path -> new value (Preset.with_changes)
-    note: Optional[str] = field(default=None, kw_only=True)
+    note: str | None = field(default=None, kw_only=True)
 
 
 class StateChanged(Message):
@@ -41,8 +41,8 @@ class ProbeProgress(Message):
 
     index: int
     state: ProbeState
-    facts: Optional[NodeFacts] = field(default=None, kw_only=True)
-    error: Optional[str] = field(default=None, kw_only=True)
+    facts: NodeFacts | None = field(default=None, kw_only=True)
+    error: str | None = field(default=None, kw_only=True)
     fix: str = field(default="", kw_only=True)  # what to do about the error
     connection_failed: bool = field(default=False, kw_only=True)  # the node could not be logged into
 
@@ -53,8 +53,8 @@ class SshProgress(Message):
 
     index: int
     state: SshState
-    host_key: Optional[str] = field(default=None, kw_only=True)
-    error: Optional[str] = field(default=None, kw_only=True)
+    host_key: str | None = field(default=None, kw_only=True)
+    error: str | None = field(default=None, kw_only=True)
     fix: str = field(default="", kw_only=True)  # what to do about the error
 
 
@@ -72,16 +72,16 @@ class ActionDone(Message):
     """A worker's action that brings nothing back ended (probe, ssh): with the error to show, if any."""
 
     action: str
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(eq=False)
 class NetChecked(Message):
     """The network checks ended: the facts and findings they brought, or why they could not run."""
 
-    facts: Optional[ClusterFacts] = None
+    facts: ClusterFacts | None = None
     findings: list[Finding] = field(default_factory=list)
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(eq=False)
@@ -89,9 +89,9 @@ class NetOneChecked(Message):
     """One network check (ports, firewall or bandwidth: `which`) ended: what it found, or why it could not run."""
 
     which: str
-    facts: Optional[ClusterFacts] = None
+    facts: ClusterFacts | None = None
     findings: list[Finding] = field(default_factory=list)
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(eq=False)
@@ -100,7 +100,7 @@ class Synced(Message):
 
     lines: list[str] = field(default_factory=list)
     differ: int = 0
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(eq=False)
@@ -109,7 +109,7 @@ class DataPreviewed(Message):
 
     preset_json: str = ""
     report: JsonDict = field(default_factory=dict)
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass(eq=False)

@@ -5,8 +5,6 @@ itself, which tone() takes from the running app's theme when the text is drawn."
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
 from textual._context import active_app
 from textual.color import Color, ColorParseError
@@ -79,7 +77,7 @@ def _variables() -> dict[str, str]:
     return app.theme_variables
 
 
-_DEFAULT: Optional[dict[str, str]] = None
+_DEFAULT: dict[str, str] | None = None
 
 
 def _default() -> dict[str, str]:

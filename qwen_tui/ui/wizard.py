@@ -4,7 +4,7 @@ it without importing app.py (which opens the screens), so there is no import cir
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from textual.worker import Worker
 
@@ -18,12 +18,12 @@ class Wizard(Protocol):
     reach through it."""
 
     state: WizardState
-    runs_root: Optional[Path]
+    runs_root: Path | None
     base_dir: str
     local_python: str
-    password: Optional[str]
+    password: str | None
 
-    def set_preset(self, preset: Preset, *, note: Optional[str] = None, dirty: bool = True) -> None: ...
+    def set_preset(self, preset: Preset, *, note: str | None = None, dirty: bool = True) -> None: ...
 
     def facts_changed(self) -> None: ...
 

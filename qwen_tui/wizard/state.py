@@ -5,13 +5,13 @@ and rules, no Textual (tested without a terminal); the screens under ui/ draw it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from ..base.levels import Level
-from ..advice.rules import Advice, advise
 from ..advice.report import Summary, summary
+from ..advice.rules import Advice, advise
+from ..base.levels import Level
+from ..base.strenum import StrEnum
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.checks import consistency
 from ..nodes.findings import Finding
@@ -124,23 +124,23 @@ class NodeStatus:
 @dataclass
 class WizardState:
     preset: Preset
-    path: Optional[Path] = None
+    path: Path | None = None
     facts: ClusterFacts = field(default_factory=ClusterFacts)
     dirty: bool = False
     nodes: dict[int, NodeStatus] = field(default_factory=dict)
     advice: list[Advice] = field(default_factory=list)  # errors first (advise sorts them)
-    estimate: Optional[Summary] = None
+    estimate: Summary | None = None
     findings: list[Finding] = field(default_factory=list)  # cross-node consistency
     net_findings: list[Finding] = field(default_factory=list)  # from the network checks
-    key_report: Optional[KeySetupReport] = None  # what k (install the key) and v (verify pairs) found
+    key_report: KeySetupReport | None = None  # what k (install the key) and v (verify pairs) found
     net_checked: bool = False
-    run_status: Optional[RunState] = None  # None: no run here yet
-    run_dir: Optional[Path] = None
+    run_status: RunState | None = None  # None: no run here yet
+    run_dir: Path | None = None
     conns: Connections = field(default_factory=Connections)  # to the preset's nodes; workers connect through it
     # values typed but not accepted (dotted path -> (text, why)): the preset keeps the old value meanwhile,
     # and the stepper and save say so, so a bad value never silently turns back into the old one
     field_errors: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    gpu: Optional[str] = None  # the GPU type to assume where no probe says (the CLI's --gpu); not in the preset
+    gpu: str | None = None  # the GPU type to assume where no probe says (the CLI's --gpu); not in the preset
 
     def forget_results(self) -> None:
         """Another preset was opened: what the checks learned (probe, SSH, network, keys) was about the
@@ -160,7 +160,7 @@ class WizardState:
         est = self.estimate
         return est is not None and not est.cpu and est.memory_gib is not None and est.smallest_gpu_gib is None
 
-    def node_facts(self, i: int) -> Optional[NodeFacts]:
+    def node_facts(self, i: int) -> NodeFacts | None:
         return self.facts.nodes.get(i)
 
     def recompute(self) -> None:

@@ -18,9 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.cluster import REPO, preset_dict
-from support.podman_nodes import BUILD_BOUND_S, PodmanNodes, build_bare_image, build_image
-from support.procs import assert_quiet_stop_logs
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.container import container_name
 from qwen_tui.plan.launch import make_plan
@@ -28,6 +25,9 @@ from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import RunState
+from support.cluster import REPO, preset_dict
+from support.podman_nodes import BUILD_BOUND_S, PodmanNodes, build_bare_image, build_image
+from support.procs import assert_quiet_stop_logs
 
 # The first test here may build the image (support.podman_nodes.build_image, when .ci/run has not): its bound and
 # the test's own.

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from support.login_user import LoginUser
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.netcheck import check_firewalls
+from support.login_user import LoginUser
 
 
 @pytest.fixture

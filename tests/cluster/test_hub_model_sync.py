@@ -15,14 +15,14 @@ import sys
 
 import yaml
 
-from support.cluster import REPO, preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
-
+from support.cluster import REPO, preset_dict
 from support.fakehub import fake_hub_cache
+
 
 def test_the_master_downloads_once_and_the_sync_serves_the_other_node(cluster, sshdir, keyed, tmp_path,
                                                                       tiny_model):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import preset_dict
-from support.netns import node_mount_ns_pid, sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
+from support.netns import node_mount_ns_pid, sh
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 

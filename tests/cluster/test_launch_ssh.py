@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
+from support.cluster import preset_dict
 
 
 def _preset(cluster, sshdir, tmp_path, **training) -> Preset:

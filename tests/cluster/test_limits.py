@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from support.netns import node_mount_ns_pid, sh
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
+from support.netns import node_mount_ns_pid, sh
 
 
 @pytest.fixture

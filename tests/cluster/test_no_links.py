@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
 
 
 def test_sftp_put_never_writes_through_a_planted_part_link(cluster, sshdir, keyed, tmp_path):

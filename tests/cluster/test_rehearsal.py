@@ -8,14 +8,14 @@ import pytest
 
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.run.rehearsal import rehearse
 from qwen_tui.plan.launch import make_plan
+from qwen_tui.run.rehearsal import rehearse
 
 
 @pytest.fixture(scope="module")
 def probed(cluster, sshdir, keyed):
-    from support.cluster import preset_dict
     from qwen_tui.preset.schema import Preset
+    from support.cluster import preset_dict
 
     preset = Preset.model_validate(preset_dict(cluster, sshdir))
     conns = connect_all(preset)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import REPO, preset_dict
 from qwen_tui.preset.schema import Preset, save_preset
+from support.cluster import REPO, preset_dict
 
 MAX_STEPS, SAVE_STEPS = 14, 4
 

@@ -8,11 +8,11 @@ import socket
 
 import pytest
 
-from support.cluster import preset_dict
-from support.login_user import LOGIN, LoginUser
 from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.connect import _ssh_config, close_all, connect_all, resolve_target
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
+from support.login_user import LOGIN, LoginUser
 
 PORT = 2202
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.connect import _ssh_config, connect_all, resolve_target, transport_for
 from qwen_tui.nodes.hostkeys import UnknownHostKey
 from qwen_tui.nodes.ssh import SSHTransport, Unreachable
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
 
 
 def _config_with(sshdir, tmp_path, **extra_by_host) -> str:

@@ -10,12 +10,12 @@ import time
 import paramiko
 import pytest
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.connect import connect_all, transport_for
 from qwen_tui.nodes.hostkeys import ChangedHostKey, UnknownHostKey, fingerprint
 from qwen_tui.nodes.keys import setup_keys
 from qwen_tui.nodes.transport import stop_group
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
 
 
 def test_key_setup_from_password_only_to_all_pairs(cluster, sshdir, keyed):

@@ -9,7 +9,6 @@ from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.storage import detect_shared_storage
 from qwen_tui.preset.schema import Preset
-
 from support.cluster import preset_dict
 
 

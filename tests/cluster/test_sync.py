@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.sync import sync
 from qwen_tui.preset.schema import Preset
+from support.cluster import preset_dict
 
 
 def test_sync_copies_missing_data_and_leaves_a_different_file_alone(cluster, sshdir, keyed):

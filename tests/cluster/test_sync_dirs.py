@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from support.cluster import REPO, preset_dict
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.sync import sync
 from qwen_tui.preset.schema import Preset
+from support.cluster import REPO, preset_dict
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -10,13 +10,12 @@ import os
 import shutil
 import uuid
 
-
-from support.cluster import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
+from support.cluster import preset_dict
 
 NODES = 2
 

@@ -12,13 +12,13 @@ import shutil
 import pytest
 from rich.console import Console
 
-from support.cluster import preset_dict
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.live import follow
 from qwen_tui.run.rundir import RunDir
+from support.cluster import preset_dict
 
 pytestmark = pytest.mark.cluster
 

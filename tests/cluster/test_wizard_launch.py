@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from support.cluster import REPO, preset_dict
 from qwen_tui.preset.schema import Preset, save_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
+from support.cluster import REPO, preset_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,6 @@ from textual.widgets import Input
 from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, PasswordPrompt
-
 from support.cluster import PASSWORD, preset_dict
 
 pytestmark = pytest.mark.anyio

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from support.cluster import preset_dict
 from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm, Notice
 from qwen_tui.ui.screens.network import NetworkScreen
+from support.cluster import preset_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from support.demo_run import EVAL_STEPS, demo_run, qwen_tui
 
 pytestmark = pytest.mark.slow
@@ -21,16 +22,24 @@ def test_replay_with_eval_reports_the_eval_loss(demo_eval_run):
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # training lowers the eval loss too
     out = (demo_eval_run.parent.parent / "replay.out").read_text()
     assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in out
+    # attach on the finished run says how it ended and what it trained, as replay's end did
+    losses = [r["loss"] for r in recs if "loss" in r and "event" not in r]
+    got = qwen_tui("attach", "last", "--runs-dir", str(demo_eval_run.parent), cwd=demo_eval_run)
+    assert got.returncode == 0 and "already ended (ok)" in got.stdout, got.stdout + got.stderr
+    assert f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} logged steps" in got.stdout, got.stdout
+    assert f"last eval loss {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}" in got.stdout
 
 
 def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
     out = demo_eval_run.parent.parent / "out"
-    got = qwen_tui("chat", str(demo_eval_run), "--prompt", "What is the capital of Chile?", "--json", cwd=demo_eval_run)
+    # as the docs write it, from a directory with no runs/ in it: runs/<id> names the run of the runs root
+    as_shown = ["--runs-dir", str(demo_eval_run.parent), f"runs/{demo_eval_run.name}"]
+    got = qwen_tui("chat", *as_shown, "--prompt", "What is the capital of Chile?", "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     before = json.loads(got.stdout)
     assert before["reply"].strip() and before["model"] == str(out)  # the adapter on its base
 
-    got = qwen_tui("merge", str(demo_eval_run), "--json", cwd=demo_eval_run)
+    got = qwen_tui("merge", *as_shown, "--json", cwd=demo_eval_run)
     assert got.returncode == 0, got.stderr[-3000:]
     rep = json.loads(got.stdout)
     assert rep["merged_dir"] == str(out / "merged") and (out / "merged" / "config.json").is_file()
@@ -43,8 +52,9 @@ def test_chat_merge_chat_and_the_merged_loss(demo_eval_run):
 
     # The merged model, reloaded here, has the adapter's eval loss on the demo data.
     from peft import PeftModel
-    from support.worker import eval_loss_of
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from support.worker import eval_loss_of
 
     tok = AutoTokenizer.from_pretrained(out)
     base_dir = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]

@@ -9,14 +9,14 @@ import sys
 import uuid
 
 import pytest
-from support.launch_api import demo, launch_until_started, request
-from support.paths import ROOT
-from support.ports import free_port
-from support.procs import run_processes
 
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run import api
 from qwen_tui.run.rundir import RunDir
+from support.launch_api import demo, launch_until_started, request
+from support.paths import ROOT
+from support.ports import free_port
+from support.procs import run_processes
 
 
 def launch_expecting_no_start(req, conns) -> list:

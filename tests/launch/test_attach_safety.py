@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support.paths import DEMO, ROOT
 
 from qwen_tui.nodes.jobs import JobRef, job_verdict
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.plan.launch import LaunchPlan, NodeCommand
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
+from support.paths import DEMO, ROOT
 
 
 def _plan(run_id: str, run_dir: Path, argv=("sleep", "60")) -> LaunchPlan:

@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import yaml
-from support.paths import DEMO, ROOT
 
 from qwen_tui.nodes.checks import run_checks
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import Preset
+from support.paths import DEMO, ROOT
 
 
 def _preset(**node1) -> Preset:

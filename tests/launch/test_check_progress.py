@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.paths import DEMO, ROOT
-from support.ports import free_port
-from support.tmux import end_session, tmux, wait_for
 
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.run import api
+from support.paths import DEMO, ROOT
+from support.ports import free_port
+from support.tmux import end_session, tmux, wait_for
 
 
 def _free_port_copy(tmp_path: Path, host1: str = "localhost") -> Path:
@@ -78,17 +78,27 @@ def test_check_on_a_terminal_shows_a_live_line_per_node(tmp_path):
 
 
 def test_check_with_an_unreachable_node_prints_its_matrix_and_exits_1(tmp_path):
-    """"not checked" has no colour of its own: the matrix once crashed on it (a rich MarkupError)."""
+    """"not checked" has no colour of its own: the matrix once crashed on it (a rich MarkupError). The matrix fits
+    a terminal of 100 columns with every check's name whole."""
     import os
+
+    from qwen_tui.cli.check import HEADERS
+    from qwen_tui.nodes.checks import COLUMNS
 
     p = _free_port_copy(tmp_path, host1="node-gone.invalid")
     r = subprocess.run([sys.executable, "-m", "qwen_tui.cli", "check", str(p), "--no-rehearsal"], cwd=ROOT,
                        capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"})
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"})
     assert r.returncode == 1, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    row = next(ln for ln in r.stdout.splitlines() if "1 node-gone.invalid" in ln and "│" in ln)
-    assert "error" in row and row.count("not checked") >= 10, row
+    lines = r.stdout.splitlines()
+    head = next(ln for ln in lines if ln.startswith("node "))
+    assert head.split() == ["node"] + [HEADERS.get(c, c) for c in COLUMNS], head
+    table = lines[lines.index(head):]
+    table = table[:next(i for i, ln in enumerate(table) if ln.startswith("✔ ok"))]
+    assert all(len(ln.rstrip()) <= 100 for ln in table) and "…" not in head, table
+    row = next(ln for ln in table if ln.startswith("1 node-gone.invalid "))  # the label whole
+    assert "✘" in row and row.count("?") >= 10, row
     assert "ssh       1 node-gone.invalid cannot connect" in r.stdout  # its progress line, before the matrix
     assert re.search(r"^error +node-gone\.invalid +UNREACHABLE: ", r.stdout, re.M), r.stdout
     assert re.search(r"^\d+ error\(s\)$", r.stdout, re.M), r.stdout

@@ -9,10 +9,10 @@ import time
 import uuid
 
 import pytest
-from support.launch_api import demo, launch_until_started, request
-from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 
 from qwen_tui.run import api
+from support.launch_api import demo, launch_until_started, request
+from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
 
 
 @pytest.mark.slow

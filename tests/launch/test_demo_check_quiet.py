@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+
 from support.paths import DEMO, ROOT
 from support.ports import free_port
 

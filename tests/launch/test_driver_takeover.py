@@ -10,17 +10,17 @@ import os
 import signal
 
 import pytest
+
+from qwen_tui.nodes.jobs import local_procs
 from support.restarts import (
     MAX_STEPS,
-    HoldAtFirstCheckpoint,
     SAVE_STEPS,
+    HoldAtFirstCheckpoint,
     cli_in,
     preset_copy,
     records,
     wait_for_first_checkpoint,
 )
-
-from qwen_tui.nodes.jobs import local_procs
 
 pytestmark = pytest.mark.slow
 

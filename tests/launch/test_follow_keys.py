@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from qwen_tui.run.rundir import RunDir
 from support.paths import DEMO, ROOT
 from support.ports import free_port
 from support.procs import assert_quiet_stop_logs, importing_torch, run_processes
-
-from qwen_tui.run.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 

@@ -4,12 +4,12 @@ test_shaped_link... does the same across network namespaces)."""
 import shutil
 
 import pytest
-from support.ports import free_port
 
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.netcheck import check_bandwidth, iperf_pair
 from qwen_tui.nodes.transport import LocalTransport
 from qwen_tui.preset.schema import parse_preset
+from support.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 program")
 

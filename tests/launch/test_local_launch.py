@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from support.paths import DEMO
 from support.ports import free_port
 from support.procs import run_processes

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from support.paths import DEMO, ROOT
 from support.ports import free_port
 

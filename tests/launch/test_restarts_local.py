@@ -9,10 +9,11 @@ import os
 import signal
 
 import pytest
+
 from support.restarts import (
     MAX_STEPS,
-    HoldAtFirstCheckpoint,
     SAVE_STEPS,
+    HoldAtFirstCheckpoint,
     cli_in,
     preset_copy,
     records,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from support.paths import DEMO, ROOT
 from support.procs import run_processes
 from support.runs import fake_run
@@ -57,6 +58,8 @@ def test_runs_lists_and_attach_resolves_ids(tmp_path):
     assert resolve_run("alpha-20261130-1", root) == old
     assert resolve_run("alpha", root) == old  # a unique prefix
     assert resolve_run(str(old), root) == old
+    # `runs/<id>` as the runs are shown, typed where no runs/ is: the run of that id (or prefix) in the root
+    assert resolve_run("runs/alpha-20261130-1", root) == old and resolve_run("runs/alpha/", root) == old
     with pytest.raises(RunNotFound, match="matches 2 runs"):
         resolve_run("beta", root)
     with pytest.raises(RunNotFound, match="no run 'gamma'"):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.paths import DEMO, ROOT
 
 from qwen_tui.nodes.jobs import JobRef, job_verdict, stop_job
 from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
 from qwen_tui.nodes.transport import LocalTransport
+from support.paths import DEMO, ROOT
 
 SECRET = "hf_TopSecret_4242"
 

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from support.paths import ROOT
 
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "constraints.txt", "qwen_tui", "training",
@@ -100,17 +101,24 @@ def test_installed_worker_help(installed):
     assert res.returncode == 0 and "--evaluation_strategy" in res.stdout, res.stderr
 
 
-def test_installed_demo_trains_for_real(installed):
-    """`qwen-tui demo` from the wheel alone: both local nodes start the installed worker and the tiny model
-    trains to the end (about 15 s here); --max-seconds bounds it should the machine be slow."""
-    import json
+def demo(installed):
     import time
 
     for _ in range(6):  # the demo's fixed port may be taken for a moment by another test on a shared machine
         res = run(installed, "qwen-tui", "demo", "--max-seconds", "240", timeout=300)
         if "PORT_IN_USE" not in res.stdout:
-            break
+            return res
         time.sleep(5)
+    return res
+
+
+def test_installed_demo_trains_for_real_and_again_in_the_same_directory(installed):
+    """`qwen-tui demo` from the wheel alone: both local nodes start the installed worker and the tiny model
+    trains to the end (about 15 s here); --max-seconds bounds it should the machine be slow. Run again in the same
+    directory (to show a colleague), it trains again, replacing its own earlier output and saying so."""
+    import json
+
+    res = demo(installed)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     (rd,) = (installed["cwd"] / "runs").iterdir()
     recs = [json.loads(ln) for ln in (rd / "metrics.jsonl").read_text().splitlines()]
@@ -118,4 +126,14 @@ def test_installed_demo_trains_for_real(installed):
     assert recs[-1]["event"] == "end" and recs[-1]["status"] == "ok"
     losses = [r["loss"] for r in recs if "loss" in r and "event" not in r]
     assert len(losses) >= 5 and losses[-1] < losses[0] * 0.8, losses
-    assert (installed["cwd"] / "output" / "local-demo" / "adapter_model.safetensors").is_file()
+    out = installed["cwd"] / "output" / "local-demo"
+    assert (out / "adapter_model.safetensors").is_file()
+
+    again = demo(installed)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    said = " ".join(again.stdout.split())  # as one line, however the terminal wrapped it
+    assert f"replacing the output of the earlier local-demo run in {out} ({rd.name})" in said, said
+    second = next(d for d in (installed["cwd"] / "runs").iterdir() if d != rd)
+    assert json.loads((second / "state.json").read_text())["status"] == "ok"
+    for ckpt in sorted(out.glob("checkpoint-*")):  # every checkpoint there is the second run's now
+        assert json.loads((ckpt / "finetune_state.json").read_text())["run_id"] == second.name, ckpt

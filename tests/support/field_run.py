@@ -10,13 +10,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from qwen_tui.preset.schema import Preset, save_preset
-from support.cluster import REPO
+from support import login_runtime
 from support.login_user import LOGIN, UID, LoginUser
 
 
@@ -24,27 +22,16 @@ def _own(path: Path) -> None:
     os.chown(path, UID, UID)
 
 
-def _traversable(path: str) -> dict[Path, int]:
-    """Let every user reach `path` (search permission on each directory above it: a Python installed under
-    root's home, as on this machine and in CI, is otherwise out of a login user's reach); the modes changed."""
-    changed = {}
-    for d in Path(path).parents:
-        mode = d.stat().st_mode & 0o7777
-        if not mode & 0o001:
-            os.chmod(d, mode | 0o001)
-            changed[d] = mode
-    return changed
-
-
 class FieldCluster:
     """The login user's side of the cluster: its ssh files, a workdir per node, a shared output area."""
 
     def __init__(self, cluster, sshdir: Path):
         self.cluster = cluster
-        self._modes = _traversable(os.path.realpath(sys.executable))
-        self._modes.update(_traversable(os.path.join(sys.base_prefix, "lib")))
         self.user = LoginUser(cluster, sshdir).add()
         self.root = self.user.root
+        # the Python the user runs qwen-tui and the nodes' workers with: its own, under its reach, whatever the
+        # reach of this checkout and its environment (a clone in root's home is out of it)
+        self.python = login_runtime.build(self.root / "runtime", UID)
         self.home = self.root / "host"  # the login user's home on the machine qwen-tui runs on
         ssh = self.home / ".ssh"
         ssh.mkdir(parents=True)
@@ -68,7 +55,7 @@ class FieldCluster:
     def workdir(self, i: int) -> Path:
         return self.root / f"n{i}" / "work"
 
-    def preset(self, name: str, monitor: Optional[dict] = None, env: Optional[dict] = None, **training) -> Path:
+    def preset(self, name: str, monitor: dict | None = None, env: dict | None = None, **training) -> Path:
         """A preset for every node over SSH as the login user; written where that user can read it. env: more
         of network.env (every rank's environment)."""
         c = self.cluster
@@ -77,7 +64,7 @@ class FieldCluster:
             "name": name,
             "cluster": {
                 "nodes": [{"host": n.hostname, "gpus": 1, "workdir": str(self.workdir(n.index)),
-                           "python": sys.executable} for n in c.nodes],
+                           "python": str(self.python)} for n in c.nodes],
                 "ssh_config": str(self.home / ".ssh" / "config"),
                 "known_hosts": str(self.home / ".ssh" / "known_hosts"),
                 "connect_timeout": 5,
@@ -101,7 +88,7 @@ class FieldCluster:
     def replay(self, preset: Path, log: Path, *extra: str) -> "Replay":
         return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}")
 
-    def qwen_tui(self, log: Path, *argv: str, runs: Optional[Path] = None, bound: float = 120.0) -> str:
+    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0) -> str:
         """Another qwen-tui command as the login user, run to its end: what it printed."""
         rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs")
         try:
@@ -137,18 +124,16 @@ class FieldCluster:
         for n in self.cluster.nodes:
             self.mend_ssh(n.index)
         self.user.remove()
-        for d, mode in self._modes.items():
-            os.chmod(d, mode)
 
 
 class Replay:
     """`qwen-tui replay` (or another command: argv) as the login user, in a process group of its own."""
 
-    def __init__(self, field: FieldCluster, preset: Optional[Path], log: Path, argv: list[str], runs: Path):
+    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path):
         self.field, self.log = field, log
         self.runs = runs  # each replay finds its own run directory, no other
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(field.home), "USER": LOGIN,
-               "LOGNAME": LOGIN, "PYTHONPATH": str(REPO), "COLUMNS": "200", "PYTHONUNBUFFERED": "1",
+               "LOGNAME": LOGIN, "COLUMNS": "200", "PYTHONUNBUFFERED": "1",
                "QWEN_TUI_RUNS": str(self.runs)}
         # The user exists on this machine too, for OpenSSH (ssh -G reads the config as a known user): in copies
         # of passwd and group bind-mounted in a mount namespace of replay's own; the host's files stay as they are.
@@ -160,7 +145,7 @@ class Replay:
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",
                 str(etc / "passwd"), str(etc / "group"),
-                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", sys.executable, "-m",
+                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", str(field.python), "-m",
                 "qwen_tui.cli", *argv]
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env,

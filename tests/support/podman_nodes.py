@@ -202,3 +202,7 @@ class PodmanNodes:
             shutil.rmtree(self.node_dir(n.index), ignore_errors=True)
         if errors:
             raise RuntimeError("podman nodes teardown: " + "; ".join(errors))
+
+
+if __name__ == "__main__":  # .ci/run builds it before the tests: PYTHONPATH=tests python -m support.podman_nodes
+    print(build_image())

@@ -102,9 +102,8 @@ def eval_loss_of(model, tokenizer, data_path: str, max_length: int = 8192) -> fl
     """Token-mean loss of a reloaded model on a data file, through the worker's own data path."""
     import torch
 
-    from training.data.encoding import IGNORE_INDEX, ChatEncoder
-
     from training.data.batches import Collator, build_dataset
+    from training.data.encoding import IGNORE_INDEX, ChatEncoder
     from training.data.records import load_conversations
 
     ds = build_dataset(load_conversations(data_path), ChatEncoder(tokenizer, max_length), lazy=False)

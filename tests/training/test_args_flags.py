@@ -13,8 +13,16 @@ import pytest
 
 from support.paths import ROOT
 from training.args import _take_defaults, build_parser, parse_args
-from training.flags import (FLAG_GROUPS, DataFlags, FlagNotes, ModelFlags, TrainFlags, WorkerFlags, field_group,
-                            flag_defaults)
+from training.flags import (
+    FLAG_GROUPS,
+    DataFlags,
+    FlagNotes,
+    ModelFlags,
+    TrainFlags,
+    WorkerFlags,
+    field_group,
+    flag_defaults,
+)
 
 BASE = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", "o"]
 # Flags spelled in one group of --help for a field of another: HF's older name of --use_cpu.

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
+from support.worker import demo_records, write_jsonl
 from training.data.batches import Collator, StepSampler, build_dataset, eval_batches
 from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
 from training.runtime.errors import InputError
-
-from support.worker import demo_records, write_jsonl
 
 # Qwen2.5-Instruct's behaviour without tools: a default system prompt when none is given, ChatML turns.
 QWEN25_TEMPLATE = (

@@ -8,11 +8,10 @@ import time
 
 import pytest
 
+from support.worker import demo_records, run_worker, write_jsonl
 from training.data.encoding import ChatEncoder
 from training.data.records import load_conversations
 from training.runtime.errors import InputError
-
-from support.worker import demo_records, run_worker, write_jsonl
 
 GOOD = json.dumps({"id": "ok", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
 

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from training.finetune import main
 from support.paths import ROOT
 from support.worker import demo_records, run_worker, write_jsonl
+from training.finetune import main
 
 GOOD = demo_records(40)
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from support.worker import decide_for
 from training.fast import autobatch
 from training.fast.attention import use_packed_attention
 from training.fast.compile import compile_decoder_layers
@@ -26,7 +27,6 @@ from training.fast.loss import linear_cross_entropy_sum, shift_labels
 from training.fast.optim import make_adamw
 from training.fast.packing import balanced_bins, first_fit, pack, pack_batches, segment_ids
 from training.fast.step import micro_batch_loss_sum
-from support.worker import decide_for
 
 
 def _records(n: int, vocab: int, seed: int, lo: int = 4, hi: int = 60):
@@ -668,7 +668,6 @@ def test_the_fast_setup_gives_the_self_test_the_models_attention_shape():
     over, and a self-test that cannot run here (no varlen kernel, no cuDNN) comes back as a reason, not an
     exception."""
     from support.worker import parsed_flags
-
     from training.fast import apply
     from training.fast.attention import cudnn_self_test
 

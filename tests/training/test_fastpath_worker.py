@@ -45,9 +45,8 @@ def real_tokens_per_step(files, world: int, mb: int, gas: int) -> list[tuple[int
     """(tokens, supervised tokens) of every step, from the data and the sampler, independently of the loop."""
     from transformers import AutoTokenizer
 
-    from training.data.encoding import ChatEncoder
-
     from training.data.batches import StepSampler, build_dataset
+    from training.data.encoding import ChatEncoder
     from training.data.records import load_conversations
 
     ds = build_dataset(load_conversations(files["train"]), ChatEncoder(AutoTokenizer.from_pretrained(files["model"]), 128),

@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from support.paths import ROOT
-
 from support.ports import free_port
-
 from support.worker import demo_records, write_jsonl
 
 pytestmark = pytest.mark.slow

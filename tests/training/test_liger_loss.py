@@ -14,7 +14,6 @@ import textwrap
 import pytest
 
 from support.paths import ROOT
-
 from support.worker import run_interpreted
 
 _INTERPRETED = textwrap.dedent("""

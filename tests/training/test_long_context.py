@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.fast import long_context
-from training.runtime.errors import InputError
 from support.long_records import STEPS, flags
 from support.worker import assert_ok, run_worker
+from training.fast import long_context
+from training.runtime.errors import InputError
 
 
 def test_tile_counts_are_the_ones_torch_chunk_makes():

@@ -14,7 +14,6 @@ import torch.nn as nn
 
 from support.worker import decide_for, run_interpreted
 
-
 _INTERPRETED = textwrap.dedent("""
     import json, os, sys
     os.environ["TRITON_INTERPRET"] = "1"

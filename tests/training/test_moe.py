@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from support.paths import ROOT
-
 from support.worker import assert_ok, demo_records, eval_loss_of, run_worker, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -64,9 +63,8 @@ def hf_step_one(model_dir: str, data_path: str, batch: int, coef: float, train_r
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.data.encoding import ChatEncoder
-
     from training.data.batches import Collator, StepSampler, build_dataset
+    from training.data.encoding import ChatEncoder
     from training.data.records import load_conversations
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -252,8 +250,8 @@ def test_experts_kernels_give_the_eager_loss_and_gradients(moe_models, impl, com
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.model import moe_experts
     from training.fast.compile import compile_decoder_layers
+    from training.model import moe_experts
 
     ref = AutoModelForCausalLM.from_pretrained(moe_models["qwen3_moe"], dtype=torch.float32)
     ids = torch.randint(0, ref.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(3))
@@ -279,8 +277,8 @@ def test_experts_choice_is_eager_on_cpu_and_grouped_where_asked(moe_models):
     from transformers import AutoModelForCausalLM
 
     from training.model import moe_experts
-    from training.runtime.errors import InputError
     from training.model.tiny import build_tiny
+    from training.runtime.errors import InputError
 
     cpu = torch.device("cpu")
     impl, why = moe_experts.choose("auto", cpu, has_interface=True)
@@ -311,8 +309,8 @@ def test_router_logits_hooks_compile_one_graph_for_all_layers():
     from torch._dynamo.utils import counters
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from training.model import moe
     from training.fast.compile import compile_decoder_layers
+    from training.model import moe
 
     torch._dynamo.reset()
     counters.clear()

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from training.args import parse_args
 from support.paths import ROOT
 from support.ports import free_port
 from support.worker import Run, assert_ok, one_process_threads
+from training.args import parse_args
 
 FULL = """torchrun $DISTRIBUTED_ARGS finetune.py \\
     --model_name_or_path $MODEL \\

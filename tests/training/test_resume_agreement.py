@@ -15,7 +15,6 @@ import pytest
 from support.paths import ROOT
 from support.ports import free_port
 from support.worker import demo_records, write_jsonl
-
 from training.checkpoints.resume_agreement import NodeHolds, choose
 from training.runtime.errors import InputError
 

@@ -15,12 +15,13 @@ import json
 import pytest
 import torch
 
+from support.long_records import MAX_LEN, STEPS, flags, record_lengths
+from support.worker import assert_ok, demo_records, run_worker, write_jsonl
 from training.fast import sequence_parallel as sp
 from training.fast.packing import pack
 from training.finetune import main
 from training.runtime.errors import InputError
-from support.long_records import MAX_LEN, STEPS, flags, record_lengths
-from support.worker import assert_ok, demo_records, run_worker, write_jsonl
+
 
 class _Rec:
     def __init__(self, ids, labels):

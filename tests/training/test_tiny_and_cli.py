@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from training.args import build_parser
 from support.paths import ROOT
+from training.args import build_parser
 
 ISSUE_FLAGS = """--model_name_or_path --data_path --eval_data_path --output_dir --model_max_length
 --per_device_train_batch_size --gradient_accumulation_steps --learning_rate --num_train_epochs --max_steps

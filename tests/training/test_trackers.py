@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from support.paths import ROOT
-
 from support.worker import Run, assert_ok, demo_records, one_process_threads, write_jsonl
 from training.args import parse_args
 from training.runtime.errors import InputError

@@ -223,7 +223,6 @@ def test_zero3_save_on_each_node_writes_the_model_on_every_node(tmp_path, files)
     import sys
 
     from support.paths import ROOT
-
     from support.ports import free_port
 
     port = free_port()

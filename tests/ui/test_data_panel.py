@@ -12,7 +12,6 @@ from textual.widgets import Input
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.data_panel import HINT, DataPanel
-
 from support.paths import DEMO, ROOT
 
 pytestmark = pytest.mark.anyio

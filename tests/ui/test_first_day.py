@@ -15,10 +15,8 @@ from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.help import HelpPanel
 from qwen_tui.ui.modals import Choose, Confirm, Form, Notice
 from qwen_tui.ui.screens.base import StepScreen
-
-from support.paths import DEMO, ROOT
-
 from support.facts import slow_h200_facts
+from support.paths import DEMO, ROOT
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

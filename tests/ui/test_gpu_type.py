@@ -8,9 +8,8 @@ import pytest
 from textual.widgets import Select, Static
 
 from qwen_tui.ui.app import WizardApp
-from qwen_tui.wizard.state import OK, WARN
 from qwen_tui.ui.widgets.advice_list import AdviceList
-
+from qwen_tui.wizard.state import OK, WARN
 from support.paths import ROOT
 
 pytestmark = pytest.mark.anyio

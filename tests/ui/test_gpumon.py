@@ -58,6 +58,7 @@ def test_cpu_sample_from_proc():
 
 def test_monitor_local_cpu_node_samples_and_stops():
     import threading
+
     from qwen_tui.nodes.transport import LocalTransport
 
     got, ev = [], threading.Event()
@@ -175,6 +176,7 @@ def _live_children() -> set[int]:
 def test_local_stream_lines_ends_its_process_group():
     import threading
     import time
+
     from qwen_tui.nodes.transport import LocalTransport, TransportError
 
     before = _live_children()

@@ -11,7 +11,6 @@ from textual.widgets import Input
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.help import STEP_HELP, HelpPanel
 from qwen_tui.ui.widgets.advice_list import AdviceList
-
 from support.paths import DEMO, ROOT
 
 pytestmark = pytest.mark.anyio

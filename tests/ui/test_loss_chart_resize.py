@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
 from screenshots.snapshot_app import make_app, show_synthetic_run
 
 pytestmark = pytest.mark.anyio

@@ -12,12 +12,9 @@ from qwen_tui.nodes.findings import Finding
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.screens.network import verdict
 from qwen_tui.wizard.state import BAD, TODO, WARN, ProbeState, SshState
-
-from support.paths import DEMO
-
-from support.ports import free_port
-
 from support.facts import slow_h200_facts
+from support.paths import DEMO
+from support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)

@@ -11,9 +11,8 @@ import pytest
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
-
-from support.procs import run_processes
 from support.pilot import SIZE, wait_until
+from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ENDED = ("ok", "failed", "stopped")

@@ -5,13 +5,11 @@ of the run left."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
 from support.pilot import SIZE, wait_until
 from support.procs import run_processes
 
@@ -48,6 +46,9 @@ async def test_launch_watch_quit_reattach_stop_all(tmp_path, demo_copy, monkeypa
         assert panels[0].status == "running"
         await pilot.press("ctrl+q")  # quitting leaves the run going
     assert run_processes(run_id), "quitting the app must not stop the run"
+    # and says so, with the commands that follow and stop it (printed on the terminal once the app is gone)
+    assert app.quit_note and "goes on without the wizard" in app.quit_note, app.quit_note
+    assert f"qwen-tui attach {run_id} " in app.quit_note and f"qwen-tui attach {run_id} --stop" in app.quit_note
 
     app2 = WizardApp(str(preset), runs_root=str(runs), reattach=True)
     async with app2.run_test(size=SIZE) as pilot:
@@ -62,6 +63,7 @@ async def test_launch_watch_quit_reattach_stop_all(tmp_path, demo_copy, monkeypa
         await wait_until(pilot, lambda: app2.state.run_status == "stopped", 60, "stop-all")
         assert run.outcome.status == "stopped"
         await pilot.press("ctrl+q")
+    assert app2.quit_note is None  # the run was stopped: nothing goes on
     assert run_processes(run_id) == []
     state = (runs / run_id / "state.json").read_text()
     assert '"stopped"' in state

@@ -4,7 +4,6 @@ the ETA goes; a new launch starts with an empty log; a healthy run is not marked
 
 from __future__ import annotations
 
-
 import pytest
 
 from qwen_tui.run.api import Snapshot
@@ -15,7 +14,6 @@ from qwen_tui.ui.widgets.log_pane import LogPane
 from qwen_tui.ui.widgets.loss_chart import LossChart
 from qwen_tui.ui.widgets.stepper import Stepper
 from qwen_tui.wizard.state import LIVE
-
 from screenshots.snapshot_app import make_app, show_synthetic_run, synthetic_progress
 from support.paths import ROOT
 

@@ -9,9 +9,8 @@ import pytest
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.loss_chart import LossChart
-
-from support.procs import run_processes
 from support.pilot import SIZE, wait_until
+from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

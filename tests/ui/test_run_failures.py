@@ -12,7 +12,6 @@ from textual.widgets import Static
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Notice
-
 from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio]

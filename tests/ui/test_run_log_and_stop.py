@@ -11,9 +11,8 @@ from textual.widgets import Label, Static
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from qwen_tui.ui.widgets.log_pane import LogPane
-
-from support.procs import assert_quiet_stop_logs, run_processes
 from support.pilot import wait_until
+from support.procs import assert_quiet_stop_logs, run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 # 300+ characters with few spaces, as a traceback's line is

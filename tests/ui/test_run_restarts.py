@@ -14,10 +14,9 @@ import pytest
 from textual.widgets import Static
 
 from qwen_tui.ui.app import WizardApp
+from support.pilot import SIZE, wait_until
 from support.procs import ranks_of_job, run_processes
 from support.restarts import HoldAtFirstCheckpoint
-
-from support.pilot import SIZE, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 MAX_STEPS = 40

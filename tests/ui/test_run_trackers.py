@@ -8,9 +8,8 @@ import glob
 import pytest
 
 from qwen_tui.ui.app import WizardApp
-
-from support.procs import run_processes
 from support.pilot import SIZE, wait_until
+from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -9,9 +9,8 @@ from textual.widgets import Button, Input, Static
 from textual.widgets._footer import FooterKey
 
 from qwen_tui.ui.app import WizardApp
-from qwen_tui.wizard.state import BAD
 from qwen_tui.ui.widgets.stepper import Stepper
-
+from qwen_tui.wizard.state import BAD
 from support.paths import DEMO
 
 pytestmark = pytest.mark.anyio

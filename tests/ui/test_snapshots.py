@@ -5,11 +5,9 @@ pytest tests/ui/test_snapshots.py --snapshot-update"""
 
 from __future__ import annotations
 
-
 import pytest
 
 from screenshots.snapshot_app import make_app, show_synthetic_run
-
 from support.paths import ROOT
 
 

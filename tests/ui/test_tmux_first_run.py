@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.preset.schema import load_preset
-
-from support.ports import free_port
-
 from support.paths import ROOT
+from support.ports import free_port
 from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

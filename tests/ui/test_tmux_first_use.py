@@ -17,10 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.paths import DEMO
-
+from support.paths import DEMO, ROOT
 from support.ports import free_port
-from support.paths import ROOT
 from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -131,6 +129,7 @@ def test_first_use_at_80x24(tmp_path):
         keys(session, "C-q")
         s = wait_for(session, "EXITED=0", timeout=30)
         assert state_of(runs) == {first: "running"}
+        assert "goes on without the wizard" in s and f"qwen-tui attach {first} --stop" in s, s  # said on quitting
 
         # re-attach: the app opened again finds the run and follows it
         wait_re(session, r"step \d+/5000", timeout=60)

@@ -9,10 +9,8 @@ from textual.widgets import DataTable, Input, Select
 from qwen_tui.preset.schema import load_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.advice_list import AdviceList
-
-from support.paths import DEMO
-
 from support.facts import slow_h200_facts
+from support.paths import DEMO
 
 pytestmark = pytest.mark.anyio
 SIZE = (140, 44)

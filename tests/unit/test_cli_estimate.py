@@ -20,7 +20,7 @@ def run_json(capsys, *argv):
 
 
 def test_json_keys_and_values(capsys):
-    out = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "25")
+    out = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bus-gbps", "25")
     assert STABLE_KEYS <= set(out)
     mem = out["gpu_memory_gb"]
     parts = sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations", "logits", "overhead"))
@@ -36,8 +36,8 @@ def test_json_keys_and_values(capsys):
 
 
 def test_bandwidth_changes_the_prediction(capsys):
-    slow = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "10")
-    fast = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "1600")
+    slow = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bus-gbps", "10")
+    fast = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bus-gbps", "1600")
     assert slow["step_time_s"] > fast["step_time_s"]
     assert "ZERO3_SLOW_LINK" not in {a["code"] for a in fast["advice"]}
 
@@ -72,7 +72,7 @@ def test_unknown_model_reports_instead_of_crashing(tmp_path, capsys):
 
 
 def test_human_output_has_tables_and_advice(capsys):
-    assert main(["estimate", str(PRESET_14B), "--gpu", "H100", "--bandwidth-gbps", "25"]) == 0
+    assert main(["estimate", str(PRESET_14B), "--gpu", "H100", "--bus-gbps", "25"]) == 0
     out = capsys.readouterr().out
     for word in ("weights", "activations", "tokens/s", "efficiency", "ZERO3_SLOW_LINK", "Use ZeRO-2"):
         assert word in out
@@ -102,16 +102,16 @@ def test_a_cpu_run_gets_memory_but_no_gpu_speed_figures(capsys):
     assert main(["estimate", str(demo)]) == 0
     text = capsys.readouterr().out
     assert "2 CPU process(es)" in text and "Memory per process" in text and "tokens/s" not in text
-    gpu = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "400")
+    gpu = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bus-gbps", "400")
     assert gpu["cpu"] is False and gpu["step_time_s"] > 0
 
 
 def test_the_shipped_7b_lora_presets_get_the_advice_the_readme_says(capsys):
     ddp = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml", "--gpu", "H100",
-                   "--bandwidth-gbps", "400")
+                   "--bus-gbps", "400")
     assert ddp["advice"] == [] and ddp["gpu_memory_gb"]["fits"] is True
     zero2 = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml", "--gpu", "H100",
-                     "--bandwidth-gbps", "400")
+                     "--bus-gbps", "400")
     # ZeRO-2 keeps the worker's fast path (0.95x plain DDP measured): only the checkpointing is advised against
     codes = {a["code"] for a in zero2["advice"]}
     assert "CKPT_UNNEEDED" in codes and "ZERO_NOT_NEEDED" not in codes
@@ -155,7 +155,7 @@ def test_without_a_gpu_type_it_says_which_advice_was_not_checked(capsys):
 
 
 def test_an_unmeasured_link_is_not_measured_never_linear(capsys):
-    """No --bandwidth-gbps and no facts: past one node the efficiency is unknown, not 100 %."""
+    """No --bus-gbps and no facts: past one node the efficiency is unknown, not 100 %."""
     out = run_json(capsys, PRESET_14B, "--gpu", "H100")
     assert out["link_measured"] is False
     assert out["scaling_efficiency"][0]["scaling_efficiency"] == pytest.approx(1.0)
@@ -164,7 +164,7 @@ def test_an_unmeasured_link_is_not_measured_never_linear(capsys):
     assert main(["estimate", str(PRESET_14B), "--gpu", "H100"]) == 0
     text = capsys.readouterr().out
     assert "not measured" in text and "100%" not in text.split("│     2 │", 1)[1]
-    measured = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bandwidth-gbps", "25")
+    measured = run_json(capsys, PRESET_14B, "--gpu", "H100", "--bus-gbps", "25")
     assert measured["link_measured"] is True and measured["scaling_efficiency"][1]["scaling_efficiency"] < 1
 
 

@@ -9,12 +9,17 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.cli.main import main
-from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, nodes_worth_it, scaling
-from qwen_tui.plan.estimate_comm import (
-    NIC_EFFICIENCY, REHEARSAL_BUCKET_MB, latency_s, port_gbps, resolve_bandwidth, step_comm,
-)
 from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, LinkFacts, NodeFacts
 from qwen_tui.model.spec import resolve_model
+from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, nodes_worth_it, scaling
+from qwen_tui.plan.estimate_comm import (
+    NIC_EFFICIENCY,
+    REHEARSAL_BUCKET_MB,
+    latency_s,
+    port_gbps,
+    resolve_bandwidth,
+    step_comm,
+)
 from support.paths import ROOT as REPO
 
 SEVEN = resolve_model("Qwen/Qwen2.5-7B")
@@ -139,7 +144,7 @@ def test_uneven_preset_report(tmp_path, capsys):
     first, rest = text.split("gpus: 8", 1)
     path = tmp_path / "uneven.yaml"
     path.write_text(first + "gpus: 2" + rest.replace("gpus: 8", "gpus: 1", 1))
-    assert main(["estimate", str(path), "--gpu", "H100", "--bandwidth-gbps", "100", "--json"]) == 0
+    assert main(["estimate", str(path), "--gpu", "H100", "--bus-gbps", "100", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     t = out["step"]
     assert out["world_size"] == 3 and t["world_size"] == 3
@@ -204,15 +209,19 @@ def test_nic_flags(capsys):
     assert main(["estimate", str(preset), "--gpu", "H100", "--nic-gbps", "400", "--nics", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bandwidth"]["source"] == "nics" and out["bandwidth_gbps"] == pytest.approx(3200 * NIC_EFFICIENCY)
-    one = main(["estimate", str(preset), "--gpu", "H100", "--bandwidth-gbps", "400", "--json"])
+    one = main(["estimate", str(preset), "--gpu", "H100", "--bus-gbps", "400", "--json"])
     assert one == 0
     single = json.loads(capsys.readouterr().out)
+    # the old spelling still works, says what it is now, and keeps --json's output clean
+    assert main(["estimate", str(preset), "--gpu", "H100", "--bandwidth-gbps", "400", "--json"]) == 0
+    old = capsys.readouterr()
+    assert json.loads(old.out) == single and "--bandwidth-gbps is deprecated" in old.err and "--bus-gbps" in old.err
     # 8 x 400G NICs are not one 400G link: typing the per-NIC rate as the bus bandwidth predicts far less
     assert out["scaling_efficiency"][1]["scaling_efficiency"] > single["scaling_efficiency"][1]["scaling_efficiency"]
     assert main(["estimate", str(preset), "--nics", "8"]) == 2
     assert "--nics needs --nic-gbps" in capsys.readouterr().err
-    assert main(["estimate", str(preset), "--bandwidth-gbps", "-5"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+    assert main(["estimate", str(preset), "--bus-gbps", "-5"]) == 2
+    assert "--bus-gbps must be positive" in capsys.readouterr().err
 
 
 def test_nodes_worth_it_follows_the_link():

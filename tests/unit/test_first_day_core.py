@@ -7,8 +7,8 @@ import pytest
 
 from qwen_tui.base.field_words import plain, plain_message
 from qwen_tui.nodes.hostlists import host_problem, parse_hostfile
-from qwen_tui.preset.schema import PresetError
 from qwen_tui.preset.lenient import load_preset_keeping_known
+from qwen_tui.preset.schema import PresetError
 
 
 def test_hostfile_names_every_bad_line_and_imports_nothing():

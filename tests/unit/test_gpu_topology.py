@@ -11,7 +11,14 @@ from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.nodes.checks import CheckReport, consistency
 from qwen_tui.nodes.probe import facts_from_json
 from qwen_tui.nodes.topology import (
-    TopologyError, describe, intra_node_bus, node_intra_bus, p2p_risk, parse_p2p_matrix, parse_topo_matrix, with_p2p,
+    TopologyError,
+    describe,
+    intra_node_bus,
+    node_intra_bus,
+    p2p_risk,
+    parse_p2p_matrix,
+    parse_topo_matrix,
+    with_p2p,
 )
 from qwen_tui.preset.schema import Preset
 
@@ -279,11 +286,14 @@ def test_check_matrix_shows_the_topology_and_marks_the_gpu_cell():
 
 
 def test_codes_are_documented():
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "advice.md").read_text()
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for code in ("P2P_PCIE", "P2P_UNSUPPORTED"):
-        assert f"`{code}`" in docs and f"`{code}`" in readme
-    assert "`GPU_TOPOLOGY`" in readme and "intra_node_bus" in docs
+    from qwen_tui.advice.codes import ADVICE
+    from qwen_tui.nodes.codes import CHECKS
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for code in ("P2P_PCIE", "P2P_UNSUPPORTED"):  # the reference is generated from these tables
+        assert code in ADVICE and code in CHECKS
+    assert "GPU_TOPOLOGY" in CHECKS and "`GPU_TOPOLOGY`" in (docs / "guides" / "checks.md").read_text()
+    assert "intra_node_bus" in (docs / "guides" / "estimates.md").read_text()
 
 
 def test_the_estimator_takes_the_slowest_nodes_probed_bus_inside_a_node():

@@ -14,6 +14,7 @@ from qwen_tui.run.gpuseries import GpuSeriesWriter, reports_to_tracker, series_p
 from support.gpu_stream import stream_ticks
 from training.runtime.trackers import NodeGpuFeed
 
+
 def test_writer_appends_one_mean_line_per_node_and_the_worker_reads_it(tmp_path):
     path = str(tmp_path / "run" / "gpus.jsonl")
     (tmp_path / "run").mkdir()

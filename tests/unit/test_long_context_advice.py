@@ -5,11 +5,17 @@ record of model_max_length does not fit a GPU (and what would)."""
 import pytest
 
 from qwen_tui.advice.rules import advise, apply_fix
-from qwen_tui.plan.estimate import GPUS
-from qwen_tui.plan.longcontext import (LONG_ROW_TOKENS, TILE_FROM_TOKENS, heads_problem, longest_record, row_memory,
-                                  sequence_parallel_problem)
 from qwen_tui.model.spec import known_spec
+from qwen_tui.plan.estimate import GPUS
 from qwen_tui.plan.launch import worker_args
+from qwen_tui.plan.longcontext import (
+    LONG_ROW_TOKENS,
+    TILE_FROM_TOKENS,
+    heads_problem,
+    longest_record,
+    row_memory,
+    sequence_parallel_problem,
+)
 from qwen_tui.preset.schema import Preset, PresetError, parse_preset
 
 H200 = GPUS["H200"].memory_gib

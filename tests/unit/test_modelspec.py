@@ -6,7 +6,7 @@ import pytest
 
 from qwen_tui.model.spec import KNOWN, UnknownModel, known_spec, resolve_model, spec_from_config
 
-# Counted by transformers on the H200 (../shared/fixtures/README.md).
+# Counted by transformers on the H200 (tests/fixtures/README.md).
 FIXTURE_COUNTS = {
     "Qwen/Qwen2.5-1.5B-Instruct": (1_543_714_304, 73_859_072),
     "Qwen/Qwen2.5-7B-Instruct": (7_615_616_512, 161_480_704),

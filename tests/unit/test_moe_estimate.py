@@ -7,8 +7,8 @@ import pytest
 
 from qwen_tui.advice.rules import advise
 from qwen_tui.cli.main import main
-from qwen_tui.plan.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
 from qwen_tui.model.spec import KNOWN_MOE, UnknownModel, known_hub_ids, resolve_model, spec_from_config
+from qwen_tui.plan.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
 from qwen_tui.preset.schema import Preset
 from support.paths import ROOT as REPO
 
@@ -154,14 +154,14 @@ def _json(capsys, path, *argv):
 
 def test_shipped_moe_presets_estimate_with_memory_broken_down(capsys):
     r30 = _json(capsys, REPO / "presets" / "qwen3-30b-a3b-lora-2node-zero3.yaml", "--gpu", "H100",
-                "--bandwidth-gbps", "400")
+                "--bus-gbps", "400")
     assert r30["model"]["moe"] == {"experts": 128, "experts_per_token": 8, "moe_intermediate_size": 768,
                                    "shared_expert_intermediate_size": 0, "moe_layers": 48}
     assert r30["model"]["active_params"] < r30["model"]["params"] / 9
     mem = r30["gpu_memory_gb"]
     assert mem["fits"] is True and {"weights", "gradients", "optimizer", "activations", "logits"} <= set(mem)
     r235 = _json(capsys, REPO / "presets" / "qwen3-235b-a22b-lora-4node-zero3.yaml", "--gpu", "H100",
-                 "--bandwidth-gbps", "3200")
+                 "--bus-gbps", "3200")
     assert r235["gpu_memory_gb"]["fits"] is True
     assert not [a for a in r235["advice"] if a["level"] == "error"]
 
@@ -176,7 +176,7 @@ def test_235b_full_fine_tuning_does_not_fit_eight_nodes_and_the_advice_says_what
     p = tmp_path / "full.yaml"
     p.write_text((head + "  nodes:\n" + nodes + rest).replace("method: lora", "method: full")
                  .replace("per_device_train_batch_size: 4", "per_device_train_batch_size: 1"))
-    r = _json(capsys, p, "--gpu", "H100", "--bandwidth-gbps", "3200")
+    r = _json(capsys, p, "--gpu", "H100", "--bus-gbps", "3200")
     assert r["world_size"] == 64 and r["gpu_memory_gb"]["fits"] is False
     (oom,) = [a for a in r["advice"] if a["code"] == "OOM"]
     assert oom["fix"] is not None and oom["fix"]["changes"]

@@ -6,7 +6,7 @@ import pytest
 
 from qwen_tui.nodes.probe import facts_from_json, local_path, parse_cuda_from_version, parse_driver, parse_gpu_csv
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"  # copied from shared/fixtures
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"  # real output: tests/fixtures/nvidia-smi/README.md
 FIELDS = ("index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used,memory.free,utilization.gpu,"
           "utilization.memory,temperature.gpu,power.draw,power.limit").split(",")
 

@@ -9,7 +9,6 @@ import pytest
 from qwen_tui.preset.schema import PresetError, dump_preset, load_preset, parse_preset, save_preset
 from support.paths import ROOT
 
-
 GOOD = textwrap.dedent("""\
     # header line one
     # Run it: qwen-tui replay x.yaml

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.jobs import (JOB_MARK, RUN_MARK, JobRef, Proc, env_script, job_argv, members, parse_marks,
-                                  parse_stat)
+from qwen_tui.nodes.jobs import JOB_MARK, RUN_MARK, JobRef, Proc, env_script, job_argv, members, parse_marks, parse_stat
 from qwen_tui.nodes.programs import program
 
 

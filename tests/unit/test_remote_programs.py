@@ -8,14 +8,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 
 import pytest
-from support.paths import ROOT
+import tomllib
 
 from qwen_tui.nodes import hubmodel, jobs, keys, netcheck, probe, ssh, storage, sync
 from qwen_tui.nodes.programs import PARTS, REMOTE, body, program
 from qwen_tui.run import evidence, gpumon, gpuseries, rehearsal, restarts, watchdog
+from support.paths import ROOT
 
 PKG = ROOT / "qwen_tui"
 FILES = sorted(p.name for p in REMOTE.iterdir() if p.name.endswith((".py", ".sh")))

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from support.ports import free_port
 
 from qwen_tui.run.rehearsal import SNIPPET, rehearsal_argv
+from support.ports import free_port
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # two processes import torch

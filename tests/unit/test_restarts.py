@@ -8,8 +8,16 @@ import pytest
 from qwen_tui.cli.main import main
 from qwen_tui.plan.launch import make_plan, worker_args
 from qwen_tui.preset.schema import Preset, PresetError, parse_preset
-from qwen_tui.run.attempts import (BatchFit, RestartRefused, attempt_note, common_checkpoint, recovery_notes,
-                                   refit_batch, why_not_restart, without_nodes)
+from qwen_tui.run.attempts import (
+    BatchFit,
+    RestartRefused,
+    attempt_note,
+    common_checkpoint,
+    recovery_notes,
+    refit_batch,
+    why_not_restart,
+    without_nodes,
+)
 
 
 def preset(gpus=(1, 1, 1), micro=2, accum=1, **training) -> Preset:

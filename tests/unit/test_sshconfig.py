@@ -11,9 +11,9 @@ import pytest
 
 from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.connect import resolve_target
+from qwen_tui.nodes.hostlists import parse_ssh_config
 from qwen_tui.nodes.transport import TransportError
 from qwen_tui.preset.schema import Preset
-from qwen_tui.nodes.hostlists import parse_ssh_config
 
 SSH = shutil.which("ssh")
 needs_ssh = pytest.mark.skipif(SSH is None, reason="no OpenSSH client on this machine")

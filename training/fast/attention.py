@@ -11,10 +11,10 @@ Without `packed_cu_seq_lens` (an evaluation batch, say) it is plain causal SDPA.
 
 kernel_inputs() turns a row's boundaries into what the kernel is given:
 - flash: the boundaries as they are and the constant bound model_max_length. (The row's own longest
-  record as the bound measured the same: bench/results run10, attention_kernels.)
+  record as the bound measures the same: bench/attention_kernels.py.)
 - cudnn: the same bound, and the record count rounded up to a power of two (at least 16) with empty
   records: cuDNN builds an execution plan (forward and backward) for every (records, bound) pair it
-  meets, which stalled the steps that met a new count (run10), so both are kept to a few values, and
+  meets, which stalls the steps that meet a new count, so both are kept to a few values, and
   warm_cudnn() builds the plans of every count a row can need before the first step (7B: 6 counts
   in 0.8 s).
 - cudnn, the row width: the frontend (1.32) also keys its backward plans on the row's token total

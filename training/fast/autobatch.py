@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 log = logging.getLogger("training")
 
@@ -44,12 +43,12 @@ def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: 
 
 # Rows shorter than this leave each micro-batch's fixed cost (ZeRO-3 gathers every weight and reduces every
 # gradient per micro-batch, whatever its length) larger than checkpointing's recompute: 7B full fine-tuning under
-# ZeRO-3 on one H200 ran 2,432-token rows at 6,704 tokens/s without checkpointing and 46,720-token rows at 10,131
-# with it (bench/results run32, run33).
+# ZeRO-3 on one H200 trains 2,432-token rows without checkpointing at two thirds of the speed of 46,720-token rows
+# with it (bench/README.md's train_speed results).
 SHORT_ROW_TOKENS = 8192
 
 
-def worth_checkpointing(without: Plan, with_: Optional[Plan] = None) -> bool:
+def worth_checkpointing(without: Plan, with_: Plan | None = None) -> bool:
     """Whether to train with gradient checkpointing, from the probe without it (and, once measured, with it):
     when not even one record fits without it; or when rows would be short without it and checkpointing at
     least doubles them (its recompute costs about a third more compute). Called with `without` alone: whether

@@ -188,9 +188,9 @@ def _attention_kernel(r: _Run, chosen: dict) -> tuple[str, str]:
     # The varlen kernel of packed rows.
     given, packing = r.args.fast.attention_kernel, chosen["packing"]
     if given == "auto":
-        # cuDNN where it can run with its backward plans bounded: with one plan per record count a 7B LoRA step
-        # ran 3.0% faster than with FlashAttention 2, and attention took 111 ms of device time against 168 ms
-        # (bench/results run18). Before that bound, plans were built per row width and it measured no faster.
+        # cuDNN where it can run with its backward plans bounded (one plan per record count): a 7B LoRA step runs
+        # 3% faster than with FlashAttention 2, attention taking two thirds of its device time (bench/README.md's
+        # train_speed and attention_kernels results).
         if not (packing and r.cuda):
             return "flash", "n/a: no packed rows on CUDA"
         unfit = _cudnn_unfit()
@@ -213,7 +213,7 @@ def _fused_lora_dropout(r: _Run, _: dict) -> tuple[bool, str]:
     # LoRA dropout inside the adapter's first matmul.
     a = r.args
     if a.fast.fused_lora_dropout is None:
-        # Opt-in: on the 7B shape it measured the same speed as peft's dropout (bench/results runs 15 and 16),
+        # Opt-in: on the 7B shape it runs at the same speed as peft's dropout (bench/lora_dropout_kernel.py),
         # with 27% less activation memory a token (longer rows, or no checkpointing, where memory is short).
         drop = float(a.lora.lora_dropout or 0.0)
         return False, ("n/a: no adapters" if not r.lora else "n/a: --lora_dropout 0" if drop <= 0

@@ -10,12 +10,12 @@ micro-batch to the next (rounded up to a multiple of 1,024 tokens on CUDA), and 
 number of records in a row (the length of cu_seq_lens). With static shapes the first compile
 is specialised to the first row's sizes, and the first row of another width compiles every
 layer again (torch's automatic dynamic shapes), seconds of a training step at an arbitrary
-point of the run (run5 in bench/results: one 8.4 s step out of twelve). Dynamic from the first
+point of the run (an 8-second step among sub-second ones on an H200). Dynamic from the first
 compile, one graph serves every width and every record count. Parameters stay static.
 One more compile comes from Inductor guarding its 32-bit indexing and fusion choices on a range of the
-row width (on the H200, run6: `4096 <= width`): the first row on the other side of that bound compiles
-once more (8.3 s in run6). The worker therefore compiles the layers before its memory probes, whose rows
-of 2,048 and 4,096 tokens meet both sides at start-up (runs 7-9: no training step compiled).
+row width (on the H200: `4096 <= width`): the first row on the other side of that bound compiles
+once more (8 s). The worker therefore compiles the layers before its memory probes, whose rows
+of 2,048 and 4,096 tokens meet both sides at start-up, so that no training step compiles.
 Dropout (LoRA's, on every adapted projection's input) runs as ATen's own kernel inside the compiled
 graph (Inductor's fallback_random): the masks are then the ones the eager model draws from the same
 seed, so compiled and plain runs see identical dropout, and ATen's kernel draws four random numbers

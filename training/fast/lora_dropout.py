@@ -3,7 +3,7 @@
 peft computes every adapter as lora_B(lora_A(dropout(x))). The dropout is a kernel of its own per adapted
 projection (seven a layer, three of them on the same input) that reads x and writes the dropped copy and a
 mask, and both stay alive until the backward. On the 7B shape that is 3.7% of a step's GPU time and about
-2 GB of saved activations a layer for a 17k-token row (bench/results run10's profile).
+2 GB of saved activations a layer for a 17k-token row (a profiled step of bench/train_speed.py).
 
 Here one Triton kernel reads x once, draws the mask in registers and multiplies by A:
     h = (x * keep / (1 - p)) @ A.T
@@ -18,8 +18,8 @@ p rounded to 1/65536 (0.05 -> 0.0500031), and the kept values are scaled by 1 / 
 is exact. The masks differ from torch's dropout (another generator), not their distribution: a run with the
 fused kernel follows the plain run's loss curve within dropout's own noise (bench/lora_dropout_kernel.py).
 
-Measured on an H200 (bench/results runs 15 and 16): 27% less activation memory a token on the 7B shape, and
-the same step time as peft's dropout (the kernels beat it in isolation, but in the compiled step Inductor
+Measured on an H200 (bench/lora_dropout_kernel.py; bench/README.md names its result): 27% less activation memory
+a token on the 7B shape, and the same step time as peft's dropout (the kernels beat it in isolation, but in the compiled step Inductor
 already folds the dropout's backward into its neighbours). So the switch is opt-in, for runs short of memory.
 """
 

@@ -17,7 +17,7 @@ for a tenth of the work. Within a row, records keep the sampler's order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

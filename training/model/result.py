@@ -103,9 +103,8 @@ def eval_loss(model, tokenizer, data_path: str, max_length: int, max_records: in
     """Token-mean loss on (the first `max_records` records of) a chat file, through the worker's encoder."""
     import torch
 
-    from training.data.encoding import IGNORE_INDEX, ChatEncoder
-
     from training.data.batches import Collator, build_dataset
+    from training.data.encoding import IGNORE_INDEX, ChatEncoder
     from training.data.records import load_conversations
 
     convs = load_conversations(data_path)[:max_records]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Optional
 
 # torch.distributed.elastic's exit barrier: the agents' check-in counter in the rendezvous store
 # (agent/server/api.py _TERMINAL_STATE_SYNC_ID + utils/store.py _NUM_MEMBERS, under the run id's prefix)
@@ -62,7 +61,7 @@ class StopSignal:
     looking again every RETRY_S (SIGALRM), until the import is done."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self.armed = False
         self._deferred = False
 
@@ -115,7 +114,7 @@ class StopSignal:
         under_torchrun = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
         return 0 if under_torchrun or self.signum is None else 128 + self.signum
 
-    def line(self, step: Optional[int]) -> str:
+    def line(self, step: int | None) -> str:
         where = f"at step {step}" if step is not None else "before training started"
         name = signal.Signals(self.signum).name if self.signum is not None else "a signal"
         return f"stopped by request {where} ({name})"

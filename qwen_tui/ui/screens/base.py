@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -20,7 +20,6 @@ from ...wizard.state import STEPS, WizardState
 from ..messages import StateChanged
 from ..widgets.stepper import Stepper
 from ..wizard import Wizard
-
 
 MIN_SIZE = (80, 24)  # columns, rows: every step fits from here on (README: "Terminal size")
 
@@ -126,8 +125,8 @@ class StepScreen(Screen):
     def refresh_state(self) -> None:
         """Redraw this screen from `self.state`."""
 
-    def connect_nodes(self, indices: Optional[list[int]] = None,
-                      on_progress: Optional[Callable[[int, str], None]] = None) -> NodeResults:
+    def connect_nodes(self, indices: list[int] | None = None,
+                      on_progress: Callable[[int, str], None] | None = None) -> NodeResults:
         """Connect the preset's nodes through the wizard's Connections (run.api), asking the
         person about a new host key; node -> Transport | exception. Call it from a worker."""
         w = self.wizard

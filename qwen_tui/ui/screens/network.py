@@ -8,8 +8,6 @@ that differs is replaced only after a yes."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -19,13 +17,13 @@ from textual.widgets import DataTable, Input, Label, Select, Static
 
 from ...base.levels import Level
 from ...run import api
+from ...wizard.state import BAD, WARN, finding_line
 from ..messages import NetChecked, NetOneChecked, NetProgress, Synced
 from ..modals import Confirm, Notice
+from ..styles import FAIL, GOOD, WARNING, level_style, tone
 from ..widgets.bandwidth import BandwidthBars
-from ...wizard.state import BAD, WARN, finding_line
 from ..widgets.form_inputs import FieldInput, OrderedSelect
 from .base import StepScreen
-from ..styles import FAIL, GOOD, WARNING, level_style, tone
 
 
 def _yn(v, err=None) -> Text:
@@ -159,7 +157,7 @@ class NetworkScreen(StepScreen):
 
     _progress: list[str] = []
 
-    def _show_progress(self, line: Optional[str]) -> None:
+    def _show_progress(self, line: str | None) -> None:
         """What the running check is doing, node by node (None: nothing runs)."""
         w = self.query_one("#net-progress", Static)
         if line is None:

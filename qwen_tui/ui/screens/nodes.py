@@ -4,7 +4,7 @@ SLURM node list / ~/.ssh/config, and probe them all in parallel."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -12,16 +12,16 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Label, Static
 
+from ...base.field_words import plain
 from ...nodes import hostlists
 from ...nodes.sshconfig import ssh_config_import_text
 from ...preset.schema import PresetError
 from ...run import api
-from ..messages import ActionDone, ChangePreset, ProbeProgress
-from ...base.field_words import plain
-from ..modals import Choose, Confirm, Form, ImportNodes, Notice
 from ...wizard.state import NodeStatus, ProbeState, connection_fix, finding_line
-from .base import StepScreen
+from ..messages import ActionDone, ChangePreset, ProbeProgress
+from ..modals import Choose, Confirm, Form, ImportNodes, Notice
 from ..styles import FAIL, GOOD, WARNING, level_style, tone
+from .base import StepScreen
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
                 ("workdir", "workdir"), ("python", "python"), ("name", "label")]
@@ -121,10 +121,10 @@ class NodesScreen(StepScreen):
     def _node_dicts(self) -> list[dict[str, Any]]:
         return [n.model_dump(exclude_defaults=True) for n in self.state.preset.cluster.nodes]
 
-    def _form(self, title: str, initial: dict[str, Any], index: Optional[int], error: str = "") -> None:
+    def _form(self, title: str, initial: dict[str, Any], index: int | None, error: str = "") -> None:
         fields = [(k, label, "" if initial.get(k) is None else str(initial[k])) for k, label in _NODE_FIELDS]
 
-        def done(ans: Optional[dict[str, Any]]) -> None:
+        def done(ans: dict[str, Any] | None) -> None:
             if ans is None:
                 return
             node = {k: v.strip() for k, v in ans.items() if v.strip()}
@@ -170,7 +170,7 @@ class NodesScreen(StepScreen):
         node = self.state.preset.cluster.nodes[i]
         where = f"{node.user + '@' if node.user else ''}{node.host}:{node.port}"
 
-        def done(yes: Optional[bool]) -> None:
+        def done(yes: bool | None) -> None:
             if yes:
                 del nodes[i]
                 self.post_message(ChangePreset({"cluster.nodes": nodes}, note=f"removed node {i} ({node.label})"))
@@ -188,7 +188,7 @@ class NodesScreen(StepScreen):
             except ValueError as e:
                 self.notify(str(e), severity="warning")
 
-        def done(ans: Optional[tuple[str, str]]) -> None:
+        def done(ans: tuple[str, str] | None) -> None:
             if not ans:
                 return
             kind, body = ans
@@ -208,7 +208,7 @@ class NodesScreen(StepScreen):
         listed = ", ".join(f"{n['host']} ({n.get('gpus', 1)} GPU(s))" for n in new[:6]) + \
             (f" and {len(new) - 6} more" if len(new) > 6 else "")
 
-        def answer(how: Optional[str]) -> None:
+        def answer(how: str | None) -> None:
             if how is None:
                 return
             nodes = new if how == "replace" else self._node_dicts() + new

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rich.syntax import Syntax
 from rich.text import Text
@@ -15,20 +15,20 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static, TabbedContent, TabPane
 
-from ...base.levels import Level
 from ...base.atomic import write_text_atomic
+from ...base.levels import Level
+from ...base.redact import shown_env
 from ...plan.launch import LaunchPlan, make_plan
 from ...preset.schema import dump_preset
-from ...base.redact import shown_env
-from ..modals import Form, Notice
 from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, NodeStatus, ProbeState, SshState, step_of
-from .base import StepScreen
+from ..modals import Form, Notice
 from ..styles import ERROR, GOOD, NOTE_STRONG, WARNING, tone
+from .base import StepScreen
 
 PREVIEW_RUN_ID = "<run-id>"  # the real id is made at launch; a fixed one keeps the view stable
 
 
-def preview_plan(state, base_dir: str, local_python: Optional[str] = None) -> LaunchPlan:
+def preview_plan(state, base_dir: str, local_python: str | None = None) -> LaunchPlan:
     """The plan launch will make (local_python: what local nodes without a python of their own run)."""
     return make_plan(state.preset, run_id=PREVIEW_RUN_ID, local_run_dir=f"runs/{PREVIEW_RUN_ID}",
                      base_dir=base_dir, facts=state.facts, local_python=local_python)
@@ -136,7 +136,7 @@ class ReviewScreen(StepScreen):
                                                      ("output", "directory", f"export/{stem}")],
                                   choices={"format": [(names.get(f, f), f) for f in FORMATS]}), self._export)
 
-    def _export(self, ans: Optional[dict[str, Any]]) -> None:
+    def _export(self, ans: dict[str, Any] | None) -> None:
         if not ans:
             return
         from ...run.export import FORMATS, render

@@ -8,7 +8,7 @@ face that launched the run is gone."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from rich.text import Text
 from textual import work
@@ -23,12 +23,11 @@ from ...run.rundir import RunDir, default_runs_root, new_run_id
 from ...run.states import JobState, RunState
 from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
 from ..modals import Confirm, Notice
+from ..styles import ERROR, GOOD, SEVERITY, WARNING, WARNING_STRONG, level_style, outcome_style, tone
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.log_pane import LogPane
 from ..widgets.loss_chart import LossChart
 from .base import StepScreen
-from ..styles import ERROR, GOOD, SEVERITY, WARNING, WARNING_STRONG, level_style, outcome_style, tone
-
 
 NOTICES_SHOWN = 4  # the monitor's latest notices above the log pane
 
@@ -52,11 +51,11 @@ class RunScreen(StepScreen):
         self.monitor = None
         self.log_rank = 0
         self.outcome = None
-        self.last_snapshot: Optional[api.Snapshot] = None
+        self.last_snapshot: api.Snapshot | None = None
         self._stop_wanted = False  # stop-all asked for this run (read by the follower's thread)
-        self._checking: Optional[tuple[str, dict[int, list[str]]]] = None  # the launch checks so far (_check_line)
+        self._checking: tuple[str, dict[int, list[str]]] | None = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
-        self._pending: Optional[Callable[[], None]] = None  # a launch or attach asked for before the first compose
+        self._pending: Callable[[], None] | None = None  # a launch or attach asked for before the first compose
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -141,7 +140,7 @@ class RunScreen(StepScreen):
         self._run_events(api.attach(rd.path, app.state.conns, consent=app.ask_host_key, password=app.password,
                                     on_preset=show))
 
-    def _run_events(self, events, relaunch: Optional[api.LaunchRequest] = None) -> None:
+    def _run_events(self, events, relaunch: api.LaunchRequest | None = None) -> None:
         """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
         snapshots. Leaving the app detaches (the run goes on); only stop-all ends it. `relaunch`: the
         request of a launch from here, whose failed attempts are relaunched as training.restarts allows
@@ -158,13 +157,13 @@ class RunScreen(StepScreen):
                 return
             self.post_message(LaunchEvent(ev))
 
-    def _follow_attempts(self, first, req: Optional[api.LaunchRequest]):
+    def _follow_attempts(self, first, req: api.LaunchRequest | None):
         """Follow the run to its outcome, through every relaunch when `req` allows restarts."""
         from ...run.restarts import Restarts, run_facts
 
         worker = get_current_worker()
 
-        def follow_one(la, left: Optional[float]):
+        def follow_one(la, left: float | None):
             if la is not first:  # a relaunch: the screen follows the new attempt's nodes and launcher
                 self.post_message(RunStarted(la))
                 if self._stop_wanted:  # stop-all was asked while the last attempt was being relaunched
@@ -412,7 +411,7 @@ class RunScreen(StepScreen):
             self.notify("nothing running")
             return
 
-        def answer(yes: Optional[bool]) -> None:
+        def answer(yes: bool | None) -> None:
             if yes:
                 self._status(Text("stopping every node…", style=tone(WARNING)))
                 self._stop_wanted = True

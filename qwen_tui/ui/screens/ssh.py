@@ -6,7 +6,6 @@ refused (the infra module raises ChangedHostKey and we show why)."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from rich.text import Text
 from textual import work
@@ -16,12 +15,12 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Label, Static
 
 from ...run import api
+from ...wizard.state import NodeStatus, SshState, connection_fix
 from ..messages import ActionDone, SshProgress
 from ..modals import PasswordPrompt
-from ...wizard.state import NodeStatus, SshState, connection_fix
+from ..styles import FAIL, GOOD, WARNING, tone
 from ..widgets.form_inputs import FieldInput
 from .base import StepScreen
-from ..styles import FAIL, GOOD, WARNING, tone
 
 
 def _cell(ns: NodeStatus, local: bool) -> Text:
@@ -146,7 +145,7 @@ class SSHScreen(StepScreen):
             self.notify("every node is this machine: nothing to install")
             return
 
-        def got(pw: Optional[str]) -> None:
+        def got(pw: str | None) -> None:
             if pw is None:
                 return
             self.wizard.password = pw  # memory only: never in the preset, a log or the screen

@@ -7,7 +7,8 @@ the data (qwen_tui.advice.datapreview, in a thread worker: the master tokenizes 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -18,20 +19,18 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Select, Static
 
-import os
-
-from ...advice.rules import Advice
-from ...plan.estimate import GPUS
 from ...advice.report import NODES_WORTH_LIMIT
-from ...model.spec import known_hub_ids
-from ...run import api
+from ...advice.rules import Advice
 from ...base.field_words import plain
+from ...model.spec import known_hub_ids
+from ...plan.estimate import GPUS
+from ...run import api
 from ..messages import ChangePreset, DataPreviewed
+from ..styles import ERROR, FAIL, GOOD, NOTE_STRONG, WARNING, WARNING_STRONG, tone
 from ..widgets.advice_list import AdviceList
 from ..widgets.data_panel import BINS, DataPanel
 from ..widgets.form_inputs import FieldInput, OrderedSelect
 from .base import StepScreen
-from ..styles import ERROR, FAIL, GOOD, NOTE_STRONG, WARNING, WARNING_STRONG, tone
 
 # What the model field completes as one types: the built-in tiny models and the known releases (dense, then the
 # mixture-of-experts sizes), whose shapes the live estimate knows offline.
@@ -153,7 +152,7 @@ class TrainingScreen(StepScreen):
         if kind is None:
             return
         text = ev.value.strip()
-        value: Optional[str] = None if (kind == "opt" and not text) else text
+        value: str | None = None if (kind == "opt" and not text) else text
         # every edit goes to the App, in order: whether it changes anything is for the App to say, when it
         # comes to it (the preset seen here may still lack the edits queued before this one)
         self.post_message(ChangePreset({path: value}))
@@ -268,7 +267,7 @@ class TrainingScreen(StepScreen):
             panel.show_report(panel.report, stale=self._previewed != st.preset.model_dump_json())
 
     # ---------------------------------------------------------------- data preview
-    _previewed: Optional[str] = None  # the preset (as JSON) the shown preview is of
+    _previewed: str | None = None  # the preset (as JSON) the shown preview is of
 
     def action_preview_data(self) -> None:
         preset = self.state.preset.model_copy(deep=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
 
 from ..styles import BAR_EMPTY, GOOD, tone
@@ -11,7 +9,7 @@ from ..styles import BAR_EMPTY, GOOD, tone
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
-def bar(frac: Optional[float], width: int, colour: str = GOOD, mark: Optional[float] = None) -> Text:
+def bar(frac: float | None, width: int, colour: str = GOOD, mark: float | None = None) -> Text:
     """A bar `width` cells wide filled to `frac` (0..1) in `colour` (a theme variable: styles.GOOD, ...); `mark`
     draws a │ at that fraction."""
     t = Text()

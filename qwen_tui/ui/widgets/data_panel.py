@@ -3,7 +3,7 @@ epoch, from qwen_tui.advice.datapreview (run by the screen in a worker; this wid
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from rich.console import Group
 from rich.text import Text
@@ -23,7 +23,7 @@ class DataPanel(Static):
         self.show_hint()
 
     def show_hint(self) -> None:
-        self.report: Optional[dict[str, Any]] = None
+        self.report: dict[str, Any] | None = None
         self.update(Text(HINT, style="dim"))
 
     def show_running(self) -> None:

@@ -4,7 +4,7 @@ Textual hands a key to the widget that had the focus when the App read it. An In
 in its own queue at once, but its editing keys (backspace, ctrl+u, end, ...) and tab are bindings, and a bound
 key first bubbles through every parent's queue to the App, which runs the action there. On a busy machine (the
 master trains too) the keys typed after it so land first: "ctrl+u 0.002" ended as "" (typed, then cleared),
-"tab 4" typed the 4 into the field being left (Textual issue 6605). These widgets run their own bindings, and
+"tab 4" typed the 4 into the field being left (a known Textual behaviour, textual#6605). These widgets run their own bindings, and
 the moves of focus, in their own queue, in order with the rest, and hand a key that was queued here before the
 focus moved to the widget that has it now. Other keys (a step's F-keys, ctrl+s) still go to the App: their
 actions may remove this very widget, which its own queue could not wait for.
@@ -58,3 +58,27 @@ class OrderedSelect(KeysInOrder, Select):
 class FieldInput(OrderedInput):
     def check_consume_key(self, key: str, character: str | None) -> bool:
         return key != "question_mark" and super().check_consume_key(key, character)
+
+
+class PathInput(OrderedInput):
+    """A path field: Tab completes it from the files there, as a shell does (directories and presets); where there
+    is nothing to add, the matches are shown and the focus stays; with no match at all, Tab moves on as usual."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "tab" and self.app.focused is self:
+            import os
+
+            from ...wizard.paths import complete_path
+
+            done = complete_path(self.value, os.getcwd())  # relative paths open against it too
+            if done.options:
+                event.stop()
+                event.prevent_default()
+                if done.text != self.value:
+                    self.value = done.text
+                    self.cursor_position = len(done.text)
+                if len(done.options) > 1:
+                    shown = "  ".join(done.options[:12]) + ("  …" if len(done.options) > 12 else "")
+                    self.app.notify(shown, title=f"{len(done.options)} matches")
+                return
+        await super()._on_key(event)

@@ -3,8 +3,6 @@ on a CPU-only node)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
@@ -15,15 +13,14 @@ from ..styles import FAIL, GOOD, JOB, MEMORY, NOTE, WARNING, tone
 from .bars import bar
 
 
-
 class GpuPanel(Static):
     def __init__(self, rank: int, label: str, **kw) -> None:
         super().__init__(**kw)
         self.rank, self.label = rank, label
-        self.sample: Optional[NodeSample] = None
+        self.sample: NodeSample | None = None
         self.status: JobState = JobState.PENDING
-        self.error: Optional[str] = None
-        self.note: Optional[str] = None  # where its stop is, while the run stops
+        self.error: str | None = None
+        self.note: str | None = None  # where its stop is, while the run stops
         self.ended = False  # the run is over: no sample describes the node any more
         self.border_title = f"node {rank}: {label}"
 
@@ -38,7 +35,7 @@ class GpuPanel(Static):
         self.ended, self.sample = True, None
         self.set_status(status, self.error)
 
-    def set_status(self, status: JobState, error: Optional[str], note: Optional[str] = None) -> None:
+    def set_status(self, status: JobState, error: str | None, note: str | None = None) -> None:
         self.status, self.error, self.note = JobState(status), error, note
         self.set_class(status in (JobState.FAILED, JobState.LOST), "-failed")
         self._redraw()

@@ -8,8 +8,6 @@ lines (more while the user reads back), and its text is one Static: cheap to ref
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -39,7 +37,7 @@ class LogPane(VerticalScroll, can_focus=True):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self.rank: Optional[int] = None
+        self.rank: int | None = None
         self.lines: list[str] = []
         self._followed = True  # whether the last update found the pane at its tail
 
@@ -59,7 +57,7 @@ class LogPane(VerticalScroll, can_focus=True):
         self.query_one("#log-text", Static).update("")
         self.scroll_home(animate=False)
 
-    def show(self, rank: Optional[int], tail: list[str]) -> None:
+    def show(self, rank: int | None, tail: list[str]) -> None:
         """The latest tail of node `rank`'s log: a new node starts afresh at the bottom."""
         if rank != self.rank:
             self.rank, self.lines = rank, []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.console import Group
 from rich.text import Text
 from textual.events import Resize
@@ -53,9 +51,9 @@ LABEL_COLUMNS = 10  # the value / "lr" / "eval" labels left of the plot, and a s
 
 
 class LossChart(Static):
-    _shown: Optional[tuple] = None
+    _shown: tuple | None = None
 
-    def show(self, prog: Optional[TrainingProgress], width: int = 60, height: int = 6, ended: bool = False) -> None:
+    def show(self, prog: TrainingProgress | None, width: int = 60, height: int = 6, ended: bool = False) -> None:
         """Draw `prog`; the plot never runs wider than the widget (a terminal made smaller, a 100-column
         one) and is drawn again at the new width on every resize."""
         self._shown = (prog, width, height, ended)

@@ -4,14 +4,13 @@ name, then each step to its key and a short name (100 columns keep all six)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
 from ...wizard.state import STEPS, TITLES
 from ..styles import STEP, tone
+
 SHORT = {"nodes": "Nodes", "ssh": "SSH", "network": "Net", "training": "Train", "review": "Review", "run": "Run"}
 
 
@@ -31,9 +30,9 @@ def stepper_text(current: str, statuses: dict[str, str], title: str, short: bool
 
 
 class Stepper(Static):
-    _last: Optional[tuple[str, dict[str, str], str]] = None
+    _last: tuple[str, dict[str, str], str] | None = None
 
-    def show(self, current: str, statuses: dict[str, str], title: str = "", width: Optional[int] = None) -> None:
+    def show(self, current: str, statuses: dict[str, str], title: str = "", width: int | None = None) -> None:
         self._last = (current, dict(statuses), title)
         width = width or self.app.size.width
         short_title = title.removeprefix("qwen-tui · ")

@@ -1,0 +1,111 @@
+"""The GPU proof's speed lines: the fast path's tokens/s and MFU on one GPU, measured by the existing benchmarks
+(bench/train_speed.py, moe_speed.py, long_context.py), beside the figure the README states, read from the
+bench/results file it cites; `slow` when more than 10% under it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from proof_common import BENCH, SLOW_BELOW, Context, LineFailed, Result
+from proof_scaling import _gpu_name
+
+
+def reference(file: str, pick: Callable[[dict], dict | None], rate: str, mfu: str) -> dict:
+    """A figure the README states, read from the bench/results file it cites."""
+    data = json.loads((BENCH / "results" / file).read_text())
+    rec = pick(data)
+    if rec is None:
+        raise ValueError(f"{file}: the cited result is not there")
+    return {"file": f"bench/results/{file}", "tokens_per_s": rec[rate], "mfu": rec.get(mfu)}
+
+
+def _by(key: str, value: Any) -> Callable[[dict], dict | None]:
+    return lambda d: next((r for r in d["results"] if r.get(key) == value), None)
+
+
+# What the README states, with the file its table cites: the same configuration as the line runs.
+REFERENCES: dict[str, tuple[str, Callable, str, str]] = {
+    "speed-7b-lora": ("train_speed-2026-11-30-H200-run19.json", _by("config", "ours-lora-7b"), "tokens_per_s", "mfu"),
+    "speed-1.5b-full": ("train_speed-2026-11-30-H200-run19.json", _by("config", "ours-full-1.5b"), "tokens_per_s",
+                        "mfu"),
+    "speed-moe-lora": ("moe_speed-2026-12-02-H200-run2.json", _by("recipe", "ours"), "tokens_per_s", "mfu_active"),
+    "speed-longest-record": ("long_context-2026-12-02-H200.json", _by("length", 196608), "tokens_per_s", "mfu"),
+}
+
+
+def verdict_of_speed(measured: float, ref: float) -> str:
+    return "pass" if measured >= SLOW_BELOW * ref else "slow"
+
+
+def _speed_result(line: str, r: dict, rate: str = "tokens_per_s", mfu: str = "mfu") -> Result:
+    ref = reference(*REFERENCES[line])
+    if r.get("status") != "ok":
+        raise LineFailed(f"{r.get('status')}: {str(r.get('error', ''))[:400]}")
+    got, m = r[rate], r.get(mfu)
+    ratio = got / ref["tokens_per_s"]
+    v = verdict_of_speed(got, ref["tokens_per_s"])
+    words = (f"{got:,.0f} tokens/s" + (f", MFU {m:.1%}" if m else "") + f" against {ref['tokens_per_s']:,.0f}"
+             + (f" ({ref['mfu']:.1%})" if ref.get("mfu") else "") + f" stated: {ratio:.2f}x"
+             + (f", more than {1 - SLOW_BELOW:.0%} under" if v == "slow" else "") + f" on {_gpu_name()}")
+    return Result(line, "", v, words, measured={"tokens_per_s": got, "mfu": m, "ratio": ratio,
+                                                "gpu": _gpu_name(), "run": r}, reference=ref)
+
+
+def _speed_args(ctx: Context, **kw: Any) -> SimpleNamespace:
+    base = dict(steps=6, warmup=2, records_per_step=64, mem_fraction=0.90, max_tokens=49152, tokens=0,
+                tmp=str(ctx.scratch / "speed"), timeout=max(60.0, ctx.left() - 10), no_compile=False,
+                no_liger=False, worker_profile=False, worker_trace=False, shape=None, keep_input_dtype=False)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _one_gpu_env(ctx: Context):
+    """This process's environment for a speed line (which runs in a process of its own): the proof's, one GPU."""
+    os.environ.update({k: v for k, v in ctx.env.items() if k != "CUDA_VISIBLE_DEVICES"})
+    os.environ["CUDA_VISIBLE_DEVICES"] = ctx.devices(ctx.gpu_ids[:1])
+
+
+def speed_train(config: str, line: str) -> Callable[[Context], Result]:
+    def run(ctx: Context) -> Result:
+        sys.path.insert(0, str(BENCH))
+        import train_speed
+
+        base, cfg, env, extra = train_speed.config_of(config)
+        args = _speed_args(ctx)
+        _one_gpu_env(ctx)  # the benchmark starts from this process's environment and logs only what it adds
+        r = train_speed.run_ours_worker(config, cfg, args, ctx.log,
+                                        {**env, "CUDA_VISIBLE_DEVICES": ctx.devices(ctx.gpu_ids[:1])}, extra)
+        return _speed_result(line, r)
+    return run
+
+
+def speed_moe(ctx: Context) -> Result:
+    sys.path.insert(0, str(BENCH))
+    import moe_speed
+
+    args = _speed_args(ctx, shape="30b-a3b", steps=4, warmup=2, worker_flags="", cpu_smoke=False,
+                       tmp=str(ctx.scratch / "moe-speed"))
+    args.records = (args.warmup + args.steps) * args.records_per_step
+    _one_gpu_env(ctx)
+    r = moe_speed.run_ours(args, ctx.out)
+    recs = moe_speed.make_records(args.records, moe_speed.SHAPES[args.shape]["vocab_size"])
+    s = sum(len(i) ** 2 for i, _ in recs) / sum(len(i) for i, _ in recs)
+    if r.get("status") == "ok":
+        f, _ = moe_speed.flops_per_token(args.shape, s)
+        r["mfu_active"] = r["tokens_per_s"] * f / (moe_speed.PEAK_TFLOPS * 1e12)
+    return _speed_result("speed-moe-lora", r, mfu="mfu_active")
+
+
+def speed_longest(ctx: Context) -> Result:
+    sys.path.insert(0, str(BENCH))
+    import long_context
+
+    args = SimpleNamespace(cpu_smoke=False, tmp=str(ctx.scratch / "long"), worker_args=[])
+    _one_gpu_env(ctx)
+    r = long_context.run_length(196608, 1, 0, args, ctx.log, timeout=max(60.0, ctx.left() - 10))
+    return _speed_result("speed-longest-record", r)
