@@ -178,14 +178,25 @@ def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: lis
     return argv
 
 
+def _insert(prefix: list[str], flags: dict[str, list[str]]) -> list[str]:
+    """`prefix` with the flags for its runtime (runtime -> flags) right after its run command."""
+    for i, a in enumerate(prefix[:-1]):
+        if (a, prefix[i + 1]) in (("podman", "run"), ("docker", "run"), ("enroot", "start")):
+            return [*prefix[:i + 2], *flags.get(a, []), *prefix[i + 2:]]
+    return list(prefix)
+
+
 def with_env(prefix: list[str], names: Iterable[str]) -> list[str]:
     """A runtime_prefix that passes `names` in as well (by name): for a job that adds variables of its own to the
     plan's environment. Apptainer passes the whole environment in already."""
-    for i, a in enumerate(prefix[:-1]):
-        if (a, prefix[i + 1]) in (("podman", "run"), ("docker", "run"), ("enroot", "start")):
-            extra = [x for n in names for x in ("--env", n)]
-            return [*prefix[:i + 2], *extra, *prefix[i + 2:]]
-    return list(prefix)
+    extra = [x for n in names for x in ("--env", n)]
+    return _insert(prefix, {"podman": extra, "docker": extra, "enroot": extra})
+
+
+def with_stdin(prefix: list[str]) -> list[str]:
+    """A runtime_prefix whose command reads its standard input (podman and docker keep it closed unless asked;
+    Apptainer and enroot pass it on)."""
+    return _insert(prefix, {"podman": ["--interactive"], "docker": ["--interactive"]})
 
 
 def removal_argv(prefix: list[str]) -> list[str] | None:

@@ -200,6 +200,7 @@ def test_the_wrap_for_a_launcher_of_its_own_and_the_names_it_passes():
     # a job that adds variables (the rehearsal's) passes them too, right after `run`
     more = box.with_env(argv, ["QT_BACKEND"])
     assert more[:4] == ["podman", "run", "--env", "QT_BACKEND"] and more[4:] == argv[2:]
+    assert box.with_stdin(argv)[:3] == ["podman", "run", "--interactive"]  # the chat reads its prompt there
     assert box.removal_argv(argv) == ["podman", "rm", "--force", "--ignore", "job-7-node0"]
     assert box.container_name("a/b c", 3) == "qwen-tui-a_b_c-node3"
 
