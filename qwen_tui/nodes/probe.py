@@ -86,6 +86,7 @@ def facts_from_json(d: dict) -> NodeFacts:
                   route_interface=d.get("route_interface"), ib_devices=d.get("ib_devices") or [],
                   cpu_count=d.get("cpu_count"), memory_total_mib=d.get("memory_total_mib"),
                   python_version=d.get("python_version"), versions=d.get("versions") or {},
+                  in_container=d.get("in_container"),
                   training_importable=d.get("training_importable"), disk_free_bytes=d.get("disk_free_bytes"),
                   shm_bytes=d.get("shm_bytes"), memlock_bytes=d.get("memlock_bytes"), open_files=d.get("open_files"),
                   cuda_version=d.get("cuda_version"))

@@ -31,7 +31,7 @@ from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport import Transport, stop_group
 from qwen_tui.plan.container import with_env
 from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
-from qwen_tui.plan.launch import LaunchPlan
+from qwen_tui.plan.launch import LaunchPlan, NodeCommand
 from qwen_tui.preset.schema import Preset
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
@@ -99,6 +99,16 @@ def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int,
     return [*argv[:cut], "--no-python", python, "-c", SNIPPET, f"{size_mb:g}", str(timeout), f"{budget_s:g}"]
 
 
+def rehearsal_job(c: NodeCommand, backend: str, python: str, size_mb: float, timeout: int,
+                  budget_s: float = ALLREDUCE_BUDGET_S) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of node `c`'s rehearsal: inside its container where the plan has one (the image that trains is
+    the one rehearsed), the rehearsal's own variables passed in too."""
+    env = rehearsal_env(c.env, backend)
+    argv = rehearsal_argv(c.argv, python, size_mb, timeout, budget_s)
+    box = with_env(c.container, [k for k in env if k not in c.env]) if c.container else []
+    return [*box, *argv], env
+
+
 def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
              deadline_s: float = 60.0, size_mb: float | None = None, collective_timeout: int = 30,
              allreduce_budget_s: float = ALLREDUCE_BUDGET_S,
@@ -120,12 +130,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
 
     def start(r: int) -> int:
         c = cmds[r]
-        env = rehearsal_env(c.env, plan.backend)
-        # inside the node's container where the plan has one: the image that trains is the one rehearsed
-        argv = rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout, allreduce_budget_s)
-        box = with_env(c.container, [k for k in env if k not in c.env]) if c.container else []
-        return transports[r].start_job([*box, *argv], env=env,
-                                       cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
+        argv, env = rehearsal_job(c, plan.backend, pythons[r], size_mb, collective_timeout, allreduce_budget_s)
+        return transports[r].start_job(argv, env=env, cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
     started = on_nodes(start, sorted(cmds), timeout=60)
     pids = started.succeeded

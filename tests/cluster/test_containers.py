@@ -159,6 +159,8 @@ def test_replay_of_the_demo_in_podman_checks_rehearses_and_trains_every_rank_in_
     assert {row["container"] for row in check["matrix"].values()} == {"ok"}
     infos = [f["message"] for f in check["findings"] if f["code"] == "CONTAINER"]
     assert len(infos) == 3 and all(f"image {tag}: qwen-tui " in m for m in infos), infos
+    # the probe ran inside the image: it found podman's marker there
+    assert {n["in_container"] for n in check["facts"]["nodes"].values()} == {"/run/.containerenv"}
     plan = json.loads((rd / "plan.json").read_text())
     for c in plan["nodes"]:  # the probe inside the image found the route: ip is in the image
         assert c["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and c["container"][c["container"].index("podman"):][:2] \

@@ -324,3 +324,23 @@ def test_the_image_is_judged_by_what_the_probe_found_inside_it():
     older = ClusterFacts(nodes={0: NodeFacts(versions={**good, "qwen-tui": "0.0.1"}, training_importable=True,
                                              gpus=[], python_version="3.11.2")})
     assert [f.code for f in consistency(p, older) if f.check == "container"] == ["CONTAINER", "IMAGE_WORKER_VERSION"]
+
+
+def test_the_rehearsal_runs_in_the_nodes_container_with_its_own_variables_passed_in():
+    from qwen_tui.run.rehearsal import rehearsal_job
+
+    c = plan_for("{runtime: podman, image: img}").nodes[1]
+    argv, env = rehearsal_job(c, "nccl", c.argv[0], 32.0, 30)
+    run = argv[argv.index("podman"):]
+    assert run[:2] == ["podman", "run"] and "img" in run
+    # the names the rehearsal adds to the plan's environment go in by name too, right after `run`
+    assert set(flag_values(run[:run.index("--rm")], "--env")) == {"QT_BACKEND", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"}
+    assert env["QT_BACKEND"] == "nccl" and env["NCCL_DEBUG"] == "INFO"
+    # then the image's Python runs the rehearsal program under the plan's torchrun flags
+    tail = argv[argv.index("img") + 1:]
+    assert tail[:3] == ["python3", "-m", "torch.distributed.run"] and "--no-python" in tail
+    assert "training.finetune" not in tail
+    # without a container, the node's own command as before
+    plain = make_plan(parse_preset(BASE), run_id="r", local_run_dir="/runs/r").nodes[0]
+    argv, _ = rehearsal_job(plain, "nccl", plain.argv[0], 32.0, 30)
+    assert argv[0] == plain.argv[0] and "podman" not in argv
