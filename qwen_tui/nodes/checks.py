@@ -23,8 +23,8 @@ from qwen_tui.nodes.topology import topology_findings
 from qwen_tui.nodes.transport import Transport
 from qwen_tui.preset.schema import Preset
 
-COLUMNS = ["ssh", "container", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports", "firewall",
-           "bandwidth", "rehearsal"]
+COLUMNS = ["ssh", "container", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports",
+           "firewall", "bandwidth", "rehearsal"]
 FIXES = {
     "python": "install Python 3.10+ on the node, or set cluster.nodes[{i}].python to its path",
     "torchrun": "{py} -m pip install torch  (torchrun comes with torch)",
@@ -294,7 +294,8 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
         facts.nodes[i], raw = v
         if preset.container is not None:  # the probe saw the image's tools; these few run on the node itself
             f = facts.nodes[i]
-            f.missing_tools = sorted({t for t in f.missing_tools if t not in HOST_TOOLS} | set(host_missing.get(i, [])))
+            f.missing_tools = sorted({t for t in f.missing_tools if t not in HOST_TOOLS} |
+                                     set(host_missing.get(i, [])))
         if raw.get("container_failed"):
             rep.findings.append(container_start_failure(preset, i, raw["container_failed"]["rc"],
                                                         raw["container_failed"]["err"]))
