@@ -5,7 +5,10 @@ to its end (bounded) so that what the run did about it can be read afterwards fr
   open, so training goes on and only qwen-tui's view of the node is cut);
 - hang: one rank stopped with SIGSTOP until the watchdog names it (or a bound passes), then let go;
 - kill: the node's torchrun agent and its ranks SIGKILLed at once, as when a node dies;
-- throttle: the node's ranks put in a cgroup capped at a few percent of one CPU for a while.
+- throttle: the node's ranks put in a cgroup capped at a few percent of one CPU for a while;
+- lost-reset: the machine goes as a crashed or rebooted one does (its processes gone, every TCP segment answered with
+  a reset, SSH too); lost-silent: it goes silent (every packet dropped, its processes frozen). Either lasts until
+  the run has relaunched without it (or a bound), then the node comes back for the next run.
 
 Each returns a Fault with its wall-clock window: what happened inside it (notices, attempts ended) is
 the fault's outcome (chaos_report.py decides it).
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from support.field_run import CpuThrottle, records
 
-KINDS = ("ssh", "hang", "kill", "throttle")
+KINDS = ("ssh", "hang", "kill", "throttle", "lost-reset", "lost-silent")
 
 
 @dataclass
@@ -248,5 +251,24 @@ def throttle(live: Live, node: int, seconds: float, percent: int, tag: str) -> F
         cg.remove()
         f.duration = round(time.monotonic() - t0, 1)
     live.wait(lambda: False, 8.0)  # a STRAGGLER_OVER, if any, comes a few logged steps later
+    f.until = time.time()
+    return f
+
+
+def lost(live: Live, node: int, how: str, bound: float = 150.0) -> Fault:
+    """The machine of `node` vanishes ("reset" or "silent": field_run.FieldCluster.vanish) until the run relaunches
+    without it or ends (bounded), then comes back: what was frozen is killed, the firewall is as before."""
+    if not live.field.rank_pids(node):
+        raise LookupError(f"no rank runs on node {node}")
+    f = Fault(f"lost-{how}", node, live.run_id, time.time(), detail={"how": how})
+    attempt = live.attempt()
+    frozen = live.field.vanish(node, how)
+    t0 = time.monotonic()
+    try:
+        live.wait(lambda: live.attempt() > attempt, bound)
+    finally:
+        live.field.mend(node, frozen)
+        f.duration = round(time.monotonic() - t0, 1)
+    live.settle()
     f.until = time.time()
     return f

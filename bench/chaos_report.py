@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 OUTCOMES = ("survived unnoticed", "warned", "restarted", "failed")
-MONITOR_CAUSES = ("UNREACHABLE", "HANG", "HANG_STOPPED")  # an attempt the monitor itself ended
+MONITOR_CAUSES = ("UNREACHABLE", "HANG", "HANG_STOPPED", "MACHINE_LOST")  # an attempt the monitor itself ended
+LOST_KINDS = ("lost-reset", "lost-silent")
 CKPT_NAME = re.compile(r"checkpoint-(\d+)$")
 SLACK_S = 2.0  # an attempt may be recorded as ended a moment after the soak stopped watching its fault
 
@@ -31,7 +32,9 @@ def fault_window(fault: dict, attempts: list[dict]) -> list[dict]:
 ANSWERS = {"ssh": ({"UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"}, True),
            "hang": ({"HANG", "HANG_OVER"}, False),  # whom the watchdog names is judged by hang_named
            "kill": ({"UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND", "HANG", "HANG_OVER"}, False),
-           "throttle": ({"STRAGGLER", "STRAGGLER_OVER"}, True)}
+           "throttle": ({"STRAGGLER", "STRAGGLER_OVER"}, True),
+           **{k: ({"UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND", "MACHINE_LOST", "HANG", "HANG_OVER"}, False)
+              for k in LOST_KINDS}}
 
 
 def answers(fault: dict, notices: list[dict]) -> list[dict]:
@@ -87,6 +90,15 @@ def hang_named(fault: dict, notices: list[dict]) -> bool:
     return naming_hang(fault, notices) is not None
 
 
+def machine_named(fault: dict, attempts: list[dict]) -> float | None:
+    """For a machine made to vanish: seconds until the attempt it hit ended blaming that machine alone (cause
+    MACHINE_LOST, the node's label), or None when no attempt did. The soak's nodes are labelled node0, node1, ..."""
+    for a in fault_window(fault, attempts):
+        if a.get("cause") == "MACHINE_LOST" and a.get("failed_node") == f"node{fault['node']}":
+            return round(float(a["ended"]) - fault["at"], 1)
+    return None
+
+
 def stacks_answered(stacks_dir: Path) -> str | None:
     """"K/N": how many ranks left their stack in a hang's stacks directory (its summary.json), None without one."""
     try:
@@ -102,7 +114,8 @@ def justified(fault: dict | None, unreachable_bound: float) -> bool:
     fault at all must never end one."""
     if fault is None:
         return False
-    return fault["kind"] in ("kill", "hang") or (fault["kind"] == "ssh" and fault["duration"] >= unreachable_bound)
+    return fault["kind"] in ("kill", "hang", *LOST_KINDS) or \
+        (fault["kind"] == "ssh" and fault["duration"] >= unreachable_bound)
 
 
 def failures_unexplained(faults: list[dict], attempts: list[dict], unreachable_bound: float,
@@ -244,12 +257,14 @@ def totals(faults: list[dict], runs: list[dict], unreachable_bound: float) -> di
         by_kind[f["kind"]] = by_kind.get(f["kind"], 0) + 1
         outcomes[f["outcome"]] += 1
     hangs = [f for f in faults if f["kind"] == "hang"]
+    lost = [f for f in faults if f["kind"] in LOST_KINDS]
     ck = [v for r in runs for v in r["checkpoints"].values()]
     return {
         "faults": len(faults), "by_kind": by_kind, "outcomes": outcomes,
         "healthy_killed_by_monitor": sum(len(r["healthy_killed"]) for r in runs),
         "unexplained_failures": sum(len(r["unexplained"]) for r in runs),
         "hangs_injected": len(hangs), "hangs_named": sum(1 for f in hangs if f.get("named")),
+        "machines_lost": len(lost), "machines_named": sum(1 for f in lost if f.get("named")),
         "steps_lost": sum(f.get("steps_lost") or 0 for f in faults),
         "checkpoints": len(ck), "checkpoints_intact": sum(1 for v in ck if v is None),
         "orphans": sum(len(p) for r in runs for p in r["orphans"].values()),
@@ -282,6 +297,11 @@ def rows(faults: list[dict], runs: dict[str, dict]) -> list[list[str]]:
                          + (f" after {f['detail']['hang_after_s']:.0f} s" if f["detail"].get("hang_after_s") else "")
                          + (f", stacks {f['detail']['stacks']}" if f["detail"].get("stacks") else "")
                          + _phases_note(f))
+        elif f["kind"] in LOST_KINDS:
+            after = f["detail"].get("named_after_s")
+            parts.append(f"named node {f['node']} after {after:.0f} s" if f.get("named") and after is not None
+                         else "NOT named")
+            parts += list(dict.fromkeys(n.split()[0] for n in f["evidence"].get("notices", [])))
         else:
             parts += list(dict.fromkeys(n.split()[0] for n in f["evidence"].get("notices", [])))  # in order said
         if f["outcome"] in ("restarted", "failed"):
@@ -328,6 +348,8 @@ def totals_lines(t: dict) -> list[str]:
         f"(an SSH cut shorter than the {t['unreachable_bound_s']:g} s bound or a throttle that ended an attempt); "
         f"other unexplained failures: {t['unexplained_failures']}",
         f"hangs injected: {t['hangs_injected']}, named (node and rank): {t['hangs_named']}",
+        f"machines lost: {t.get('machines_lost', 0)}, named alone (MACHINE_LOST, that node): "
+        f"{t.get('machines_named', 0)}",
         f"steps trained again after relaunches: {t['steps_lost']}; checkpoints intact: "
         f"{t['checkpoints_intact']}/{t['checkpoints']}; orphans left: {t['orphans']}",
         f"runs: {t['runs']} ({t['runs_ok']} finished ok); notices that answered no fault: "

@@ -10,19 +10,22 @@ and runs `qwen-tui replay` as a login user over SSH to every node, the master to
 model on CPU over gloo with training.restarts, a checkpoint every few steps and short monitor bounds; runs
 follow one another until the time is up. Everything it made is torn down at the end, on Ctrl-C too.
 
-Faults, one at a time, each kind once per round of four in a seeded order (the same seed draws the same
+Faults, one at a time, each kind once per round in a seeded order (the same seed draws the same
 faults, nodes, gaps and durations; what the run makes of them varies with the machine's load):
   ssh       every packet to one node's sshd dropped for 10-60 s (port 22 only: training traffic untouched)
   hang      one rank stopped (SIGSTOP) until the watchdog names it, then let go
   kill      one node's torchrun agent and ranks SIGKILLed
   throttle  one node's ranks capped at a few percent of a CPU (cgroup) for a while
+  lost-reset   one node's machine gone as a crashed or rebooted one (processes killed, TCP answered with resets)
+  lost-silent  one node's machine gone silent (every packet dropped, processes frozen); either until the run
+               relaunches without it, then it comes back for the next run (never the master: its address is fixed)
 
 Each fault's outcome comes from the run directory (state.json's attempts and their causes, notices.jsonl):
 survived unnoticed, warned, restarted, failed. Beside it: the steps trained again after a relaunch (from
 metrics.jsonl), whether every checkpoint the run names is complete, and the processes of a finished run left
 on any node. The totals say how many healthy runs the monitor killed (an SSH cut shorter than the unreachable
-bound, or a throttle, must never end one), how many injected hangs were named, and the orphans. The table
-and every record go to bench/results/chaos_soak-DATE.json and .md; each run's directory and replay log are
+bound, or a throttle, must never end one), how many injected hangs were named, how many lost machines were named
+alone, and the orphans. The table and every record go to bench/results/chaos_soak-DATE.json and .md; each run's directory and replay log are
 kept under --evidence.
 """
 
@@ -137,6 +140,9 @@ class Soak:
             return cf.hang(live, d["node"], bound=a.hang_timeout + 5 + 10 + 60 + 30)
         if d["kind"] == "kill":
             return cf.kill(live, d["node"])
+        if d["kind"].startswith("lost-"):
+            # the master's machine cannot be left out: the soak's preset fixes network.master_addr to it
+            return cf.lost(live, d["node"] or 1 + (len(self.faults) % 2), d["kind"].split("-", 1)[1])
         return cf.throttle(live, d["node"], d["throttle_s"], a.throttle_percent,
                            tag=f"qt-soak-{os.getpid()}-{len(self.faults)}")
 
@@ -210,6 +216,9 @@ class Soak:
             d["outcome"], d["evidence"] = cr.classify(d, attempts, notices)
             named = cr.naming_hang(d, notices) if f.kind == "hang" else None
             d["named"] = None if f.kind != "hang" else named is not None
+            if f.kind in cr.LOST_KINDS:
+                d["detail"]["named_after_s"] = cr.machine_named(d, attempts)
+                d["named"] = d["detail"]["named_after_s"] is not None
             if named is not None:  # the stacks directory, as the notice names it (under the run directory)
                 where = Path(str((named.get("details") or {}).get("stacks") or ""))
                 d["detail"]["stacks"] = cr.stacks_answered(live.run_dir / "stacks" / where.name)

@@ -38,7 +38,9 @@ LLAMA31_8B = ModelSpec(name="Llama-3.1-8B", layers=32, hidden=4096, intermediate
                        vocab=128256, tied_embeddings=False, qkv_bias=False)
 MPT = {k: mpt(f"MPT-{k}", *v) for k, v in {
     "125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
-    "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40)}.items()}
+    "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+    # llm-foundry's scripts/train/yamls/pretrain/mpt-30b.yaml and mpt-70b.yaml
+    "30b": (7168, 56, 48), "70b": (8192, 64, 80)}.items()}
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Series:
 
 A100_40 = "llm-foundry, A100 40GB with 1600 Gbps node-node interconnect (RoCE)"
 H100_80 = "llm-foundry, H100 80GB BF16"
+H100_LARGE = "llm-foundry, H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+LARGE_NOTE = "the table does not name the interconnect: 8 x 400 Gbit/s taken"
 SERIES: list[Series] = [
     Series(LLM_FOUNDRY, A100_40, "MPT-125m, FSDP FULL_SHARD, bf16, seq 2048", MPT["125m"], "A100-40G", 8, 1600,
            2048, 26, 1, False, {16: 130535, 32: 127122, 64: 125234, 128: 123936}),
@@ -86,6 +90,19 @@ SERIES: list[Series] = [
            note="interconnect not named: 8 x 400 Gbit/s taken"),
     Series(LLM_FOUNDRY, H100_80, "MPT-3b, FSDP FULL_SHARD, amp_bf16, seq 2048", MPT["3b"], "H100", 8, 3200,
            2048, 6, 3, False, {32: 23021, 64: 22525}, note="interconnect not named: 8 x 400 Gbit/s taken"),
+    # past 256 GPUs: 128 -> 256 -> 512 H100s, FULL_SHARD (ZeRO-3) from 7B to 70B and SHARD_GRAD_OP (ZeRO-2) below
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-70b, FSDP FULL_SHARD, amp_bf16, seq 2048, activation ckpt", MPT["70b"],
+           "H100", 8, 3200, 2048, 8, 1, True, {128: 1058, 256: 1035, 512: 1007}, note=LARGE_NOTE),
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-30b, FSDP FULL_SHARD, amp_bf16, seq 2048, activation ckpt", MPT["30b"],
+           "H100", 8, 3200, 2048, 8, 1, True, {128: 2199, 256: 2148, 512: 2115}, note=LARGE_NOTE),
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-13b, FSDP FULL_SHARD, amp_bf16, seq 2048, activation ckpt", MPT["13b"],
+           "H100", 8, 3200, 2048, 16, 1, True, {128: 5080, 256: 4989, 512: 4952}, note=LARGE_NOTE),
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-7b, FSDP FULL_SHARD, amp_bf16, seq 2048", MPT["7b"],
+           "H100", 8, 3200, 2048, 6, 1, False, {128: 10475, 256: 10119, 512: 9670}, note=LARGE_NOTE),
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-3b, FSDP SHARD_GRAD_OP, amp_bf16, seq 2048", MPT["3b"],
+           "H100", 8, 3200, 2048, 8, 1, False, {128: 23422, 256: 22772, 512: 21664}, strategy=2, note=LARGE_NOTE),
+    Series(LLM_FOUNDRY, H100_LARGE, "MPT-1b, FSDP SHARD_GRAD_OP, amp_bf16, seq 2048", MPT["1b"],
+           "H100", 8, 3200, 2048, 12, 1, False, {128: 44123, 256: 42555, 512: 39837}, strategy=2, note=LARGE_NOTE),
     Series(TORCHTITAN, "torchtitan performance.md, Tables 1 and 3 (FSDP)", "Llama 3.1 8B, FSDP2, bf16, seq 8192, "
            "selective activation ckpt, H100 96GB, 400 Gbit/s RDMA per GPU", LLAMA31_8B, "H100", 8, 3200,
            8192, 2, 1, True, {8: 5762, 128: 5605}),
@@ -142,6 +159,38 @@ def table() -> str:
     return "\n".join(rows)
 
 
+# Qwen's own README ("Profiling of Memory and Speed"): Qwen-7B LoRA, batch 1 and accumulation 8 a GPU, A100-SXM4-80G,
+# s/it at each sequence length on 1 GPU (finetune_lora_single_gpu.sh) and on 2 servers of 2 GPUs
+# (finetune_lora_ds.sh, DeepSpeed ZeRO-2); the link between the servers is not named.
+QWEN_README = "https://github.com/QwenLM/Qwen/blob/main/README.md"
+QWEN1_7B = ModelSpec(name="Qwen-7B", layers=32, hidden=4096, intermediate=11008, heads=32, kv_heads=32, vocab=151936,
+                     tied_embeddings=False, qkv_bias=True)
+QWEN_LORA_S_PER_IT = {256: (1.2, 2.09), 512: (1.5, 3.16), 1024: (2.8, 5.17), 2048: (5.2, 9.25), 4096: (10.1, 18.1),
+                      8192: (21.3, 37.4)}  # seq -> (1 GPU, 2 nodes x 2 GPUs)
+
+
+def qwen_unexplained(links=(1.0, 10.0, 100.0)) -> str:
+    """Qwen's 2 x 2-GPU LoRA points against the model at several links: a table for the calibration page."""
+    g = GPUS["A100-80G"]
+    rows = ["| sequence | measured | " + " | ".join(f"model at {b:g} Gbit/s" for b in links) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in links) + " |"]
+    for seq, (one, four) in QWEN_LORA_S_PER_IT.items():
+        base = RunShape(method="lora", zero_stage=None, seq=seq, micro_batch=1, grad_accum=8, lora_r=64,
+                        gradient_checkpointing=True)
+        eff = 8 * seq / one * flops_per_token(QWEN1_7B, base) / (g.bf16_tflops * 1e12)
+        ref = estimate_step(QWEN1_7B, base, 1, 1, None, gpu_tflops=g.bf16_tflops, efficiency=eff,
+                            intra_node_gbs=g.intra_node_gbs, hbm_gbs=g.hbm_gbs).tokens_per_second
+        cells = []
+        for bw in links:
+            run = RunShape(method="lora", zero_stage=2, seq=seq, micro_batch=1, grad_accum=8, lora_r=64,
+                           gradient_checkpointing=True)
+            st = estimate_step(QWEN1_7B, run, 2, 2, bw, gpu_tflops=g.bf16_tflops, efficiency=eff,
+                               intra_node_gbs=g.intra_node_gbs, hbm_gbs=g.hbm_gbs)
+            cells.append(f"{st.tokens_per_second / 4 / ref:.2f}")
+        rows.append(f"| {seq:,} | {one / four:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def time_per_call(n: int = 2000) -> float:
     """Seconds per estimate_step call on a 7B shape across 4 nodes (what the wizard calls on every edit)."""
     from qwen_tui.model.spec import resolve_model
@@ -163,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         errs = [abs(p.predicted - p.measured) for p in points()]
         print(f"\n{len(errs)} points: max error {max(errs):.3f}, mean {sum(errs) / len(errs):.3f}, "
               f"within 0.05: {sum(e <= 0.05 for e in errs)}")
+        print("\nQwen-7B LoRA, 2 x 2 A100 against 1 A100 (" + QWEN_README + "):\n" + qwen_unexplained())
     print(f"estimate_step: {time_per_call() * 1e6:.0f} us per call")
     return 0
 

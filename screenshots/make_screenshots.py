@@ -22,7 +22,7 @@ from snapshot_app import make_app, show_synthetic_run  # noqa: E402
 
 SIZE = (140, 44)
 SHOTS = [("1-nodes", "f1"), ("2-ssh", "f2"), ("3-network", "f3"), ("4-training", "f4"), ("5-review", "f5"),
-         ("6-run", "f6"), ("7-run-checks", "f6")]
+         ("6-run", "f6"), ("7-run-checks", "f6"), ("8-slurm-nodes", "f1"), ("9-run-slurm-pending", "f6")]
 
 
 def to_png(svg: Path) -> Path:
@@ -55,11 +55,38 @@ async def show_checks(app) -> None:
         run.post_message(LaunchEvent(ev))
 
 
+def as_slurm(app) -> None:
+    """The demo preset with SLURM giving its nodes: what a user asks for on a GPU cluster."""
+    from qwen_tui.ui.screens.slurm_nodes import to_slurm
+
+    p = app.state.preset
+    app.set_preset(p.with_changes({**to_slurm(p), "scheduler.nodes": 4, "scheduler.gpus_per_node": 8,
+                                   "scheduler.partition": "gpu", "scheduler.account": "llm-team",
+                                   "scheduler.time": "12:00:00", "scheduler.workdir": "/shared/qwen",
+                                   "scheduler.python": "/shared/qwen/.venv/bin/python"}))
+
+
+async def show_pending(app) -> None:
+    """The Run screen of a submitted SLURM job while it waits, then its first lines (no SLURM needed)."""
+    from qwen_tui.run.slurm_job import Queued
+    from qwen_tui.ui.messages import JobLines, JobQueued
+
+    run = app.get_screen("run")
+    run.post_message(JobQueued(Queued("81234", "PENDING", "Priority", "2026-12-05T02:40:00")))
+    run.post_message(JobLines(("submitted SLURM job 81234: 4 node(s); run directory "
+                               "/shared/qwen/runs/20261205-021500-local-demo",)))
+
+
 async def shoot(name: str, key: str) -> Path:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
+        if "slurm" in name:
+            as_slurm(app)
+            await pilot.pause()
         await pilot.press(key)
         await pilot.pause()
+        if name == "9-run-slurm-pending":
+            await show_pending(app)
         if name == "4-training":  # show the live advice reacting: GPU bf16 run, ZeRO-3 on a 6 Gbit/s link
             from textual.widgets import Select
 

@@ -58,9 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "(benchmarks and smoke tests of a model shape; the directory needs no weight files)")
 
     d = p.add_argument_group("data")
-    d.add_argument("--data_path", required=True,
-                   help="JSON or JSON-lines file of chat records: Qwen's {'id', 'conversations': [{'from', 'value'}]} "
-                   "or OpenAI-style {'messages': [{'role', 'content'}]}; 'builtin:demo-chat' is the shipped demo set")
+    d.add_argument("--data_path",
+                   help="chat records (or, with --stage dpo, preference pairs): a JSON or JSON-lines file, a Parquet "
+                   "or Arrow file, a datasets.save_to_disk folder, or hf:ORG/NAME (a hub data set synced by "
+                   "`qwen-tui check --sync`); records in Qwen's {'conversations': [{'from', 'value'}]}, ShareGPT's "
+                   "(function_call/observation turns and 'tools' too), OpenAI's {'messages': [...]} (tool_calls, "
+                   "tool turns and 'tools' too, or ms-swift's tool_call/tool_response) or alpaca's; "
+                   "'builtin:demo-chat' and 'builtin:demo-pref' are the shipped demo sets")
+    d.add_argument("--datasets", metavar="JSON|FILE",
+                   help="several sources mixed instead of --data_path: a JSON list (or a .json/.yaml file holding "
+                   "one) of {'path', 'format', 'weight' or 'records'}, or {'dataset_info': FILE, 'name': NAME} "
+                   "for an entry of LLaMA-Factory's dataset_info.json; the mixture is the same for a --seed "
+                   "(training/data/sources.py)")
+    d.add_argument("--data_format", choices=["auto", "qwen", "sharegpt", "openai", "alpaca", "trl", "sharegpt_pref",
+                                             "swift_pref"],
+                   help="the records' format (default auto: from each record's keys)")
     d.add_argument("--eval_data_path", help="optional evaluation file in the same formats; "
                    "its loss is logged at the end (and every --eval_steps)")
     d.add_argument("--model_max_length", type=int,
@@ -238,6 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(default: every decoder projection, {DEFAULT_LORA_TARGETS})")
     add_bool(lo, "merge_lora", help="after a LoRA run also save the merged full model in OUTPUT_DIR/merged")
 
+    pref = p.add_argument_group("preference training (DPO)")
+    pref.add_argument("--stage", choices=["sft", "dpo"],
+                      help="sft: supervised fine-tuning on chat records (default); dpo: direct preference "
+                      "optimisation on pairs of a chosen and a rejected answer, against the model as it is at the "
+                      "start (its log-probabilities computed once before the first step: with LoRA the base with "
+                      "the adapters disabled, no second copy of the model)")
+    pref.add_argument("--pref_beta", type=float,
+                      help="DPO's beta (TRL's beta): how far the policy may move from the reference (default 0.1)")
+    pref.add_argument("--pref_loss", choices=["sigmoid", "ipo"],
+                      help="sigmoid: DPO's loss (default); ipo: IPO's, on per-token averaged log-probabilities "
+                      "(TRL's loss_type)")
+    pref.add_argument("--pref_ftx", type=float,
+                      help="weight of an SFT term on the chosen answer added to the loss (TRL's rpo_alpha; default "
+                      "0: off)")
+
     moe = p.add_argument_group("mixture of experts (Qwen3-MoE, Qwen2-MoE)")
     moe.add_argument("--router_aux_loss_coef", type=float, metavar="COEF",
                      help="weight of the routers' load-balancing loss added to the cross-entropy on every path "
@@ -333,3 +360,29 @@ def check_args(flags: WorkerFlags) -> None:
         raise InputError(f"--heartbeat_interval must be positive, got {s.heartbeat_interval:g}")
     if d.model_max_length < 8:
         raise InputError(f"--model_max_length {d.model_max_length} is too short for a chat turn")
+    if not d.data_path and not d.datasets:
+        raise InputError("give --data_path (one source) or --datasets (several mixed)")
+    if d.data_path and d.datasets:
+        raise InputError("--data_path and --datasets both name the data: give one")
+    check_pref(flags)
+
+
+def check_pref(flags: WorkerFlags) -> None:
+    """DPO's flags and what DPO needs of the others."""
+    pr, d, f, t = flags.pref, flags.data, flags.fast, flags.train
+    if pr.pref_beta <= 0:
+        raise InputError(f"--pref_beta must be positive, got {pr.pref_beta:g}")
+    if pr.pref_ftx < 0:
+        raise InputError(f"--pref_ftx must be 0 or more, got {pr.pref_ftx:g}")
+    if pr.stage != "dpo":
+        return
+    if f.packing is False:
+        raise InputError("--stage dpo packs each pair's chosen and rejected answers into one row: drop --no_packing")
+    if f.packing_tokens is not None and f.packing_tokens < 2 * d.model_max_length:
+        raise InputError(f"--packing_tokens {f.packing_tokens} is less than 2 x --model_max_length "
+                         f"{d.model_max_length}: a pair's two answers must fit in one packed row")
+    if d.lazy_preprocess:
+        raise InputError("--stage dpo tokenizes its pairs up front (the reference pass reads them all): drop "
+                         "--lazy_preprocess")
+    if t.sequence_parallel_size > 1:
+        raise InputError("--stage dpo does not run with --sequence_parallel_size > 1 (a pair's row is never split)")

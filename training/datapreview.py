@@ -25,7 +25,7 @@ import sys
 import time
 
 from training.flags import WorkerFlags
-from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, report_failure
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 HIST_BINS = 16
 WASTE_STEPS = 1000  # the padding share is measured over at most this many steps of the first epoch
@@ -71,6 +71,47 @@ class _MeasuringEncoder:
         return Encoded(e.input_ids[: self.max_length], e.labels[: self.max_length], True)
 
 
+def _records(args: WorkerFlags):
+    """(conversations, the mixture's sources or None, the number of pairs or None): a DPO set's pairs are counted
+    as their two conversations, the chosen and the rejected."""
+    from training.data.records import load_conversations, load_pairs
+
+    d, dpo = args.data, args.pref.stage == "dpo"
+    sources = None
+    if d.datasets:
+        from training.data.sources import load_mixture
+
+        mix = load_mixture(d.datasets, args.train.seed, preference=dpo, default_format=d.data_format)
+        records, sources = mix.records, mix.summary
+    else:
+        records = load_pairs(d.data_path, d.data_format) if dpo else load_conversations(d.data_path, d.data_format)
+    if not dpo:
+        return list(records), sources, None
+    return [c for p in records for c in (p.chosen, p.rejected)], sources, len(records)
+
+
+def tool_counts(convs, encoder) -> dict:
+    """Tool calls and tool results, and their tokens in the template's rendering: the calls are trained on (the
+    assistant writes them), the results and the tools' schemas are not."""
+    out = {"records_with_tools": 0, "tool_calls": 0, "tool_results": 0, "call_tokens": 0, "result_tokens": 0}
+    for conv in convs:
+        calls = sum(len(m.get("tool_calls") or ()) for m in conv.messages)
+        results = sum(m["role"] == "tool" for m in conv.messages)
+        if not (calls or results or conv.tools):
+            continue
+        out["records_with_tools"] += 1
+        out["tool_calls"] += calls
+        out["tool_results"] += results
+        text = encoder.render(conv.messages, tools=conv.tools)
+        parts: list = []
+        encoder.assistant_spans(text, conv, parts)
+        offsets = encoder.tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        for kind, a, b in parts:
+            n = sum(1 for x, y in offsets if y > x and a <= x and y <= b)
+            out["call_tokens" if kind == "call" else "result_tokens"] += n
+    return out
+
+
 def packing_on(args: WorkerFlags) -> bool:
     """The worker's packing choice (training.fast.choice.decide) as far as it follows from the flags: on unless
     --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
@@ -114,17 +155,52 @@ def padding_waste(lengths: list[int], args: WorkerFlags, world_size: int, steps_
             "padding_waste": round(1 - real / computed, 4) if computed else 0.0}
 
 
+def max_positions(source: str) -> int | None:
+    """The positions the model was built for (config.json's max_position_embeddings), where its directory says."""
+    import os
+
+    try:
+        with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    n = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BINS, longer_than: int | None = None) -> dict:
     from training.data.encoding import EagerDataset
-    from training.data.records import load_conversations
     from training.model.pretrained import load_tokenizer, resolve_model_source
 
     t0 = time.monotonic()
-    convs = load_conversations(args.data.data_path)
-    tokenizer = load_tokenizer(resolve_model_source(args.model.model_name_or_path, 0))
+    try:
+        convs, sources, pairs = _records(args)
+    except InputError:
+        # the worker stops at the first bad record; the preview reads on and reports every kind of problem at once
+        if args.data.datasets or args.pref.stage == "dpo" or args.data.data_format != "auto":
+            raise
+        from training.data.problems import report
+
+        every = report(args.data.data_path)
+        if every is None:
+            raise
+        raise InputError(every) from None
+    source = resolve_model_source(args.model.model_name_or_path, 0)
+    tokenizer = load_tokenizer(source)
     enc = _MeasuringEncoder(tokenizer, args.data.model_max_length)
     ds = EagerDataset(convs, enc)
     s = ds.stats
+    tools = tool_counts(convs, enc.inner)
+    if sources:  # each source's share of the records and their tokens (records come source after source)
+        at = 0
+        for src in sources:
+            n = src["records"]
+            src["tokens"] = sum(enc.full_lengths[at * (2 if pairs else 1):(at + n) * (2 if pairs else 1)])
+            at += n
+        total = sum(x["tokens"] for x in sources) or 1
+        for src in sources:
+            src["share_records"] = round(src["records"] / max(at, 1), 4)
+            src["share_tokens"] = round(src["tokens"] / total, 4)
     full = sorted(enc.full_lengths)
     used = [len(e.input_ids) for e in ds.items]
     # The ranks of a sequence-parallel group share their records: the sampler deals to the groups.
@@ -133,14 +209,20 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
     steps_per_epoch = len(ds) // global_batch
     total_steps = (args.train.max_steps if args.train.max_steps > 0
                    else math.ceil(args.train.num_train_epochs * steps_per_epoch))
-    records_per_epoch = steps_per_epoch * global_batch
+    if pairs:  # DPO: a pair is one sample of the sampler (both its answers in one row)
+        steps_per_epoch = (len(ds) // 2) // global_batch
+        total_steps = (args.train.max_steps if args.train.max_steps > 0
+                       else math.ceil(args.train.num_train_epochs * steps_per_epoch))
+    records_per_epoch = steps_per_epoch * global_batch * (2 if pairs else 1)
     # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
     tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
     waste = padding_waste(used, args, data_world, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
         else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
-        "data": args.data.data_path, "model": args.model.model_name_or_path,
-        "model_max_length": args.data.model_max_length,
+        "stage": args.pref.stage, "pairs": pairs, "tools": tools, "sources": sources,
+        "data": args.data.data_path or ", ".join(x["name"] for x in sources or []),
+        "model": args.model.model_name_or_path,
+        "model_max_length": args.data.model_max_length, "max_positions": max_positions(source),
         "records": s.records, "usable": len(ds), "dropped": s.dropped, "truncated": s.truncated,
         "truncated_ids": s.truncated_ids[:5],
         "tokens": s.tokens, "supervised_tokens": s.label_tokens,

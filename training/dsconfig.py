@@ -138,9 +138,13 @@ def fill(path: str, raw: dict, args: WorkerFlags, world_size: int, hidden_size: 
         zo["stage3_gather_16bit_weights_on_model_save"] = True
 
     offload = (zo.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
-    if offload and "optimizer" not in cfg:
+    if offload and "optimizer" not in cfg and not on_cpu:
         # ZeRO-Offload wants DeepSpeed's own CPU Adam, which it only builds from a config section.
         cfg["optimizer"] = {"type": "AdamW", "params": {}}
+    elif offload and "optimizer" not in cfg:
+        # On CPU the partitions live on the CPU anyway: the worker's own torch AdamW steps them (DeepSpeed's CPU Adam
+        # would first compile a C++ op for a minute), which DeepSpeed accepts once told so.
+        cfg.setdefault("zero_force_ds_cpu_optimizer", False)
     if "optimizer" in cfg:
         params = cfg["optimizer"].setdefault("params", {})
         _set(path, cfg, params, "lr", args.train.learning_rate)

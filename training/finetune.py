@@ -25,7 +25,7 @@ import sys
 import traceback
 
 from training.args import parse_args
-from training.runtime import heartbeat, stacks
+from training.runtime import heartbeat, save_request, stacks
 from training.runtime.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
 from training.runtime.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
 
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     # a failed child with a traceback. Noted until the imports are done (arm() below), then raised.
     stop = StopSignal()
     previous = stop.install()
+    save_request.REQUEST.install()  # SIGUSR2: a checkpoint, then a quiet stop (its default would end the rank)
     held: dict = {}  # the recipe, once it exists: the step a stop came at
     try:
         code = _run(argv, stop, held)
@@ -117,6 +118,8 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
         stop.arm()  # a stop that came during the imports ends here
         recipe.setup()
         trained = recipe.train()
+        if trained.saved_and_stopped:
+            return _saved_and_stopped(recipe)
         recipe.save_final()
         if recipe.eval_ds is not None and trained.evaluated_step != trained.step:
             recipe.evaluate(trained.step)
@@ -149,6 +152,14 @@ def _stopped(recipe, stop: StopSignal) -> int:
     if recipe.started and recipe.metrics is not None:
         recipe.metrics.write({"event": "end", "status": "stopped", "step": recipe.step})
     return stop.exit_code()
+
+
+def _saved_and_stopped(recipe) -> int:
+    """SIGUSR2's checkpoint is saved: the end record says stopped, at that step, and why."""
+    if recipe.metrics is not None:
+        recipe.metrics.write({"event": "end", "status": "stopped", "step": recipe.step,
+                              "reason": "checkpoint saved as asked (SIGUSR2), to resume from it"})
+    return EXIT_OK
 
 
 def _exit_now(code: int) -> None:

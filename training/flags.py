@@ -8,6 +8,7 @@ parser is one field of one group and every field one flag.
     flags.model   model            flags.save   saving and logging     flags.moe  mixture of experts
     flags.data    data             flags.fast   fast path switches      flags.hf   HF TrainingArguments spellings
     flags.train   training         flags.lora   LoRA / Q-LoRA           flags.notes  what the worker worked out
+    flags.pref    preference training (DPO)
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class ModelFlags:
 @dataclass(slots=True, kw_only=True)
 class DataFlags:
     TITLE: ClassVar[str] = "data"
-    data_path: str
+    data_path: str | None = None  # parse_args: --data_path or --datasets is required
+    datasets: str | None = None  # several sources mixed (training.data.sources): JSON, or a file holding it
+    data_format: str = "auto"
     eval_data_path: str | None = None
     model_max_length: int = 8192
     lazy_preprocess: bool = False
@@ -123,6 +126,16 @@ class LoraFlags:
 
 
 @dataclass(slots=True, kw_only=True)
+class PrefFlags:
+    """The second stage after supervised fine-tuning (LLaMA-Factory's names; TRL's in the help)."""
+    TITLE: ClassVar[str] = "preference training (DPO)"
+    stage: str = "sft"
+    pref_beta: float = 0.1
+    pref_loss: str = "sigmoid"
+    pref_ftx: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
 class MoeFlags:
     TITLE: ClassVar[str] = "mixture of experts (Qwen3-MoE, Qwen2-MoE)"
     router_aux_loss_coef: float | None = None
@@ -165,7 +178,8 @@ class FlagNotes:
 
 # The attribute of WorkerFlags that holds each group.
 FLAG_GROUPS: dict[str, type] = {"model": ModelFlags, "data": DataFlags, "train": TrainFlags, "save": SaveFlags,
-                                "fast": FastFlags, "lora": LoraFlags, "moe": MoeFlags, "hf": HfFlags}
+                                "fast": FastFlags, "lora": LoraFlags, "pref": PrefFlags, "moe": MoeFlags,
+                                "hf": HfFlags}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -179,6 +193,7 @@ class WorkerFlags:
     lora: LoraFlags = field(default_factory=LoraFlags)
     moe: MoeFlags = field(default_factory=MoeFlags)
     hf: HfFlags = field(default_factory=HfFlags)
+    pref: PrefFlags = field(default_factory=PrefFlags)
     notes: FlagNotes = field(default_factory=FlagNotes)
 
     @classmethod

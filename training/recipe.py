@@ -23,6 +23,7 @@ import gc
 import logging
 import math
 import os
+import time
 import uuid
 
 import torch
@@ -100,6 +101,8 @@ class FinetuneRecipe:
         self.sampler = None
         self.loader = None
         self.checkpointer: Checkpointer | None = None
+        self.pairs = False  # DPO (--stage dpo): the data are preference pairs
+        self.data_sources: list[dict] | None = None  # --datasets: each source's name, format and records taken
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -110,8 +113,9 @@ class FinetuneRecipe:
         self.device = dist.pick_device(env, a.train.use_cpu)
         if a.train.deepspeed and self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # also when --use_cpu on a GPU machine
-        train_convs = load_conversations(a.data.data_path)
-        eval_convs = load_conversations(a.data.eval_data_path) if a.data.eval_data_path else None
+        self.pairs = a.pref.stage == "dpo"
+        train_convs = self._load_records()
+        eval_convs = self._load_records(a.data.eval_data_path) if a.data.eval_data_path else None
         if a.save.save_on_each_node:  # resolved at run time: a node-local copy each, unless output_dir turns out
             # to be one directory for all nodes (bounded by the collectives' timeout)
             a.save.save_on_each_node = shared_output.decide(a.train.output_dir, float(a.train.ddp_timeout))
@@ -132,15 +136,24 @@ class FinetuneRecipe:
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
         self.tokenizer = load_tokenizer(self.source)
         encoder = ChatEncoder(self.tokenizer, a.data.model_max_length)
-        self.train_ds = build_dataset(train_convs, encoder, a.data.lazy_preprocess)
-        self.eval_ds = build_dataset(eval_convs, encoder, a.data.lazy_preprocess) if eval_convs else None
+        if self.pairs:
+            from training.data.pairs import build_pair_dataset
+
+            self.train_ds = build_pair_dataset(train_convs, encoder)
+            self.eval_ds = build_pair_dataset(eval_convs, encoder) if eval_convs else None
+            self.train_ds.key = train_convs.sha256
+            if self.eval_ds is not None:
+                self.eval_ds.key = eval_convs.sha256
+        else:
+            self.train_ds = build_dataset(train_convs, encoder, a.data.lazy_preprocess)
+            self.eval_ds = build_dataset(eval_convs, encoder, a.data.lazy_preprocess) if eval_convs else None
         self._log_data_stats()
         mb, gas = a.train.per_device_train_batch_size, a.train.gradient_accumulation_steps
         self.global_batch = self.data_env.world_size * mb * gas
         self.steps_per_epoch = len(self.train_ds) // self.global_batch
         if self.steps_per_epoch == 0:
             who = "processes" if a.train.sequence_parallel_size == 1 else "sequence-parallel groups"
-            raise InputError(f"{a.data.data_path}: {len(self.train_ds)} usable records, fewer than one global batch "
+            raise InputError(f"{self.data_label}: {len(self.train_ds)} usable {'pairs' if self.pairs else 'records'}, fewer than one global batch "
                              f"of {self.global_batch} (= {self.data_env.world_size} {who} x "
                              f"{mb} x {gas} accumulation)")
         self.total_steps = (a.train.max_steps if a.train.max_steps > 0
@@ -202,6 +215,10 @@ class FinetuneRecipe:
             self.base_partition = builders.place_shards(self.model, self.method, self.device, env.is_main)
         if a.train.deepspeed:
             self._size_rows()  # the probes measure the engine's optimizer states and gradient buffers too
+        if self.pairs:  # DPO's reference log-probabilities, once, before the first step (training.preference)
+            from training.preference import attach_reference
+
+            attach_reference(self)
         loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
                                         self.fast.packing, self.total_steps, self.start_step)
         self.collator, self.sampler, self.loader = loading.collator, loading.sampler, loading.loader
@@ -214,12 +231,12 @@ class FinetuneRecipe:
         os.makedirs(a.train.output_dir, exist_ok=True)
         self.metrics = MetricsWriter(a.save.metrics_file, enabled=env.is_main)
         self.metrics.write({
-            "event": "start", "world_size": env.world_size,
+            "event": "start", "world_size": env.world_size, "stage": a.pref.stage, "data_sources": self.data_sources,
             "sequence_parallel_size": a.train.sequence_parallel_size, "method": self.method, "zero_stage": self.stage,
             "total_steps": self.total_steps, "start_step": self.start_step, "steps_per_epoch": self.steps_per_epoch,
             "global_batch_size": self.global_batch, "micro_batch_size": a.train.per_device_train_batch_size,
             "gradient_accumulation_steps": a.train.gradient_accumulation_steps, "model": a.model.model_name_or_path,
-            "data": a.data.data_path, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
+            "data": self.data_label, "records": self.train_ds.stats.records, "usable_records": len(self.train_ds),
             "truncated_records": self.train_ds.stats.truncated, "dropped_records": self.train_ds.stats.dropped,
             # every token and the supervised ones (None with --lazy_preprocess: counted as batches are made)
             "tokens": None if a.data.lazy_preprocess else self.train_ds.stats.tokens,
@@ -242,23 +259,44 @@ class FinetuneRecipe:
                  self.method, self.total_steps, self.steps_per_epoch, self.global_batch, env.world_size,
                  self.device.type, f", ZeRO-{self.stage}" if a.train.deepspeed else "")
 
+    @property
+    def data_label(self) -> str:
+        """What the data is called in the log and the start record: the path, or the mixture's sources."""
+        d = self.args.data
+        return d.data_path or ", ".join(s["name"] for s in (self.data_sources or [])) or str(d.datasets)
+
+    def _load_records(self, path: str | None = None):
+        """The checked chat records (SFT) or preference pairs (DPO) of --data_path, --datasets or `path`."""
+        d = self.args.data
+        if path is None and d.datasets:
+            from training.data.sources import load_mixture
+
+            mix = load_mixture(d.datasets, self.args.train.seed, preference=self.pairs, default_format=d.data_format)
+            self.data_sources = mix.summary
+            return mix.records
+        from training.data.records import load_pairs
+
+        return load_pairs(path or d.data_path, d.data_format) if self.pairs else \
+            load_conversations(path or d.data_path, d.data_format)
+
     def _log_data_stats(self) -> None:
         s, a = self.train_ds.stats, self.args
         if not self.env.is_main:
             return  # every rank tokenizes the same data: one report is enough
         if a.data.lazy_preprocess:
             log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)",
-                     a.data.data_path, s.records)
+                     self.data_label, s.records)
             return
-        log.info("%s: %d records, %d tokens, %d of them supervised", a.data.data_path, s.records, s.tokens,
+        log.info("%s: %d %s, %d tokens, %d of them supervised", self.data_label, s.records,
+                 "pairs" if self.pairs else "records", s.tokens,
                  s.label_tokens)
         if s.truncated:
             shown = ", ".join(s.truncated_ids[:5]) + (" ..." if s.truncated > 5 else "")
             log.warning("%s: %d record(s) longer than --model_max_length %d were truncated (ids: %s)",
-                        a.data.data_path, s.truncated, a.data.model_max_length, shown)
+                        self.data_label, s.truncated, a.data.model_max_length, shown)
         if s.dropped:
             log.warning("%s: %d record(s) had no assistant token left after truncation and are skipped",
-                        a.data.data_path, s.dropped)
+                        self.data_label, s.dropped)
 
     def _check_resume_compatible(self) -> None:
         st = self.resume_state
@@ -307,7 +345,9 @@ class FinetuneRecipe:
 
     def _size_rows(self) -> None:
         apply.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
-                             self._autocast, self.wrapped, self.engine, self.train_ds.items)
+                             self._autocast, self.wrapped, self.engine,
+                             [s for p in self.train_ds.items for s in (p.chosen, p.rejected)] if self.pairs
+                             else self.train_ds.items)
 
     # ------------------------------------------------------------- the loop
     @property
@@ -325,7 +365,8 @@ class FinetuneRecipe:
             heartbeat=self.heartbeat, timer=self.timer, total_steps=self.total_steps,
             steps_per_epoch=self.steps_per_epoch, start_step=self.start_step,
             aux_loss=self.router is not None and self.router.coef > 0, forward_loss=self._forward_loss,
-            evaluate=self.evaluate if self.eval_ds is not None else None, save_checkpoint=self.save_checkpoint))
+            evaluate=self.evaluate if self.eval_ds is not None else None, save_checkpoint=self.save_checkpoint,
+            pairs=self.pairs))
         self.trained = self.loop.run()
         return self.trained
 
@@ -349,7 +390,15 @@ class FinetuneRecipe:
         """Summed token cross-entropy / num_items: our loss (training.fast) or HF's own. With num_tokens (the real
         tokens of the optimizer step over all ranks / world size) a mixture-of-experts model adds its routers'
         load-balancing loss weighted by this micro-batch's share of them (training.model.moe); the StepLoss says
-        the cross-entropy part and the micro-batch's aux x its real tokens too."""
+        the cross-entropy part and the micro-batch's aux x its real tokens too. DPO: the pairs' summed loss /
+        num_items (the step's pairs over all ranks / world size), with the pairs' reward sums."""
+        if self.pairs:
+            module = (self.engine if self.engine is not None
+                      else self.ddp if (train and self.ddp is not None) else self.loss_module)
+            with self._autocast():
+                loss_sum, sums = module(batch)
+            loss = loss_sum / num_items
+            return StepLoss(loss, loss, pref_sums=sums.detach() if "loss_seq" in batch else None)
         if self.router is not None and num_tokens is not None and self.router.coef > 0:
             from training.model.moe import real_token_mask
 
@@ -381,6 +430,10 @@ class FinetuneRecipe:
         """Token-mean loss on --eval_data_path over all ranks at `step`; logged as an {"event": "eval"} record."""
         a, env = self.args, self.env
         self.heartbeat.phase("eval")
+        if self.pairs:
+            from training.preference import evaluate_pairs
+
+            return evaluate_pairs(self, step)
         self.wrapped.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for idx in eval_batches(len(self.eval_ds), env.world_size, env.rank, a.train.per_device_eval_batch_size):
@@ -402,6 +455,7 @@ class FinetuneRecipe:
     def save_checkpoint(self, step: int) -> None:
         a, env = self.args, self.env
         self.heartbeat.phase("checkpoint")
+        began = time.monotonic()
         final = self.checkpointer.save_checkpoint(step, {
             "step": step, "epoch": step / self.steps_per_epoch, "total_steps": self.total_steps,
             "global_batch_size": self.global_batch, "world_size": env.world_size, "method": self.method,
@@ -409,7 +463,9 @@ class FinetuneRecipe:
             "lineage": self.lineage, "run_id": os.environ.get("QWEN_TUI_RUN_ID"),  # set in a job qwen-tui started
         }, self.engine, self.optimizer, self.scheduler, self.scaler)
         if env.is_main:
-            self.metrics.write({"event": "checkpoint", "step": step, "path": str(final)})
+            # how long a save takes here: the monitor tells a slow save from peers waiting for a lost node by it
+            self.metrics.write({"event": "checkpoint", "step": step, "path": str(final),
+                                "seconds": round(time.monotonic() - began, 3)})
 
     def save_final(self) -> None:
         self.heartbeat.phase("checkpoint")

@@ -25,7 +25,7 @@ from training.data.encoding import IGNORE_INDEX
 from training.fast import allocator, apply, sequence_parallel
 from training.fast.choice import FastChoice
 from training.flags import WorkerFlags
-from training.runtime import dist, profiling, step_timing, trackers
+from training.runtime import dist, profiling, save_request, step_timing, trackers
 from training.runtime.dist import DistEnv
 from training.runtime.heartbeat import Heartbeat, NoHeartbeat
 from training.runtime.metrics import MetricsWriter
@@ -40,6 +40,7 @@ class StepLoss:
     loss: torch.Tensor
     ce: torch.Tensor  # the cross-entropy part
     aux_sum: torch.Tensor | None = None  # mixture of experts: the load-balancing loss x real tokens (None without)
+    pref_sums: torch.Tensor | None = None  # DPO: the pairs' reward sums (training.fast.preference.STATS)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class LoopState:
     forward_loss: Callable[[dict, torch.Tensor, torch.Tensor], StepLoss]  # (batch, num_items, num_tokens)
     evaluate: Callable[[int], float] | None  # at a step; None without evaluation data
     save_checkpoint: Callable[[int], None]  # at a step
+    pairs: bool = False  # DPO: the loader yields preference pairs, and the loss is normalised by pairs, not tokens
 
 
 @dataclass
@@ -79,6 +81,7 @@ class LoopResult:
     evaluated_step: int | None  # the step the last evaluation ran at (None: none ran)
     lazy_truncated: int  # with --lazy_preprocess: records truncated in training batches
     train_runtime: float  # seconds
+    saved_and_stopped: bool = False  # a checkpoint asked for by SIGUSR2 was saved at `step`, and the loop ended
 
 
 class StepLoop:
@@ -92,6 +95,11 @@ class StepLoop:
         self._retries_warned = 0  # allocator retries already warned about
         self._window = _Window()
         self._failing = False  # after a failure: no logging gather (the other ranks may be anywhere)
+        # SIGUSR2 (training/runtime/save_request.py): this rank's flag rides the step's loss all-reduce; once any
+        # rank's flag is in a step's sum, every rank saves and stops at the same step
+        self._save_flag = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._flag_sent = False
+        self.save_and_stop = False
 
     def run(self) -> LoopResult:
         gas = self.args.train.gradient_accumulation_steps
@@ -163,6 +171,7 @@ class StepLoop:
                     loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
                     # the routers' load-balancing loss x real tokens, summed (mixture of experts; training.model.moe)
                     aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+                    pref_sum = None  # DPO: the pairs' reward sums
                     num_tokens = self._device_scalar(max(n_tokens, 1.0) / env.world_size)
                     lr = self._current_lr()
                 for i, batch in enumerate(micro):
@@ -200,6 +209,8 @@ class StepLoop:
                     loss_sum += out.ce.detach().double() * num_items.double()
                     if out.aux_sum is not None:
                         aux_sum += out.aux_sum
+                    if out.pref_sums is not None:
+                        pref_sum = out.pref_sums.double() + (pref_sum if pref_sum is not None else 0.0)
                 hb.phase("optimizer")
                 with mark("step: optimizer"):
                     grad_norm = self._optimizer_step()
@@ -207,14 +218,25 @@ class StepLoop:
                 hb.step = self.step
                 hb.phase("collective")
                 started = timer.start()
-                loss_sum = dist.all_reduce_sum(torch.stack([loss_sum, aux_sum]))  # one collective for both
+                if save_request.REQUEST.asked and not self._flag_sent:
+                    self._save_flag.fill_(1.0)
+                    self._flag_sent = True
+                # the loss, the aux loss and a checkpoint asked for on any rank (then DPO's reward sums)
+                sums = torch.stack([loss_sum, aux_sum, self._save_flag])
+                if st.pairs:  # a rank with only empty rows has no reward sums: zeros, in the same collective
+                    from training.fast.preference import STATS
+
+                    pref = pref_sum if pref_sum is not None else torch.zeros(len(STATS), dtype=torch.float64,
+                                                                             device=self.device)
+                    sums = torch.cat([sums, pref])
+                loss_sum = dist.all_reduce_sum(sums)  # one collective for all
                 timer.end(self.step, started)
                 done = _Queued(self.step, loss_sum, grad_norm, lr, n_labels, n_tokens, n_trunc, n_empty, len(micro), t0)
                 due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
                 if (self.fast.overlap_steps and a.save.profile_step != self.step and self.step < st.total_steps
-                        and not due_eval and not self._should_save()):
+                        and not due_eval and not self._should_save() and not self.save_and_stop):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
@@ -226,8 +248,13 @@ class StepLoop:
                 if due_eval:
                     st.evaluate(self.step)
                     self.evaluated_step = self.step  # the run's end need not evaluate the same weights again
-                if self._should_save():
+                if self._should_save() or self.save_and_stop:
                     st.save_checkpoint(self.step)
+                if self.save_and_stop:
+                    log.warning("checkpoint of step %d saved as asked (SIGUSR2: the job's time is nearly up); "
+                                "training stops here, to resume from it", self.step)
+                    return LoopResult(self.step, self.evaluated_step, self.lazy_truncated,
+                                      time.perf_counter() - t_start, saved_and_stopped=True)
         except BaseException:
             if queued is not None:  # a step that finished before the failure still gets its metrics record
                 self._flush_after_error(queued)
@@ -238,7 +265,9 @@ class StepLoop:
         """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
         step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
         a = self.args
-        loss_sum, aux_sum = q.loss_sum.tolist()
+        loss_sum, aux_sum, asked, *pref = q.loss_sum.tolist()
+        if asked > 0:  # read back at the same point on every rank: they all stop after the same step
+            self.save_and_stop = True
         grad_norm = float(q.grad_norm)
         if seconds is None:
             seconds = time.perf_counter() - q.t0
@@ -253,6 +282,8 @@ class StepLoop:
         w.aux_sum += aux_sum
         w.micro_batches += q.micro_batches
         w.empty_rows += int(q.n_empty)
+        if pref:
+            w.pref = [a + b for a, b in zip(w.pref, pref)] if w.pref else pref
         if q.step % a.save.logging_steps == 0 or q.step == self.state.total_steps:
             self._log_step(w, q.step, q.lr, grad_norm)
             self._window = _Window()
@@ -279,12 +310,18 @@ class StepLoop:
         on the host, a step ahead."""
         f, a = self.fast, self.args
         pad_id = self.state.pad_id
-        rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
-        rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
+        if self.state.pairs:  # DPO: pairs, each kept in one row; the loss is a mean over pairs
+            from training.fast.preference import pack_pairs
+
+            rows = pack_pairs(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
+            counts = [float(len(items)), float(sum(p.tokens for p in items)), float(sum(p.truncated for p in items))]
+        else:
+            rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
+            rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
+            counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
+                      float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
         if self.device.type == "cuda":
             rows = [{k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in r.items()} for r in rows]
-        counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
-                  float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
         if self.state.meta_group is None:
             return rows, counts + [0.0], len(rows), 0.0
         started = time.perf_counter()
@@ -307,8 +344,14 @@ class StepLoop:
         f, a = self.fast, self.args
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
-            filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
-                                                       self.state.pad_id, a.data.model_max_length))
+            if self.state.pairs:  # a row of no pairs: the same modules run as on a row of pairs (ZeRO-3)
+                from training.fast.preference import empty_pair_row
+
+                filler = empty_pair_row(min(self._pad_multiple, f.packing_tokens), self.state.pad_id,
+                                        a.data.model_max_length)
+            else:
+                filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
+                                                                 self.state.pad_id, a.data.model_max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
@@ -357,6 +400,14 @@ class StepLoop:
             "step_time": w.seconds / w.steps,
         }
         rec.update(self._rank_times(w, rec["step_time"]))
+        if self.state.pairs:  # DPO: the loss is the pairs' mean; rewards and log-probabilities are means a pair
+            from training.fast.preference import STATS
+
+            pairs = max(w.labels, 1.0)
+            rec["pairs"] = int(w.labels)
+            del rec["label_tokens"]  # no token count: the loss divides by pairs
+            rec.update({k: v / pairs for k, v in zip(STATS, w.pref or [0.0] * len(STATS))})
+            rec["rewards_margin"] = rec["rewards_chosen"] - rec["rewards_rejected"]
         if self.state.aux_loss:
             # the load-balancing loss per real token (the objective adds router_aux_loss_coef x this to the loss)
             rec["aux_loss"] = w.aux_sum / max(w.tokens, 1.0)
@@ -413,7 +464,8 @@ class StepLoop:
 class _Queued:
     """A finished optimizer step whose loss and gradient norm may still be on the device."""
     step: int
-    loss_sum: torch.Tensor  # [summed token loss, summed aux loss x real tokens], over all ranks
+    # [summed token loss, summed aux loss x real tokens, ranks asking a checkpoint, DPO's reward sums...], summed
+    loss_sum: torch.Tensor
     grad_norm: torch.Tensor | float
     lr: float
     n_labels: float
@@ -430,6 +482,7 @@ class _Window:
     def __init__(self):
         self.loss_sum = self.labels = self.tokens = self.seconds = self.wait = self.aux_sum = 0.0
         self.steps = self.micro_batches = self.empty_rows = 0
+        self.pref: list[float] | None = None  # DPO: the reward sums (training.fast.preference.STATS)
 
     def add(self, loss_sum: float, labels: float, tokens: float, seconds: float) -> None:
         self.loss_sum += loss_sum

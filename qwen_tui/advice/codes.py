@@ -18,10 +18,11 @@ ADVICE: dict[str, CodeDoc] = {
         "refuses it",
         "`training.method: lora`, `training.zero_stage: 3`"),
     "MOE_LORA_EXPERTS": CodeDoc(
-        "warning / error",
+        "warning",
         "LoRA on `gate_proj`/`up_proj`/`down_proj` of a mixture of experts adapts every expert of every layer; says "
-        "the trainable parameters, the multiple of the attention's and their fp32 states (a token trains k of E); an "
-        "error with `lora_dropout` > 0, which peft's LoRA on fused experts does not support (the worker refuses it)",
+        "the trainable parameters, the multiple of the attention's and their fp32 states (a token trains k of E); with "
+        "`lora_dropout` > 0 it says the dropout goes on the attention's adapters only (peft's LoRA on fused experts "
+        "has none; the worker logs it)",
         "`training.lora_target_modules: [q_proj, k_proj, v_proj, o_proj]`"),
     "MOE_ZERO3": CodeDoc(
         "info",
@@ -34,6 +35,33 @@ ADVICE: dict[str, CodeDoc] = {
         " (config coefficient or `--router_aux_loss_coef`) is added on every path and logged as `aux_loss`; the "
         "routers stay frozen unless `--train_router`; step times count active parameters at the dense path's "
         "efficiency"),
+    "DPO_BETA": CodeDoc(
+        "warning",
+        "`training.stage: dpo` with `pref_beta` outside 0.01-0.5: too small lets the policy drift far from the "
+        "reference, too large barely moves it",
+        "`training.pref_beta: 0.1`"),
+    "DPO_LEARNING_RATE": CodeDoc(
+        "warning",
+        "DPO at an SFT learning rate (above 1e-5 full, 1e-4 LoRA): DPO's is usually an order below",
+        "`training.learning_rate` 1e-6 (full) or 2e-5 (LoRA)"),
+    "DPO_REFERENCE": CodeDoc(
+        "warning",
+        "DPO starting from a model that does not look like an SFT model (a base release, `builtin:`): the "
+        "reference is the model DPO starts from",
+        "hint: the Run view's `m` (or `qwen-tui merge`) writes `OUTPUT_DIR/merged`; start from it"),
+    "DPO_COST": CodeDoc(
+        "info",
+        "what a DPO step costs: both answers of every pair through the policy (twice an SFT step's tokens and "
+        "activations at the same micro-batch, which the estimate counts), the reference's forward once before the "
+        "first step, no second model"),
+    "OFFLOAD_HOST_MEMORY": CodeDoc(
+        "error / warning / info",
+        "ZeRO offload keeps the optimizer's fp32 states on the nodes' hosts (DeepSpeed's estimators: 16 bytes a "
+        "trainable parameter, 18 with the parameters offloaded too, shared by the nodes, x1.5 for its buffers, plus "
+        "each rank's process): an error when that is more than the smallest node's RAM as the probe read it, a "
+        "warning past 85% of it, the figure alone where the RAM was not probed; the OOM fix offers offload only "
+        "where the hosts hold it",
+        "`training.offload: none` where the GPUs hold the run; else more nodes, or LoRA"),
     "OOM": CodeDoc(
         "error",
         "estimated memory per GPU > the smallest GPU's memory; says the largest micro-batch that fits",
@@ -62,7 +90,8 @@ ADVICE: dict[str, CodeDoc] = {
     "NODES_PAST_WORTH": CodeDoc(
         "warning",
         "more nodes than pay for themselves: past the count it names, each further node's GPUs add less than half of "
-        "what each GPU does alone, at the bandwidth between nodes (its source named)",
+        "what each GPU does alone, at the bandwidth between nodes (its source named); only a count whose own "
+        "estimate fits (GPU memory, and with offload the hosts' RAM) is named, and none when no smaller count fits",
         "hint: that many nodes, or a faster link (more NICs for NCCL, InfiniBand/RoCE)"),
     "LOW_BANDWIDTH": CodeDoc(
         "warning",

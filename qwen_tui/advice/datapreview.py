@@ -9,7 +9,9 @@ epoch and per run, and the rules that warn about the data.
 
 `--json` keys (stable): records, usable, dropped, truncated, tokens,
 supervised_tokens, length_percentiles {p50, p90, p99, max}, tokens_per_epoch,
-epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch,
+epoch_seconds; and the details: histogram, supervised_share, steps_per_epoch, stage, pairs (DPO), tools
+{records_with_tools, tool_calls, tool_results, call_tokens, result_tokens}, sources (a mixture: per source name,
+format, available, records, tokens, share_records, share_tokens),
 total_steps, padding_waste, tokens_per_second, run_seconds, advice; where the GPU and the model are known,
 longest_trainable (the longest record one GPU trains, qwen_tui.plan.longcontext) and longer_than (the records past it).
 """
@@ -123,18 +125,30 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
                           "the worker would stop before training",
                           Fix("lower the micro-batch", {"training.per_device_train_batch_size": 1,
                                                         "training.gradient_accumulation_steps": 1})))
+    positions = r.get("max_positions")  # the model's own: no length is advised past them
+    limit = r.get("longest_trainable")  # the longest row one GPU trains (where the GPU is known)
+
+    def length_fix(want: int, why: str) -> Fix | None:
+        caps = [(positions, "the model's positions"), (limit, "what one GPU trains")]
+        cap, capped_by = min(((c, w) for c, w in caps if c), default=(None, ""))
+        n = want if cap is None else min(want, cap)
+        if n <= t.model_max_length:
+            return None
+        label = f"raise model_max_length to {why} ({n:,})" if n == want else \
+            f"raise model_max_length to {n:,} ({capped_by}; {why} is {want:,})"
+        return Fix(label, {"training.model_max_length": n})
+
     if r["records"] and r["truncated"] / r["records"] > TRUNCATED_MAX:
         p99 = r["length_percentiles"]["p99"]
+        past = f"; the model has {positions:,} positions" if positions and p99 > positions else ""
         out.append(Advice(Level.WARNING, "DATA_TRUNCATED",
                           f"{r['truncated']} of {r['records']} records ({r['truncated'] / r['records']:.1%}) are longer "
-                          f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens",
-                          Fix(f"raise model_max_length to the p99 ({p99})", {"training.model_max_length": p99})
-                          if p99 > t.model_max_length else None))
+                          f"than model_max_length {t.model_max_length} and get cut; p99 is {p99} tokens{past}",
+                          length_fix(p99, "the p99")))
     if r["dropped"]:
         out.append(Advice(Level.WARNING, "DATA_DROPPED",
                           f"{r['dropped']} record(s) have no assistant token left after the cut and are skipped",
-                          Fix(f"raise model_max_length to {r['length_percentiles']['max']}",
-                              {"training.model_max_length": r["length_percentiles"]["max"]})))
+                          length_fix(r["length_percentiles"]["max"], "the longest record")))
     over = r.get("longer_than")
     if over and over["records"]:
         n, lim = over["records"], over["tokens"]
@@ -189,7 +203,9 @@ def histogram_lines(hist: dict[str, Any], width: int = 40, max_length: int | Non
         bar = "█" * round(n / top * width) if n else ""
         if n and not bar:
             bar = "▏"
-        cut = "  (cut)" if max_length is not None and hi > max_length and n else ""
+        # a bin wholly past the cut is cut; one the cut runs through holds records on both sides of it
+        cut = "" if max_length is None or not n or hi <= max_length else "  (cut)" if lo > max_length \
+            else "  (partly cut)"
         out.append(f"{f'{lo}-{hi}':>{label_w}} │{bar:<{width}} {n}{cut}")
     return out
 
@@ -213,9 +229,21 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"(model_max_length {r['model_max_length']:,})",
         f"tokens {r['tokens']:,}, {r['supervised_tokens']:,} supervised ({r['supervised_share']:.1%})",
         f"length p50 {p['p50']:,}  p90 {p['p90']:,}  p99 {p['p99']:,}  max {p['max']:,}",
-        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} records, {r['tokens_per_epoch']:,} tokens; "
+        f"epoch: {r['steps_per_epoch']:,} steps of {r['global_batch_size']:,} {'pairs' if r.get('pairs') else 'records'}, {r['tokens_per_epoch']:,} tokens; "
         f"run: {r['total_steps']:,} steps",
     ]
+    if r.get("pairs"):
+        lines.insert(0, f"DPO: {r['pairs']:,} preference pairs, counted below as their chosen and rejected "
+                        "conversations")
+    tools = r.get("tools") or {}
+    if tools.get("records_with_tools"):
+        lines.append(f"tools: {tools['records_with_tools']:,} records with tools, {tools['tool_calls']:,} calls "
+                     f"({tools['call_tokens']:,} tokens, trained on), {tools['tool_results']:,} results "
+                     f"({tools['result_tokens']:,} tokens, not trained on)")
+    for src in r.get("sources") or []:
+        lines.append(f"source {src['name']} ({src['format']}): {src['records']:,} of {src['available']:,} records"
+                     f"{' (repeated)' if src.get('repeated') else ''}, {src.get('share_records', 0):.1%} of the "
+                     f"records, {src.get('share_tokens', 0):.1%} of the tokens")
     waste = r.get("padding_waste")
     if waste is not None:
         lines.append(f"padding {waste:.1%} of computed tokens ({'packed rows' if r.get('packing') else 'padded batches'})")

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..base.levels import Level, loudest_first
 from ..cluster.facts import ClusterFacts
-from ..plan.estimate import estimate_step, max_micro_batch, nodes_worth_it
+from ..plan.estimate import estimate_memory, estimate_step, host_memory_gib, max_micro_batch, nodes_worth_it
 from ..plan.longcontext import is_long
 from ..preset.schema import Preset
 from .core import (  # noqa: F401 - the names users of the advice import from here
@@ -40,6 +40,8 @@ from .core import (  # noqa: F401 - the names users of the advice import from he
     make_context,
     rule,
 )
+
+HOST_MEMORY_USE = 0.85  # of a node's RAM: past this an offloading run is warned about
 
 # ---------------------------------------------------------------- model and method
 
@@ -156,8 +158,10 @@ def _oom_fix(c: Context) -> Fix | None:
         # Q-LoRA too: ZeRO-3 shards the 4-bit base, a 1/N share of it on each GPU
         tries.append(("Use ZeRO-3" + (" (shards the 4-bit base)" if t.method == "qlora" else ""),
                       {"training.zero_stage": 3}, {"zero_stage": 3}))
-    if t.zero_stage is not None and t.offload == "none":
-        tries.append(("Offload the optimizer to CPU", {"training.offload": "optimizer"}, {"offload": "optimizer"}))
+    if t.zero_stage is not None and t.offload == "none" and _host_fits(c, offload="optimizer") is not False:
+        host = host_memory_gib(c.spec, t, c.nodes, c.gpus_per_node(), offload="optimizer")
+        tries.append((f"Offload the optimizer to CPU (~{host:,.0f} GiB of host memory a node)",
+                      {"training.offload": "optimizer"}, {"offload": "optimizer"}))
     if t.method == "full":
         tries.append(("Use LoRA", {"training.method": "lora"}, {"method": "lora"}))
     if t.method == "lora" and t.zero_stage != 3:
@@ -167,6 +171,56 @@ def _oom_fix(c: Context) -> Fix | None:
         if m.fits(gib):
             return Fix(f"{label}: ~{_gb(m.total)} per GPU", changes)
     return None
+
+
+def _fits_on(c: Context, nodes: int) -> bool:
+    """Whether this run fits on its first `nodes` nodes: each GPU's memory (where the GPU is known) and, with offload,
+    each host's (where the probe read it)."""
+    g = c.gpus_per_node()
+    assert c.spec is not None
+    if c.gpu_memory_gib is not None and not estimate_memory(c.spec, c.t, nodes * g).fits(c.gpu_memory_gib):
+        return False
+    have = _host_gib(c)
+    return have is None or host_memory_gib(c.spec, c.t, nodes, g) <= HOST_MEMORY_USE * have[0]
+
+
+def _host_gib(c: Context) -> tuple[float, int] | None:
+    """The smallest host memory the probe found on a node (GiB) and that node; None when no node was probed."""
+    got = [(nf.memory_total_mib / 1024, i) for i, nf in c.node_facts() if nf.memory_total_mib]
+    return min(got) if got else None
+
+
+def _host_fits(c: Context, **overrides: Any) -> bool | None:
+    """Whether the nodes' host memory holds what the run (with overrides) puts there; None when not probed."""
+    have = _host_gib(c)
+    if have is None or c.spec is None:
+        return None
+    return host_memory_gib(c.spec, c.t, c.nodes, c.gpus_per_node(), **overrides) <= HOST_MEMORY_USE * have[0]
+
+
+@rule
+def offload_host_memory(c: Context) -> Iterable[Advice]:
+    """ZeRO offload keeps the optimizer's fp32 states in the nodes' RAM: said with the figure, against what the probe
+    read on every node (an error when it does not fit, a warning when it barely does)."""
+    if c.spec is None or c.t.zero_stage is None or c.t.offload == "none" or c.cpu:
+        return
+    need = host_memory_gib(c.spec, c.t, c.nodes, c.gpus_per_node())
+    have = _host_gib(c)
+    what = (f"offload ({c.t.offload}) keeps ~{need:,.0f} GiB on each node's host (the optimizer's fp32 states of "
+            f"{c.nodes} node(s), DeepSpeed's buffers, {c.gpus_per_node()} rank(s)' processes)")
+    fix = None
+    if c.gpu_memory_gib is not None and c.memory(offload="none").fits(c.gpu_memory_gib):
+        fix = Fix("No offload: the GPUs hold it", {"training.offload": "none"})
+    if have is None:
+        yield Advice(Level.INFO, "OFFLOAD_HOST_MEMORY", f"{what}; the nodes' memory was not probed "
+                     "(qwen-tui check reads it)", fix)
+    elif need > have[0]:
+        yield Advice(Level.ERROR, "OFFLOAD_HOST_MEMORY", f"{what}, more than node {have[1]}'s {have[0]:,.0f} GiB",
+                     fix or Fix("More nodes, or a smaller run", hint="each node added shares the optimizer states; "
+                                "or use LoRA"), node=have[1])
+    elif need > HOST_MEMORY_USE * have[0]:
+        yield Advice(Level.WARNING, "OFFLOAD_HOST_MEMORY", f"{what}: {need / have[0]:.0%} of node {have[1]}'s "
+                     f"{have[0]:,.0f} GiB, little left for the page cache and the data", fix, node=have[1])
 
 
 @rule
@@ -303,6 +357,12 @@ def nodes_past_worth(c: Context) -> Iterable[Advice]:
     worth = nodes_worth_it(c.spec, c.t, g, c.bandwidth_gbps, limit=c.nodes, **c.step_kwargs())
     if worth is None or worth >= c.nodes:
         return
+    # never a node count that does not fit: fewer nodes shard the model states over fewer GPUs (and put more of an
+    # offloaded optimizer on each host); the smallest count from `worth` up that fits is the one offered
+    fits = next((n for n in range(worth, c.nodes) if _fits_on(c, n)), None)
+    if fits is None:
+        return
+    worth = fits
     yield Advice(Level.WARNING, "NODES_PAST_WORTH",
                  f"past {worth} node(s) each further node adds less than half its GPUs' worth at "
                  f"{c.bandwidth_gbps:.3g} Gbit/s between nodes ({c.bandwidth.source}"
@@ -355,6 +415,7 @@ def timeouts(c: Context) -> Iterable[Advice]:
 # isort: off
 from . import cluster  # noqa: E402,F401 - registers the rules about the nodes' facts
 from . import moe  # noqa: E402,F401 - registers the mixture-of-experts rules
+from . import preference  # noqa: E402,F401 - registers the DPO rules
 from . import longcontext  # noqa: E402,F401 - and those about long records and sequence parallelism
 
 # isort: on

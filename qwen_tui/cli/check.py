@@ -165,6 +165,19 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=args.json)
     preset = load_preset(args.preset)
+    slurm = preset.scheduler.is_slurm
+    if slurm and not preset.cluster.nodes:
+        from qwen_tui.run.slurm.inside import allocation_id
+
+        job = allocation_id()
+        if job is None:  # a login node: the nodes to check are an allocation's
+            return _in_allocation(args, preset, console)
+        from qwen_tui.run.slurm.inside import in_allocation
+
+        on = in_allocation(preset, job, console)
+        if on is None:
+            return 2
+        preset = on
     t0 = time.monotonic()
     labels = [n.label for n in preset.cluster.nodes]
     conns = Connections()
@@ -193,6 +206,16 @@ def run(args: argparse.Namespace) -> int:
                         download_failed = detail
                     elif action == "downloaded":  # the master's copy is a fact only now
                         rep = _checks(preset, transports, show, rehearsal=False, **checks)
+                from qwen_tui.nodes.hubmodel import hub_datasets
+
+                for repo in hub_datasets(preset):  # each hub data set once, on the master; the sync copies it
+                    action, path, detail = download_on_master(
+                        preset, transports[0], python=preset.cluster.nodes[0].python_for(sys.executable),
+                        dataset=repo)
+                    console.print(f"download {preset.cluster.nodes[0].label} data set {repo}: {action} {path} "
+                                  f"{detail}", markup=False, highlight=False)
+                    if action == "failed":
+                        download_failed = detail
                 res = sync(preset, transports, rep.facts, overwrite=args.overwrite,
                            progress=lambda n, p, d, t: console.print(f"  {preset.cluster.nodes[n].label}: {p} "
                                                                      f"{d * 100 // max(t, 1)}%", end="\r"))
@@ -236,6 +259,32 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[{styles.GOOD}]all checks passed[/]" if rep.ok
                   else f"[{styles.BAD}]{len(rep.errors)} error(s)[/]")
     return 0 if rep.ok else 1
+
+
+# How long `check` waits for SLURM to grant the allocation it checks, and how long it asks for.
+CHECK_ALLOCATION_WAIT_S = 300
+CHECK_ALLOCATION_TIME = "00:15:00"
+
+
+def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
+    """`qwen-tui check` of a SLURM preset on a login node: the same check, run again inside a short allocation of
+    the nodes the preset asks for (salloc), so that every check runs on nodes SLURM gives, through srun."""
+    import subprocess
+
+    from qwen_tui.run.slurm.script import allocation_options
+
+    argv = ["salloc", *allocation_options(preset, time=CHECK_ALLOCATION_TIME),
+            f"--immediate={CHECK_ALLOCATION_WAIT_S}", "--job-name=qwen-tui-check",
+            sys.executable, "-m", "qwen_tui.cli", *sys.argv[1:]]
+    console.print(f"no SLURM allocation here: asking for one to check ({preset.scheduler.nodes} node(s), at most "
+                  f"{CHECK_ALLOCATION_TIME}; salloc waits up to {CHECK_ALLOCATION_WAIT_S} s for it)",
+                  markup=False, highlight=False)
+    try:
+        return subprocess.call(argv)
+    except FileNotFoundError:
+        console.print(f"[{styles.BAD}]salloc is not installed here: run qwen-tui check on a login node of the "
+                      "cluster (SLURM's client commands), or inside an allocation[/]")
+        return 2
 
 
 def run_keys(args: argparse.Namespace) -> int:

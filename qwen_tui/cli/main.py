@@ -36,12 +36,26 @@ def _load(path: str) -> Preset:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..run.live import prepare_and_launch
+    from ..run.slurm.inside import allocation_id
 
+    preset = load_preset(args.preset)
+    if preset.scheduler.is_slurm and not preset.cluster.nodes and allocation_id() is None:
+        from rich.console import Console
+
+        from ..run.rundir import default_runs_root
+        from ..run.slurm_batch import submit_and_follow
+
+        root = Path(args.runs_dir).absolute() if args.runs_dir else default_runs_root()
+        flags = [f for f, on in (("--skip-checks", args.skip_checks), ("--force", args.force),
+                                 ("--overwrite-output", args.overwrite_output),
+                                 ("--exclude-failed", args.exclude_failed)) if on]
+        return submit_and_follow(preset, args.preset, root=root, dry_run=args.dry_run, console=Console(),
+                                 replay_flags=flags)
     return prepare_and_launch(args.preset, dry_run=args.dry_run, runs_root=args.runs_dir,
                               accept_new_host_keys=args.accept_new_host_keys, force=args.force,
                               skip_checks=args.skip_checks, max_seconds=args.max_seconds,
                               exclude_failed=args.exclude_failed, verbose=args.verbose > 0,
-                              overwrite_output=args.overwrite_output)
+                              overwrite_output=args.overwrite_output, run_id=args.run_id)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -72,6 +86,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except RunNotFound as e:
         _err(str(e))
         return 2
+    from ..run.slurm_batch import attach_submitted, submitted_job
+
+    if submitted_job(path) is not None:  # a SLURM batch job: followed (or cancelled) through SLURM
+        return attach_submitted(path, stop=args.stop)
     return attach(str(path), accept_new_host_keys=args.accept_new_host_keys, stop=args.stop)
 
 
@@ -131,8 +149,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..plan.launch import make_plan
-    from ..run.export import render
+    from ..run.export import export_files
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
@@ -143,9 +160,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         _err(f"--accelerator: only the skypilot format asks for a GPU type, not {args.format}")
         return 2
     run_id = new_run_id(preset.name or Path(args.preset).stem)
-    plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=os.getcwd())
     try:
-        files = render(plan, args.format, image=args.image, accelerator=args.accelerator)
+        files = export_files(preset, args.format, run_id=run_id, base_dir=os.getcwd(),
+                             preset_file=str(Path(args.preset).absolute()), image=args.image,
+                             accelerator=args.accelerator)
     except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
         _err(f"{args.preset}: {e}")
         return 2
@@ -266,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exclude-failed", action="store_true",
                    help="with training.restarts, relaunch without the node that failed, keeping the global batch "
                         "(as training.exclude_failed: true)")
+    r.add_argument("--run-id", default=None,
+                   help="the run directory's name under --runs-dir (default: a new one); the batch script of a SLURM "
+                        "run passes its own, so the job takes over the directory its submission made")
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="train the tiny model on two local 'nodes' (the local-demo preset)",

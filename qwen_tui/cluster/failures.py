@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .hardware_faults import CONSEQUENTIAL_HW, hardware_fault, hardware_signatures
+
 
 @dataclass(frozen=True)
 class Diagnosis:
@@ -61,14 +63,15 @@ _SIGNATURES: list[tuple[str, str, str, str]] = [
      "check `dmesg` for the OOM killer on that node; lower the batch size or offload"),
 ]
 # Causes that are consequences of another node's failure rather than a cause of their own.
-CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"})
+CONSEQUENTIAL = frozenset({"CONN_RESET", "RDZV_TIMEOUT", "NCCL_TIMEOUT", "CONN_REFUSED", "KILLED"}) | CONSEQUENTIAL_HW
 
 
 
 def signatures() -> list[tuple[str, str, str, str]]:
-    """Every known signature, most specific first: (code, pattern, cause, fix). The manual's troubleshooting page
-    is generated from them (docs/gen_reference.py)."""
-    return list(_SIGNATURES)
+    """Every known signature, most specific first: (code, pattern, cause, fix), the hardware faults before the
+    software ones (cluster/hardware_faults.py; an Xid's and an IB completion's cause and fix come from the line).
+    The manual's troubleshooting page is generated from them (docs/gen_reference.py)."""
+    return [*hardware_signatures(), *_SIGNATURES]
 
 
 _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fix)
@@ -76,8 +79,18 @@ _COMPILED = [(c, re.compile(p, re.IGNORECASE if c != "KILLED" else 0), cause, fi
 
 
 def diagnose(log_text: str, python: str = "python3") -> Diagnosis | None:
-    """The first signature (in priority order) found anywhere in the log text."""
+    """The first signature (in priority order) found anywhere in the log text: a hardware fault first
+    (cluster/hardware_faults.py: what an NCCL error or a lost peer follows), then the software signatures; an IB
+    flush, a consequence, only where nothing else matched."""
     lines = log_text.splitlines()
+    later: Diagnosis | None = None
+    for ln in lines:
+        hw = hardware_fault(ln)
+        if hw is not None:
+            d = Diagnosis(hw[0], hw[1], hw[2], ln.strip()[:300])
+            if hw[0] not in CONSEQUENTIAL_HW:
+                return d
+            later = later or d
     for code, rx, cause, fix in _COMPILED:
         for ln in lines:
             m = rx.search(ln)
@@ -85,7 +98,7 @@ def diagnose(log_text: str, python: str = "python3") -> Diagnosis | None:
                 if code == "MODULE_MISSING" and m.groups():
                     cause = f"the Python module '{m.group(1)}' is missing on this node"
                 return Diagnosis(code, cause, fix.replace("{py}", python), ln.strip()[:300])
-    return None
+    return later
 
 
 _RULE = re.compile(r"^\s*={20,}\s*$")

@@ -121,11 +121,30 @@ def _target(label: str, host: str, cfg: dict, user: str, port: int, preset: Pres
 
 def transport_for(node: Node, preset: Preset, *, accept_new_host_keys: Consent = False,
                   password: str | None = None) -> Transport:
-    """A connected Transport for one node (raises TransportError and its kinds)."""
+    """A connected Transport for one node (raises TransportError and its kinds): this machine's own, a node of
+    the SLURM allocation the preset runs in (its command server started and answering), or SSH."""
+    if preset.scheduler.is_slurm:
+        return _slurm_transport(node, preset)
     if node.is_local:
         return LocalTransport(node.label)
     target = resolve_target(node, preset, _ssh_config(preset))
     return SSHTransport(target, password=password, accept_new_host_keys=accept_new_host_keys).connect()
+
+
+def _slurm_transport(node: Node, preset: Preset) -> Transport:
+    from qwen_tui.nodes.slurm.transport import SlurmTransport
+
+    job = preset.scheduler.job_id
+    if job is None:
+        raise TransportError(f"{node.label}: a SLURM preset reaches its nodes inside an allocation; this one names "
+                             "none (run it with salloc, inside a batch job, or let qwen-tui replay submit it)")
+    t = SlurmTransport(node.label, node.host, job, python=node.python, start_bound=connect_bound(preset))
+    try:
+        t.home()  # the node's command server answers: the node is reached
+    except TransportError:
+        t.close()
+        raise
+    return t
 
 
 def connect_all(preset: Preset, *, accept_new_host_keys: Consent = False,

@@ -23,6 +23,7 @@ import re
 from qwen_tui.nodes.programs import program
 
 SYNCED_DIR = ".qwen-tui/models"
+SYNCED_DATASETS = ".qwen-tui/datasets"  # training.data.sources reads hf:ORG/NAME there
 HF_PASSED = ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_ENABLE_HF_TRANSFER")
 _HUB_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
@@ -37,7 +38,23 @@ def synced_rel(repo_id: str) -> str:
     return posixpath.join(SYNCED_DIR, repo_id.replace("/", "--"))
 
 
-# Downloads the model on the master into DEST in the workdir (remote/hub_download.py says how).
+def synced_dataset_rel(repo_id: str) -> str:
+    """Where a synced hub data set lives, relative to a node's workdir (training.data.sources reads the same place)."""
+    return posixpath.join(SYNCED_DATASETS, repo_id.replace("/", "--"))
+
+
+def hub_datasets(preset) -> list[str]:
+    """The hub data sets (hf:ORG/NAME) the preset's data, eval data and mixture name, in order, once each."""
+    t = preset.training
+    specs = [t.data, t.eval_data] + [s.path for s in (t.datasets or [])]
+    out: list[str] = []
+    for s in specs:
+        if s and s.startswith("hf:") and hub_id(s[3:]) and s[3:] not in out:
+            out.append(s[3:])
+    return out
+
+
+# Downloads the model or a data set on the master into DEST in the workdir (remote/hub_download.py says how).
 DOWNLOAD = program("hub_download.py")
 
 
@@ -50,15 +67,16 @@ def hf_env(network_env: dict, own_env: dict | None = None) -> tuple[dict, str | 
     return env, token
 
 
-def download_on_master(preset, transport, *, python: str, timeout: float = 7200.0) -> tuple[str, str, str]:
-    """Fetches the preset's hub model on node 0. Returns (action, path, detail): action is 'downloaded',
-    'already there' or 'failed'."""
-    repo = preset.training.model
+def download_on_master(preset, transport, *, python: str, timeout: float = 7200.0,
+                       dataset: str | None = None) -> tuple[str, str, str]:
+    """Fetches the preset's hub model (or the hub data set `dataset`) on node 0. Returns (action, path, detail):
+    action is 'downloaded', 'already there' or 'failed'."""
+    repo = dataset or preset.training.model
     master = preset.cluster.nodes[0]
-    dest = synced_rel(repo)
+    dest = synced_dataset_rel(repo) if dataset else synced_rel(repo)
     env, token = hf_env(preset.network.env)
-    r = transport.run([python, "-c", DOWNLOAD, repo, dest], timeout=timeout, env=env, cwd=master.workdir,
-                      input=(token or "").encode())
+    r = transport.run([python, "-c", DOWNLOAD, repo, dest, "dataset" if dataset else "model"], timeout=timeout,
+                      env=env, cwd=master.workdir, input=(token or "").encode())
     if r.rc != 0:
         why = (r.stderr.strip() or r.stdout.strip())[-400:] or f"exit {r.rc}"
         return "failed", dest, f"{repo} on node 0: {why}"

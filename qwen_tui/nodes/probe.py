@@ -32,9 +32,9 @@ TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 SNIPPET = program("probe.py")  # remote/ib_sysfs.py, digests.py and probe.py
 
 
-def local_path(spec: str) -> str | None:
-    """The path to check on a node, or None for builtin: specs and hub ids."""
-    if spec.startswith("builtin:"):
+def local_path(spec: str | None) -> str | None:
+    """The path to check on a node, or None for builtin: specs, hub ids and no spec (a mixture of sources)."""
+    if spec is None or spec.startswith(("builtin:", "hf:")):
         return None
     if spec.startswith(("/", ".", "~")):
         return spec

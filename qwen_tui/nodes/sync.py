@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qwen_tui.cluster.facts import ClusterFacts
-from qwen_tui.nodes.hubmodel import hub_id, synced_rel
+from qwen_tui.nodes.hubmodel import hub_datasets, hub_id, synced_dataset_rel, synced_rel
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
 from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
@@ -31,7 +31,7 @@ Progress = Callable[[int, str, int, int], None]  # node, path, bytes done, bytes
 @dataclass
 class SyncAction:
     node: int
-    kind: str  # data | model | code
+    kind: str  # data | model | code | dataset ORG/NAME
     path: str
     action: str  # copied | same | differs (left untouched) | missing on master | failed
     detail: str = ""
@@ -73,6 +73,8 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
     nodes = preset.cluster.nodes
     master = transports[0]
     plan: list[tuple[str, str]] = [(kind, path) for kind, path, _ in _targets(preset, facts)]
+    for repo in hub_datasets(preset):  # downloaded on the master (check --sync), at the same place on every node
+        plan.append((f"dataset {repo}", posixpath.join(nodes[0].workdir, synced_dataset_rel(repo))))
     if code:
         plan.append(("code", posixpath.join(nodes[0].workdir, "training")))
     src: dict[str, dict] = {}
@@ -86,6 +88,8 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
             s = src[kind]
             if kind == "code":
                 path = posixpath.join(nodes[i].workdir, "training")
+            elif kind.startswith("dataset "):
+                path = posixpath.join(nodes[i].workdir, synced_dataset_rel(kind.split(" ", 1)[1]))
             else:
                 nf = facts.nodes.get(i)
                 ff = getattr(nf, kind) if nf else None

@@ -48,6 +48,11 @@ class TransportError(RuntimeError):
     """The node could not be reached or the command could not be run (not a non-zero exit)."""
 
 
+class SessionEnded(TransportError):
+    """The node cannot be reached because what gave it ended: the scheduler's job that held the node (a SLURM
+    allocation) is over. Not a node gone silent: the scheduler's own word on the job says how the run ended."""
+
+
 Progress = Callable[[int, int], None] | None  # (bytes done, bytes in all) while a file is copied
 
 

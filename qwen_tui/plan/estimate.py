@@ -51,7 +51,11 @@ Logits and loss: transformers' causal-LM loss upcasts the logits to fp32 and
 log_softmax saves its fp32 output; its backward holds that output, the incoming
 gradient and its result together: 12 bytes x tokens x vocab (the bf16 logits held
 by the output are dropped before backward). The end of the forward holds 10 bytes
-x tokens x vocab.
+x tokens x vocab. The worker's own fused loss (its default; `RunShape.fused_loss`,
+set from a preset unless extra_args say --fused_ce off) computes the loss and its
+gradients a chunk of rows at a time in the forward: 10 bytes x a chunk's rows x
+vocab at the end of the forward, and the hidden states' fp32 gradient (4 bytes x
+tokens x hidden) kept for backward.
 
 Overhead, on top of what torch allocates: the CUDA context (0.6 GiB), cuBLAS
 workspaces (0.0645 GiB, measured), NCCL buffers (0.5 GiB when N > 1), DeepSpeed's
@@ -120,6 +124,11 @@ FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the m
 ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
                    (3, True): 0.54, (3, False): 0.49}
 QLORA_EFFICIENCY_FACTOR = 0.8  # without DeepSpeed; under it Q-LoRA measured LoRA's speed (module doc)
+# A mixture of experts runs its expert matmuls small and routed: the worker's one MoE measurement (Qwen3-30B-A3B shape,
+# LoRA, one H200, bench/results/moe_speed-2026-12-02-H200-run2.json) ran at 31.8% MFU on active parameters against
+# the dense path's 0.53: its step times take that ratio.
+MOE_MEASURED_MFU = 0.318
+MOE_EFFICIENCY_FACTOR = MOE_MEASURED_MFU / FAST_PATH_EFFICIENCY
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude
 PCIE_GBS = 16.0  # host <-> GPU, GB/s, for offload
 
@@ -188,6 +197,9 @@ class RunShape:
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = LORA_TARGETS_ALL
     master_fp32: bool | None = None  # full, no ZeRO: fp32 weights + autocast (True) or pure half (False)
+    # the worker's fused loss (training/fast/loss.py: Liger's, or chunked in torch): the logits exist a chunk at a
+    # time. A preset's run has it unless extra_args say --fused_ce off; a bare RunShape is the plain path.
+    fused_loss: bool = False
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -204,10 +216,14 @@ class RunShape:
             base = dict(
                 method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),
                 precision=g("precision", "bf16"), seq=g("model_max_length", 2048),
-                micro_batch=g("per_device_train_batch_size", 1), grad_accum=g("gradient_accumulation_steps", 1),
+                # DPO: both answers of every pair go through the policy, forward and backward (the reference's
+                # forward runs once before training: advice DPO_COST)
+                micro_batch=g("per_device_train_batch_size", 1) * (2 if g("stage", "sft") == "dpo" else 1),
+                grad_accum=g("gradient_accumulation_steps", 1),
                 gradient_checkpointing=g("gradient_checkpointing", True), lora_r=g("lora_r", 64),
                 lora_dropout=g("lora_dropout", 0.05),
                 lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
+                fused_loss=_fused_loss(g("extra_args", None) or []),
             )
         base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
         if "lora_targets" in base:
@@ -221,6 +237,28 @@ class RunShape:
     @property
     def half(self) -> bool:
         return self.precision in ("bf16", "fp16")
+
+
+def _fused_loss(extra_args: list) -> bool:
+    """Whether the worker computes the loss fused (its default) with these extra_args: not with --fused_ce off."""
+    args = [str(a) for a in extra_args]
+    for i, a in enumerate(args):
+        if a == "--fused_ce=off" or (a == "--fused_ce" and i + 1 < len(args) and args[i + 1] == "off"):
+            return False
+    return True
+
+
+FUSED_CE_ROWS = 4096  # the chunked loss's rows a chunk (training/fast/loss.py; Liger's are 2,048: this is the larger)
+
+
+def _logits_bytes(run: RunShape, T: int, V: int, h: int) -> tuple[float, float]:
+    """(end of forward, start of backward) bytes of logits and loss: transformers' loss keeps the fp32 logits and
+    softmax of every token (module docstring); the worker's fused loss one chunk of rows at a time (bf16 logits,
+    their fp32 softmax and gradient), and the gradient of the hidden states it computes in the forward."""
+    if not run.fused_loss:
+        return 10.0 * T * V, 12.0 * T * V
+    kept = 4.0 * T * h
+    return 10.0 * min(T, FUSED_CE_ROWS) * V + kept, kept
 
 
 @dataclass
@@ -353,17 +391,18 @@ def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, 
     transient_tied = 4 * V * h if (not lora and spec.tied_embeddings and not ds) else 0
 
     phases: list[tuple[str, float, float, float, float]] = []  # name, weights+, grads, acts, logits
+    lg_fwd, lg_bwd = _logits_bytes(run, T, V, h)
     if run.gradient_checkpointing:
         ckpt = L * r * h * T
-        fwd_end = (cache, grads_in_fwd, ckpt + final_norm, 10 * T * V)
-        bwd_start = (lm_cast, grads_in_fwd, ckpt + final_norm, 12 * T * V)
+        fwd_end = (cache, grads_in_fwd, ckpt + final_norm, lg_fwd)
+        bwd_start = (lm_cast, grads_in_fwd, ckpt + final_norm, lg_bwd)
         layer_cast = (cache - lm_cast) / max(L, 1)
         recompute = (lm_cast + layer_cast, g, ckpt + 2 * layer, 0.0)  # the layer and its input gradients
         phases += [("end of forward", *fwd_end), ("loss backward", *bwd_start), ("layer recompute", *recompute)]
     else:
         acts = L * layer + final_norm
-        phases += [("end of forward", cache, grads_in_fwd, acts, 10 * T * V),
-                   ("loss backward", cache, grads_in_fwd, acts, 12 * T * V)]
+        phases += [("end of forward", cache, grads_in_fwd, acts, lg_fwd),
+                   ("loss backward", cache, grads_in_fwd, acts, lg_bwd)]
     phases.append(("end of backward", 0.0, g + transient_tied, 0.0, 0.0))
     name, extra_w, grads, acts, logits = max(phases, key=lambda p: p[1] + p[2] + p[3] + p[4])
 
@@ -388,6 +427,29 @@ def estimate_memory(spec: ModelSpec, training: Any = None, world_size: int = 1, 
         logits=logits / GIB, overhead=overhead / GIB, total=total / GIB, peak_allocated=allocated / GIB,
         phase=name, world_size=world, notes=notes,
     )
+
+
+# Host memory of an offloading run, per node (DeepSpeed's estimate_zero2/3_model_states_mem_needs with zero.Init):
+# the offloaded fp32 master weights, Adam's two moments and fp32 gradients, 16 bytes per trainable parameter (18 with
+# the parameters offloaded too), shared by the nodes, times DeepSpeed's buffer factor; with every parameter offloaded
+# a frozen base's 16-bit weights too. Beside it each rank's own process (torch, CUDA, the data): HOST_PER_RANK_GIB.
+DS_HOST_BUFFER_FACTOR = 1.5
+HOST_PER_RANK_GIB = 4.0
+
+
+def host_memory_gib(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int, **overrides: Any) -> float:
+    """Host memory one node needs for `training` (GiB): what ZeRO offload puts there, and each rank's process."""
+    run = RunShape.of(training, **overrides)
+    nodes, g = max(1, nodes), max(1, gpus_per_node)
+    lora = run.method in ("lora", "qlora")
+    Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else spec.total_params
+    offloaded = 0.0
+    if run.zero_stage is not None and run.offload != "none":
+        per_param = 18 if run.offload == "all" and run.zero_stage == 3 else 16
+        offloaded = Pt * per_param / nodes * DS_HOST_BUFFER_FACTOR
+        if lora and run.offload == "all" and run.zero_stage == 3:
+            offloaded += 2 * spec.total_params / nodes
+    return offloaded / GIB + HOST_PER_RANK_GIB * g
 
 
 def max_micro_batch(spec: ModelSpec, training: Any, world_size: int, gpu_gib: float, limit: int = 4096,
@@ -471,9 +533,13 @@ def path_efficiency(run: RunShape) -> float:
     return ZERO_EFFICIENCY.get((min(max(int(run.zero_stage), 1), 3), run.method == "full"), ZERO_EFFICIENCY[(2, True)])
 
 
-def effective_efficiency(run: RunShape, efficiency: float | None = None) -> float:
-    """What compute time is divided by: the given efficiency (else the path's), times Q-LoRA's factor."""
+def effective_efficiency(run: RunShape, efficiency: float | None = None,
+                         spec: ModelSpec | None = None) -> float:
+    """What compute time is divided by: the given efficiency (else the path's, a mixture of experts' as measured),
+    times Q-LoRA's factor."""
     base = path_efficiency(run) if efficiency is None else efficiency
+    if efficiency is None and spec is not None and spec.is_moe:
+        base *= MOE_EFFICIENCY_FACTOR
     return base * (QLORA_EFFICIENCY_FACTOR if run.method == "qlora" and run.zero_stage is None else 1.0)
 
 
@@ -501,7 +567,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     lora = run.method in ("lora", "qlora")
     P = spec.total_params
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
-    eff = effective_efficiency(run, efficiency)
+    eff = effective_efficiency(run, efficiency, spec)
     fpt = flops_per_token(spec, run)
     micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
     micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
@@ -568,10 +634,13 @@ def scaling(spec: ModelSpec, training: Any, max_nodes: int, gpus_per_node: int, 
         tps_no = s.tokens_per_step / s.step_time_no_overlap_s
         if n == 1:
             base, base_no = s.tokens_per_second, tps_no
+        # Never above 1: with the optimizer on the host (offload) one node steps all of it on its own CPUs, and n
+        # nodes 1/n each, which reads as more than n times one node's speed: the nodes' CPUs added, not a scaling
+        # of the GPUs' work, and a one-node run of a model that needs offload rarely fits anyway.
         out.append(ScalePoint(nodes=n, step_time_s=s.step_time_s, tokens_per_second=s.tokens_per_second,
-                              scaling_efficiency=s.tokens_per_second / (n * base),
+                              scaling_efficiency=min(1.0, s.tokens_per_second / (n * base)),
                               step_time_no_overlap_s=s.step_time_no_overlap_s,
-                              efficiency_no_overlap=tps_no / (n * base_no)))
+                              efficiency_no_overlap=min(1.0, tps_no / (n * base_no))))
     return out
 
 

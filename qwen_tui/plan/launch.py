@@ -7,6 +7,7 @@ preset replayed headless does exactly what the wizard would have done.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -81,6 +82,8 @@ class LaunchPlan:
     output_dir: str
     nodes: list[NodeCommand] = field(default_factory=list)
     monitor: dict[str, Any] = field(default_factory=dict)  # the preset's monitor section (run/watchdog.py)
+    # who gave the nodes: {} over SSH; {"kind": "slurm", "job_id": ...} for a SLURM allocation (run/slurm/)
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,9 +98,12 @@ class LaunchPlan:
 def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = False,
                 ddp_timeout: int | None = None) -> list[str]:
     """The worker's argv after `-m training.finetune`, by the worker's own flag names."""
+
+    data = ["--data_path", t.data] if t.data else \
+        ["--datasets", json.dumps([s.worker_spec() for s in t.datasets or []], separators=(",", ":"))]
     a = [
         "--model_name_or_path", t.model,
-        "--data_path", t.data,
+        *data,
         "--output_dir", t.output_dir,
         "--model_max_length", str(t.model_max_length),
         "--per_device_train_batch_size", str(t.per_device_train_batch_size),
@@ -154,6 +160,12 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a += ["--ddp_timeout", str(ddp_timeout)]
     if t.report_to:
         a += ["--report_to", ",".join(t.report_to)]
+    if t.data_format != "auto":
+        a += ["--data_format", t.data_format]
+    if t.stage != "sft":
+        a += ["--stage", t.stage, "--pref_beta", repr(t.pref_beta), "--pref_loss", t.pref_loss]
+        if t.pref_ftx:
+            a += ["--pref_ftx", repr(t.pref_ftx)]
     return a + list(t.extra_args)
 
 
@@ -207,7 +219,7 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
     `base_dir` the directory relative local workdirs are taken from, `local_python`
     the interpreter local nodes use when the preset leaves `python` at its default
     (qwen-tui's own, so a venv need not be activated)."""
-    nodes = preset.cluster.nodes
+    nodes = preset.slots
     backend = _backend(preset)
     master_addr = preset.master_addr
     port = preset.network.master_port
@@ -290,4 +302,6 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
     return LaunchPlan(run_id=run_id, nnodes=len(nodes), world_size=preset.world_size, master_addr=master_addr,
                       master_port=port, backend=backend, effective_batch_size=ebs, batch_formula=formula,
                       metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds,
-                      monitor=preset.monitor.model_dump(mode="json"))
+                      monitor=preset.monitor.model_dump(mode="json"),
+                      scheduler={"kind": "slurm", "job_id": preset.scheduler.job_id} if preset.scheduler.is_slurm
+                      else {})

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .scheduler import Scheduler
 from .yaml_io import PresetError  # defined beside the YAML guards; everyone imports it from here
 
 PRESET_VERSION = 1
@@ -71,8 +72,8 @@ class Node(_Strict):
 
 
 class Cluster(_Strict):
-    nodes: list[Node] = Field(min_length=1, description="the machines, node 0 first: the master, where qwen-tui "
-                              "runs and rank 0 trains")
+    nodes: list[Node] = Field(default_factory=list, description="the machines, node 0 first: the master, where "
+                              "qwen-tui runs and rank 0 trains (with scheduler.kind slurm: none, SLURM gives them)")
     ssh_config: str | None = Field(default=None, description="ssh_config file; default ~/.ssh/config")
     identity_file: str | None = Field(default=None, description="private key; default from ssh_config or ~/.ssh/id_ed25519")
     known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
@@ -103,11 +104,49 @@ class Network(_Strict):
         return v
 
 
+DATA_FORMATS = Literal["auto", "qwen", "sharegpt", "openai", "alpaca", "trl", "sharegpt_pref", "swift_pref"]
+
+
+class DataSource(_Strict):
+    """One source of a mixture (training.data.sources): a path, or an entry of LLaMA-Factory's dataset_info.json."""
+
+    path: str | None = Field(default=None, min_length=1, description="JSON, JSONL, Parquet, Arrow, a save_to_disk "
+                                "folder, or hf:ORG/NAME (downloaded on the master and synced by check --sync)")
+    format: DATA_FORMATS = Field(default="auto", description="the records' format; auto: from each record's keys")
+    weight: float | None = Field(default=None, gt=0, description="share of the mixture, against the others'")
+    records: int | None = Field(default=None, ge=1, description="exactly this many records (repeats past the "
+                                   "source's size)")
+    name: str | None = Field(default=None, min_length=1, description="label; with dataset_info, the entry")
+    dataset_info: str | None = Field(default=None, min_length=1, description="LLaMA-Factory's dataset_info.json")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "DataSource":
+        if self.weight is not None and self.records is not None:
+            raise ValueError("give weight or records, not both")
+        if not self.path and not (self.dataset_info and self.name):
+            raise ValueError("give path, or dataset_info and name")
+        return self
+
+    def worker_spec(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+
+
 class Training(_Strict):
     """The worker's arguments, by the worker's own names where it has them."""
 
     model: str = Field(min_length=1, description="local dir, hub id, or builtin:tiny")
-    data: str = Field(min_length=1, description="JSON/JSONL chat data, or builtin:demo-chat")
+    data: str | None = Field(default=None, min_length=1, description="chat data (JSON, JSONL, Parquet, Arrow, a "
+                                "saved data set, hf:ORG/NAME), builtin:demo-chat; DPO: preference pairs, "
+                                "builtin:demo-pref; or datasets instead")
+    datasets: list[DataSource] | None = Field(default=None, min_length=1, description="several sources mixed "
+                                                 "instead of data")
+    data_format: DATA_FORMATS = Field(default="auto", description="the records' format (qwen, sharegpt, openai, "
+                                      "alpaca; DPO: trl, sharegpt_pref, swift_pref); auto: from each record's keys")
+    stage: Literal["sft", "dpo"] = Field(default="sft", description="sft, or dpo on preference pairs (after SFT)")
+    pref_beta: float = Field(default=0.1, gt=0, le=10, description="DPO's beta: how far from the reference")
+    pref_loss: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description="DPO's sigmoid loss, or IPO's on "
+                                                 "per-token averages")
+    pref_ftx: float = Field(default=0.0, ge=0, description="weight of an SFT term on the chosen answer")
     eval_data: str | None = Field(default=None, description="chat data for the eval loss (same formats as data)")
     eval_steps: int = Field(default=0, ge=0, description="evaluate on eval_data every N steps (0: at the end only)")
     output_dir: str = Field(default="output", min_length=1, description="checkpoints, the final model and "
@@ -316,11 +355,13 @@ class Preset(_Strict):
                                 "file's name")
     description: str | None = Field(default=None, description="a few lines for the reader; heads the saved "
                                        "file as comments")
-    cluster: Cluster = Field(description="the nodes and how to reach them")
+    cluster: Cluster = Field(default_factory=Cluster, description="the nodes and how to reach them")
     network: Network = Field(default_factory=Network, description="rendezvous, backend, interfaces and the "
                              "environment of every rank")
     training: Training = Field(description="the model, the data and the worker's arguments")
     monitor: Monitor = Field(default_factory=Monitor, description="how qwen-tui watches a running job")
+    scheduler: Scheduler = Field(default_factory=Scheduler, description="who gives the run its nodes: SSH (the "
+                                 "nodes listed) or SLURM")
     container: Container | None = Field(default=None, description="run each node's job in this container image "
                                         "(docs/containers.md); none: on the node itself")
 
@@ -347,10 +388,33 @@ class Preset(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _nodes_for_the_scheduler(self) -> "Preset":
+        s = self.scheduler
+        if not s.is_slurm and not self.cluster.nodes:
+            raise ValueError("cluster.nodes: at least one node is needed (or scheduler.kind: slurm, to take the "
+                             "nodes from SLURM)")
+        if s.is_slurm and self.cluster.nodes and s.job_id is None:
+            raise ValueError("cluster.nodes: a SLURM preset takes its nodes from SLURM: leave cluster.nodes out "
+                             "and say how many with scheduler.nodes (scheduler.nodelist names particular ones)")
+        if s.is_slurm and s.job_id is not None and len(self.cluster.nodes) < 1:
+            raise ValueError("cluster.nodes: a run inside SLURM job "
+                             f"{s.job_id} names the allocation's nodes")
+        return self
+
+    @model_validator(mode="after")
     def _eval_steps_need_eval_data(self) -> "Preset":
         if self.training.eval_steps and not self.training.eval_data:
             raise ValueError("training.eval_steps: evaluating every "
                              f"{self.training.eval_steps} steps needs training.eval_data (a chat file to evaluate on)")
+        return self
+
+    @model_validator(mode="after")
+    def _data_or_datasets(self) -> "Preset":
+        t = self.training
+        if not t.data and not t.datasets:
+            raise ValueError("training.data: is required (or training.datasets: several sources mixed)")
+        if t.data and t.datasets:
+            raise ValueError("training.datasets: training.data names the data too; keep one of them")
         return self
 
     @model_validator(mode="after")
@@ -403,8 +467,26 @@ class Preset(_Strict):
 
     # Derived values every face shows the same way.
     @property
+    def slots(self) -> list[Node]:
+        """The nodes a run gets: cluster.nodes, or for a SLURM preset not yet inside an allocation as many
+        stand-ins as scheduler.nodes asks for (their hosts are SLURM's to choose)."""
+        if self.cluster.nodes:
+            return list(self.cluster.nodes)
+        s = self.scheduler
+        return [Node(host=f"slurm-node-{i}", gpus=s.gpus_per_node, workdir=s.workdir, python=s.python)
+                for i in range(s.nodes)]
+
+    def on_nodes(self, hosts: list[str], job_id: str) -> "Preset":
+        """This SLURM preset inside allocation `job_id`, whose nodes are `hosts` (SLURM's order: node 0 is the
+        master): every node runs in scheduler.workdir with scheduler.python; the master address is node 0's
+        unless network.master_addr names one."""
+        s = self.scheduler
+        nodes = [{"host": h, "gpus": s.gpus_per_node, "workdir": s.workdir, "python": s.python} for h in hosts]
+        return self.with_changes({"cluster.nodes": nodes, "scheduler.job_id": job_id})
+
+    @property
     def world_size(self) -> int:
-        return sum(n.gpus for n in self.cluster.nodes)
+        return sum(n.gpus for n in self.slots)
 
     @property
     def effective_batch_size(self) -> int:
@@ -419,7 +501,7 @@ class Preset(_Strict):
     @property
     def batch_formula(self) -> str:
         """How the effective batch size comes about, as the review, the plan and the exports print it."""
-        t, nodes = self.training, self.cluster.nodes
+        t, nodes = self.training, self.slots
         gpus = [n.gpus for n in nodes]
         head = f"{t.per_device_train_batch_size} per device x {t.gradient_accumulation_steps} accumulation"
         if t.sequence_parallel_size > 1:
@@ -433,7 +515,7 @@ class Preset(_Strict):
     def master_addr(self) -> str:
         if self.network.master_addr:
             return self.network.master_addr
-        host = self.cluster.nodes[0].host
+        host = self.slots[0].host
         return "127.0.0.1" if host == "localhost" else host
 
     # Edits by dotted path: the wizard's fields and the advice fixes both change a preset this way.

@@ -107,8 +107,10 @@ def merge(res: RunResult, transport: Transport, *, force: bool = False, dtype: s
     """Merge on node 0 into OUTPUT_DIR/merged, checked there by reloading against the adapter on the run's
     evaluation data (else its training data)."""
     t = res.preset.training
-    args = [res.output_dir, "--base", t.model, "--dtype", dtype, "--check_data", t.eval_data or t.data,
-            "--model_max_length", str(t.model_max_length)]
+    args = [res.output_dir, "--base", t.model, "--dtype", dtype, "--model_max_length", str(t.model_max_length)]
+    check = t.eval_data or t.data
+    if check and t.stage == "sft":  # chat records; a DPO run's pairs and a mixture get the probe's logits check
+        args += ["--check_data", check]
     if force:
         args.append("--force")
     return _run(res, transport, "training.merge", args, timeout)

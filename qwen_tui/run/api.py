@@ -167,7 +167,10 @@ def local_files_missing(preset: Preset) -> list:
     from ..nodes.probe import local_path
 
     out: list = []
-    for kind, spec in (("data", preset.training.data), ("model", preset.training.model)):
+    t = preset.training
+    sources = [(f"datasets.{k}.{'path' if s.path else 'dataset_info'}", s.path or s.dataset_info)
+               for k, s in enumerate(t.datasets or [])]  # a mixture's files, each where the worker opens it
+    for kind, spec in (("data", t.data), *sources, ("model", t.model)):
         rel = local_path(spec)
         if rel is None:  # builtin: or a hub id (fetched by the worker, or by check --sync)
             continue
@@ -176,7 +179,7 @@ def local_files_missing(preset: Preset) -> list:
             if not os.path.exists(path):
                 where = "" if os.path.isabs(os.path.expanduser(rel)) else f" (looked for {path}, from node {i}'s " \
                     f"workdir {n.workdir})"
-                out.append(Advice(Level.ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
+                out.append(Advice(Level.ERROR, "MODEL_MISSING" if kind == "model" else "DATA_MISSING",
                                   f"training.{kind}: {spec} is not there on this machine{where}",
                                   Fix(f"Correct training.{kind}", hint=f"put the {kind} at {path}, or set "
                                       f"training.{kind} to where it is"), node=i))
@@ -318,6 +321,8 @@ def master_transport(preset: Preset, conns: Connections) -> Transport | None:
     its open connection (None until the nodes are connected)."""
     from ..nodes.transport import LocalTransport
 
+    if preset.scheduler.is_slurm and not preset.cluster.nodes:  # a login node: the nodes' storage is shared
+        return LocalTransport("this machine")
     master = preset.cluster.nodes[0]
     return LocalTransport(master.label) if master.is_local else conns.get(0)
 
@@ -366,15 +371,16 @@ def plan(preset: Preset, *, run_id: str, root: Path, base_dir: str, local_python
 
 
 def start(preset: Preset, plan_: LaunchPlan, transports: dict[int, Transport], facts: ClusterFacts,
-          root: Path, check_report: dict | None = None) -> Launcher:
-    """Record the run (plan, preset, facts, the check matrix) in a new run directory and start
-    every node. Raises LaunchError (naming each node that did not start; the others are stopped)."""
-    rd = RunDir.create(root, plan_.run_id)
+          root: Path, check_report: dict | None = None, *, adopt: bool = False, attempt: int = 1) -> Launcher:
+    """Record the run (plan, preset, facts, the check matrix) in a new run directory (with `adopt`, the one a
+    SLURM submission made) and start every node as attempt `attempt`. Raises LaunchError (naming each node that
+    did not start; the others are stopped)."""
+    rd = RunDir.create(root, plan_.run_id, adopt=adopt)
     save_preset(preset, rd.path / "preset.yaml", mode=0o600)  # it may hold secrets (network.env)
     write_json_atomic(rd.path / "facts.json", facts.to_dict())
     if check_report is not None:
         write_json_atomic(rd.path / "check.json", check_report)
-    la = Launcher(plan_, transports, rd)
+    la = Launcher(plan_, transports, rd, attempt=attempt)
     la.start()
     return la
 
@@ -399,6 +405,10 @@ class LaunchRequest:
     guard_output: bool = False
     # but replace what earlier runs of this same preset name left there (the demo, run again where it ran before)
     replace_own_output: bool = False
+    # a SLURM batch job: the run directory its submission made (adopt), and which attempt this is (after a requeue,
+    # the next one: its logs and heartbeats apart from the earlier ones', as a relaunch's)
+    adopt: bool = False
+    attempt: int = 1
 
 
 def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
@@ -428,6 +438,10 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
             return
     pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
               facts=facts)
+    if req.attempt > 1:
+        from .restarts import attempt_dirs
+
+        attempt_dirs(pl, req.attempt)
     if req.guard_output:
         from .output_guard import FIX, guard
         from .rundir import run_slug
@@ -442,7 +456,7 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
     yield Planned(pl)
     yield Stage("launch", f"starting {pl.nnodes} node(s)…")
     try:
-        la = start(p, pl, transports, facts, req.root, report)
+        la = start(p, pl, transports, facts, req.root, report, adopt=req.adopt, attempt=req.attempt)
     except LaunchError as e:
         yield Failure("launch", str(e), "the node's log says why (qwen-tui runs shows the run directory)",
                       nodes=dict(e.errors))
@@ -522,7 +536,7 @@ def snapshot(la: Launcher, log_rank: int | None = None, log_lines: int = 60) -> 
              for r, s in la.nodes.items()}
     notes = {r: n for r in la.nodes if (n := mon.note(r))}
     return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,
-                    notices=tuple(mon.copy()), notes=notes)
+                    notices=tuple(mon.copy()), notes=notes, hung=mon.hung_node)
 
 
 def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = None,

@@ -113,6 +113,7 @@ class Snapshot:
     log_rank: int | None = None
     notices: tuple[Notice, ...] = ()  # everything the monitor noticed so far, oldest first (run/notices.py)
     notes: dict[int, str] = field(default_factory=dict)  # rank -> one line beside the node (compute time, ...)
+    hung: int | None = None  # the node a hang called now is blamed on (its panel and row say so; no ETA then)
 
 
 @dataclass(frozen=True)

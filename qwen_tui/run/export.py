@@ -12,7 +12,9 @@ import shlex
 from collections.abc import Callable
 
 from ..base.redact import is_secret
-from ..plan.launch import LaunchPlan, NodeCommand
+from ..cluster.facts import ClusterFacts
+from ..plan.launch import LaunchPlan, NodeCommand, make_plan
+from ..preset.schema import Preset
 from .export_kubeflow import render_kubeflow
 from .export_skypilot import render_skypilot
 
@@ -145,3 +147,21 @@ def render(plan: LaunchPlan, fmt: str, image: str | None = None,
         raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
     suffix = {"slurm": "sbatch", "pbs": "pbs"}[fmt]
     return {f"{plan.run_id}.{suffix}": renderers[fmt](plan)}
+
+
+def export_files(preset: Preset, fmt: str, *, run_id: str, base_dir: str, preset_file: str | None = None,
+                 facts: ClusterFacts | None = None, image: str | None = None,
+                 accelerator: str | None = None) -> dict[str, str]:
+    """What `qwen-tui export` and the wizard's export write: file name -> text. A SLURM preset's `slurm` export is
+    the batch script replay submits, reading `preset_file` (run/slurm/script.py); every other one renders the
+    plan. Raises ValueError for what the format cannot express."""
+    if preset.scheduler.is_slurm and fmt == "slurm":
+        from .rundir import default_runs_root
+        from .slurm.script import exported_script
+
+        if preset_file is None:
+            raise ValueError("a SLURM preset's batch script reads the preset's file: save the preset first")
+        return {f"{run_id}.sbatch": exported_script(preset, preset_file=preset_file,
+                                                    runs_root=str(default_runs_root()))}
+    plan = make_plan(preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=base_dir, facts=facts)
+    return render(plan, fmt, image=image, accelerator=accelerator)

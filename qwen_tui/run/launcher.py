@@ -21,6 +21,7 @@ from ..nodes.containers import remove as remove_container
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
+from .blame import CAUSE_GRACE_S
 from .metrics import MetricsFollower
 from .monitor import RunMonitor
 from .rundir import RunDir
@@ -96,6 +97,16 @@ STOP_GRACE_S = WORKER_STOP_BOUND_S + 2.0
 STARTING_EXTRA_S = 20.0
 
 
+def _job_watch(plan: LaunchPlan):
+    """A watch of the SLURM job that gave the plan its nodes (None over SSH)."""
+    job = plan.scheduler.get("job_id") if plan.scheduler.get("kind") == "slurm" else None
+    if not job:
+        return None
+    from ..nodes.slurm.job_watch import JobWatch
+
+    return JobWatch(str(job), [c.host for c in plan.nodes])
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan, transports: dict[int, Transport], run_dir: RunDir,
                  *, stop_grace: float = STOP_GRACE_S, attempt: int = 1, metrics_keep_at: int = 0):
@@ -118,7 +129,11 @@ class Launcher:
         self._lock = threading.Lock()
         self._phases: dict[int, str] = {}  # rank -> where its stop is, while stop_all runs (stop_progress)
         self._phases_lock = threading.Lock()
+        self._tails: dict[int, list[str]] = {}  # rank -> the log tail of a node whose job has ended (read once)
+        self._survivors_since: float | None = None  # when only survivors' errors were first seen
+        self._kernel: dict[int, object] = {}  # rank -> the hardware fault its kernel log reports (read once)
         self.monitor = RunMonitor(self)
+        self.slurm = _job_watch(plan)  # SLURM's word on the job and its nodes, when SLURM gave them
 
     # ------------------------------------------------------------ start / attach
     def start(self) -> None:
@@ -221,13 +236,27 @@ class Launcher:
         """Refresh node states and metrics (run/monitor.py: never decided from one failed read, never held
         up by a node that does not answer). Returns the outcome once the run is over."""
         self.monitor.look(self._check_node)
+        said = self.slurm.look() if self.slurm is not None else None
+        if said is not None:
+            ended = self._slurm_says(said)
+            if ended is not None:
+                return ended
         if self.monitor.hang_action is not None and self.monitor.verdict is not None:
             return self._end_hung(self.monitor.verdict, self.monitor.hang_action)
         bad = [s for s in self.nodes.values() if s.status in (JobState.FAILED, JobState.LOST)]
+        if bad and self._stopped_elsewhere():
+            # another face (attach --stop, the wizard) stopped the run: its nodes end because they were stopped
+            out = RunOutcome(RunState.STOPPED, "stopped by the user from another view of this run (qwen-tui attach "
+                             "--stop, or the wizard); every node's processes are being ended there", None, self.nodes)
+            self._record(out)
+            return out
         if bad:
             from ..cluster.failures import worker_error
 
-            first, diag, tail = self._agree_on_cause(*self._root_cause(bad))
+            found = self._root_cause(bad)
+            if found is None:
+                return None  # survivors' errors only: the node that caused them shows itself within a grace
+            first, diag, tail = self._agree_on_cause(*found)
             self.stop_all()
             why = first.error or (f"exited with code {first.rc}" if first.rc is not None
                                   else "failed (seen first by another view of this run)")
@@ -237,6 +266,8 @@ class Launcher:
                 msg += f": {said}"
             if diag is not None:
                 msg += f"; cause: {diag.cause}; fix: {diag.fix}"
+                if diag.code == "MACHINE_LOST":
+                    msg += f"\n  evidence: {diag.line}"
             if tail:
                 msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
             cause = first.cause or (diag.code if diag else None)
@@ -247,8 +278,9 @@ class Launcher:
             self._read_all_metrics()
             end = self.metrics.progress.end
             if end and end.get("status") == RunState.STOPPED:  # its workers were stopped (another view's stop-all)
-                out = RunOutcome(RunState.STOPPED, f"stopped at step {end.get('step')}; every node's processes ended",
-                                 None, self.nodes)
+                who = " by the user" if self._stopped_elsewhere() else ""
+                out = RunOutcome(RunState.STOPPED, f"stopped{who} at step {end.get('step')}; every node's processes "
+                                 "ended", None, self.nodes)
             elif end and end.get("status") != RunState.OK:
                 out = RunOutcome(RunState.FAILED,
                                  f"training ended with status {end.get('status')}: {end.get('error', '')}",
@@ -258,6 +290,18 @@ class Launcher:
             self._record(out)
             return out
         return None
+
+    def _stopped_elsewhere(self) -> bool:
+        """Whether a stop of this attempt was asked for in the run directory (stop_and_record writes it first)."""
+        from .rundir import RunDirError
+
+        try:
+            state = self.run_dir.read_state()
+        except RunDirError:
+            return False
+        asked = state.get("stop_requested")
+        began = state.get("last_started") or state.get("started") or 0
+        return isinstance(asked, (int, float)) and isinstance(began, (int, float)) and asked >= began
 
     def _read_all_metrics(self, rounds: int = 64) -> None:
         """Read the master's metrics to their end (a blip may have left more than one read's worth)."""
@@ -271,6 +315,30 @@ class Launcher:
                 return
             if self.metrics.offset == before:
                 return
+
+    def _slurm_says(self, v) -> RunOutcome | None:
+        """SLURM's verdict (run/slurm/job_watch.py) over what the reads guess: a node it took away is lost at once
+        (the usual failure path blames it); a job it ended or requeued ends this attempt with its word."""
+        if v.kind == "node":
+            st = self.nodes[v.rank]
+            if st.status == JobState.RUNNING:
+                st.status, st.error, st.cause = JobState.LOST, v.text, "SLURM_NODE_DOWN"
+            return None
+        for st in self.nodes.values():
+            if st.status == JobState.RUNNING:
+                st.status = JobState.STOPPED
+        if v.kind == "requeued":
+            status = RunState.RESTARTING
+        elif v.state == "COMPLETED":
+            self._read_all_metrics()
+            end = self.metrics.progress.end or {}
+            status = RunState.OK if end.get("status") == RunState.OK else RunState.FAILED
+        else:
+            status = RunState.STOPPED if v.state == "CANCELLED" else RunState.FAILED
+        text = f"training finished on every node ({v.text})" if status == RunState.OK else v.text
+        out = RunOutcome(status, text, None, self.nodes, cause=f"SLURM_{v.state}")
+        self._record(out)
+        return out
 
     def _end_hung(self, v, action: str) -> RunOutcome:
         """The watchdog called a hang and the preset says stop (or stop and relaunch): end the attempt, blaming
@@ -300,35 +368,127 @@ class Launcher:
         if isinstance(seen, dict) and seen.get("attempt") == self.attempt:
             rank = seen.get("rank")
             if type(rank) is int and rank in self.nodes and rank != first.rank:
-                return self._root_cause([self.nodes[rank]])
+                return self._root_cause([self.nodes[rank]], grace=False)
             return first, diag, tail
         self.run_dir.write_state(failing={"attempt": self.attempt, "rank": first.rank})
         return first, diag, tail
 
-    def _root_cause(self, bad: list[NodeState]):
+    def _root_cause(self, bad: list[NodeState], *, grace: bool = True):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
-        beats nodes that only saw a peer go away (connection reset, timeouts)."""
+        beats nodes that only saw a peer go away (connection reset, timeouts). When every failed node only saw
+        a peer go away, a node that stopped answering meanwhile is the cause (run/blame.py), and while every
+        other node still runs and answers, None for a few seconds: the cause has not shown itself yet."""
         from ..cluster.failures import CONSEQUENTIAL, diagnose, without_agent_report
 
         found = []
         for st in bad:
-            try:
-                raw = self.log_tail(st.rank, lines=80)
-            except Exception:  # an unreachable node has no readable log; it is still named
-                raw = []
+            raw = self._tails.get(st.rank)
+            if raw is None:
+                try:
+                    raw = self.log_tail(st.rank, lines=80)
+                except Exception:  # an unreachable node has no readable log; it is still named
+                    raw = []
+                if st.status == JobState.FAILED and raw and not self.monitor.health.unreachable(st.rank):
+                    self._tails[st.rank] = raw  # its job has ended: its log no longer changes
             d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
+            if st.cause == "MACHINE_LOST" and st.rank in self.monitor.lost_evidence:
+                from .blame import machine_lost
+
+                d = machine_lost(self.monitor.lost_evidence[st.rank])
+            elif (d is None or d.code in CONSEQUENTIAL) and self._cuda and not self.monitor.health.unreachable(st.rank):
+                d = self._kernel_fault(st.rank) or d
             # an agent that died by a signal (exit code above 128), or whose rank torchrun saw die of SIGKILL
             # (before anything was stopped: the tail is read first), was killed, not told of a peer's failure
             killed = (st.rc is not None and st.rc > 128) or any(_RANK_SIGKILLED.search(ln) for ln in raw[-40:])
             tail = without_agent_report(raw)[-40:]  # what the user reads: the worker's words, not torchrun's report
-            secondary = st.status != JobState.LOST and not killed and (d is None or d.code in CONSEQUENTIAL)
-            found.append((secondary, st.rank, st, d, tail))
+            # 0: a cause of its own (lost, killed, a known error); 1: an error no signature knows (most likely its
+            # own too); 2: only what a peer's loss causes (a reset, a timeout)
+            if st.status == JobState.LOST or killed or (d is not None and d.code not in CONSEQUENTIAL):
+                rank_of_cause = 0
+            else:
+                rank_of_cause = 1 if d is None else 2
+            found.append((rank_of_cause, st.rank, st, d, tail))
         found.sort(key=lambda x: (x[0], x[1]))
-        _, _, st, d, tail = found[0]
+        rank_of_cause, _, st, d, tail = found[0]
+        if rank_of_cause == 2 and grace:
+            lost = self._machine_lost([(x[2], x[3]) for x in found])
+            if lost is not None:
+                return lost
+            if self._survivors_since is None:
+                self._survivors_since = time.monotonic()
+            others = [s for s in self.nodes.values() if s.status == JobState.RUNNING]
+            if others and time.monotonic() - self._survivors_since < CAUSE_GRACE_S:
+                return None
         return st, d, tail
+
+    @property
+    def _cuda(self) -> bool:
+        return any("--use_cpu" not in c.argv for c in self.plan.nodes)
+
+    def _kernel_fault(self, rank: int):
+        """A hardware fault the node's kernel log reports (a GPU's Xid, a fallen-off GPU: the driver writes them
+        there, not to the run's log), as a Diagnosis; read once a node, None where there is none."""
+        from ..cluster.failures import Diagnosis
+        from .evidence import node_kernel_faults
+
+        if rank not in self._kernel:
+            state = self.run_dir.read_state()
+            began = state.get("last_started") or state.get("started")
+            found = node_kernel_faults(self.transports[rank], began, time.time()) \
+                if isinstance(began, (int, float)) else []
+            self._kernel[rank] = Diagnosis(found[0][0], found[0][1], found[0][2], "kernel log: " + found[0][3]) \
+                if found else None
+        return self._kernel[rank]
+
+    def _machine_lost(self, survivors):
+        """A running node that stopped answering while the failed ones saw only a peer go away: LOST, blamed,
+        with the evidence (run/blame.py). None when every running node still answers."""
+        from .blame import MACHINE_LOST, Survivor, evidence_line, machine_lost, pick_lost
+
+        h = self.monitor.health
+        away = {s.rank: h.seconds_unreachable(s.rank) for s in self.nodes.values()
+                if s.status == JobState.RUNNING and h.unreachable(s.rank)}
+        node = pick_lost(away)
+        if node is None:
+            return None
+        said = [Survivor(st.rank, st.label, d.line) for st, d in survivors if d is not None]
+        text = evidence_line(node, self.nodes[node].label, h.nodes[node].last_error, away[node], said,
+                             self._addresses())
+        st = self.nodes[node]
+        st.status, st.cause = JobState.LOST, MACHINE_LOST
+        st.error = "stopped answering while the other nodes failed with communication errors"
+        return st, machine_lost(text), []
+
+    def _addresses(self) -> dict[int, list[str]]:
+        """Each node's addresses as far as the plan and the checks know them (facts.json), for matching the
+        peers that survivors' logs name."""
+        import json
+
+        out = {c.rank: [c.host] for c in self.plan.nodes}
+        try:
+            facts = json.loads((self.run_dir.path / "facts.json").read_text())
+        except (OSError, ValueError):
+            return out
+        nodes = facts.get("nodes") if isinstance(facts, dict) else None
+        # facts.json holds the first launch's node ranks; a relaunch without a node renumbers the rest
+        attempts = self.run_dir.read_state().get("attempts")
+        first = attempts[0].get("nodes") if isinstance(attempts, list) and attempts and \
+            isinstance(attempts[0], dict) else None
+        labels = {c.label: c.rank for c in self.plan.nodes}
+        for key, nf in (nodes or {}).items() if isinstance(nodes, dict) else []:
+            if not isinstance(nf, dict) or not str(key).isdigit():
+                continue
+            k = int(key)
+            rank = labels.get(first[k]) if isinstance(first, list) and k < len(first) else k
+            addrs = [a for v in (nf.get("addresses") or {}).values() if isinstance(v, list) for a in v]
+            if rank in out:
+                out[rank] += [str(a).split("/")[0] for a in addrs]
+        return out
 
     def _record(self, out: RunOutcome) -> None:
         self.monitor.close()  # the attempt is over: no more reads of its nodes
+        if self.slurm is not None:
+            self.slurm.close()
         if _attempt_of(self.run_dir.read_state()) != self.attempt:
             return  # an attached view of an attempt that replay has since relaunched: the state is the new one's
         self.run_dir.write_state(status=out.status, message=out.message, failed_rank=out.failed_rank,
@@ -382,9 +542,12 @@ class Launcher:
             self._phases[rank] = text
 
     def stop_and_record(self) -> tuple[RunOutcome, list[int]]:
-        """Stop every node, record the run as stopped; also the ranks where something survived."""
+        """Stop every node, record the run as stopped; also the ranks where something survived. A SLURM batch job
+        followed from outside it is cancelled instead (scancel): SLURM ends every step on every node."""
         # first, so that a replay following this run from elsewhere sees a stop, not a failure to relaunch
         self.run_dir.write_state(stop_requested=time.time())
+        if self.slurm is not None and self.slurm.cancels_on_stop():
+            return self._cancel_job()
         # a stop asked for before training started (as of the last look) waits for the workers' imports
         extra = STARTING_EXTRA_S if self.metrics.progress.start is None else 0.0
         left = [r for r, gone in self.stop_all(grace=self.stop_grace + extra).items() if not gone]
@@ -393,6 +556,22 @@ class Launcher:
         out = RunOutcome(RunState.STOPPED, msg, None, self.nodes)
         self._record(out)
         return out, left
+
+    def _cancel_job(self) -> tuple[RunOutcome, list[int]]:
+        job = self.slurm.job_id
+        with self._phases_lock:
+            self._phases = {c.rank: f"SLURM cancels job {job} (scancel)" for c in self.plan.nodes}
+        info = self.slurm.cancel(bound=STOP_GRACE_S + STARTING_EXTRA_S + 60)
+        ended = info is None or info.ended
+        for st in self.nodes.values():
+            if st.status == JobState.RUNNING:
+                st.status = JobState.STOPPED
+        msg = (f"stopped by the user: SLURM job {job} cancelled (scancel); SLURM ended every step on every node"
+               if ended else f"stopped by the user: SLURM job {job} cancelled, but SLURM still says "
+               f"{info.state if info else '?'}")
+        out = RunOutcome(RunState.STOPPED, msg, None, self.nodes, cause="SLURM_CANCELLED")
+        self._record(out)
+        return out, [] if ended else [c.rank for c in self.plan.nodes]
 
     # ------------------------------------------------------------ stop
     def stop_all(self, grace: float | None = None) -> dict[int, bool]:

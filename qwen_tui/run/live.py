@@ -50,8 +50,10 @@ def render(la: Launcher) -> Group:
         st, mon = la.nodes[c.rank], la.monitor
         status = JobState.UNREACHABLE if st.status == JobState.RUNNING and mon.health.unreachable(c.rank) else st.status
         note = st.error or mon.note(c.rank) or (f"rc {st.rc}" if st.rc is not None else "")
-        nodes.add_row(str(c.rank), c.label, str(c.nproc), Text(status, style=styles.JOB.get(status, "")),
-                      str(st.pid or "-"), Text(printable(note)))
+        shown = Text(status, style=styles.JOB.get(status, ""))
+        if status == JobState.RUNNING and mon.hung_node == c.rank:  # running, and holding every other node
+            shown = Text("hung", style=styles.JOB.get(JobState.FAILED, ""))
+        nodes.add_row(str(c.rank), c.label, str(c.nproc), shown, str(st.pid or "-"), Text(printable(note)))
     last = prog.last or {}
     total = prog.total_steps
     step = last.get("step", 0)
@@ -67,10 +69,13 @@ def render(la: Launcher) -> Group:
         line.append(f"lr {last['learning_rate']:.2e}  ")
     if "tokens_per_second" in last:
         line.append(f"{last['tokens_per_second']:.0f} tok/s  ")
-    line.append(f"ETA {fmt_duration(prog.eta_seconds())}")
+    hung = la.monitor.hung_node if la.plan.nodes else None
+    line.append("ETA unknown (hung)" if hung is not None else f"ETA {fmt_duration(prog.eta_seconds())}")
     parts: list = [nodes, line]
     if la.attempt_note:  # a relaunch after a failure (run/restarts.py)
         parts.insert(1, Text(la.attempt_note, style=styles.WARN_STRONG))
+    if prog.preference:  # DPO: the rewards beside the loss
+        parts.insert(parts.index(line) + 1, Text(prog.preference))
     if prog.losses:
         parts.append(Text("loss " + sparkline(prog.losses), style=styles.CURVE))
     if prog.start is None:
@@ -293,14 +298,31 @@ def print_failure(f: api.Failure, console: Console) -> None:
 def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None, accept_new_host_keys: bool,
                        force: bool, skip_checks: bool, max_seconds: float | None,
                        exclude_failed: bool = False, verbose: bool = False, overwrite_output: bool = False,
-                       replace_own_output: bool = False) -> int:
+                       replace_own_output: bool = False, run_id: str | None = None) -> int:
     """`qwen-tui replay` and `demo`: the launch API's events, printed; then the live view, through
     every relaunch that training.restarts allows (run/restarts.py). replace_own_output: the output left by an
-    earlier run of the same preset is replaced, not refused (the demo run again)."""
+    earlier run of the same preset is replaced, not refused (the demo run again). A SLURM preset runs on the
+    allocation this process is in (a login node submits it instead: run/slurm_batch.py); `run_id`: the run
+    directory to use (the batch job of a submitted run takes over the one its submission made)."""
     console = Console(stderr=False)
     preset = load_preset(preset_path)
     root = Path(runs_root).absolute() if runs_root else default_runs_root()
-    req = api.LaunchRequest(preset, root, new_run_id(preset.name or Path(preset_path).stem), base_dir=os.getcwd(),
+    adopt, attempt = False, 1
+    if preset.scheduler.is_slurm and not preset.cluster.nodes:
+        from .slurm import inside
+
+        job = inside.allocation_id()
+        if job is None:  # the command submits it from a login node instead (run/slurm_batch.py)
+            console.print(Text("not launched: a SLURM preset runs inside an allocation (salloc), or is submitted "
+                               "with qwen-tui replay", style=styles.BAD))
+            return 1
+        preset = inside.in_allocation(preset, job, console)
+        if preset is None:
+            return 1
+        if run_id is not None:
+            preset, adopt, attempt = inside.take_over_run_dir(preset, root, run_id, console)
+    req = api.LaunchRequest(preset, root, run_id or new_run_id(preset.name or Path(preset_path).stem),
+                            base_dir=os.getcwd(), adopt=adopt, attempt=attempt,
                             local_python=sys.executable, force=force, skip_checks=skip_checks,
                             consent=accept_new_host_keys, guard_output=not overwrite_output,
                             replace_own_output=replace_own_output)
@@ -355,11 +377,27 @@ def prepare_and_launch(preset_path: str, *, dry_run: bool, runs_root: str | None
         rs = Restarts(preset, la.transports, run_facts(la.run_dir),
                       exclude_failed=exclude_failed or preset.training.exclude_failed,
                       base_dir=req.base_dir, local_python=req.local_python, say=console.print)
+        current = {"la": la}  # the attempt being followed (a relaunch makes another)
+
+        def follow_one(a: Launcher, left: float | None) -> RunOutcome:
+            current["la"] = a
+            return follow(a, console, max_seconds=left)
+
+        warning = None
+        if preset.scheduler.is_slurm:  # SLURM's time-limit warning: a checkpoint, then the job is requeued
+            from .slurm.inside import TimeWarning
+
+            warning = TimeWarning(preset, lambda: current["la"], console).install()
         try:
-            return rs.follow(la, lambda a, left: follow(a, console, max_seconds=left),
-                             max_seconds=max_seconds).exit_code
+            out = rs.follow(la, follow_one, max_seconds=max_seconds)
+            if warning is not None:
+                warning.after(out)
+            return out.exit_code
         except Detached:
             return 0
+        finally:
+            if warning is not None:
+                warning.uninstall()
     except KeyboardInterrupt:
         console.print(Text("Ctrl-C before launch: nothing was started", style=styles.WARN))
         return 130

@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def preference_words(rec: dict[str, Any], prefix: str = "") -> str | None:
+    """The rewards of a DPO step record (prefix "eval_" for an eval record) in words; None without them."""
+    keys = [f"{prefix}rewards_{k}" for k in ("accuracy", "margin", "chosen", "rejected")]
+    if not all(isinstance(rec.get(k), (int, float)) for k in keys):
+        return None
+    acc, margin, chosen, rejected = (rec[k] for k in keys)
+    return f"reward accuracy {acc:.0%}, margin {margin:.3f} (chosen {chosen:+.3f}, rejected {rejected:+.3f})"
+
+
 @dataclass
 class TrainingProgress:
     start: dict[str, Any] | None = None
@@ -39,6 +48,17 @@ class TrainingProgress:
         ev = self.evals
         return ev[-1] if ev else None
 
+    @property
+    def preference(self) -> str | None:
+        """A DPO run's last rewards in words ("reward accuracy 75%, margin 1.09 (chosen +0.29, rejected -0.80)"), or
+        None for supervised fine-tuning."""
+        return preference_words(self.last or {})
+
+    @property
+    def accuracies(self) -> list[float]:
+        """A DPO run's reward accuracy at every logged step (empty for supervised fine-tuning)."""
+        return [s["rewards_accuracy"] for s in self.steps if isinstance(s.get("rewards_accuracy"), (int, float))]
+
     def eta_seconds(self) -> float | None:
         last, total = self.last, self.total_steps
         if not last or not total or len(self.steps) < 2:
@@ -52,7 +72,7 @@ class TrainingProgress:
     def add(self, rec: dict[str, Any]) -> None:
         ev = rec.get("event")
         if ev == "start":
-            self.start = rec
+            self.start, self.end = rec, None  # a relaunch starts again: an earlier attempt's end is not this one's
         elif ev == "end":
             self.end = rec
         elif ev is None and "step" in rec:
@@ -89,6 +109,10 @@ def loss_summary(progress: TrainingProgress) -> list[str]:
     if ev:
         first = f" (first {ev[0]['eval_loss']:.4f} at step {ev[0].get('step')})" if len(ev) > 1 else ""
         out.append(f"last eval loss {ev[-1]['eval_loss']:.4f} at step {ev[-1].get('step')}{first}")
+    if progress.preference:  # DPO: the rewards of the last step and of the last evaluation
+        out.append(f"last step: {progress.preference}")
+    if ev and preference_words(ev[-1], "eval_"):
+        out.append(f"last eval: {preference_words(ev[-1], 'eval_')}")
     return out
 
 

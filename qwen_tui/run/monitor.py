@@ -25,17 +25,18 @@ from typing import Any, Protocol
 
 from ..cluster.facts import ClusterFacts
 from ..nodes.jobs import JobRef
-from ..nodes.transport import Transport
+from ..nodes.transport import SessionEnded, Transport
 from ..plan.launch import LaunchPlan
+from .blame import MACHINE_LOST, peer_stall
 from .evidence import node_evidence
 from .health import SILENT_S, Health
 from .metrics import MetricsFollower
-from .notices import HANG, HANG_OVER, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
+from .notices import HANG, HANG_OVER, LOST, STRAGGLER, STRAGGLER_OVER, Notice, append_notice, read_notices
 from .rundir import RunDir
-from .stacks import collect_node
+from .stacks import collect_node, flight_recorder
 from .states import JobState, RunState
 from .stragglers import StragglerWatch
-from .watchdog import READ_BEATS, HangVerdict, HangWatch, parse_beats
+from .watchdog import READ_BEATS, HangVerdict, HangWatch, own_beats, parse_beats
 
 
 class Watched(Protocol):
@@ -74,6 +75,7 @@ class RunMonitor:
                                          steps=int(m.get("straggler_steps", 3)))
         self.beats: dict[int, dict[int, dict]] = {}  # node -> global rank -> heartbeat
         self.verdict: HangVerdict | None = None
+        self.lost_evidence: dict[int, str] = {}  # node -> why it is taken for a machine lost (run/blame.py)
         self.hang_action: str | None = None  # "stop" or "restart": the launcher ends the attempt
         self._pool: ThreadPoolExecutor | None = None  # made at the first read, let go when the attempt ends
         self._inflight: dict[str, tuple[Future, float, int]] = {}  # key -> (future, started, node)
@@ -102,8 +104,23 @@ class RunMonitor:
             return list(self.notices)
 
     def note(self, rank: int) -> str | None:
-        """One line a face shows beside node `rank`: unreachable, or its compute and wait per step."""
-        return self.health.note(rank) or self.stragglers.note(rank)
+        """One line a face shows beside node `rank`: unreachable, the hang it holds, or its compute and wait per
+        step."""
+        return self.health.note(rank) or self.hang_note(rank) or self.stragglers.note(rank)
+
+    @property
+    def hung_node(self) -> int | None:
+        """The node a hang called now is blamed on (None: no hang now, or one not traced to a node)."""
+        v = self.verdict
+        return v.node if v is not None and self.hang.fired else None
+
+    def hang_note(self, rank: int) -> str | None:
+        v = self.verdict
+        if v is None or not self.hang.fired or v.node != rank:
+            return None
+        held = self.hang.clock() - self.hang.progress_at
+        ranks = ", ".join(str(r) for r in v.culprits)
+        return f"HUNG: rank {ranks} holds the run, no step for {held:.0f} s (phase {v.phase}); k shows the stacks"
 
     # ------------------------------------------------------------ one look
     def _run(self, fn: Callable, *args) -> Future:
@@ -149,6 +166,7 @@ class RunMonitor:
                             f"{self.health.nodes[rank].last_error}")
                 st.cause = "UNREACHABLE"
         self._watch_hang()
+        self._watch_lost()
         self._watch_stragglers()
 
     def _harvest(self) -> None:
@@ -162,6 +180,9 @@ class RunMonitor:
             del self._inflight[key]
             self._silent.discard(key)
             e = fut.exception()
+            if isinstance(e, SessionEnded):  # the scheduler's job is over: its word ends the run, not this read
+                self.la.transports[node].reset()
+                continue
             if e is not None:
                 self.health.failed(node, f"{type(e).__name__}: {e}", started=started)
                 self.la.transports[node].reset()
@@ -174,7 +195,7 @@ class RunMonitor:
         res = self.la.transports[c.rank].run(["sh", "-c", READ_BEATS, "sh", c.heartbeat_dir], timeout=15)
         if res.rc == 124:
             raise TimeoutError(res.stderr.strip() or "reading the heartbeats timed out")
-        return parse_beats(res.stdout)
+        return own_beats(parse_beats(res.stdout), c.rank)
 
     def wait_metrics(self, bound: float = 20.0) -> None:
         """Let a metrics read under way finish (the run's end reads the rest itself)."""
@@ -218,6 +239,43 @@ class RunMonitor:
         if self.on_hang in ("stop", "restart"):
             self.hang_action = self.on_hang
 
+    # ------------------------------------------------------------ a machine lost
+    def _watch_lost(self) -> None:
+        """A node unreachable over SSH whose training peers lost it too (run/blame.py): LOST now, not after
+        monitor.unreachable_timeout; the launcher then ends the attempt blaming it."""
+        la = self.la
+        end = la.metrics.progress.end
+        if end:
+            return  # training ended: ranks on their way out stall for good reason
+        running = [c.rank for c in la.plan.nodes if la.nodes[c.rank].status == JobState.RUNNING]
+        since = {r: self.health.nodes[r].since for r in running if self.health.unreachable(r)}
+        if not since:
+            return
+        now = self.hang.clock()
+        alive: dict[int, tuple[str, float]] = {}
+        for n, node in self.beats.items():
+            if n in since or n not in running:
+                continue
+            stale = set(self.hang._stale(node, now)) if node and all(r in self.hang._seen for r in node) else set(node)
+            for r, b in node.items():
+                t, t0 = b.get("time"), b.get("phase_since")
+                if r not in stale and isinstance(t, (int, float)) and isinstance(t0, (int, float)):
+                    alive[r] = (str(b.get("phase", "?")), max(0.0, t - t0))
+        got = peer_stall(now=now, unreachable_since=since, alive=alive,
+                         step_times=[s.get("step_time") for s in la.metrics.progress.steps],
+                         nodes=len(la.plan.nodes),
+                         saves=[e.get("seconds") for e in la.metrics.progress.events if e.get("event") == "checkpoint"])
+        if got is None:
+            return
+        st = la.nodes[got.node]
+        text = got.text(self.labels.get(got.node, "?"), self.health.nodes[got.node].last_error)
+        st.status, st.cause = JobState.LOST, MACHINE_LOST
+        st.error = "stopped answering over SSH while its training peers, alive, finished no step"
+        self.lost_evidence[got.node] = text
+        self.say(Notice(LOST, text, got.node, attempt=la.attempt,
+                        details={"unreachable_s": round(got.unreachable_s, 1), "stalled_s": round(got.stalled_s, 1),
+                                 "bound_s": round(got.bound_s, 1), "evidence": "peers stalled"}))
+
     def _collect(self, v: HangVerdict) -> tuple[Path, str]:
         """Every rank's stack into the run directory; (where, what came of it in a few words)."""
         la = self.la
@@ -244,6 +302,14 @@ class RunMonitor:
         for c in la.plan.nodes:
             if c.rank not in futs:
                 results.update({r: "node unreachable" for r in self.beats.get(c.rank, {})})
+        if any("--use_cpu" not in c.argv for c in la.plan.nodes):  # CUDA ranks: NCCL's flight recorder too
+            fr = {c.rank: self._run(flight_recorder, la.transports[c.rank], c, sorted(self.beats.get(c.rank, {})),
+                                    dest) for c in la.plan.nodes if c.rank in futs}
+            wait_futures(list(fr.values()), timeout=STACKS_BOUND_S)
+            for f in fr.values():
+                if f.done() and f.exception() is None:
+                    for r, said in f.result().items():
+                        results[r] = f"{results.get(r, '?')}; {said}"
         (dest / "summary.json").write_text(json.dumps({str(r): s for r, s in sorted(results.items())}, indent=1))
         ok = sum(1 for s in results.values() if s.startswith("ok"))
         missing = "; ".join(f"rank {r} {s}" for r, s in sorted(results.items()) if not s.startswith("ok"))

@@ -20,6 +20,7 @@ NOTICES_NAME = "notices.jsonl"
 UNREACHABLE, REACHABLE, GIVEN_UP = "UNREACHABLE", "REACHABLE", "UNREACHABLE_BOUND"
 HANG, HANG_OVER = "HANG", "HANG_OVER"
 STRAGGLER, STRAGGLER_OVER = "STRAGGLER", "STRAGGLER_OVER"
+LOST = "MACHINE_LOST"  # a node unreachable whose training peers lost it too (run/blame.py)
 KINDS = {
     UNREACHABLE: CodeDoc("warning", "a read of a running node failed or stayed unanswered for 8 s: qwen-tui drops its "
                          "SSH connection and retries with backoff; the node's training goes on",
@@ -40,6 +41,11 @@ KINDS = {
                        "the evidence at hand (GPU clocks and temperature, CPU load, the link to the master)",
                        "the evidence's cause: a throttled GPU, a busy CPU, a slow link; or leave the node out"),
     STRAGGLER_OVER: CodeDoc("info", "the straggler keeps pace again"),
+    LOST: CodeDoc("error", "a node unreachable over SSH while its training peers lost it too: the others failed with "
+                  "communication errors, or their ranks, alive, all held one phase past the stall bound (5 step times, "
+                  "at least 10 s; 5 of the run's saves in a checkpoint): named at once, not after "
+                  "`monitor.unreachable_timeout`, and left out of the relaunch", "the machine itself (power, kernel "
+                  "log, its link); `training.restarts` with `exclude_failed` goes on without it"),
 }
 LEVELS = {kind: doc.level_list[0] for kind, doc in KINDS.items()}
 

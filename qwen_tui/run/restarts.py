@@ -39,11 +39,13 @@ from ..plan.launch import LaunchPlan, NodeCommand, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from . import driver
 from .attempts import RestartRefused, attempt_note, common_checkpoint, recovery_notes, why_not_restart, without_nodes
+from .blame import MACHINE_LOST
 from .launcher import Launcher, LaunchError, RunOutcome
 from .rundir import RunDir
 from .states import JobState, RunState
 
-# Lists the complete checkpoints (those with their state file, written last) in $1; no Python needed on the node.
+# Lists the checkpoints in $1, whole ones by name and incomplete ones with why (their manifest checked); no Python
+# needed on the node.
 _LIST_CHECKPOINTS = program("list_checkpoints.sh")
 NEXT_ATTEMPT_BOUND = 120.0  # how long `attach` waits for replay to start the next attempt
 
@@ -71,13 +73,18 @@ def _facts_for(rd: RunDir, state: dict, plan: LaunchPlan) -> ClusterFacts | None
     return dataclasses.replace(facts, nodes={i: facts.nodes[r] for i, r in ranks.items() if r in facts.nodes})
 
 
-def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str) -> list[str]:
-    """The complete checkpoint directories' names in output_dir on one node (its workdir is the cwd)."""
-    r = t.run(["sh", "-c", _LIST_CHECKPOINTS, "sh", output_dir], timeout=30, cwd=cmd.workdir)
+def list_checkpoints(t: Transport, cmd: NodeCommand, output_dir: str,
+                     skipped: list[str] | None = None) -> list[str]:
+    """The complete checkpoint directories' names in output_dir on one node (its workdir is the cwd); `skipped`
+    gets one line for each incomplete one, saying why."""
+    r = t.run(["sh", "-c", _LIST_CHECKPOINTS, "sh", output_dir], timeout=120, cwd=cmd.workdir)
     if not r.ok:
         raise RestartRefused(f"node {cmd.rank} ({cmd.label}): cannot list the checkpoints in {output_dir}: "
                              f"{(r.stderr or r.stdout).strip()[:300]}")
-    return r.stdout.split()
+    lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+    if skipped is not None:
+        skipped += [f"node {cmd.rank} ({cmd.label}): {ln[2:]}" for ln in lines if ln.startswith("# ")]
+    return [ln for ln in lines if not ln.startswith("#")]
 
 
 def _attempt_heartbeats(c: NodeCommand, attempt: int) -> None:
@@ -86,6 +93,13 @@ def _attempt_heartbeats(c: NodeCommand, attempt: int) -> None:
     i = c.argv.index("--heartbeat_dir") + 1
     head, name = posixpath.split(c.argv[i])
     c.argv[i] = posixpath.join(head, f"attempt-{attempt}", name)
+
+
+def attempt_dirs(plan: LaunchPlan, attempt: int) -> None:
+    """Attempt `attempt`'s logs, exit codes and heartbeats apart from the earlier attempts' (in the plan)."""
+    for c in plan.nodes:
+        c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
+        _attempt_heartbeats(c, attempt)
 
 
 def _first_line(text: str) -> str:
@@ -227,22 +241,33 @@ class Restarts:
         # stopped (attach, after it saw the failure first) only looks lost from here
         dead = {failed} | {r for r, s in out.nodes.items()
                            if s.status == JobState.LOST and (s.error or "").startswith("cannot reach node")}
-        keep = [c.rank for c in plan.nodes if not (self.exclude_failed and c.rank in dead)]
+        # a machine that went away (run/blame.py), or one unreachable past the bound, is left out whatever
+        # exclude_failed says: a relaunch on it could not even start, and its old processes cannot be stopped from
+        # here (they lose their peers and end on their own)
+        lost = {r for r, s in out.nodes.items() if s.status == JobState.LOST and s.cause in (MACHINE_LOST, "UNREACHABLE")}
+        excluded = dead | lost if self.exclude_failed else lost
+        keep = [c.rank for c in plan.nodes if c.rank not in excluded]
         rd.write_state(status=RunState.RESTARTING)
         self.say(f"node {failed} ({plan.nodes[failed].label}) failed: restart {self.made + 1} of {self.allowed}"
-                 + (", without it" if self.exclude_failed else ", on the same nodes"))
+                 + (", without it" if failed in excluded else ", on the same nodes")
+                 + (f" (cannot be reached: {', '.join(f'node {r} ({plan.nodes[r].label})' for r in sorted(lost))})"
+                    if lost else ""))
         gone = la.stop_all()
         survivors = [r for r in keep if not gone.get(r)]
         if survivors:
             raise RestartRefused("processes of the failed attempt are still running on node(s) "
                                  + ", ".join(f"{r} ({plan.nodes[r].label})" for r in survivors))
 
-        listings = {r: list_checkpoints(self.transports[r], plan.nodes[r], preset.training.output_dir) for r in keep}
+        skipped: list[str] = []
+        listings = {r: list_checkpoints(self.transports[r], plan.nodes[r], preset.training.output_dir, skipped)
+                    for r in keep}
+        for line in skipped:
+            self.say(f"checkpoint skipped (incomplete): {line}")
         step = common_checkpoint(listings)
         resume = (posixpath.join(preset.training.output_dir, f"checkpoint-{step}") if step is not None
                   else preset.training.resume_from_checkpoint)
-        if self.exclude_failed:
-            new, _ = without_nodes(preset, dead, resuming=resume is not None)
+        if excluded:
+            new, _ = without_nodes(preset, excluded, resuming=resume is not None)
         else:
             new = preset.model_copy(deep=True)
         new.training.resume_from_checkpoint = resume
@@ -255,16 +280,13 @@ class Restarts:
         attempt = la.attempt + 1
         next_plan = make_plan(new, run_id=plan.run_id, local_run_dir=str(rd.path), base_dir=self.base_dir,
                               facts=facts, local_python=self.local_python)
-        for c in next_plan.nodes:  # this attempt's logs, exit codes and heartbeats apart from the last one's
-            c.run_dir = posixpath.join(c.run_dir, f"attempt-{attempt}")
-            _attempt_heartbeats(c, attempt)
+        attempt_dirs(next_plan, attempt)
         keep_at = self._metrics_keep_at(rd, la, next_plan, keep)
 
         if not (rd.path / "preset.first.yaml").exists():
             shutil.copy2(rd.path / "preset.yaml", rd.path / "preset.first.yaml")
         save_preset(new, rd.path / "preset.yaml", mode=0o600)  # what `attach` connects to now
-        if self.exclude_failed:
-            self.excluded += [plan.nodes[r].label for r in sorted(dead)]
+        self.excluded += [plan.nodes[r].label for r in sorted(excluded)]
         started = rd.read_state().get("started")
         nxt = Launcher(next_plan, transports, rd, stop_grace=la.stop_grace, attempt=attempt, metrics_keep_at=keep_at)
         rd.write_state(metrics_keep_at=keep_at)

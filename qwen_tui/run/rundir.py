@@ -101,10 +101,12 @@ class RunDir:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, root: Path, run_id: str) -> "RunDir":
+    def create(cls, root: Path, run_id: str, *, adopt: bool = False) -> "RunDir":
+        """A new run directory root/run_id; with `adopt`, the one already there (a SLURM batch job takes over the
+        directory its submission made, and after a requeue the one its earlier run filled)."""
         p = Path(root) / run_id
         Path(root).mkdir(parents=True, exist_ok=True)
-        p.mkdir(mode=0o700, exist_ok=False)  # its files are 0600 (mkstemp, save_preset)
+        p.mkdir(mode=0o700, exist_ok=adopt)  # its files are 0600 (mkstemp, save_preset)
         log_to_run_dir(p)  # with -v: the run keeps its own qwen-tui.log
         return cls(p)
 

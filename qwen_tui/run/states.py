@@ -27,6 +27,7 @@ class JobState(StrEnum):
 class RunState(StrEnum):
     """The run as a whole: state.json's status, a RunOutcome's, what a face shows."""
 
+    PENDING = "pending"  # submitted to a scheduler (SLURM), waiting for its nodes
     STARTING = "starting"  # a face is connecting, checking and launching (never written)
     RUNNING = "running"
     RESTARTING = "restarting"  # between two attempts (run/restarts.py)

@@ -53,6 +53,13 @@ def parse_beats(text: str) -> dict[int, dict]:
     return out
 
 
+def own_beats(beats: dict[int, dict], node: int) -> dict[int, dict]:
+    """The heartbeats of node `node`'s own ranks among those read in its heartbeat directory: nodes that share a
+    workdir (two agents on one machine, or shared storage) share that directory, and another node's ranks read there
+    are neither this node's culprits nor its processes to signal. A heartbeat without a node rank is kept."""
+    return {r: b for r, b in beats.items() if type(b.get("node_rank")) is not int or b["node_rank"] == node}
+
+
 @dataclass(frozen=True)
 class HangVerdict:
     culprits: list[int]  # global ranks

@@ -16,7 +16,9 @@ STEP_HELP = {
              "and writes the checkpoints. Add nodes one by one (a), or import a hostfile, a SLURM node list "
              "or the hosts of ~/.ssh/config (i). Probe (p) logs into every node at once and reads its GPUs, "
              "Python and libraries, disk and limits; differences between nodes show below the table with "
-             "their fix. Removing a node asks first.",
+             "their fix. Removing a node asks first. k lets SLURM give the nodes instead: e then says what to ask "
+             "it for (nodes, GPUs, partition, account, time...), and the Run step submits the batch job and follows "
+             "it.",
     "ssh": "qwen-tui logs into every remote node with one key. k makes the key if it is missing and installs "
            "it on every node (the password is asked once and kept in memory only). c connects to every node; "
            "a host key never seen before is shown with its fingerprint and accepted only if you say so, a "
@@ -32,14 +34,22 @@ STEP_HELP = {
                 "effective batch, memory per GPU, step time and scaling, and the advice list. Without a "
                 "probe, pick the GPU type so memory is checked against it. F8 applies the highlighted "
                 "advice's fix (Enter on the list too); advice without an automatic fix shows what to do. "
-                "F9 previews the data as the worker will tokenize it.",
+                "F9 previews the data as the worker will tokenize it. At the end, recovery: how many times a "
+                "failed run is relaunched from its last complete checkpoint, whether the failed node is left "
+                "out, when a run without a finished step counts as hung and what a hang does, and how long a "
+                "node may stay unreachable before the run gives up on it.",
     "review": "Exactly what launch runs on every node (the same plan `qwen-tui replay` and the exports use), "
               "and the preset as YAML. l launches (it asks first when a check failed or the output directory "
               "already holds a run), x writes SLURM, PBS or shell scripts, ctrl+s saves the preset.",
     "run": "The cluster while it trains: one panel per node (GPU utilisation and memory, or CPU load), the "
-           "master's loss curve, the log of one node (n shows the next node's). s stops every process on "
-           "every node (it asks first). Quitting leaves the run going; reopening qwen-tui re-attaches. "
-           "c chats with the trained model once the run has finished.",
+           "master's loss curve, the log of one node (n shows the next node's). Above the log, what the monitor "
+           "noticed, newest first: a node it cannot reach and then can again, a machine lost, a straggler, a "
+           "hang and its end. When no step finishes within the hang bound, the node that holds the run is "
+           "marked HUNG on its panel, and every rank's Python stack is collected into the run directory's "
+           "stacks/ (a stopped rank's too where py-spy is installed on the node: pip install "
+           "'qwen-tui[debug]'); k shows them. s stops every process on every node (it asks first). Quitting "
+           "leaves the run going; reopening qwen-tui re-attaches. c chats with the trained model once the run "
+           "has finished.",
 }
 
 GLOBAL_KEYS = ("F1-F6 go to a step (the bar on top shows each step's state: ✔ done, ! warning, ✘ problem, "

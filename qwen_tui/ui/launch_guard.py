@@ -46,7 +46,7 @@ class LaunchGuard:
     def launch_asking(self, *, ask_errors: bool = True) -> None:
         app = self.app
         st = app.state
-        if st.run_status in (RunState.RUNNING, RunState.STARTING):
+        if st.run_status in (RunState.RUNNING, RunState.STARTING, RunState.PENDING):
             app.notify("a run is already going: see the Run step (F6)", severity="warning")
             return
         preset = st.preset.model_copy(deep=True)

@@ -5,7 +5,7 @@ handler (on the UI thread) updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
@@ -169,3 +169,17 @@ class RunEnded(Message):
     """The run's outcome (run.launcher.RunOutcome)."""
 
     outcome: RunOutcome
+
+
+@dataclass(eq=False)
+class JobQueued(Message):
+    """SLURM's word on a submitted run's job (run.slurm_job.Queued: PENDING and why, RUNNING and where)."""
+
+    queued: Any
+
+
+@dataclass(eq=False)
+class JobLines(Message):
+    """Lines the batch job printed (its own qwen-tui's checks and plan)."""
+
+    lines: tuple[str, ...]

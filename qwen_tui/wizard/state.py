@@ -174,6 +174,8 @@ class WizardState:
         if any(step_of(path) == step for path in self.field_errors):
             return BAD
         p, n = self.preset, len(self.preset.cluster.nodes)
+        if p.scheduler.is_slurm and step in ("nodes", "ssh", "network"):
+            return OK  # SLURM gives the nodes, srun reaches them, and the job checks them before training
         if step == "nodes":
             st = [self.node(i).probe for i in range(n)]
             if ProbeState.ERROR in st:
@@ -218,6 +220,6 @@ class WizardState:
             return WARN if self.dirty or WARN in before else OK
         if step == "run":
             # a healthy run is under way, not a warning: the stepper shows it with its own mark
-            return {None: TODO, RunState.STARTING: LIVE, RunState.RUNNING: LIVE, RunState.OK: OK,
+            return {None: TODO, RunState.PENDING: LIVE, RunState.STARTING: LIVE, RunState.RUNNING: LIVE, RunState.OK: OK,
                     RunState.STOPPED: WARN}.get(self.run_status, BAD)
         raise ValueError(step)

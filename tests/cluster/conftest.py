@@ -88,3 +88,16 @@ def keyed(cluster, sshdir):
 @pytest.fixture
 def preset(cluster, sshdir, keyed) -> Preset:
     return Preset.model_validate(preset_dict(cluster, sshdir))
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster):
+    """A real SLURM on the session's cluster (support/slurm.py): slurmctld on node 0, a slurmd per node."""
+    from support.slurm import Slurm
+
+    s = Slurm(cluster)
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()

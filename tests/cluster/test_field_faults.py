@@ -159,3 +159,69 @@ def test_a_throttled_node_is_named_a_straggler(field, tmp_path):
         if cg is not None:
             cg.remove()
         rp.close()
+
+
+def test_machines_that_vanish_are_named_at_once_blamed_alone_and_the_run_finishes_on_the_others(field, tmp_path):
+    """Node 1 goes as a crashed or rebooted machine (its processes gone, every TCP segment answered with a reset),
+    then, in the relaunch, node 2 goes silent (every packet dropped, its processes frozen). Each time the run names
+    that node within 30 s, no survivor, relaunches without it from the last complete checkpoint (though it cannot
+    be reached to stop it), and the run finishes on node 0."""
+    steps, save = 80, 5
+    rp = field.replay(field.preset("vanish", max_steps=steps, save_strategy="steps", save_steps=save,
+                                   save_total_limit=2, restarts=2, exclude_failed=True),
+                      tmp_path / "replay.log", "--skip-checks")
+    frozen: list[int] = []
+    try:
+        rd = rp.run_dir()
+        rp.wait_step(rd.name, save + 3)
+        field.vanish(1, "reset")
+        gone_at = time.monotonic()
+        rp.wait_for("node 1 blamed", lambda: "node 1 (node1) failed" in rp.text(), 60)
+        assert time.monotonic() - gone_at < 30, rp.text()[-3000:]
+        rp.wait_for("attempt 2", lambda: "attempt 2:" in rp.text(), 60)
+        out = " ".join(rp.text().split())  # the console wraps long lines
+        said = out[out.index("node 1 (node1) failed"):]
+        # the survivors either fail at once with communication errors, or wait in a collective for a peer that
+        # will never answer: either is evidence, and the summary says which
+        by_errors = said.startswith("node 1 (node1) failed: stopped answering while the other nodes failed with "
+                                    "communication errors; cause: the machine went away")
+        by_stall = said.startswith("node 1 (node1) failed: stopped answering over SSH while its training peers, "
+                                   "alive, finished no step; cause: the machine went away")
+        assert by_errors or by_stall, said[:600]
+        evidence = said.split("evidence: ", 1)[1]
+        assert evidence.startswith("node 1 (node1) stopped answering over SSH" if by_errors else
+                                   "node 1 (node1) lost: unreachable over SSH"), evidence[:2000]
+        assert ("failed with a communication error" if by_errors else "its training peers lost it too") in \
+            evidence, evidence[:2000]
+        first = json.loads((rd / "state.json").read_text())["attempts"][0]
+        assert first["cause"] == "MACHINE_LOST" and first["failed_node"] == "node1", first
+
+        resumed = json.loads((rd / "state.json").read_text())["attempts"][1]
+        assert resumed["nodes"] == ["node0", "node2"] and resumed["resume_from"], resumed
+        at = int(resumed["resume_from"].rsplit("-", 1)[1])
+        rp.wait_step(rd.name, at + save + 3)
+        frozen = field.vanish(2, "silent")
+        gone_at = time.monotonic()
+        # node2 is node 1 of the second attempt: named lost (a notice), then blamed once every node is stopped
+        rp.wait_for("node2 named", lambda: "node 1 (node2) lost" in rp.text(), 60)
+        assert time.monotonic() - gone_at < 30, rp.text()[-3000:]
+        rp.wait_for("node2 blamed", lambda: "node 1 (node2) failed" in rp.text(), 60)
+        rc = rp.finish(300)
+        out = rp.text()
+        assert rc == 0 and "Traceback" not in out, out[-4000:]
+        assert "node 1 (node2) lost: unreachable over SSH" in out and "its training peers lost it too" in out
+        for survivor in ("node 0 (node0) failed:", "node 2 (node2) failed:", "node 0 (node0) hung"):
+            assert survivor not in out, out[-4000:]
+        for ln in (ln for ln in out.splitlines() if "HANG:" in ln):  # a hang, if one is called, names node2 alone
+            assert "(node2)" in ln and "node0" not in ln, ln
+        state = json.loads((rd / "state.json").read_text())
+        assert state["status"] == "ok" and len(state["attempts"]) == 3, state
+        assert [a.get("cause") for a in state["attempts"][:2]] == ["MACHINE_LOST", "MACHINE_LOST"], state["attempts"]
+        assert state["attempts"][2]["nodes"] == ["node0"] and state["attempts"][2]["resume_from"], state["attempts"]
+        assert int(state["attempts"][2]["resume_from"].rsplit("-", 1)[1]) > at
+        assert max(steps_of(rd / "metrics.jsonl")) == steps
+    finally:
+        rp.close()
+        field.mend(1, [])
+        field.mend(2, frozen)
+    assert no_job_left(field.cluster, 60) == {}

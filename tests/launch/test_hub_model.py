@@ -134,3 +134,43 @@ def test_the_worker_loads_the_synced_copy_of_a_hub_id(tmp_path, monkeypatch, tin
     assert resolve_model_source("acme/tiny", 0) == "acme/tiny"  # nothing synced: the hub (or its cache) decides
     shutil.copytree(tiny_src, tmp_path / ".qwen-tui" / "models" / "acme--tiny")
     assert resolve_model_source("acme/tiny", 0) == str(tmp_path / ".qwen-tui" / "models" / "acme--tiny")
+
+
+def test_a_hub_data_set_is_downloaded_once_on_the_master_synced_and_read_by_the_worker(env, tmp_path, monkeypatch):
+    """hf:ORG/NAME as a preset's data: `check --sync`'s steps, the master's download (offline, from its hub cache)
+    into .qwen-tui/datasets, the checksum-verified copy to another node's workdir, and the worker reading it there
+    (a Parquet file, as data sets on the hub are stored)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qwen_tui.cluster.facts import ClusterFacts
+    from qwen_tui.nodes.hubmodel import hub_datasets
+    from qwen_tui.nodes.sync import sync
+    from training.data.records import load_conversations
+
+    src = tmp_path / "ds-src" / "data"
+    src.mkdir(parents=True)
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), src / "train-00000-of-00001.parquet")
+    fake_hub_cache(env / "hub", "acme/chat", src.parent, kind="dataset")
+    works = [env / "w0", env / "w1"]
+    for w in works:
+        w.mkdir()
+    preset = Preset.model_validate({
+        "cluster": {"nodes": [{"host": "localhost", "workdir": str(w), "python": sys.executable} for w in works]},
+        "training": {"model": "builtin:tiny", "data": "hf:acme/chat", "device": "cpu"}})
+    assert hub_datasets(preset) == ["acme/chat"]
+    t0, t1 = LocalTransport("node0"), LocalTransport("node1")
+    action, path, detail = download_on_master(preset, t0, python=sys.executable, dataset="acme/chat")
+    assert action == "downloaded" and path == str(works[0] / ".qwen-tui" / "datasets" / "acme--chat"), detail
+    assert download_on_master(preset, t0, python=sys.executable, dataset="acme/chat")[0] == "already there"
+    res = sync(preset, {0: t0, 1: t1}, ClusterFacts(nodes={}), code=False)
+    (act,) = res[1]
+    assert (act.kind, act.action) == ("dataset acme/chat", "copied"), act
+    monkeypatch.chdir(works[1])
+    convs = load_conversations("hf:acme/chat")
+    assert [c.messages[1]["content"] for c in convs] == [f"a{i}" for i in range(5)]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception, match="hf:acme/chat: not on this node .* `qwen-tui check --sync` downloads"):
+        load_conversations("hf:acme/chat")

@@ -8,10 +8,10 @@ from pathlib import Path
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def fake_hub_cache(cache: Path, repo: str, src: Path) -> Path:
-    """`src`'s files as a snapshot of `repo` in the hub cache `cache`; returns the snapshot directory (its repo
-    directory is snapshot.parents[1])."""
-    base = cache / ("models--" + repo.replace("/", "--"))
+def fake_hub_cache(cache: Path, repo: str, src: Path, kind: str = "model") -> Path:
+    """`src`'s files as a snapshot of `repo` (a model, or kind "dataset") in the hub cache `cache`; returns the
+    snapshot directory (its repo directory is snapshot.parents[1])."""
+    base = cache / (f"{kind}s--" + repo.replace("/", "--"))
     snap = base / "snapshots" / COMMIT
     (base / "blobs").mkdir(parents=True)
     (base / "refs").mkdir()

@@ -85,12 +85,17 @@ class FieldCluster:
         _own(path)
         return path
 
-    def replay(self, preset: Path, log: Path, *extra: str) -> "Replay":
-        return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}")
+    def replay(self, preset: Path, log: Path, *extra: str, env: dict | None = None,
+               prefix: tuple[str, ...] = ()) -> "Replay":
+        """`qwen-tui replay PRESET EXTRA...` as the login user; `env`: more of its environment (SLURM's client
+        configuration, say); `prefix`: a command it runs under (salloc ...)."""
+        return Replay(self, preset, log, ["replay", str(preset), *extra], runs=self.home / f"runs-{preset.stem}",
+                      env=env, prefix=prefix)
 
-    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0) -> str:
+    def qwen_tui(self, log: Path, *argv: str, runs: Path | None = None, bound: float = 120.0,
+                 env: dict | None = None) -> str:
         """Another qwen-tui command as the login user, run to its end: what it printed."""
-        rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs")
+        rp = Replay(self, None, log, list(argv), runs=runs or self.home / "runs", env=env)
         try:
             rp.finish(bound)
             return rp.text()
@@ -120,6 +125,39 @@ class FieldCluster:
     def mend_ssh(self, i: int) -> None:
         self.cluster.ns(i, "iptables", "-D", "INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP", check=False)
 
+    def vanish(self, i: int, how: str) -> list[int]:
+        """Node i goes as a machine does. "reset": as a crashed or rebooted machine, its processes gone (SIGKILL)
+        and its kernel answering every TCP segment with a reset, SSH included (nothing else leaves it, not even
+        the FIN of a closing socket). "silent": every packet in and out dropped and its processes frozen
+        (SIGSTOP), as a machine whose network is gone or that hangs whole. Returns the frozen pids (mend them)."""
+        if how == "reset":
+            self.cluster.ns(i, "iptables", "-I", "OUTPUT", "-p", "tcp", "!", "--tcp-flags", "RST", "RST",
+                            "-j", "DROP")
+            self.cluster.ns(i, "iptables", "-I", "INPUT", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+            sig = signal.SIGKILL
+        elif how == "silent":
+            self.cluster.ns(i, "iptables", "-I", "OUTPUT", "-j", "DROP")
+            self.cluster.ns(i, "iptables", "-I", "INPUT", "-j", "DROP")
+            sig = signal.SIGSTOP
+        else:
+            raise ValueError(f"vanish: how is reset or silent, not {how!r}")
+        pids = self.cluster.job_pids(i)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        return pids if how == "silent" else []
+
+    def mend(self, i: int, frozen: list[int]) -> None:
+        """After vanish: what was frozen is killed (the machine's processes do not come back), the network is back."""
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        self.cluster.reset_firewall(i)
+
     def close(self) -> None:
         for n in self.cluster.nodes:
             self.mend_ssh(n.index)
@@ -129,12 +167,13 @@ class FieldCluster:
 class Replay:
     """`qwen-tui replay` (or another command: argv) as the login user, in a process group of its own."""
 
-    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path):
+    def __init__(self, field: FieldCluster, preset: Path | None, log: Path, argv: list[str], runs: Path,
+                 env: dict | None = None, prefix: tuple[str, ...] = ()):
         self.field, self.log = field, log
         self.runs = runs  # each replay finds its own run directory, no other
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(field.home), "USER": LOGIN,
                "LOGNAME": LOGIN, "COLUMNS": "200", "PYTHONUNBUFFERED": "1",
-               "QWEN_TUI_RUNS": str(self.runs)}
+               "QWEN_TUI_RUNS": str(self.runs), **(env or {})}
         # The user exists on this machine too, for OpenSSH (ssh -G reads the config as a known user): in copies
         # of passwd and group bind-mounted in a mount namespace of replay's own; the host's files stay as they are.
         etc = field.root / "etc"
@@ -145,7 +184,7 @@ class Replay:
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",
                 str(etc / "passwd"), str(etc / "group"),
-                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", str(field.python), "-m",
+                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", *prefix, str(field.python), "-m",
                 "qwen_tui.cli", *argv]
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env,

@@ -75,10 +75,23 @@ def test_data_text_and_bad_data(tmp_path):
     assert 22 <= int(m[1]) <= 25 and abs(int(m[2]) - int(m[1]) * 60 / 25) <= 2
     assert got.stdout.count("│") >= 10  # the histogram's bars
 
+    # a file with several kinds of mistakes: every kind is reported in one run, with its count and first records
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
+    lines = [good, '{"messages": [{"role": "user", "content": "hi"}]}', good, '{"messages": [oops}',
+             '{"conversations": [{"from": "bot", "value": "x"}]}', '{"messages": [{"role": "user", "content": "a"}]}',
+             '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}',
+             '{"messages": [{"role": "user", "content": "b"}]}', '{"messages": [{"role": "user", "content": "c"}]}',
+             '{"messages": [{"role": "user", "content": "d"}]}', '[1, 2]']
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    bad.write_text("\n".join(lines) + "\n")
     preset.training.data = str(bad)
     save_preset(preset, path)
     got = _qwen_tui("data", str(path), cwd=tmp_path)
     assert got.returncode == 1
-    assert "record 0" in got.stderr and "no assistant turn" in got.stderr
+    err = got.stderr
+    assert "9 problem(s) in 11 record(s), 5 kind(s)" in err, err[-3000:]
+    assert "5 x no assistant turn (nothing to learn from)" in err
+    assert "line 2, record 1 (id '#1'): no assistant turn" in err and "... and 2 more" in err
+    assert "1 x invalid JSON" in err and "line 4, record 3" in err
+    assert "1 x conversations[n] has unknown role '…'" in err and "unknown role 'bot'" in err
+    assert "1 x messages[n] is an empty assistant reply" in err and "1 x expected a JSON object, got list" in err

@@ -198,19 +198,38 @@ def test_lora_on_experts_saves_reloads_and_merges_with_the_same_eval_loss(tmp_pa
     assert eval_loss_of(again, tok, data["eval"], 128) == pytest.approx(ev["eval_loss"], abs=1e-4)
 
 
-def test_lora_dropout_on_fused_experts_is_refused_before_loading(tmp_path, moe_models, data):
-    """peft's LoRA on 3-D parameters has no dropout: the worker says so (exit 2) instead of peft's traceback, and
-    the attention alone trains with dropout."""
-    run = run_worker(tmp_path / "out", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
-                                               "--data_path", data["train"], "--max_steps", "1"))
-    assert run.rc == 2, run.stderr[-2000:]
-    assert "does not support --lora_dropout (got 0.05)" in run.stderr and "Traceback" not in run.stderr
-    ok = run_worker(tmp_path / "attn", *common(moe_models["qwen3_moe"], "--use_lora", "--lora_dropout", "0.05",
-                                               "--lora_target_modules", "q_proj,k_proj,v_proj,o_proj",
-                                               "--data_path", data["train"], "--max_steps", "2"))
-    assert_ok(ok)
-    # r 64 on q, k, v, o of 2 layers (hidden 64, 2 KV heads of 16): nothing on the experts
-    assert ok.records[0]["trainable_parameters"] == 2 * 64 * ((64 + 64) * 2 + (64 + 32) * 2)
+def test_use_lora_alone_trains_with_dropout_on_the_attention_only_on_one_and_two_zero3_ranks(tmp_path, moe_models,
+                                                                                               data):
+    """`--use_lora` and no other LoRA flag (the worker's defaults: the experts adapted, dropout 0.05) trains: the
+    dropout goes on the attention's adapters, none on the fused experts' (peft has none there), one log line says
+    so. On 2 ZeRO-3 ranks too, where a checkpoint whose rank-1 shard is gone is then skipped by `auto`, naming it,
+    and the run resumes from the last whole one."""
+    model = moe_models["qwen3_moe"]
+    base = ["--model_name_or_path", model, "--data_path", data["train"], "--model_max_length", "128",
+            "--logging_steps", "1", "--seed", "7", "--use_lora"]
+    one = run_worker(tmp_path / "one", *base, "--max_steps", "2", "--save_strategy", "no")
+    assert_ok(one)
+    said = [ln for ln in one.stderr.splitlines() if "LoRA dropout 0.05 on the" in ln]
+    assert len(said) == 1 and "none on the fused experts' adapters" in said[0], one.stderr[-3000:]
+    assert one.records[0]["trainable_parameters"] > 2 * 64 * ((64 + 64) * 2 + (64 + 32) * 2)  # experts adapted too
+
+    out = tmp_path / "zero3"
+    z3 = ["--deepspeed", "builtin:zero3", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
+          "--save_steps", "2"]
+    first = run_worker(out, *base, *z3, "--max_steps", "4", nproc=2)
+    assert_ok(first)
+    assert first.records[0]["zero_stage"] == 3 and first.records[0]["world_size"] == 2
+    shard = next((out / "checkpoint-4").rglob("zero_pp_rank_1_*optim_states.pt"))
+    shard.unlink()  # a node's shard lost (DeepSpeed#7546)
+    again = run_worker(out, *base, *z3, "--max_steps", "6", "--resume_from_checkpoint", "auto", nproc=2)
+    assert_ok(again)
+    skipped = [ln for ln in again.stderr.splitlines() if "checkpoint-4 is skipped: incomplete" in ln]
+    assert skipped and shard.relative_to(out / "checkpoint-4").as_posix() + " is missing" in skipped[0], \
+        again.stderr[-3000:]
+    at = max(i for i, r in enumerate(again.records) if r.get("event") == "start")  # metrics.jsonl is appended to
+    start, later = again.records[at], again.records[at + 1:]
+    assert start["start_step"] == 2 and start["resumed_from"].endswith("checkpoint-2"), start
+    assert [r["step"] for r in later if "loss" in r and "event" not in r] == [3, 4, 5, 6]
 
 
 def test_qlora_of_fused_experts_is_refused_naming_why(tmp_path, moe_models, data):

@@ -15,6 +15,7 @@ import pytest
 from support.paths import ROOT
 from support.ports import free_port
 from support.worker import demo_records, write_jsonl
+from training.checkpoints import manifest
 from training.checkpoints.resume_agreement import NodeHolds, choose
 from training.runtime.errors import InputError
 
@@ -64,6 +65,7 @@ def _fake_checkpoint(out, step):
     d = out / f"checkpoint-{step}"
     d.mkdir(parents=True)
     (d / "finetune_state.json").write_text(json.dumps({"step": step}))
+    manifest.write(d, step, 1, [])
 
 
 def test_two_torchrun_nodes_without_a_common_checkpoint_both_refuse_naming_each_other(tmp_path, tiny_model):

@@ -55,11 +55,20 @@ def test_checkpoint_keeps_fp32_and_its_own_state_file(bf16_run):
 
 
 def test_checkpoint_with_the_old_state_file_name_still_resumes(bf16_run, tmp_path, tiny_model):
+    """A checkpoint from before manifests (HF's state file name, no manifest.json): `auto` passes it over, saying
+    why; named, it resumes, with a warning."""
     out = tmp_path / "out"
     shutil.copytree(bf16_run.out / "checkpoint-2", out / "checkpoint-2")
     (out / "checkpoint-2" / "finetune_state.json").rename(out / "checkpoint-2" / "trainer_state.json")
-    run = run_worker(out, "--model_name_or_path", str(tiny_model), *FLAGS, "--resume_from_checkpoint", "auto")
+    (out / "checkpoint-2" / "manifest.json").unlink()
+    from training.checkpoints import directories
+
+    assert directories.complete_checkpoints(out) == []
+    assert directories.skipped_lines(out)[0].startswith("checkpoint-2 is skipped: incomplete, no manifest.json")
+    run = run_worker(out, "--model_name_or_path", str(tiny_model), *FLAGS,
+                     "--resume_from_checkpoint", str(out / "checkpoint-2"))
     assert_ok(run)
+    assert "no manifest.json" in run.stderr and "resuming from it as asked" in run.stderr
     assert run.records[0]["start_step"] == 2
     ref = bf16_run.losses()
     assert run.losses() == pytest.approx({s: ref[s] for s in (3, 4)}, rel=1e-5)

@@ -9,6 +9,7 @@ and a resumed run must reproduce the uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -116,16 +117,18 @@ def test_full_model_reloads_with_the_same_loss(full_run, files):
 
 @pytest.mark.parametrize("config,batch,extra,loss,packing", [
     ("zero2", ["2", "2"], [], "chunked", True),  # the default under ZeRO-1/2: packed rows, the fused loss
-    ("zero2", ["4", "1"], ["--no_packing"], "chunked", False),  # the fused loss on padded micro-batches
+    # the fused loss on padded micro-batches, with the optimizer offloaded to the host (ZeRO-Offload)
+    ("zero2_offload_optimizer", ["4", "1"], ["--no_packing"], "chunked", False),
     ("zero2", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),  # transformers' loss
     ("zero3", ["2", "2"], [], "chunked", True),  # the default under ZeRO-3 too: the head gathered for our loss
-    ("zero3", ["4", "1"], ["--no_packing"], "chunked", False),
+    ("zero3_offload_optimizer", ["4", "1"], ["--no_packing"], "chunked", False),
     ("zero3", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),
-], ids=["zero2-packed", "zero2-padded", "zero2-hf", "zero3-packed", "zero3-padded", "zero3-hf"])
+], ids=["zero2-packed", "zero2-padded-offload", "zero2-hf", "zero3-packed", "zero3-padded-offload", "zero3-hf"])
 def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, extra, loss, packing):
     """ZeRO-2 and ZeRO-3 over 2 processes with the same global batch of 8 reproduce the plain single-process curve:
-    packed rows with the fused (chunked) loss, and padded micro-batches with either loss. Under ZeRO-3 the LM
-    head's partitioned weight is gathered for our loss (the tiny model ties it to the embedding)."""
+    packed rows with the fused (chunked) loss, and padded micro-batches with either loss, the optimizer offloaded
+    to the host (ZeRO-Offload) or not. Under ZeRO-3 the LM head's partitioned weight is gathered for our loss (the
+    tiny model ties it to the embedding)."""
     run = run_worker(tmp_path / "out", *common(files, *FULL), "--data_path", files["train"], "--deepspeed",
                      f"builtin:{config}", "--per_device_train_batch_size", batch[0],
                      "--gradient_accumulation_steps", batch[1], *extra, nproc=2)
@@ -134,7 +137,10 @@ def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, 
     assert "shm_comm" not in run.stdout + run.stderr
     assert "is deprecated" not in run.stderr  # torch's warnings on ZeRO's collectives, dozens a step (training.runtime.quiet)
     start = run.records[0]
-    assert start["world_size"] == 2 and start["zero_stage"] == int(config[-1]) and start["global_batch_size"] == 8
+    stage = int(config.split("_")[0][-1])
+    assert start["world_size"] == 2 and start["zero_stage"] == stage and start["global_batch_size"] == 8
+    if "offload" in config:  # stepped on the host by the worker's own AdamW: no C++ op was compiled for it
+        assert "cpu_adam" not in run.stdout + run.stderr, run.stderr[-3000:]
     assert start["fast_path"]["ce"] == loss and start["fast_path"]["packing"] is packing
     if packing:  # steps of one row, not the 2 configured micro-batches: the engine's step ends with the rows
         assert any(r["micro_batches"] == 1 for r in run.steps), [r["micro_batches"] for r in run.steps]
@@ -290,14 +296,29 @@ def test_lora_one_process_loss_falls_and_checkpoints_rotate(lora_run):
     assert not list(lora_run.out.glob("*.tmp"))
     assert (lora_run.out / "adapter_model.safetensors").is_file() and (lora_run.out / "adapter_config.json").is_file()
     assert (lora_run.out / "checkpoint-12" / "finetune_state.json").is_file()  # not HF's trainer_state.json
+    manifest = json.loads((lora_run.out / "checkpoint-12" / "manifest.json").read_text())
+    assert manifest["step"] == 12 and manifest["world_size"] == 1 and manifest["ranks"] == [0]
+    assert manifest["files"]["adapter_model.safetensors"] == (lora_run.out / "checkpoint-12" /
+                                                              "adapter_model.safetensors").stat().st_size
 
 
 def test_resume_continues_step_count_and_loss_curve(tmp_path, files, lora_run):
+    """`auto` resumes from the newest whole checkpoint: newer ones left incomplete (a file truncated by a full disk,
+    the manifest never written) are skipped, each named with why."""
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree(lora_run.out / "checkpoint-12", out / "checkpoint-12")
+    shutil.copytree(lora_run.out / "checkpoint-18", out / "checkpoint-18")
+    with open(out / "checkpoint-18" / "adapter_model.safetensors", "r+b") as f:
+        f.truncate(100)
+    shutil.copytree(lora_run.out / "checkpoint-18", out / "checkpoint-16")
+    (out / "checkpoint-16" / "manifest.json").unlink()
     run = run_worker(out, *common(files, *LORA), "--data_path", files["train"], "--resume_from_checkpoint", "auto")
     assert_ok(run)
+    skipped = [ln for ln in run.stderr.splitlines() if "is skipped: incomplete" in ln]
+    assert any("checkpoint-18 is skipped: incomplete, adapter_model.safetensors is 100 bytes" in ln
+               for ln in skipped), run.stderr[-3000:]
+    assert any("checkpoint-16 is skipped: incomplete, no manifest.json" in ln for ln in skipped), skipped
     start = run.records[0]
     assert start["start_step"] == 12 and start["resumed_from"].endswith("checkpoint-12")
     ref, got = lora_run.losses(), run.losses()

@@ -14,11 +14,13 @@ from support.ports import free_port
 
 @pytest.fixture
 def demo_copy(tmp_path):
-    def make(**training) -> Path:
+    def make(monitor: dict | None = None, **training) -> Path:
         data = yaml.safe_load(DEMO.read_text())
         data["network"]["master_port"] = free_port()
         data["training"]["output_dir"] = str(tmp_path / "out")
         data["training"].update(training)
+        if monitor:
+            data["monitor"] = monitor
         p = tmp_path / "demo.yaml"
         p.write_text(yaml.safe_dump(data, sort_keys=False))
         return p

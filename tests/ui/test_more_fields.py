@@ -62,7 +62,7 @@ async def test_export_format_is_a_select(tmp_path, demo_copy):
         form = app.screen
         assert isinstance(form, Form)
         fmt = form.query_one("#f-format", Select)
-        assert [v for _, v in fmt._options if v is not Select.BLANK] == ["slurm", "pbs", "sh"]
+        assert [v for _, v in fmt._options if v is not Select.BLANK] == ["slurm", "pbs", "sh", "kubeflow", "skypilot"]
         fmt.value = "sh"
         form.query_one("#f-output", Input).value = str(tmp_path / "export")
         await pilot.press("ctrl+s")

@@ -1,15 +1,21 @@
 """Eval in the loop, in the wizard: the demo launched with eval_data and eval_steps writes eval records, and the
-Run screen's loss panel and end status show the eval loss the worker wrote. Then `c` chats with the result."""
+Run screen's loss panel and end status show the eval loss the worker wrote. Then `c` chats with the result, `m`
+merges it, and the shipped DPO preset (the shipped DPO preset), opened in the same wizard, trains on the
+merged model: SFT, merge, DPO and chat without leaving it."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import yaml
 
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.loss_chart import LossChart
+from support.paths import DEMO_DPO
 from support.pilot import SIZE, wait_until
+from support.ports import free_port
 from support.procs import run_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -63,8 +69,37 @@ async def test_demo_with_eval_shows_the_eval_loss(tmp_path, demo_copy, monkeypat
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is run
+
+        # `m`: the adapter merged into its base on the master, the model the next stage starts from
+        merged = tmp_path / "out" / "merged"
+        await pilot.press("m")
+        await wait_until(pilot, lambda: (merged / "config.json").is_file(), 300, "the merged model")
+
+        # The second stage in the same wizard: the shipped DPO preset, on this run's merged model
+        dpo = yaml.safe_load(DEMO_DPO.read_text())
+        dpo["network"]["master_port"] = free_port()
+        dpo["training"].update({"model": str(merged), "output_dir": str(tmp_path / "dpo-out"), "max_steps": 4,
+                                "logging_steps": 1, "save_strategy": "no"})
+        (tmp_path / "dpo.yaml").write_text(yaml.safe_dump(dpo, sort_keys=False))
+        app._open({"path": str(tmp_path / "dpo.yaml")})  # what ctrl+o's form hands over
+        await pilot.pause()
+        assert app.state.preset.training.stage == "dpo"
+        await pilot.press("f5")
+        await pilot.pause()
+        await pilot.press("l")
+        if app.screen.is_modal:
+            await pilot.press("y")
+        await wait_until(pilot, lambda: run.launcher is not None and run.launcher.plan.run_id != run_id, 60,
+                         "the DPO launch")
+        await wait_until(pilot, lambda: app.state.run_status in ("ok", "failed", "stopped"), 300, "the DPO run's end")
+        assert app.state.run_status == "ok", str(run.query_one("#run-status").render())
+        dpo_id = run.launcher.plan.run_id
+        steps = [r for r in map(json.loads, (runs / dpo_id / "metrics.jsonl").read_text().splitlines())
+                 if "event" not in r]
+        assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-5) and len(steps) == 4
+        await wait_until(pilot, lambda: "reward accuracy" in run.query_one(LossChart).summary, 10, "the rewards")
         await pilot.press("ctrl+q")
-    assert run_processes(run_id) == []
+    assert run_processes(run_id) == [] and run_processes(dpo_id) == []
 
 
 def _lines(chat) -> str:

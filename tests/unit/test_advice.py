@@ -393,3 +393,29 @@ def test_remove_node_fix_keeps_the_other_nodes_unset_fields():
     adv = [a for a in advise(preset(), f) if a.code == "DUPLICATE_HOST"]
     kept = apply_fix(preset(), adv[0].fix).cluster.nodes[0]
     assert "python" not in kept.model_fields_set and kept.python == "python3"
+
+
+def test_dpo_traps_and_its_step_cost():
+    """A DPO preset at SFT's learning rate, an odd beta, on a base model: each trap said with its fix; and the
+    estimate counts both answers of a pair (twice the tokens and activations of an SFT step)."""
+    from qwen_tui.advice.rules import advise
+    from qwen_tui.model.spec import resolve_model
+    from qwen_tui.plan.estimate import RunShape, estimate_memory
+    from qwen_tui.preset.schema import load_preset
+    from support.paths import ROOT
+
+    base = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml")
+    dpo = base.with_changes({"training.stage": "dpo", "training.model": "Qwen/Qwen2.5-7B",
+                             "training.pref_beta": 0.001, "training.learning_rate": 2e-4})
+    got = {a.code: a for a in advise(dpo)}
+    assert {"DPO_BETA", "DPO_LEARNING_RATE", "DPO_REFERENCE", "DPO_COST"} <= set(got)
+    assert got["DPO_LEARNING_RATE"].fix.changes == {"training.learning_rate": 2e-5}
+    assert got["DPO_BETA"].fix.changes == {"training.pref_beta": 0.1}
+    fixed = dpo.with_changes({"training.model": "Qwen/Qwen2.5-7B-Instruct", "training.pref_beta": 0.1,
+                              "training.learning_rate": 2e-5})
+    assert {a.code for a in advise(fixed)} & {"DPO_BETA", "DPO_LEARNING_RATE", "DPO_REFERENCE"} == set()
+    assert not {a.code for a in advise(base)} & {"DPO_BETA", "DPO_LEARNING_RATE", "DPO_REFERENCE", "DPO_COST"}
+    spec = resolve_model("Qwen/Qwen2.5-7B-Instruct")
+    sft_run, dpo_run = RunShape.of(base.training), RunShape.of(fixed.training)
+    assert dpo_run.tokens == 2 * sft_run.tokens
+    assert estimate_memory(spec, fixed.training, 16).activations > estimate_memory(spec, base.training, 16).activations

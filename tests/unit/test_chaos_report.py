@@ -54,6 +54,15 @@ def test_a_killed_node_is_restarted_and_its_lost_steps_counted():
     assert cr.every_step_once(ATTEMPTS, _metrics()) is None
 
 
+def test_a_lost_machine_counts_as_named_only_when_its_attempt_ended_blaming_it_alone():
+    fault = {"kind": "lost-silent", "node": 2, "at": 140.0, "until": 170.0, "duration": 20.0, "detail": {}}
+    blamed = [{**ATTEMPTS[0], "cause": "MACHINE_LOST"}, *ATTEMPTS[1:]]
+    assert cr.machine_named(fault, blamed) == 11.0
+    assert cr.machine_named(fault, ATTEMPTS) is None  # ended, but not as a machine lost
+    assert cr.machine_named({**fault, "node": 0}, blamed) is None  # a survivor blamed
+    assert cr.justified(fault, 45.0) and cr.classify(fault, blamed, [])[0] == "restarted"
+
+
 def test_a_record_missing_after_a_blip_is_found():
     recs = [r for r in _metrics() if r.get("step") != 50]
     assert "missing steps [50]" in cr.every_step_once(ATTEMPTS, recs)

@@ -47,7 +47,8 @@ def test_histogram_bars_and_summary():
     lines = histogram_lines(counts()["histogram"], width=20, max_length=1024)
     assert len(lines) == 5
     assert lines[1].count("█") == 20 and lines[0].count("█") == 5
-    assert "(cut)" in lines[2] and "(cut)" not in lines[0]
+    assert lines[2].endswith("(cut)") and "cut" not in lines[0]
+    assert lines[1].endswith("(partly cut)")  # 600-1099 runs across the cut at 1024: not every record there is cut
     text = "\n".join(summary_lines(build_report(counts(), load_preset(ROOT / "presets" / "local-demo.yaml"), 5000.0)))
     assert "p99 2,000" in text and "40.0%" in text and "3 min 12 s an epoch" in text
 
@@ -68,3 +69,23 @@ def test_speed_from_the_estimate_and_the_command():
     worker = argv[argv.index("--") + 1:]
     assert worker[worker.index("--model_max_length") + 1] == "256" and "--use_cpu" in worker
     assert cwd == "/base"
+
+
+def test_no_length_is_advised_past_the_models_positions_or_what_a_gpu_trains():
+    """One long outlier puts the p99 at 28,926 tokens on a model of 2,048 positions: the fix stops at 2,048, and none
+    is offered when the length is there already."""
+    preset = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-ddp.yaml")
+    preset.training.model_max_length = 1024
+    c = counts(records=21, usable=21, truncated=2, dropped=1, model_max_length=1024, max_positions=2048,
+               length_percentiles={"p50": 700, "p90": 1500, "p99": 28926, "max": 28926})
+    adv = {a["code"]: a for a in build_report(c, preset, None)["advice"]}
+    assert adv["DATA_TRUNCATED"]["fix"]["changes"] == {"training.model_max_length": 2048}
+    assert "the model has 2,048 positions" in adv["DATA_TRUNCATED"]["message"]
+    assert adv["DATA_DROPPED"]["fix"]["changes"] == {"training.model_max_length": 2048}
+    assert "the model's positions" in adv["DATA_DROPPED"]["fix"]["label"]
+    limited = build_report(c, preset, None, limit=1536, limit_where="H100")
+    assert {a["code"]: a for a in limited["advice"]}["DATA_TRUNCATED"]["fix"]["changes"] == \
+        {"training.model_max_length": 1536}
+    preset.training.model_max_length = 2048
+    at_cap = {a["code"]: a for a in build_report({**c, "model_max_length": 2048}, preset, None)["advice"]}
+    assert at_cap["DATA_TRUNCATED"]["fix"] is None and at_cap["DATA_DROPPED"]["fix"] is None

@@ -138,7 +138,8 @@ def test_advice_covers_the_moe_pitfalls():
     assert "2.6B trainable" in default_targets["MOE_LORA_EXPERTS"].message
     assert default_targets["MOE_LORA_EXPERTS"].fix.changes == {"training.lora_target_modules": ATTN}
     with_dropout = by(_preset("Qwen/Qwen3-30B-A3B", lora_dropout=0.05))["MOE_LORA_EXPERTS"]
-    assert with_dropout.level == "error" and "lora_dropout 0.05" in with_dropout.message
+    assert with_dropout.level == "warning" and "lora_dropout 0.05 applies to the attention's adapters only" in \
+        with_dropout.message
     assert with_dropout.fix.changes == {"training.lora_target_modules": ATTN}
     assert "leaf module" in default_targets["MOE_ZERO3"].message and "MOE_ROUTING" in default_targets
     attention = by(_preset("Qwen/Qwen3-30B-A3B", lora_target_modules=ATTN, zero_stage=2))

@@ -31,18 +31,20 @@ def worker_argvs(preset: Preset, tmp_path: Path) -> list[list[str]]:
 
 
 def check_worker_side(preset: Preset, tmp_path: Path) -> None:
-    spec = resolve_model(preset.training.model, base_dir=str(ROOT))
     for argv in worker_argvs(preset, tmp_path):
         args = parse_args(argv)  # argparse exits (SystemExit) on an unknown flag; check_args raises InputError
         t = preset.training
         assert (args.model.model_name_or_path, args.data.data_path, args.train.max_steps) == (t.model, t.data,
                                                                                                t.max_steps)
+        assert args.pref.pref_ftx == t.pref_ftx
         assert bool(args.lora.use_lora) == (t.method in ("lora", "qlora"))
         assert bool(args.lora.q_lora) == (t.method == "qlora")
         assert args.train.bf16 == (t.precision == "bf16") and args.train.fp16 == (t.precision == "fp16")
+        assert (args.pref.stage, args.pref.pref_beta, args.pref.pref_loss) == (t.stage, t.pref_beta, t.pref_loss)
         if t.zero_stage is None:
             assert args.train.deepspeed is None
             continue
+        spec = resolve_model(preset.training.model, base_dir=str(ROOT))  # the DPO demo's model exists after SFT
         raw = dsconfig.load(args.train.deepspeed)
         assert dsconfig.zero_stage(raw) == t.zero_stage
         model_config = {"hidden_size": spec.hidden, "num_attention_heads": spec.heads,
@@ -69,7 +71,23 @@ VARIANTS = [
     {"method": "full", "zero_stage": 3}, {"method": "qlora", "zero_stage": 2, "precision": "bf16", "device": "auto"},
     {"precision": "bf16"}, {"precision": "fp16", "device": "auto"},
     {"eval_data": "builtin:demo-chat", "eval_steps": 5}, {"gradient_checkpointing": True, "save_total_limit": 2},
+    {"stage": "dpo", "data": "builtin:demo-pref", "pref_beta": 0.2, "pref_loss": "ipo", "pref_ftx": 0.5},
 ]
+
+
+def test_a_mixture_reaches_the_worker_as_its_datasets(tmp_path):
+    import json
+
+    demo = load_preset(ROOT / "presets" / "local-demo.yaml")
+    data = demo.model_dump(mode="python", exclude_unset=True)
+    del data["training"]["data"]
+    data["training"]["datasets"] = [{"path": "a.jsonl", "weight": 2}, {"path": "b.parquet", "records": 50,
+                                                                       "format": "alpaca"},
+                                    {"dataset_info": "data/dataset_info.json", "name": "glaive"}]
+    (argv, *_) = worker_argvs(Preset.model_validate(data), tmp_path)
+    args = parse_args(argv)
+    assert args.data.data_path is None
+    assert json.loads(args.data.datasets) == data["training"]["datasets"]
 
 
 @pytest.mark.parametrize("change", VARIANTS, ids=[",".join(f"{k}={v}" for k, v in c.items()) for c in VARIANTS])
@@ -78,3 +96,17 @@ def test_demo_variants_worker_args_parse_and_fill(change, tmp_path):
     data = demo.model_dump(mode="python", exclude_unset=True)
     data["training"].update(change)
     check_worker_side(Preset.model_validate(data), tmp_path)
+
+
+def test_a_missing_mixture_source_is_said_before_launch_naming_its_entry(tmp_path):
+    from qwen_tui.run.api import local_files_missing
+
+    demo = load_preset(ROOT / "presets" / "local-demo.yaml")
+    data = demo.model_dump(mode="python", exclude_unset=True)
+    del data["training"]["data"]
+    there = tmp_path / "a.jsonl"
+    there.write_text("{}\n")
+    data["training"]["datasets"] = [{"path": str(there)}, {"path": str(tmp_path / "gone.parquet"), "weight": 1.0},
+                                    {"path": "hf:acme/chat"}]
+    got = local_files_missing(Preset.model_validate(data))
+    assert [(a.code, a.message.split(":")[0]) for a in got] == [("DATA_MISSING", "training.datasets.1.path")]

@@ -81,14 +81,44 @@ def test_read_beats_prints_each_heartbeat_as_one_line(tmp_path):
     assert sh("read_beats.sh", str(tmp_path / "none")).returncode == 0  # nothing yet is not an error
 
 
-def test_list_checkpoints_names_only_the_complete_ones(tmp_path):
-    for name, state in (("checkpoint-10", "finetune_state.json"), ("checkpoint-20", "trainer_state.json"),
-                        ("checkpoint-30", None), ("other-40", "finetune_state.json")):
-        (tmp_path / name).mkdir()
+def test_list_checkpoints_names_the_whole_ones_and_says_why_each_other_is_skipped(tmp_path):
+    """The node-side check agrees with the worker's own (training/checkpoints/manifest.py): a manifest written by
+    it, then each way a checkpoint is damaged."""
+    from training.checkpoints import manifest
+
+    def make(name, state="finetune_state.json", ranks=(0, 1)):
+        d = tmp_path / name
+        (d / "ds").mkdir(parents=True)
         if state:
-            (tmp_path / name / state).write_text("{}")
+            (d / state).write_text("{}")
+        for r in ranks:
+            (d / f"rng_state_{r}.pth").write_bytes(b"r" * (10 + r))
+            (d / "ds" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"x" * 100)
+        (d / "adapter model.safetensors").write_bytes(b"w" * 50)  # a space in a name
+        manifest.write(d, int(name.split("-")[1]), 2, ranks)
+        return d
+
+    make("checkpoint-10")
+    make("checkpoint-20", state="trainer_state.json")
+    (make("checkpoint-30") / "ds" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()  # a rank's shard lost
+    (make("checkpoint-40") / "manifest.json").unlink()  # cut short before its manifest
+    with open(make("checkpoint-50") / "adapter model.safetensors", "r+b") as f:
+        f.truncate(7)  # a full disk
+    make("checkpoint-60", state=None)
+    (tmp_path / "other-70").mkdir()
+    make("checkpoint-80").rename(tmp_path / "checkpoint-80.tmp")  # still being written
     r = sh("list_checkpoints.sh", str(tmp_path))
-    assert r.returncode == 0 and sorted(r.stdout.splitlines()) == ["checkpoint-10", "checkpoint-20"]
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert [ln for ln in lines if not ln.startswith("#")] == ["checkpoint-10", "checkpoint-20"]
+    assert "# checkpoint-30: ds/zero_pp_rank_1_mp_rank_00_optim_states.pt is missing" in lines
+    assert any(ln.startswith("# checkpoint-40: no manifest.json") for ln in lines)
+    assert "# checkpoint-50: adapter model.safetensors is 7 bytes, 50 when it was saved" in lines
+    assert "# checkpoint-60: no finetune_state.json" in lines and len(lines) == 6
+    # the worker's own verdicts, the same way
+    assert [manifest.incomplete(tmp_path / f"checkpoint-{s}", s) is None for s in (10, 20, 30, 40, 50)] == \
+        [True, True, False, False, False]
+    assert "truncated" in manifest.incomplete(tmp_path / "checkpoint-50")
     none = sh("list_checkpoints.sh", str(tmp_path / "not-yet"))
     assert none.returncode == 0 and none.stdout == ""
 

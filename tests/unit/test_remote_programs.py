@@ -12,8 +12,9 @@ import sys
 import pytest
 import tomllib
 
-from qwen_tui.nodes import hubmodel, jobs, keys, netcheck, probe, ssh, storage, sync
+from qwen_tui.nodes import hubmodel, jobs, keys, netcheck, node_commands, probe, ssh, storage, sync
 from qwen_tui.nodes.programs import PARTS, REMOTE, body, program
+from qwen_tui.nodes.slurm import agent_link
 from qwen_tui.run import evidence, gpumon, gpuseries, rehearsal, restarts, watchdog
 from support.paths import ROOT
 
@@ -38,7 +39,7 @@ def named_in_code() -> set[str]:
 
 
 def test_every_file_is_sent_by_a_caller_and_nothing_else_is_asked_for():
-    assert len(FILES) == 23 and not (PKG / "nodes" / "remote" / "__init__.py").exists()
+    assert len(FILES) == 24 and not (PKG / "nodes" / "remote" / "__init__.py").exists()
     named = named_in_code()
     assert named - set(FILES) == set()  # a name without its file would fail at import
     parts = {p for ps in PARTS.values() for p in ps}
@@ -50,7 +51,8 @@ def test_the_callers_send_what_program_assembles():
         probe.SNIPPET: "probe.py", sync.MANIFEST: "manifest.py", netcheck.LISTEN: "port_listen.py",
         netcheck.CONNECT: "port_connect.py", hubmodel.DOWNLOAD: "hub_download.py", gpumon.CPU_LOOP: "cpu_sampler.py",
         rehearsal.SNIPPET: "rehearsal.py", ssh._IN_DIR: "in_dir.sh", ssh._DETACH: "detach.sh",
-        ssh._JOB_PROCS: "job_procs.sh", ssh._KILL_CHECKED: "kill_checked.sh", ssh._JOB_PIDS: "job_pids.sh",
+        node_commands._JOB_PROCS: "job_procs.sh", node_commands._KILL_CHECKED: "kill_checked.sh",
+        node_commands._JOB_PIDS: "job_pids.sh", agent_link.AGENT: "agent.py",
         jobs.JOB_SCRIPT: "job.sh", keys._APPEND_ONCE: "append_once.sh", keys._NODE_KEY: "node_key.sh",
         keys._KEY_AUTHORIZED: "key_authorized.sh", storage._WRITE: "write_marker.sh",
         watchdog.READ_BEATS: "read_beats.sh", evidence._PROBE: "slow_node_evidence.sh",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from training.checkpoints import directories as ckpt
-from training.checkpoints import universal
+from training.checkpoints import manifest, universal
 from training.flags import WorkerFlags
 from training.model.pretrained import merge_adapter, save_pretrained_here
 from training.runtime import dist
@@ -100,12 +100,22 @@ class Checkpointer:
             ckpt.write_json(tmp / ckpt.STATE_FILE, {**state, "time": time.time()})
         dist.barrier()
         if self.is_saver:
+            # every rank has written its part: the manifest, last, makes the checkpoint whole (manifest.py)
+            manifest.write(tmp, step, env.world_size, self._parts_here())
             ckpt.publish(tmp, final)
             for gone in ckpt.rotate(a.train.output_dir, a.save.save_total_limit, state.get("lineage")):
                 log.info("deleted %s (--save_total_limit %d)", gone, a.save.save_total_limit)
         dist.barrier()
         log.info("saved %s", final)
         return final
+
+    def _parts_here(self) -> range:
+        """The ranks whose parts this saver's copy holds: every rank, or with --save_on_each_node this node's."""
+        env = self.env
+        if not self.args.save.save_on_each_node:
+            return range(env.world_size)
+        first = env.rank - env.local_rank
+        return range(first, first + env.local_world_size)
 
     def load_training_state(self, d: Path, device, engine=None, optimizer=None, scheduler=None, scaler=None,
                             step: int = 0) -> None:

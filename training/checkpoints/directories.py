@@ -1,9 +1,12 @@
 """Checkpoint directories: naming, completeness, rotation and atomic publication.
 
 A checkpoint is written into `checkpoint-N.tmp` and renamed to `checkpoint-N`
-only when every process has finished writing, so a directory named
-`checkpoint-N` is always complete; `finetune_state.json` inside it is written
-last as a second witness. The recipe decides what goes inside.
+only when every process has finished writing; its manifest (manifest.py: every
+file and its size, the step, the world size and ranks) is written last, before
+the rename. A directory named `checkpoint-N` can still be damaged later (a full
+disk, a partial copy, a lost shard): only one whose manifest checks out is
+complete, and resume and rotation count only those. The recipe decides what goes
+inside.
 
 The state file was called `trainer_state.json` before, HF Trainer's name with another schema (HF's
 tools read it as theirs); checkpoints written under that name are still found and resumed.
@@ -12,12 +15,16 @@ tools read it as theirs); checkpoints written under that name are still found an
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
 
+from training.checkpoints import manifest
 from training.runtime.errors import InputError
+
+log = logging.getLogger("training")
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "finetune_state.json"
@@ -32,16 +39,29 @@ def state_file(ckpt: Path) -> Path | None:
     return None
 
 
-def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path, str | None]]:
+    """Every checkpoint-N directory in output_dir, by step: (step, path, why it is incomplete or None)."""
     out = Path(output_dir)
     if not out.is_dir():
         return []
     found = []
     for p in out.iterdir():
         m = CKPT_RE.match(p.name)
-        if m and p.is_dir() and state_file(p) is not None:
-            found.append((int(m.group(1)), p))
+        if m and p.is_dir():
+            step = int(m.group(1))
+            why = None if state_file(p) is not None else f"no {STATE_FILE}"
+            found.append((step, p, why or manifest.incomplete(p, step)))
     return sorted(found)
+
+
+def complete_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The whole checkpoints in output_dir, by step: their manifest is there and so is every file it lists."""
+    return [(s, p) for s, p, why in checkpoints(output_dir) if why is None]
+
+
+def skipped_lines(output_dir: str | os.PathLike) -> list[str]:
+    """One line per checkpoint that resume and rotation pass over, saying which and why."""
+    return [f"{p.name} is skipped: incomplete, {why}" for _, p, why in checkpoints(output_dir) if why is not None]
 
 
 def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
@@ -53,6 +73,8 @@ def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
     if not arg:
         return None
     if arg == "auto":
+        for line in skipped_lines(output_dir):
+            log.warning("--resume_from_checkpoint auto: %s", line)
         found = complete_checkpoints(output_dir)
         step = _agreed(found, None)
         if step is _ALONE:
@@ -67,6 +89,11 @@ def resolve_resume(arg: str | None, output_dir: str) -> Path | None:
         raise InputError(f"--resume_from_checkpoint {arg}: no such directory")
     if state_file(p) is None:
         raise InputError(f"--resume_from_checkpoint {arg}: not a complete checkpoint (no {STATE_FILE})")
+    why = manifest.incomplete(p, int(m.group(1)) if m else None)
+    if why is not None and (p / manifest.MANIFEST).is_file():
+        raise InputError(f"--resume_from_checkpoint {arg}: not a complete checkpoint: {why}")
+    if why is not None:  # named by the user, from before manifests: taken as it is, and said
+        log.warning("--resume_from_checkpoint %s: %s; resuming from it as asked", arg, why)
     return p
 
 
@@ -128,6 +155,7 @@ def rotate(output_dir: str, limit: int | None, lineage: str | None = None) -> li
     run's in the same directory are never deleted, and their higher steps never push out this run's own."""
     if not limit or limit <= 0:
         return []
+    # whole checkpoints only: a damaged newer one never pushes out the last complete one
     found = complete_checkpoints(output_dir)
     if lineage is not None:
         found = [(s, p) for s, p in found if _lineage(p) == lineage]

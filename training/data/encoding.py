@@ -4,7 +4,9 @@ Masking: the conversation is rendered once with the tokenizer's own chat
 template, and the character span of every assistant turn (from the end of
 its `<|im_start|>assistant\\n` header through its end-of-turn token) is found
 in that text, turn by turn, anchored on the turn's header and its content. Tokens whose characters lie
-inside such a span get labels; all others get -100. Working on the rendered
+inside such a span get labels; all others get -100. An assistant turn's tool calls are part of its span (the
+model learns to make them); tool results and the tools' schemas, rendered in other turns and the system
+prompt, never are; neither are a preference pair's prompt turns (Conversation.first_labelled). Working on the rendered
 text rather than on prefixes of the conversation keeps this right for
 templates that render earlier turns differently from the last one (Qwen3
 drops old thinking blocks and adds an empty one to the last reply).
@@ -70,11 +72,18 @@ class ChatEncoder:
         if not self.end_of_turn:
             raise InputError("the tokenizer has neither <|im_end|> nor an eos token to end an assistant turn")
 
-    def render(self, messages, add_generation_prompt: bool = False) -> str:
-        return self.tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    def render(self, messages, add_generation_prompt: bool = False, tools=()) -> str:
+        return self.tok.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
 
-    def assistant_spans(self, text: str, conv: Conversation) -> list[tuple[int, int]]:
+    def assistant_spans(self, text: str, conv: Conversation, parts: list | None = None) -> list[tuple[int, int]]:
+        """The character spans of the assistant turns to train on. `parts`, when given, gets (kind, start, end)
+        of each tool result's text ("tool") and each assistant turn's tool calls ("call")."""
         spans, cursor = [], 0
+        if conv.tools and not any(t["function"]["name"] in text[:text.find(self.header) if self.header in text
+                                                                  else len(text)] for t in conv.tools):
+            raise InputError(f"record {conv.index} (id {conv.id!r}): the chat template does not render the record's "
+                             "tools (a Qwen2.5 or Qwen3 chat template does)")
         for t, msg in enumerate(conv.messages):
             content = msg["content"]
             if msg["role"] != "assistant":
@@ -83,6 +92,8 @@ class ChatEncoder:
                 anchor = content.strip()
                 pos = text.find(anchor, cursor) if anchor else -1
                 cursor = pos + len(anchor) if pos >= 0 else cursor
+                if parts is not None and msg["role"] == "tool" and pos >= 0:
+                    parts.append(("tool", pos, cursor))
                 continue
             if "</think>" in content:
                 content = content.split("</think>")[-1]  # templates re-render the thinking part
@@ -96,12 +107,23 @@ class ChatEncoder:
             end = text.find(self.end_of_turn, pos + len(anchor))
             if end < 0:
                 raise InputError(f"record {conv.index} (id {conv.id!r}): no {self.end_of_turn} after assistant turn {t}")
-            spans.append((start, end + len(self.end_of_turn)))
+            calls = msg.get("tool_calls") or ()
+            if calls:
+                body = text[pos + len(anchor):end]
+                missing = [c["function"]["name"] for c in calls if c["function"]["name"] not in body]
+                if missing:
+                    raise InputError(f"record {conv.index} (id {conv.id!r}): the chat template does not render the "
+                                     f"tool calls of assistant turn {t} ({', '.join(missing)}); a Qwen2.5 or Qwen3 "
+                                     "chat template does")
+                if parts is not None:
+                    parts.append(("call", pos + len(anchor), end))
+            if t >= conv.first_labelled:
+                spans.append((start, end + len(self.end_of_turn)))
             cursor = end + len(self.end_of_turn)
         return spans
 
     def encode(self, conv: Conversation) -> Encoded:
-        text = self.render(conv.messages)
+        text = self.render(conv.messages, tools=conv.tools)
         spans = self.assistant_spans(text, conv)
         enc = self._tokenize_bounded(text)
         ids = list(enc["input_ids"])

@@ -1,14 +1,13 @@
-"""Reading and checking chat records (pure Python: no torch, no transformers).
+"""Reading and checking chat records and preference pairs (pure Python: no torch, no transformers).
 
-Two formats, one record per JSON object, in a JSON array file or a JSON-lines file:
+One record per JSON object, in a JSON array file or a JSON-lines file, in any format of training.data.formats
+(Qwen's and ShareGPT's conversations, OpenAI's messages with tool calls, ms-swift's and LLaMA-Factory's tool turns,
+alpaca; for DPO, TRL's, LLaMA-Factory's and ms-swift's preference pairs), detected from the record's keys or given.
 
-    Qwen:    {"id": "x", "conversations": [{"from": "system"|"user"|"assistant", "value": "..."}]}
-    OpenAI:  {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}
-
-Both become a Conversation with OpenAI-style messages, the form chat templates
-take. Every record is checked before training starts: a bad one raises
-InputError naming the file, the record index and id (and the line for
-JSON lines), and what is wrong.
+Every record becomes a Conversation with OpenAI-style messages and its tools, the form chat templates take (a
+preference record two of them, sharing the prompt). Every record is checked before training starts: a bad one
+raises InputError naming the file, the record index and id (and the line for JSON lines), the turn and what is
+wrong. training.data.sources reads the other containers (Parquet, Arrow, saved data sets) and mixes several.
 """
 
 from __future__ import annotations
@@ -18,19 +17,29 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.data import formats
 from training.runtime.errors import InputError
 
-BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).parents[1] / "demo_data" / "demo_chat.jsonl"}
-ROLES = {"system": "system", "user": "user", "assistant": "assistant",
-         # ShareGPT spellings, common in data sets that otherwise follow Qwen's format
-         "human": "user", "gpt": "assistant"}
+BUILTIN_DATA = {"builtin:demo-chat": Path(__file__).parents[1] / "demo_data" / "demo_chat.jsonl",
+                "builtin:demo-pref": Path(__file__).parents[1] / "demo_data" / "demo_pref.jsonl"}
 
 
 @dataclass(frozen=True)
 class Conversation:
     index: int  # position in the file, 0-based
     id: str  # the record's own id, or "#index" when it has none
-    messages: tuple  # ({"role": ..., "content": ...}, ...)
+    messages: tuple  # ({"role": ..., "content": ..., "tool_calls": [...]}, ...)
+    tools: tuple = ()  # the tools' schemas the template renders ({"type": "function", "function": {...}})
+    first_labelled: int = 0  # assistant turns before this message are context (a preference pair's prompt)
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One DPO record: the prompt with the chosen answer, and with the rejected one."""
+    index: int
+    id: str
+    chosen: Conversation
+    rejected: Conversation
 
 
 class Records(list):
@@ -49,8 +58,15 @@ def resolve_data_path(path: str) -> Path:
     return Path(path)
 
 
-def load_conversations(path: str) -> Records:
-    """Reads and checks every record of a data file."""
+def other_container(path: str) -> bool:
+    """A Parquet or Arrow file, a saved data set's folder or a hub data set (training.data.sources reads those)."""
+    if path.startswith("builtin:"):
+        return False
+    return path.startswith("hf:") or Path(path).suffix in (".parquet", ".arrow") or Path(path).is_dir()
+
+
+def read_objects(path: str) -> tuple[list, str]:
+    """The (line, object) of every record of a JSON or JSON-lines file, and the SHA-256 of its bytes."""
     file = resolve_data_path(path)
     if not file.is_file():
         raise InputError(f"{path}: data file not found" if not file.exists() else f"{path}: not a file")
@@ -68,8 +84,31 @@ def load_conversations(path: str) -> Records:
     raw = list(_parse(path, text))
     if not raw:
         raise InputError(f"{path}: no records")
-    return Records((_check_record(path, i, line, obj) for i, (line, obj) in enumerate(raw)),
-                   hashlib.sha256(data).hexdigest())
+    return raw, hashlib.sha256(data).hexdigest()
+
+
+def load_conversations(path: str, fmt: str = "auto", tags: formats.Tags | None = None) -> Records:
+    """Reads and checks every record of a chat data file (JSON or JSON lines; training.data.sources reads the
+    others)."""
+    if other_container(path):
+        from training.data.sources import load_source
+
+        return load_source(path, fmt, preference=False)
+    raw, digest = read_objects(path)
+    if fmt != "auto" or tags is not None:  # the same bytes read another way are other records
+        digest = hashlib.sha256(f"{fmt}:{tags}:{digest}".encode()).hexdigest()
+    return Records((check_chat(path, i, line, obj, fmt, tags) for i, (line, obj) in enumerate(raw)), digest)
+
+
+def load_pairs(path: str, fmt: str = "auto") -> Records:
+    """Reads and checks every preference record of a DPO data file."""
+    if other_container(path):
+        from training.data.sources import load_source
+
+        return load_source(path, fmt, preference=True)
+    raw, digest = read_objects(path)
+    return Records((check_pair(path, i, line, obj, fmt) for i, (line, obj) in enumerate(raw)),
+                   hashlib.sha256(f"pairs:{fmt}:{digest}".encode()).hexdigest())
 
 
 class _DuplicateKey(ValueError):
@@ -198,53 +237,45 @@ def _locate_hostile(text: str) -> tuple[int, int, str]:
     return line, record, "cannot be read as JSON"
 
 
-def _encodable(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def _check_record(path: str, index: int, line: int | None, obj) -> Conversation:
+def _record_id(obj, index: int) -> str:
     rid = obj.get("id") if isinstance(obj, dict) else None
-    rid = f"#{index}" if rid is None else str(rid)[:100]
+    return f"#{index}" if rid is None else str(rid)[:100]
+
+
+def _bad(path: str, index: int, line: int | None, obj):
     where = f"{path}:{line}" if line is not None else path
+    rid = _record_id(obj, index)
 
     def bad(problem: str) -> InputError:
         return InputError(f"{where}: record {index} (id {rid!r}): {problem}")
 
+    return bad
+
+
+def check_chat(path: str, index: int, line: int | None, obj, fmt: str = "auto",
+               tags: formats.Tags | None = None) -> Conversation:
+    """One chat record checked and normalised (InputError names the file, line, record, id, turn and problem)."""
+    bad = _bad(path, index, line, obj)
     if not isinstance(obj, dict):
         raise bad(f"expected a JSON object, got {type(obj).__name__}")
-    if "conversations" in obj:
-        turns, role_key, text_key, field = obj["conversations"], "from", "value", "conversations"
-    elif "messages" in obj:
-        turns, role_key, text_key, field = obj["messages"], "role", "content", "messages"
-    else:
-        raise bad("has neither 'conversations' (Qwen format) nor 'messages' (OpenAI format)")
-    if not isinstance(turns, list):
-        raise bad(f"'{field}' must be a list, got {type(turns).__name__}")
-    if not turns:
-        raise bad(f"empty conversation ('{field}' is [])")
-    messages = []
-    for t, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise bad(f"{field}[{t}] must be an object, got {type(turn).__name__}")
-        if role_key not in turn:
-            raise bad(f"{field}[{t}] has no '{role_key}'")
-        role = ROLES.get(turn[role_key]) if isinstance(turn[role_key], str) else None
-        if role is None:
-            raise bad(f"{field}[{t}] has unknown role {turn[role_key]!r} (expected system, user or assistant)")
-        content = turn.get(text_key)
-        if not isinstance(content, str):
-            raise bad(f"{field}[{t}].{text_key} must be a string, got {type(content).__name__}")
-        if not _encodable(content):
-            raise bad(f"{field}[{t}].{text_key} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
-                      "not text a tokenizer can read")
-        if role == "assistant" and not content.strip():
-            raise bad(f"{field}[{t}] is an empty assistant reply")
-        messages.append({"role": role, "content": content})
+    try:
+        messages, tools = formats.chat(obj, fmt, tags)
+    except formats.BadRecord as e:
+        raise bad(str(e)) from None
     if not any(m["role"] == "assistant" for m in messages):
         raise bad("no assistant turn (nothing to learn from)")
-    return Conversation(index=index, id=rid, messages=tuple(messages))
+    return Conversation(index=index, id=_record_id(obj, index), messages=tuple(messages), tools=tools)
 
+
+def check_pair(path: str, index: int, line: int | None, obj, fmt: str = "auto") -> PreferencePair:
+    """One preference record checked and normalised into its two conversations."""
+    bad = _bad(path, index, line, obj)
+    if not isinstance(obj, dict):
+        raise bad(f"expected a JSON object, got {type(obj).__name__}")
+    try:
+        pair = formats.preference(obj, fmt)
+    except formats.BadRecord as e:
+        raise bad(str(e)) from None
+    rid, k = _record_id(obj, index), len(pair.prompt)
+    return PreferencePair(index, rid, Conversation(index, rid, tuple(pair.prompt + pair.chosen), pair.tools, k),
+                          Conversation(index, rid, tuple(pair.prompt + pair.rejected), pair.tools, k))

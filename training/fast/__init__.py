@@ -9,6 +9,7 @@ compile.py    torch.compile of each decoder layer (one graph reused by every lay
 optim.py      fused AdamW where the device has it
 autobatch.py  the largest packed micro-batch that fits, and gradient checkpointing only when nothing fits without it
 step.py       one micro-batch's forward and summed loss, for either path
+preference.py DPO: pairs packed into rows, their answers' log-probabilities, the sigmoid and IPO losses
 lora_dropout.py  LoRA's dropout inside the Triton kernel of the adapter's first matmul (drawn again in backward)
 allocator.py  expandable CUDA memory segments (set before torch starts CUDA) and the allocator's retry count
 sequence_parallel.py  one packed row spread over the ranks of a group (Ulysses), for records longer than one GPU holds

@@ -52,7 +52,13 @@ def prepare(model, args: WorkerFlags, fast, model_config: dict, device, stage: i
     transformers' loss runs. fast.packing_tokens gets its default (--packing_tokens, or micro-batch x length)."""
     fast.gradient_checkpointing = bool(args.train.gradient_checkpointing)
     loss_module = (FastLoss(model, fast.ce, args.data.model_max_length, fast.labelled_logits)
-                   if fast.our_loss else None)
+                   if fast.our_loss and args.pref.stage != "dpo" else None)
+    if args.pref.stage == "dpo":  # packing is required (training.args.check_pref): the loss is always ours
+        from training.fast.preference import PreferenceLoss
+
+        pr = args.pref
+        loss_module = PreferenceLoss(model, fast.ce, args.data.model_max_length, fast.labelled_logits,
+                                     pr.pref_beta, pr.pref_loss, pr.pref_ftx)
     if fast.packing:
         from training.fast.attention import cudnn_self_test, cudnn_shape_unfit, set_kernel, use_packed_attention
 
@@ -69,8 +75,9 @@ def prepare(model, args: WorkerFlags, fast, model_config: dict, device, stage: i
             fast.attention, fast.why["attention_kernel"] = "flash", f"flash: {unfit}"
         use_packed_attention(model)
         set_kernel(fast.attention)
+        pair = 2 if args.pref.stage == "dpo" else 1  # a DPO row holds pairs: two answers a record
         fast.packing_tokens = (args.fast.packing_tokens
-                               or args.train.per_device_train_batch_size * args.data.model_max_length)
+                               or args.train.per_device_train_batch_size * pair * args.data.model_max_length)
     if stage == 3:
         from training.fast import zero3
 

@@ -85,8 +85,6 @@ def check_method(args: WorkerFlags, config: dict, on_cuda: bool, stage: int) -> 
         raise InputError(f"{args.model.model_name_or_path}: the checkpoint is {quant}-quantized; "
                          "only --q_lora can train it (LoRA on the frozen quantized base)")
     if not args.lora.q_lora:
-        if args.lora.use_lora:
-            _check_expert_lora(args, config)
         return "lora" if args.lora.use_lora else "full"
     if stage == 3 and quant:
         raise InputError(f"--q_lora on a {quant.upper()}-quantized checkpoint does not work with ZeRO-3 (its packed "
@@ -113,21 +111,7 @@ def check_method(args: WorkerFlags, config: dict, on_cuda: bool, stage: int) -> 
                          "transformers stores its experts fused as 3-D tensors, which bitsandbytes cannot quantize (it "
                          "quantizes nn.Linear layers only): nearly all of the weights would stay in 16 bits. Use "
                          "--use_lora (a 16-bit base, sharded by ZeRO-3 across GPUs) instead")
-    _check_expert_lora(args, config)
     return "qlora"
-
-
-def _check_expert_lora(args: WorkerFlags, config: dict) -> None:
-    """LoRA reaches fused experts through peft's target_parameters, which refuses dropout: said before loading."""
-    from training.model.moe import MLP_NAMES, layout_of_config, moe_shape
-
-    asked = [m for m in args.lora.lora_target_modules if m in MLP_NAMES]
-    if not (asked and args.lora.lora_dropout > 0 and moe_shape(config)) or layout_of_config(config) != "fused":
-        return
-    raise InputError(f"--lora_target_modules {','.join(asked)} adapt the experts of {args.model.model_name_or_path}, "
-                     "stored fused as 3-D tensors, through peft's target_parameters, which does not support "
-                     f"--lora_dropout (got {args.lora.lora_dropout:g}): give --lora_dropout 0, or adapt the attention "
-                     "only: --lora_target_modules q_proj,k_proj,v_proj,o_proj")
 
 
 def load_tokenizer(source: str):
@@ -258,11 +242,18 @@ def apply_method(args: WorkerFlags, model, method: str):
         extra["target_parameters"] = params  # fused experts: peft's LoRA on 3-D parameters
     if routers and args.moe.train_router:
         extra["modules_to_save"] = [moe.ROUTER_KEY]  # trained in full and saved with the adapter
+    # peft's LoRA on fused 3-D expert weights (target_parameters) has no dropout and refuses any: the adapters are
+    # made without it, and the dropout asked for goes on the adapters of nn.Linear modules alone
+    dropout = args.lora.lora_dropout
     cfg = LoraConfig(
-        r=args.lora.lora_r, lora_alpha=args.lora.lora_alpha, lora_dropout=args.lora.lora_dropout,
+        r=args.lora.lora_r, lora_alpha=args.lora.lora_alpha, lora_dropout=0.0 if params else dropout,
         target_modules=modules, bias="none", task_type="CAUSAL_LM", **extra,
     )
     model = get_peft_model(model, cfg)
+    if params and dropout > 0:
+        n = _linear_lora_dropout(model, dropout)
+        log.info("LoRA dropout %g on the %d adapted linear modules; none on the fused experts' adapters (%s): "
+                 "peft's LoRA on 3-D parameters has no dropout", dropout, n, ", ".join(params))
     if routers:
         log.info("mixture of experts (%s experts): LoRA on %s; routers %s", moe.expert_layout(model),
                  ", ".join(modules + params), "trained (--train_router)" if extra.get("modules_to_save")
@@ -273,6 +264,20 @@ def apply_method(args: WorkerFlags, model, method: str):
     log.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters",
              args.lora.lora_r, args.lora.lora_alpha, ",".join(args.lora.lora_target_modules), trainable, total)
     return model
+
+
+def _linear_lora_dropout(model, p: float) -> int:
+    """Dropout `p` on every LoRA adapter of an nn.Linear (peft's lora.Linear); how many got it."""
+    import torch.nn as nn
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, LoraLinear):
+            for name in list(m.lora_dropout.keys()):
+                m.lora_dropout[name] = nn.Dropout(p=p)
+            n += 1
+    return n
 
 
 def shard_quantized_base(model, device) -> int:

@@ -181,7 +181,9 @@ class Trackers:
             if self.gpu_feed is not None:
                 values.update(self.gpu_feed.since_last())
         elif event == "eval":
-            values = {"eval/loss": record["eval_loss"], "eval/tokens": float(record.get("eval_tokens") or 0)}
+            # eval/loss and eval/tokens (a DPO run's eval/rewards_* and eval/pairs too)
+            values = {"eval/tokens": 0.0, **numbers({k[len("eval_"):]: v for k, v in record.items()
+                                                     if k.startswith("eval_")}, "eval")}
         elif event == "end" and self.gpu_feed is not None:
             # what the monitor wrote since the last logging step (a short run may end before its next flush)
             values = self.gpu_feed.since_last()

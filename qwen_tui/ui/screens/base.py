@@ -125,6 +125,16 @@ class StepScreen(Screen):
     def refresh_state(self) -> None:
         """Redraw this screen from `self.state`."""
 
+    # What this step means when SLURM gives the nodes, for a step that acts on listed nodes ("": the same).
+    SLURM_NOTE = ""
+
+    def slurm_says(self) -> bool:
+        """With SLURM giving the nodes, an action on listed nodes says what happens instead; True when it did."""
+        if self.SLURM_NOTE and self.state.preset.scheduler.is_slurm:
+            self.notify(self.SLURM_NOTE, severity="warning", timeout=10)
+            return True
+        return False
+
     def connect_nodes(self, indices: list[int] | None = None,
                       on_progress: Callable[[int, str], None] | None = None) -> NodeResults:
         """Connect the preset's nodes through the wizard's Connections (run.api), asking the

@@ -126,10 +126,18 @@ class NetworkScreen(StepScreen):
         self.query_one("#field-errors", Static).update(
             Text("\n".join(plain(e.path, e.message, changes.get(e.path), labels) for e in errors), style=tone(FAIL)))
 
+    SLURM_NOTE = ("SLURM gives this run its nodes: their ports, firewall, bandwidth and a rehearsal are checked "
+                  "through srun inside the batch job, before training; `qwen-tui check PRESET` checks nodes SLURM "
+                  "gives now (salloc)")
+
     def refresh_state(self) -> None:
         st = self.state
         t = self.query_one(DataTable)
         t.clear()
+        t.display = not st.preset.scheduler.is_slurm
+        if st.preset.scheduler.is_slurm:
+            self.query_one("#net-findings", Static).update(Text(self.SLURM_NOTE + ".", style="dim"))
+            return
         for i, n in enumerate(st.preset.cluster.nodes):
             nf = st.node_facts(i)
             iface = st.preset.network.interface or (nf.route_interface if nf else None) or "?"
@@ -168,6 +176,8 @@ class NetworkScreen(StepScreen):
         w.update(Text("\n".join(self._progress), style=tone(WARNING)))
 
     def action_check(self) -> None:
+        if self.slurm_says():
+            return
         self._progress = []
         self._show_progress("… connecting to every node")
         self.check()
@@ -196,6 +206,8 @@ class NetworkScreen(StepScreen):
         self._show_progress(f"… {msg.check}: {msg.text}" if not who else f"  {msg.check}: {who}: {msg.text}")
 
     def action_check_one(self, which: str) -> None:
+        if self.slurm_says():
+            return
         self._progress = []
         self._show_progress(f"… the {which} check: connecting, then checking every node")
         self.check_one(which)
@@ -210,6 +222,8 @@ class NetworkScreen(StepScreen):
         self.post_message(NetOneChecked(which, facts, findings))
 
     def action_sync(self) -> None:
+        if self.slurm_says():
+            return
         self.notify("copying what the nodes lack from the master…")
         self.sync_files(False)
 

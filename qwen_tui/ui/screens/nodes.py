@@ -1,5 +1,6 @@
 """Step 1, Nodes: the machines of the run. Add, edit, remove, import a hostfile /
-SLURM node list / ~/.ssh/config, and probe them all in parallel."""
+SLURM node list / ~/.ssh/config, and probe them all in parallel; or (k) let SLURM give them, and say what to ask
+it for (slurm_nodes.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ...wizard.state import NodeStatus, ProbeState, connection_fix, finding_line
 from ..messages import ActionDone, ChangePreset, ProbeProgress
 from ..modals import Choose, Confirm, Form, ImportNodes, Notice
 from ..styles import FAIL, GOOD, WARNING, level_style, tone
+from . import slurm_nodes
 from .base import StepScreen
 
 _NODE_FIELDS = [("host", "host"), ("user", "user"), ("port", "port"), ("gpus", "GPUs (processes)"),
@@ -73,12 +75,15 @@ class NodesScreen(StepScreen):
         Binding("delete,x", "remove", "Remove"),
         Binding("i", "import_nodes", "Import"),
         Binding("p", "probe", "Probe"),
+        Binding("k", "kind", "SSH/SLURM", show=False),  # said in the intro: the footer keeps Quit at 80 columns
     ]
 
     def body(self) -> ComposeResult:
-        yield Label("Nodes: the machines of this run. Node 0 is the master (this machine runs qwen-tui).",
+        yield Label("Nodes: the machines of this run. Node 0 is the master (this machine runs qwen-tui). "
+                    "k: let SLURM give them instead.",
                     classes="intro")
         yield DataTable(id="nodes-table", cursor_type="row", zebra_stripes=True)
+        yield Static(id="slurm-summary")
         yield Static(id="findings")
 
     def on_mount(self) -> None:
@@ -86,9 +91,19 @@ class NodesScreen(StepScreen):
         t.add_columns("#", "host", "user", "port", "GPUs", "GPU model", "status")
         super().on_mount()
 
+    @property
+    def slurm(self) -> bool:
+        return self.state.preset.scheduler.is_slurm
+
     def refresh_state(self) -> None:
         st = self.state
         t = self.query_one(DataTable)
+        t.display = not self.slurm
+        self.query_one("#slurm-summary", Static).display = self.slurm
+        if self.slurm:
+            self.query_one("#slurm-summary", Static).update(slurm_nodes.summary(st.preset))
+            self.query_one("#findings", Static).update("")
+            return
         row = t.cursor_row
         t.clear()
         for i, n in enumerate(st.preset.cluster.nodes):
@@ -144,12 +159,58 @@ class NodesScreen(StepScreen):
 
         self.app.push_screen(Form(title, fields, error, checks=NODE_CHECKS), done)
 
+    def _not_with_slurm(self) -> bool:
+        if self.slurm:
+            self.notify("SLURM gives this run its nodes: e edits what to ask it for, k switches to SSH nodes",
+                        severity="warning")
+        return self.slurm
+
+    def action_kind(self) -> None:
+        p = self.state.preset
+
+        def answer(kind: str | None) -> None:
+            if kind is None or (kind == "slurm") == self.slurm:
+                return
+            changes = slurm_nodes.to_slurm(p) if kind == "slurm" else slurm_nodes.to_ssh(p)
+            self.post_message(ChangePreset(changes, note="SLURM gives the nodes" if kind == "slurm"
+                                           else "nodes over SSH (this machine first: add the others)"))
+
+        self.app.push_screen(Choose("Who gives the nodes?", "SSH nodes: the machines you list, reached over SSH. "
+                                    "SLURM: the nodes SLURM gives (a batch job submitted from here, or the "
+                                    "allocation qwen-tui runs in), reached through srun.",
+                                    [("ssh", "SSH nodes", "s"), ("slurm", "SLURM", "l")]), answer)
+
+    def _slurm_form(self, initial: dict[str, str] | None = None, error: str = "") -> None:
+        fields = slurm_nodes.form_fields(self.state.preset)
+        if initial is not None:
+            fields = [(k, label, initial.get(k, v)) for k, label, v in fields]
+
+        def done(ans: dict[str, Any] | None) -> None:
+            if ans is None:
+                return
+            changes = slurm_nodes.changes_of(ans)
+            try:
+                self.state.preset.with_changes(changes)
+            except PresetError as e:
+                errs = getattr(e, "field_errors", [])
+                words = "\n".join(plain(f.path, f.message, labels=slurm_nodes.LABELS) for f in errs) or str(e)
+                self._slurm_form(ans, error=words)
+                return
+            self.post_message(ChangePreset(changes))
+
+        self.app.push_screen(Form("What to ask SLURM for", fields, error), done)
+
     def action_add(self) -> None:
+        if self._not_with_slurm():
+            return
         # as many GPUs as the nodes already there (the last one's): a new node of a cluster is usually alike
         gpus = self.state.preset.cluster.nodes[-1].gpus
         self._form("Add node", {"host": "", "port": 22, "gpus": gpus}, None)
 
     def action_edit(self) -> None:
+        if self.slurm:
+            self._slurm_form()
+            return
         i = self.query_one(DataTable).cursor_row
         if i is None or i >= len(self.state.preset.cluster.nodes):
             return
@@ -160,6 +221,8 @@ class NodesScreen(StepScreen):
         self._form(f"Edit node {i}", initial, i)
 
     def action_remove(self) -> None:
+        if self._not_with_slurm():
+            return
         i = self.query_one(DataTable).cursor_row
         nodes = self._node_dicts()
         if len(nodes) <= 1:
@@ -180,6 +243,8 @@ class NodesScreen(StepScreen):
                                      "back.", yes="Remove", danger=True), done)
 
     def action_import_nodes(self) -> None:
+        if self._not_with_slurm():
+            return
         cfg = os.path.expanduser(self.state.preset.cluster.ssh_config or "~/.ssh/config")
         text = ""
         if os.path.exists(cfg):
@@ -230,6 +295,8 @@ class NodesScreen(StepScreen):
 
     # ---------------------------------------------------------------- probe
     def action_probe(self) -> None:
+        if self._not_with_slurm():
+            return
         for i in range(len(self.state.preset.cluster.nodes)):
             self.state.node(i).probe = ProbeState.CONNECTING
         self.refresh_all()

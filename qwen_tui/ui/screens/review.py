@@ -77,7 +77,7 @@ def checks_text(st) -> Text:
             def failed_here(ns: NodeStatus, step: str = step) -> bool:
                 return ns.probe == ProbeState.ERROR if step == "nodes" else SshState(ns.ssh).failed
 
-            failed = [f"node {i} ({st.preset.cluster.nodes[i].label})" for i in range(len(st.preset.cluster.nodes))
+            failed = [f"node {i} ({st.preset.slots[i].label})" for i in range(len(st.preset.cluster.nodes))
                       if failed_here(st.node(i))]
             codes = sorted({f.code for f in st.findings if (f.level == Level.ERROR) == (status == BAD)})
             why = ("cannot reach " + ", ".join(failed)) if failed else "; ".join(codes) if step == "nodes" else ""
@@ -131,7 +131,8 @@ class ReviewScreen(StepScreen):
         stem = st.path.stem if (st := self.state).path else (st.preset.name or "run")
         from ...run.export import FORMATS
 
-        names = {"slurm": "SLURM (sbatch)", "pbs": "PBS (qsub)", "sh": "shell scripts (one per node)"}
+        names = {"slurm": "SLURM (sbatch)", "pbs": "PBS (qsub)", "sh": "shell scripts (one per node)",
+                 "kubeflow": "Kubeflow TrainJob", "skypilot": "SkyPilot task"}
         self.app.push_screen(Form("Export scripts", [("format", "format", "slurm"),
                                                      ("output", "directory", f"export/{stem}")],
                                   choices={"format": [(names.get(f, f), f) for f in FORMATS]}), self._export)
@@ -139,7 +140,7 @@ class ReviewScreen(StepScreen):
     def _export(self, ans: dict[str, Any] | None) -> None:
         if not ans:
             return
-        from ...run.export import FORMATS, render
+        from ...run.export import FORMATS, export_files
         from ...run.rundir import new_run_id
 
         fmt = str(ans["format"]).strip()
@@ -148,14 +149,14 @@ class ReviewScreen(StepScreen):
             return
         st = self.state
         run_id = new_run_id(st.preset.name)
-        plan = make_plan(st.preset, run_id=run_id, local_run_dir=f"runs/{run_id}", base_dir=self.wizard.base_dir,
-                         facts=st.facts)
         out = Path(os.path.expanduser(ans["output"]))
         try:
+            files = export_files(st.preset, fmt, run_id=run_id, base_dir=self.wizard.base_dir, facts=st.facts,
+                                 preset_file=str(st.path.absolute()) if st.path else None)
             out.mkdir(parents=True, exist_ok=True)
-            for name, text in render(plan, fmt).items():
+            for name, text in files.items():
                 write_text_atomic(out / name, text, mode=0o755)  # never through a planted link
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.app.push_screen(Notice("Not exported", str(e)))
             return
         self.notify(f"wrote {fmt} scripts to {out}", title="Export")

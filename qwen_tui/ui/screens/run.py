@@ -21,7 +21,17 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from ...run import api
 from ...run.rundir import RunDir, default_runs_root, new_run_id
 from ...run.states import JobState, RunState
-from ..messages import GpuSampleMsg, LaunchEvent, RunEnded, RunNote, RunStarted, RunStopping, RunUpdate
+from ..messages import (
+    GpuSampleMsg,
+    JobLines,
+    JobQueued,
+    LaunchEvent,
+    RunEnded,
+    RunNote,
+    RunStarted,
+    RunStopping,
+    RunUpdate,
+)
 from ..modals import Confirm, Notice
 from ..styles import ERROR, GOOD, SEVERITY, WARNING, WARNING_STRONG, level_style, outcome_style, tone
 from ..widgets.gpu_panel import GpuPanel
@@ -40,9 +50,11 @@ class RunScreen(StepScreen):
     STEP = "run"
     BINDINGS = [
         Binding("s", "stop", "Stop all"),
-        Binding("n", "next_node", "Next node's log"),
+        Binding("n", "next_node", "Next log"),
+        Binding("k", "stacks", "Stacks"),
         Binding("l", "launch", "Launch"),
         Binding("c", "chat", "Chat"),
+        Binding("m", "merge", "Merge"),
     ]
 
     def __init__(self) -> None:
@@ -56,6 +68,8 @@ class RunScreen(StepScreen):
         self._checking: tuple[str, dict[int, list[str]]] | None = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
         self._pending: Callable[[], None] | None = None  # a launch or attach asked for before the first compose
+        self._job = None  # a SLURM batch job submitted from here (run.slurm_job.Submitted)
+        self._job_lines: list[str] = []  # what it printed
 
     def body(self) -> ComposeResult:
         yield Static(id="run-status")
@@ -80,7 +94,7 @@ class RunScreen(StepScreen):
     # ---------------------------------------------------------------- launch / attach
     def action_launch(self) -> None:
         running = self.launcher is not None and self.state.run_status == RunState.RUNNING
-        if self.state.run_status == RunState.STARTING or running:
+        if self.state.run_status in (RunState.STARTING, RunState.PENDING) or running:
             # a second launch would cancel the first one's worker and leave its job unfollowed
             self.notify(f"already {self.state.run_status}", severity="warning")
             return
@@ -115,14 +129,67 @@ class RunScreen(StepScreen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="run")
     def _launch_worker(self, force: bool) -> None:
         """The launch API's sequence on this worker's thread; every event goes to the screen as a
-        Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting."""
+        Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting. A SLURM
+        preset is submitted from here and its job followed (run/slurm_job.py), or inside an allocation runs on
+        the allocation's nodes."""
         app = self.wizard
         st = app.state
         root = app.runs_root or default_runs_root()
-        req = api.LaunchRequest(st.preset, root, new_run_id(st.preset.name or (st.path.stem if st.path else None)),
-                                base_dir=app.base_dir, local_python=app.local_python, force=force,
-                                facts=st.facts, consent=app.ask_host_key, password=app.password)
+        preset = st.preset
+        name = st.preset.name or (st.path.stem if st.path else None)
+        if preset.scheduler.is_slurm and not preset.cluster.nodes:
+            from ...run.slurm.allocation import NotInAllocation, allocation_id, on_allocation
+            from ...run.slurm_job import submit
+
+            job = allocation_id()
+            if job is None:
+                self._follow_submitted(submit(preset, name or "run", root=root,
+                                              replay_flags=["--force"] if force else []))
+                return
+            try:
+                preset = on_allocation(preset, job)
+            except (NotInAllocation, RuntimeError) as e:
+                self.post_message(LaunchEvent(api.Failure("connect", f"not launched: {e}")))
+                return
+        req = api.LaunchRequest(preset, root, new_run_id(name), base_dir=app.base_dir,
+                                local_python=app.local_python, force=force, facts=st.facts,
+                                consent=app.ask_host_key, password=app.password)
         self._run_events(api.launch(req, st.conns), relaunch=req)
+
+    def _follow_submitted(self, events) -> None:
+        """A SLURM batch job submitted from here: its states, its output, then each attempt's steps as any run,
+        and SLURM's final word as the outcome. Stop-all cancels the job (scancel)."""
+        from ...run.launcher import RunOutcome
+        from ...run.slurm_job import JobEnded, JobOutput, Queued, Submitted, follow_job
+
+        worker = get_current_worker()
+        done = lambda: worker.is_cancelled or not self.app.is_running  # noqa: E731
+        for ev in events:
+            if isinstance(ev, Submitted):
+                self._job = ev
+                events = follow_job(RunDir(ev.run_dir), ev.job_id, cancelled=done,
+                                    stop_wanted=lambda: self._stop_wanted)
+                break
+            self.post_message(LaunchEvent(ev))
+        else:
+            return  # not submitted: the Failure says why
+        for ev in events:
+            if isinstance(ev, Queued):
+                self.post_message(JobQueued(ev))
+            elif isinstance(ev, JobOutput):
+                self.post_message(JobLines(ev.lines))
+            elif isinstance(ev, api.Started):
+                self.post_message(RunStarted(ev.launcher))
+                for got in api.follow(ev.launcher, interval=1.0, log_rank=lambda: self.log_rank, cancelled=done):
+                    if isinstance(got, api.Snapshot):
+                        self.post_message(RunUpdate(got))
+                    elif isinstance(got, api.Stopping):
+                        self.post_message(RunStopping(got))
+            elif isinstance(ev, JobEnded):
+                self.post_message(RunEnded(RunOutcome(ev.status, ev.message, None, {}, cause=f"SLURM_{ev.slurm_state}")))
+                return
+            else:
+                self.post_message(LaunchEvent(ev))
 
     def attach(self, rd: RunDir) -> None:
         if self._when_mounted(lambda: self.attach(rd)):
@@ -247,6 +314,25 @@ class RunScreen(StepScreen):
             self._status(Text(f"run {ev.run_id} already ended ({ev.status}): {ev.message}", style="dim"))
             self.wizard.facts_changed()
 
+    def on_job_queued(self, msg: JobQueued) -> None:
+        q = msg.queued
+        self.state.run_status = RunState.PENDING if q.state == "PENDING" else RunState.STARTING
+        style = tone(WARNING) if q.state == "PENDING" else tone(GOOD)
+        text = Text(f"SLURM: {q.text}", style=style)
+        if self._job is not None:
+            text.append(f" · run dir {self._job.run_dir}", style="dim")
+        if q.state == "RUNNING" and self.launcher is None:
+            text.append("\nthe job's own qwen-tui checks its nodes through srun, then starts a step per node",
+                        style="dim")
+        self._status(text)
+        self.wizard.facts_changed()
+
+    def on_job_lines(self, msg: JobLines) -> None:
+        self._job_lines = (self._job_lines + list(msg.lines))[-400:]
+        if self.launcher is None:  # until the steps run, the log pane shows the job's own output
+            self.query_one(LogPane).show(-1, self._job_lines)
+            self.query_one("#log-title", Label).update("Log: the batch job's output")
+
     def _check_line(self, ev) -> str:
         """The check under way, and under it what each node has answered to the checks so far."""
         if self._checking is None:
@@ -325,27 +411,33 @@ class RunScreen(StepScreen):
         for p in self.query(GpuPanel):
             if p.rank in snap.nodes:
                 p.set_status(*snap.nodes[p.rank], note=snap.notes.get(p.rank))
+                p.set_class(snap.hung == p.rank, "-hung")  # the node a hang is blamed on, marked until it ends
         self._show_notices(snap.notices)
-        self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12))
+        self.query_one(LossChart).show(snap.progress, width=max(20, self.query_one(LossChart).size.width - 12),
+                                       hung=snap.hung is not None)
         self.query_one(LogPane).show(snap.log_rank, snap.log)
         panel = next((p for p in self.query(GpuPanel) if p.rank == snap.log_rank), None)
         label = panel.label if panel else snap.log_rank
         self.query_one("#log-title", Label).update(f"Log: node {snap.log_rank} ({label})")  # n: the footer says
 
     def _show_notices(self, notices: tuple) -> None:
-        """The monitor's notices above the log: the last few, each new one also popped up."""
+        """The monitor's notices above the log: the last few, newest first, a line each (the whole text pops up
+        as it comes, and k shows a hang's stacks), so the newest, the end of a hang say, is never below the box's
+        fold."""
         if len(notices) < self._notices_shown:  # a relaunch's follow starts its own list
             self._notices_shown = 0
         for n in notices[self._notices_shown:]:
             self.notify(n.text, title=n.kind.replace("_", " ").title(), timeout=15,
                         severity=SEVERITY[n.level])
         self._notices_shown = len(notices)
-        text = Text()
-        for n in notices[-NOTICES_SHOWN:]:
-            if text:
-                text.append("\n")
-            text.append(n.text, style=level_style(n.level))
-        self.query_one("#run-notices", Static).update(text)
+        box = self.query_one("#run-notices", Static)
+        lines = []
+        for n in reversed(notices[-NOTICES_SHOWN:]):
+            line = Text(n.text, style=level_style(n.level), no_wrap=True, overflow="ellipsis")
+            if box.size.width:
+                line.truncate(box.size.width, overflow="ellipsis")
+            lines.append(line)
+        box.update(Text("\n").join(lines))
 
     def on_run_note(self, msg: RunNote) -> None:
         if not msg.text.startswith("note: "):  # a relaunch under way; a note about the settings only pops up
@@ -391,6 +483,18 @@ class RunScreen(StepScreen):
             self.log_rank = (self.log_rank + 1) % len(self.launcher.plan.nodes)
             self.query_one("#log-title", Label).update(f"Log: node {self.log_rank} (next update)")
 
+    def action_stacks(self) -> None:
+        """The stacks the last hang collected (the run directory's stacks/): what each rank answered, then the
+        stacks of the ranks the hang blames, in a window to read and scroll."""
+        from ...run.stacks import read_collected
+
+        snap = self.last_snapshot
+        hangs = [n for n in (snap.notices if snap else ()) if n.kind == "HANG"]
+        if not hangs:
+            self.notify("no hang has been called in this run: its stacks are collected when one is", title="Stacks")
+            return
+        self.app.push_screen(Notice("Stacks of the last hang", read_collected(hangs[-1])))
+
     def action_chat(self) -> None:
         """A finished run's model, on its master (the launcher's transport to node 0)."""
         from ...run.after import AfterRunError, locate
@@ -406,7 +510,48 @@ class RunScreen(StepScreen):
             return
         self.app.push_screen(ChatScreen(result, self.launcher.transports[0]))
 
+    def action_merge(self) -> None:
+        """A finished LoRA run's adapter merged into its base on the master (OUTPUT_DIR/merged): the model a next
+        stage (DPO on the merged model) or a chat takes."""
+        from ...run.after import AfterRunError, locate
+
+        if self.launcher is None or self.state.run_status != RunState.OK:
+            self.notify("merge needs a run that finished training", severity="warning")
+            return
+        try:
+            result = locate(self.launcher.run_dir.path)
+        except AfterRunError as e:
+            self.notify(str(e), severity="error", title="Merge")
+            return
+        self.notify(f"merging {result.output_dir} into {result.preset.training.model} on node 0…", title="Merge")
+        self._merge_worker(result)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="merge")
+    def _merge_worker(self, result) -> None:
+        from ...run.after import AfterRunError, merge
+
+        try:
+            rep = merge(result, self.launcher.transports[0])
+        except AfterRunError as e:
+            self.app.call_from_thread(self.notify, str(e), severity="error", title="Merge", timeout=15)
+            return
+        text = rep["message"] if rep.get("merged_dir") is None else \
+            f"merged into {rep['merged_dir']} ({rep['seconds']:.1f} s): a next stage (training.stage: dpo) can " \
+            "start from it"
+        self.app.call_from_thread(self.notify, text, title="Merge", timeout=15)
+
     def action_stop(self) -> None:
+        if self.launcher is None and self.state.run_status == RunState.PENDING and self._job is not None:
+            job = self._job.job_id
+
+            def cancel(yes: bool | None) -> None:
+                if yes:
+                    self._stop_wanted = True  # the job's follower cancels it (scancel)
+                    self._status(Text(f"cancelling SLURM job {job} (scancel)…", style=tone(WARNING)))
+
+            self.app.push_screen(Confirm(f"Cancel SLURM job {job}?", "It leaves SLURM's queue (scancel); nothing "
+                                         "of it has run yet.", yes="Cancel the job", danger=True), cancel)
+            return
         if self.launcher is None or self.state.run_status != RunState.RUNNING:
             self.notify("nothing running")
             return

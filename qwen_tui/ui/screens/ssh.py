@@ -74,10 +74,18 @@ class SSHScreen(StepScreen):
         if ev.input.id == "identity":
             self.change("cluster.identity_file", ev.value.strip() or None)
 
+    SLURM_NOTE = ("SLURM gives this run its nodes: srun reaches them (munge authenticates every job step), so no "
+                  "SSH key is needed")
+
     def refresh_state(self) -> None:
         st = self.state
         t = self.query_one(DataTable)
         t.clear()
+        t.display = not st.preset.scheduler.is_slurm
+        if st.preset.scheduler.is_slurm:
+            self.query_one("#ssh-failures", Static).update("")
+            self.query_one("#pairs", Static).update(Text(self.SLURM_NOTE + ".", style=tone(GOOD)))
+            return
         for i, n in enumerate(st.preset.cluster.nodes):
             ns = st.node(i)
             addr = "this machine" if n.is_local else f"{n.user + '@' if n.user else ''}{n.host}:{n.port}"
@@ -108,6 +116,8 @@ class SSHScreen(StepScreen):
 
     # ---------------------------------------------------------------- connect
     def action_connect(self) -> None:
+        if self.slurm_says():
+            return
         self.connect_all()
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="ssh")
@@ -141,6 +151,8 @@ class SSHScreen(StepScreen):
 
     # ---------------------------------------------------------------- keys
     def action_install_key(self) -> None:
+        if self.slurm_says():
+            return
         if all(n.is_local for n in self.state.preset.cluster.nodes):
             self.notify("every node is this machine: nothing to install")
             return
@@ -176,4 +188,6 @@ class SSHScreen(StepScreen):
         self.wizard.facts_changed()
 
     def action_verify_pairs(self) -> None:
+        if self.slurm_says():
+            return
         self.action_install_key()  # setup_keys is idempotent and ends with the all-pairs matrix

@@ -40,7 +40,9 @@ ON_OFF = [("on", True), ("off", False)]
 FIELDS: list[tuple[str, str, Any]] = [
     ("name", "preset name", "opt"),
     ("training.model", "model (hub id or path)", "text"),
-    ("training.data", "data (JSON/JSONL)", "text"),
+    ("training.data", "data (JSON/JSONL)", "opt"),  # empty with training.datasets (a mixture, in the YAML)
+    ("training.stage", "stage", [("SFT", "sft"), ("DPO (preference pairs)", "dpo")]),
+    ("training.pref_beta", "DPO beta", "text"),
     ("training.eval_data", "eval data (optional)", "opt"),
     ("training.eval_steps", "eval every N steps", "text"),
     ("training.method", "method", [("full", "full"), ("LoRA", "lora"), ("Q-LoRA", "qlora")]),
@@ -64,7 +66,18 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.save_steps", "save every N steps", "text"),
     ("training.save_total_limit", "keep checkpoints", "opt"),
     ("training.resume_from_checkpoint", "resume from", "opt"),
+    # recovery (run/restarts.py, run/watchdog.py, run/health.py): the defaults said in the labels and choices
+    ("training.restarts", "relaunches (0: none)", "text"),
+    ("training.exclude_failed", "after a node fails",
+     [("relaunch on the same nodes", False), ("relaunch without it", True)]),
+    ("monitor.hang_timeout", "hung after, seconds", "opt"),
+    ("monitor.on_hang", "on a hang", [("alert: say so, train on", "alert"), ("stop every node", "stop"),
+                                      ("stop, relaunch from ckpt", "restart")]),
+    ("monitor.unreachable_timeout", "unreachable limit, s", "text"),
 ]
+# What an empty field means, where empty is a value of its own
+PLACEHOLDERS = {"monitor.hang_timeout": "auto: 5 step times, at least 120 s",
+                "training.save_total_limit": "all", "training.resume_from_checkpoint": "start afresh"}
 PATHS = {p for p, _, _ in FIELDS}
 LABELS = {p: label for p, label, _ in FIELDS}
 LOCAL_FILES = ("training.data", "training.eval_data", "training.model")  # checked on this machine as typed
@@ -105,7 +118,8 @@ class TrainingScreen(StepScreen):
                             yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
                                             suggester=SuggestFromList(MODEL_SUGGESTIONS, case_sensitive=False))
                         else:
-                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True)
+                            yield FieldInput(value=_shown(v), id=_wid(path), compact=True,
+                                             placeholder=PLACEHOLDERS.get(path, ""))
                     yield Static("", id=f"err-{_wid(path)}", classes="field-error")
                     if path == "training.device":
                         with Horizontal(classes="form-row"):
@@ -187,8 +201,9 @@ class TrainingScreen(StepScreen):
     def _path_note(self, path: str, value: Any) -> Text:
         """A data or model path that node 0 (this machine) does not have, said as it is typed: not refused
         (it may be copied there before the launch), but not left for the launch to find out."""
-        nodes = self.state.preset.cluster.nodes
-        if path not in LOCAL_FILES or not value or not nodes[0].is_local or str(value).startswith("builtin:"):
+        nodes = self.state.preset.slots
+        local = nodes[0].is_local or self.state.preset.scheduler.is_slurm  # SLURM's nodes share this machine's files
+        if path not in LOCAL_FILES or not value or not local or str(value).startswith("builtin:"):
             return Text("")
         text = str(value)
         if path == "training.model" and not text.startswith(("/", ".", "~")):
@@ -241,12 +256,12 @@ class TrainingScreen(StepScreen):
                       if step is not None and gpu_run else unknown if gpu_run else Text("-"))
             t.add_row("tokens/s", Text(f"{est.tokens_per_s:,.0f}") if est.tokens_per_s and gpu_run
                       else unknown if gpu_run else Text("-"))
-            if gpu_run and not est.link_measured and len(st.preset.cluster.nodes) > 1:
+            if gpu_run and not est.link_measured and len(st.preset.slots) > 1:
                 scaling = Text("not measured (link speed unknown)", style=tone(WARNING))
             else:
                 scaling = Text(f"{est.scaling * 100:.0f} % of linear" if est.scaling is not None and gpu_run else "-")
             t.add_row("scaling", scaling)
-            if gpu_run and len(st.preset.cluster.nodes) > 1:
+            if gpu_run and len(st.preset.slots) > 1:
                 # the bandwidth the estimate uses between nodes, and where it came from (rehearsal, NICs, iperf3)
                 bw = (f"{est.bandwidth_gbps:.3g} Gbit/s ({est.bandwidth_source}"
                       + (", a lower bound)" if est.bandwidth_lower_bound else ")")) if est.bandwidth_gbps else None
@@ -271,7 +286,7 @@ class TrainingScreen(StepScreen):
 
     def action_preview_data(self) -> None:
         preset = self.state.preset.model_copy(deep=True)
-        master = preset.cluster.nodes[0]
+        master = preset.slots[0]
         transport = api.master_transport(preset, self.state.conns)
         panel = self.query_one(DataPanel)
         if transport is None:

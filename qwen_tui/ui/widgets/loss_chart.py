@@ -53,10 +53,11 @@ LABEL_COLUMNS = 10  # the value / "lr" / "eval" labels left of the plot, and a s
 class LossChart(Static):
     _shown: tuple | None = None
 
-    def show(self, prog: TrainingProgress | None, width: int = 60, height: int = 6, ended: bool = False) -> None:
+    def show(self, prog: TrainingProgress | None, width: int = 60, height: int = 6, ended: bool = False,
+             hung: bool = False) -> None:
         """Draw `prog`; the plot never runs wider than the widget (a terminal made smaller, a 100-column
-        one) and is drawn again at the new width on every resize."""
-        self._shown = (prog, width, height, ended)
+        one) and is drawn again at the new width on every resize. `hung`: a hang is called now (no ETA)."""
+        self._shown = (prog, width, height, ended, hung)
         if self.size.width:
             width = max(10, min(width, self.size.width - LABEL_COLUMNS))
         if prog is None or not prog.steps:
@@ -78,14 +79,20 @@ class LossChart(Static):
             info.append(f"   lr {lr:.2e}")
         if tps is not None:
             info.append(f"   {tps:,.0f} tokens/s")
-        if not ended:  # a run that stopped has no time left to tell
+        if hung:  # no step finishes: a time left from the old pace would be a lie
+            info.append("   ETA unknown (hung)", style=tone(WARNING_STRONG))
+        elif not ended:  # a run that stopped has no time left to tell
             info.append(f"   ETA {fmt_duration(prog.eta_seconds())}")
+        if prog.preference:  # DPO: the rewards, on a line of their own
+            info.append("\n" + prog.preference)
         self.summary = info.plain  # what tests and screen readers can check
         lrs = [s.get("learning_rate", s.get("lr")) for s in prog.steps]
         lrs = [v for v in lrs if isinstance(v, (int, float))]
         parts = [info, *plot(prog.losses, width, height)]
         if lrs:
             parts.append(Text("       lr ", style="dim") + Text(spark(lrs, width), style=tone(NOTE)))
+        if prog.accuracies:
+            parts.append(Text("   reward ", style="dim") + Text(spark(prog.accuracies, width), style=tone(NOTE)))
         evs = [e["eval_loss"] for e in prog.evals]
         if len(evs) > 1:
             parts.append(Text("     eval ", style="dim") + Text(spark(evs, width), style=tone(WARNING)))
@@ -93,5 +100,5 @@ class LossChart(Static):
 
     def on_resize(self, _: Resize) -> None:
         if self._shown is not None:
-            prog, _width, height, ended = self._shown
-            self.show(prog, self.size.width - LABEL_COLUMNS, height, ended)
+            prog, _width, height, ended, hung = self._shown
+            self.show(prog, self.size.width - LABEL_COLUMNS, height, ended, hung)
