@@ -175,13 +175,16 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
     t0 = time.monotonic()
     try:
         convs, sources, pairs = _records(args)
-    except InputError:
+    except InputError as first:
         # the worker stops at the first bad record; the preview reads on and reports every kind of problem at once
         if args.data.datasets or args.pref.stage == "dpo" or args.data.data_format != "auto":
             raise
         from training.data.problems import report
 
-        every = report(args.data.data_path)
+        try:
+            every = report(args.data.data_path)
+        except InputError:  # a file that cannot be read at all: the first error says so
+            raise first from None
         if every is None:
             raise
         raise InputError(every) from None

@@ -16,7 +16,7 @@ from qwen_tui.plan.estimate import estimate_memory, host_memory_gib
 from qwen_tui.preset.schema import load_preset
 from support.paths import ROOT
 
-PRESETS = sorted(p for p in (ROOT / "presets").glob("*.yaml") if p.stem != "local-demo")
+PRESETS = sorted(p for p in (ROOT / "presets").glob("*.yaml") if not p.stem.startswith("local-demo"))  # CPU demos
 
 
 def _facts(preset, gpu="NVIDIA H100 80GB HBM3", mib=81559, host_gib=None):

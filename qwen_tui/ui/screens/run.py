@@ -49,7 +49,7 @@ class _Detached(Exception):
 class RunScreen(StepScreen):
     STEP = "run"
     BINDINGS = [
-        Binding("s", "stop", "Stop all"),
+        Binding("s", "stop", "Stop"),
         Binding("n", "next_node", "Next log"),
         Binding("k", "stacks", "Stacks"),
         Binding("l", "launch", "Launch"),
