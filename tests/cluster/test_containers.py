@@ -54,6 +54,9 @@ def _preset(cluster, sshdir, workdir: Path, image: str, nodes: int = 3, **traini
         n["workdir"] = str(workdir)  # not the checkout: the worker that trains is the image's
     d["cluster"]["shared_storage"] = True  # the namespaces share this machine's disk
     d["network"]["interface"] = "eth0"
+    # the rendezvous (and the rehearsal's deadline, 30 s past it) with room for three containers' first start on two
+    # loaded cores, when the image's files are read from disk the first time after a build
+    d["network"]["rdzv_timeout"] = 90
     d["network"]["env"] = {"OMP_NUM_THREADS": "1",  # three CPU "nodes" share two cores
                            "QWEN_TUI_CACHE": os.environ["QWEN_TUI_CACHE"],  # builtin:tiny, built once
                            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
