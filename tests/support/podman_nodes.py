@@ -73,7 +73,7 @@ def build_bare_image() -> str:
     the worker."""
     if store_podman("image", "exists", BARE_TAG).returncode == 0:
         return BARE_TAG
-    bases = sorted(IMAGE_CACHE.glob("base-*/done"))
+    bases = sorted(IMAGE_CACHE.glob("base-*/done"), key=lambda p: p.stat().st_mtime)  # the newest last
     if not bases:
         raise RuntimeError(f"no Debian root filesystem under {IMAGE_CACHE}: build_image() first")
     rootfs = bases[-1].parent / "rootfs"
