@@ -54,7 +54,7 @@ def preview_command(preset: Preset, *, base_dir: str = ".", local_python: str | 
     if longer_than:
         argv += ["--longer_than", str(longer_than)]
     argv += ["--", *master.argv[at + 1:]]
-    return argv, master.workdir
+    return [*master.container, *argv], master.workdir  # in the run's container where it has one
 
 
 def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: str | None = None,
