@@ -47,7 +47,7 @@ def preview_command(preset: Preset, *, base_dir: str = ".", local_python: str | 
     if longer_than:
         argv += ["--longer_than", str(longer_than)]
     argv += ["--", *master.argv[at + 1:]]
-    return argv, master.workdir
+    return [*master.container, *argv], master.workdir  # in the run's container where it has one
 
 
 def tokens_per_second(preset: Preset, facts: ClusterFacts | None = None, *, gpu: str | None = None,

@@ -36,15 +36,17 @@ def matrix(rep, title: str) -> Table:
     from qwen_tui.nodes.checks.runner import COLUMNS
 
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    # the container column only for a preset that runs the nodes' jobs in one (where it was looked at)
+    columns = [c for c in COLUMNS if c != "container" or any(rep.verdict(i, c) != "-" for i in range(len(rep.labels)))]
     # 100 columns less the checks' (each its name and a space): what a node's label may take before it is cut
-    room = 100 - sum(len(HEADERS.get(c, c)) + 1 for c in COLUMNS)
+    room = 100 - sum(len(HEADERS.get(c, c)) + 1 for c in columns)
     t.add_column("node", no_wrap=True, overflow="ellipsis", min_width=6, max_width=room)
-    for c in COLUMNS:
+    for c in columns:
         h = HEADERS.get(c, c)
         t.add_column(h, justify="center", no_wrap=True, min_width=len(h))
     for i, lab in enumerate(rep.labels):
         # Text, not markup: user values (labels) are never read as markup
-        cells = [Text(MARKS.get(v, v), style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in COLUMNS)]
+        cells = [Text(MARKS.get(v, v), style=COLOURS.get(v, "")) for v in (rep.verdict(i, c) for c in columns)]
         t.add_row(Text(f"{i} {printable(lab)}"), *cells)
     return t
 

@@ -99,6 +99,8 @@ class NodeFacts:
     cpu_count: int | None = None
     memory_total_mib: int | None = None
     python_version: str | None = None
+    # where the probe found itself running in a container, what says so (/run/.containerenv, /.dockerenv, ...)
+    in_container: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)  # torch, transformers, peft, deepspeed, ... (None = missing)
     training_importable: bool | None = None
     disk_free_bytes: int | None = None  # in the output dir's filesystem

@@ -62,6 +62,7 @@ class Proc:
     start: int
     state: str
     marks: dict[str, str] = field(default_factory=dict)
+    ppid: int | None = None  # the parent's pid, where it was read
 
 
 def parse_stat(text: str) -> tuple[str, int, int] | None:
@@ -70,6 +71,15 @@ def parse_stat(text: str) -> tuple[str, int, int] | None:
     rest = text[text.rfind(")") + 1:].split()
     try:
         return rest[0], int(rest[2]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_ppid(text: str) -> int | None:
+    """The parent's pid from the text of /proc/PID/stat, or None."""
+    rest = text[text.rfind(")") + 1:].split()
+    try:
+        return int(rest[1])
     except (IndexError, ValueError):
         return None
 
@@ -160,9 +170,13 @@ def signal_job(t: JobHost, ref: JobRef, sig: int) -> int:
 
 
 def workers(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
-    """The job's processes outside its leader's group: the ranks torchrun started (each in a
-    session of its own) and whatever they started."""
-    return [p for p in members(ref, procs) if p.pgrp != ref.pid]
+    """The job's processes outside its leader's group whose parent is the job's too: the ranks torchrun started
+    (each in a session of its own) and whatever they started. A torchrun agent in a container is outside the
+    group as well (the runtime starts it in a session of its own) but its parent is the runtime's monitor, not
+    the job's: it is no worker, and is left to see its workers end, as an agent on the node itself is."""
+    mine = members(ref, procs)
+    pids = {p.pid for p in mine}
+    return [p for p in mine if p.pgrp != ref.pid and (p.ppid is None or p.ppid in pids)]
 
 
 def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
@@ -227,7 +241,7 @@ def local_proc(pid: int) -> Proc | None:
     if parsed is None:
         return None
     env = _read(f"/proc/{pid}/environ", "rb") or b""
-    return Proc(pid, parsed[1], parsed[2], parsed[0], parse_marks(env))
+    return Proc(pid, parsed[1], parsed[2], parsed[0], parse_marks(env), parse_ppid(stat))
 
 
 def local_procs(pgid: int, run_id: str) -> list[Proc]:
@@ -241,7 +255,8 @@ def local_procs(pgid: int, run_id: str) -> list[Proc]:
         else:  # a member of the group that changed its environment
             stat = _read(f"/proc/{d}/stat")
             parsed = parse_stat(stat) if stat else None
-            p = Proc(d, parsed[1], parsed[2], parsed[0]) if parsed and parsed[1] == pgid else None
+            p = Proc(d, parsed[1], parsed[2], parsed[0], ppid=parse_ppid(stat)) if parsed and parsed[1] == pgid \
+                else None
         if p is not None:
             out.append(p)
     return out

@@ -16,6 +16,7 @@ from ..base.shell import quote_argv
 from ..cluster.facts import ClusterFacts
 from ..cluster.ib import active_ports, nccl_ib_env
 from ..preset.schema import Node, Preset, Training
+from .container import container_name, env_names, run_mounts, runtime_prefix
 
 # Where a remote node keeps its part of a run, relative to the node's workdir.
 REMOTE_RUNS = ".qwen-tui/runs"
@@ -35,7 +36,14 @@ class NodeCommand:
     workdir: str
     run_dir: str  # where this node's log and exit code live (on that node)
     env: dict[str, str]
-    argv: list[str]
+    argv: list[str]  # the worker's command: inside the container where there is one
+    # the container runtime's command that argv runs after (plan/container.py); empty: on the node itself
+    container: list[str] = field(default_factory=list)
+
+    @property
+    def command(self) -> list[str]:
+        """What the node runs: argv, inside its container where the preset names one."""
+        return [*self.container, *self.argv]
 
     @property
     def log_path(self) -> str:
@@ -57,7 +65,7 @@ class NodeCommand:
         from ..base.redact import is_secret, printable
 
         envs = [f'{k}="${k}"' if is_secret(k) else quote_argv([f"{k}={v}"]) for k, v in self.env.items()]
-        return printable(f"cd {quote_argv([self.workdir])} && env " + " ".join([*envs, quote_argv(self.argv)]))
+        return printable(f"cd {quote_argv([self.workdir])} && env " + " ".join([*envs, quote_argv(self.command)]))
 
 
 @dataclass
@@ -191,6 +199,12 @@ def _ib_env(facts: ClusterFacts | None, rank: int) -> dict[str, str]:
     return nccl_ib_env(nf.ib_ports) if nf is not None else {}
 
 
+def _gpus_in_container(preset: Preset, facts: ClusterFacts | None, rank: int) -> bool:
+    """Hand the node's GPUs to its container, unless the run is on CPU or the probe found none there."""
+    nf = facts.nodes.get(rank) if facts else None
+    return preset.training.device != "cpu" and not (nf is not None and nf.gpus == [])
+
+
 def node_run_dir(node: Node, run_id: str, local_run_dir: str) -> str:
     """Where a node's log and exit code live: <workdir>/.qwen-tui/runs/<id> on a remote node
     (a relative workdir is taken from the login directory, as every remote path is)."""
@@ -253,6 +267,9 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             next_gpu += node.gpus
         env.update(preset.network.env)
         python = node.python_for(local_python)
+        if preset.container is not None:  # the image's Python, with the container's own variables
+            python = preset.container.python
+            env.update(preset.container.env)
         argv = [
             python, "-m", "torch.distributed.run",
             "--nnodes", str(len(nodes)),
@@ -272,9 +289,16 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
         workdir = node.workdir
         if node.is_local and not posixpath.isabs(workdir):
             workdir = posixpath.normpath(posixpath.join(base_dir, workdir))
+        container: list[str] = []
+        if preset.container is not None:
+            mounts, make = run_mounts(preset, workdir, run_dir, env)
+            container = runtime_prefix(preset.container, name=container_name(run_id, rank), workdir=workdir,
+                                       mounts=mounts, env=env_names(env, preset.container),
+                                       gpus=_gpus_in_container(preset, facts, rank),
+                                       infiniband=backend == "nccl" and ib is False, make_dirs=make)
         cmds.append(NodeCommand(rank=rank, label=node.label, host=node.host, local=node.is_local,
                                 nproc=node.gpus, workdir=workdir,
-                                run_dir=run_dir, env=env, argv=argv))
+                                run_dir=run_dir, env=env, argv=argv, container=container))
     return LaunchPlan(run_id=run_id, nnodes=len(nodes), world_size=preset.world_size, master_addr=master_addr,
                       master_port=port, backend=backend, effective_batch_size=ebs, batch_formula=formula,
                       metrics_file=metrics_file, output_dir=t.output_dir, nodes=cmds,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .scheduler import Scheduler
 from .yaml_io import PresetError  # defined beside the YAML guards; everyone imports it from here
@@ -254,6 +254,101 @@ class Monitor(_Strict):
                                  description="logged steps in a row a node must be slow before it is named")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Limits a runtime's --ulimit knows (docker run --ulimit and podman run --ulimit take the same names).
+ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss",
+                "rtprio", "rttime", "sigpending", "stack")
+
+
+class Container(_Strict):
+    """Each node's job inside a container image (docs/containers.md). The flags multi-node training needs
+    (host network, PID and IPC namespaces, unlimited memlock, the GPUs, InfiniBand where the node has it, the
+    workdir, run directory and the run's paths mounted, the job's environment passed by name) are qwen-tui's
+    to set (plan/container.py); these fields say only what differs between sites."""
+
+    runtime: Literal["podman", "docker", "apptainer", "enroot"] = Field(
+        description="the container runtime on every node")
+    image: str = Field(min_length=1, description="podman/docker: an image on each node (never pulled); apptainer: "
+                       "a .sif file (or a sandbox directory); enroot: a .sqsh file or a container from enroot "
+                       "create")
+    mounts: list[str] = Field(default_factory=list, description="more bind mounts, HOST[:CONTAINER][:ro], "
+                              "absolute paths (the workdir, run directory and the run's own paths are mounted "
+                              "already)")
+    env: dict[str, str] = Field(default_factory=dict, description="variables set inside the container only")
+    pass_env: list[str] = Field(default_factory=list, description="names of variables passed in from the node's "
+                                "environment as they are there (HF_TOKEN, WANDB_API_KEY): by name, never written")
+    python: str = Field(default="python3", min_length=1, description="the image's Python")
+    ulimits: dict[str, str] = Field(default_factory=dict, description="podman/docker --ulimit NAME=SOFT[:HARD] "
+                                    "on top of memlock=-1:-1 (unlimited, for NCCL's pinned memory); 'host' keeps "
+                                    "the node's own limit")
+    extra_args: list[str] = Field(default_factory=list, description="more flags for the runtime's run command, "
+                                  "verbatim, before the image")
+
+    @field_validator("image", "python")
+    @classmethod
+    def _one_word(cls, v: str) -> str:
+        if _CONTROL.search(v) or re.search(r"\s", v):
+            raise ValueError("must be one word, without spaces or control characters")
+        if v.startswith("-"):
+            raise ValueError(f"must not start with '-' (the runtime would read {v!r} as a flag)")
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            parts = m.split(":")
+            if _CONTROL.search(m) or "," in m:
+                raise ValueError(f"{m!r}: no commas or control characters (apptainer's --bind splits on commas)")
+            opts = parts[2] if len(parts) == 3 else (parts[1] if len(parts) == 2 and not parts[1].startswith("/")
+                                                     else None)
+            paths = [p for p in parts if p != opts]
+            if len(parts) > 3 or not paths or len(paths) > 2 or opts not in (None, "ro", "rw"):
+                raise ValueError(f"{m!r}: must be HOST, HOST:CONTAINER, HOST:ro or HOST:CONTAINER:ro")
+            for p in paths:
+                if not p.startswith("/"):
+                    raise ValueError(f"{m!r}: {p!r} is not an absolute path")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV_NAME.fullmatch(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env(cls, v: list[str]) -> list[str]:
+        for k in v:
+            if not _ENV_NAME.fullmatch(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimits(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        runtime = info.data.get("runtime")
+        if v and runtime in ("apptainer", "enroot"):
+            raise ValueError(f"{runtime} has no --ulimit (its processes keep the node's limits: raise them in "
+                             "/etc/security/limits.conf)")
+        for k, val in v.items():
+            if k not in ULIMIT_NAMES:
+                raise ValueError(f"{k!r} is not a limit the runtimes know (one of {', '.join(ULIMIT_NAMES)})")
+            if val != "host" and not re.fullmatch(r"-?\d+(:-?\d+)?", str(val)):
+                raise ValueError(f"{k}: {val!r} must be SOFT[:HARD] (numbers, -1 for unlimited) or 'host'")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if _CONTROL.search(a):
+                raise ValueError(f"{a!r}: must not contain control characters")
+        return v
+
+
 class Preset(_Strict):
     version: int = Field(default=PRESET_VERSION, description="the preset format's version")
     name: str | None = Field(default=None, description="names the run and its run directory; default the "
@@ -267,6 +362,8 @@ class Preset(_Strict):
     monitor: Monitor = Field(default_factory=Monitor, description="how qwen-tui watches a running job")
     scheduler: Scheduler = Field(default_factory=Scheduler, description="who gives the run its nodes: SSH (the "
                                  "nodes listed) or SLURM")
+    container: Container | None = Field(default=None, description="run each node's job in this container image "
+                                        "(docs/containers.md); none: on the node itself")
 
     @field_validator("name")
     @classmethod
@@ -335,6 +432,25 @@ class Preset(_Strict):
         if self.monitor.on_hang == "restart" and not self.training.restarts:
             raise ValueError("monitor.on_hang: restart relaunches through training.restarts, which is 0 "
                              "(set training.restarts to 1 or more, or on_hang to alert or stop)")
+        return self
+
+    @model_validator(mode="after")
+    def _container_paths(self) -> "Preset":
+        # The container sees the node's paths mounted at the same place: a path must mean one place on the node
+        # before the job starts (a remote workdir relative to the login directory, or ~, is known only there).
+        if self.container is None:
+            return self
+        for i, n in enumerate(self.cluster.nodes):
+            if not n.is_local and not n.workdir.startswith("/"):
+                raise ValueError(f"cluster.nodes.{i}.workdir: {n.workdir!r} is relative to the login directory; "
+                                 "a container run mounts the workdir at the same path inside the image, so give "
+                                 "it as an absolute path (/home/you/run, /shared/project)")
+        t = self.training
+        for name in ("model", "data", "eval_data", "output_dir", "tokenized_cache_dir", "resume_from_checkpoint"):
+            v = getattr(t, name)
+            if v is not None and v.startswith("~"):
+                raise ValueError(f"training.{name}: {v!r}: inside a container ~ is the image's home, not the "
+                                 "node's; give an absolute path or one relative to the workdir")
         return self
 
     @model_validator(mode="after")

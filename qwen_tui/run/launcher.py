@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..nodes.checks.containers import remove as remove_container
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
@@ -141,7 +142,7 @@ class Launcher:
 
         def go(c: NodeCommand) -> tuple[int, int | None]:
             t = self.transports[c.rank]
-            pid = t.start_job(c.argv, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
+            pid = t.start_job(c.command, env=c.env, cwd=c.workdir, log=c.log_path, rcfile=c.rc_path,
                               run_id=self.plan.run_id)
             return pid, t.proc_start(pid)
 
@@ -589,6 +590,11 @@ class Launcher:
                 # only processes that prove they are this run's job are signalled
                 gone = stop_job(self.transports[c.rank], ref, grace=grace,
                                 on_phase=lambda text: self._phase(c.rank, text))
+                if c.container:  # a stop that had to kill the runtime's client can leave its container behind
+                    left = remove_container(self.transports[c.rank], c.container)
+                    if left:
+                        self._phase(c.rank, f"container left: {left}")
+                        gone = False
                 if self.nodes[c.rank].status == JobState.RUNNING:
                     self.nodes[c.rank].status = JobState.STOPPED
                 return gone

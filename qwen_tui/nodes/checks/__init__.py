@@ -9,6 +9,8 @@ topology.py   a node's GPUs and how they reach each other (nvidia-smi topo), par
 ibcheck.py    InfiniBand/RoCE: the HCAs the probe found, and the network NCCL chose in the rehearsal
 storage.py    whether the output directory is one filesystem on every node, measured
 rehearsal.py  a few-second torchrun job on every node: the rendezvous and an all-reduce with the run's settings
+containers.py a preset's container runtime on each node: runtime and image there, the probe inside the image,
+              what a container that does not start said (and, for the launcher's stop, the run's container removed)
 findings.py   a check's finding: an Issue with its fix and its cell of the matrix
 codes.py      every code a check reports, what raises it and what fixes it (the manual's reference is built from it)
 """

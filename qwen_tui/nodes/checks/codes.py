@@ -16,6 +16,43 @@ CHECKS: dict[str, CodeDoc] = {
         "by cause: `qwen-tui keys PRESET` for authentication; verify an unknown key's fingerprint, then "
         "`--accept-new-host-keys`; find out why a key changed before removing the old known_hosts entry; else check "
         "the host name, port and that sshd runs (`ssh -v HOST`)"),
+    # container: the runtime and the image, where the preset runs each node's job in one (docs/containers.md)
+    "CONTAINER_RUNTIME_MISSING": CodeDoc(
+        "error",
+        "`container.runtime` (podman, docker, apptainer, enroot) is not on the PATH of a login to the node",
+        "install it there, or set `container.runtime` to the one the nodes have"),
+    "CONTAINER_IMAGE_MISSING": CodeDoc(
+        "error",
+        "`container.image` is not on the node (qwen-tui never pulls it)",
+        "copy it from a node that has it (`podman save IMAGE | ssh NODE podman load`; a `.sif` or `.sqsh` file to "
+        "its path), or build it there: `containers/build-image.sh`"),
+    "CONTAINER_CHECK_FAILED": CodeDoc(
+        "error",
+        "the runtime could not say whether the image is there (docker's daemon does not answer, this user may not "
+        "use it), or the node did not answer",
+        "run the runtime's image command on the node by hand; start the daemon, or add the user to its group"),
+    "CONTAINER_IMAGE_UNCHECKED": CodeDoc(
+        "info",
+        "the image is a URI (`docker://...` for Apptainer): the runtime fetches it when the job starts, so there is "
+        "nothing on the node to look at before"),
+    "CONTAINER_START_FAILED": CodeDoc(
+        "error",
+        "the probe's container did not start with the run's flags: limits the runtime may not raise, no CDI spec "
+        "for the GPUs, no such Python in the image; the message carries the runtime's words",
+        "by cause: raise the node's hard limits or `container.ulimits: {memlock: host}`; `nvidia-ctk cdi generate "
+        "--output=/etc/cdi/nvidia.yaml`; `container.python`"),
+    "IMAGE_LACKS_WORKER": CodeDoc(
+        "error",
+        "the image's Python lacks torch, transformers, peft, accelerate or qwen-tui's worker (the probe ran inside "
+        "it)",
+        "build the image with qwen-tui's wheel and its train extra: `containers/build-image.sh`"),
+    "IMAGE_WORKER_VERSION": CodeDoc(
+        "warning",
+        "the image's qwen-tui is another version than the one that launches",
+        "rebuild the image from this version: `containers/build-image.sh`"),
+    "CONTAINER": CodeDoc(
+        "info",
+        "what the image holds, one line a node: the runtime, qwen-tui, torch, transformers and Python it trains with"),
     # python: the node's interpreter and its stack
     "PYTHON_MISSING": CodeDoc(
         "error",

@@ -25,8 +25,8 @@ from qwen_tui.nodes.transport.protocol import Transport
 from qwen_tui.preset.schema import Preset
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]
-VERSIONED = ("torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes", "liger-kernel",
-             "nvidia-cudnn-frontend")
+VERSIONED = ("qwen-tui", "torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes",
+             "liger-kernel", "nvidia-cudnn-frontend")
 TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 
 SNIPPET = program("probe.py")  # remote/ib_sysfs.py, digests.py and probe.py
@@ -86,6 +86,7 @@ def facts_from_json(d: dict) -> NodeFacts:
                   route_interface=d.get("route_interface"), ib_devices=d.get("ib_devices") or [],
                   cpu_count=d.get("cpu_count"), memory_total_mib=d.get("memory_total_mib"),
                   python_version=d.get("python_version"), versions=d.get("versions") or {},
+                  in_container=d.get("in_container"),
                   training_importable=d.get("training_importable"), disk_free_bytes=d.get("disk_free_bytes"),
                   shm_bytes=d.get("shm_bytes"), memlock_bytes=d.get("memlock_bytes"), open_files=d.get("open_files"),
                   cuda_version=d.get("cuda_version"))
@@ -145,17 +146,26 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
     Returns (facts, raw JSON). A missing python is a fact, not a crash."""
     node = preset.cluster.nodes[index]
     python = node.python_for(local_python or sys.executable)  # as replay and the wizard launch it
+    prefix: list[str] = []
+    if preset.container is not None:  # inside the image the run uses, with its flags and mounts
+        from qwen_tui.nodes.checks.containers import probe_prefix
+
+        python = preset.container.python
+        prefix = probe_prefix(preset, index, t.abspath(node.workdir))
     tr = preset.training
     args = {"master": preset.master_addr, "tools": list(TOOLS), "gpu_query": GPU_QUERY,
             "versioned": list(VERSIONED), "output_dir": tr.output_dir,
             "data": local_path(tr.data), "model": local_path(tr.model),
             "hub_model": [synced_rel(tr.model), tr.model] if hub_id(tr.model) else None,
             "hf_env": {k: v for k, v in preset.network.env.items() if k in ("HF_HOME", "HF_HUB_CACHE")}}
-    r = t.run([python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
+    r = t.run([*prefix, python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)
     if r.rc == 96:
         host = t.run(["hostname"], timeout=10)
         return NodeFacts(hostname=host.stdout.strip() or None,
                          error=f"workdir {node.workdir} does not exist on the node"), {"workdir_missing": True}
+    if prefix and r.rc in (125, 126, 127):  # the runtime's own exit codes: the container did not start
+        return NodeFacts(error=f"the container did not start (exit {r.rc})"), \
+            {"container_failed": {"rc": r.rc, "err": (r.stderr.strip() or r.stdout.strip())[-2000:]}}
     if r.rc == 127 or (r.rc != 0 and not r.stdout.strip() and "not found" in r.stderr):
         host = t.run(["hostname"], timeout=10)
         return NodeFacts(hostname=host.stdout.strip() or None, missing_tools=["python"],

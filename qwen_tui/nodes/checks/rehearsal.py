@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.cluster.failures import CONSEQUENTIAL, Diagnosis, diagnose
 from qwen_tui.cluster.ib import nccl_transport
+from qwen_tui.nodes.checks.containers import remove as remove_container
 from qwen_tui.nodes.checks.findings import ERROR, INFO, Finding
 from qwen_tui.nodes.checks.ibcheck import nccl_network_findings
 from qwen_tui.nodes.checks.runner import CheckReport
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import on_nodes
 from qwen_tui.nodes.transport.protocol import Transport, stop_group
+from qwen_tui.plan.container import with_env
 from qwen_tui.plan.estimate_comm import REHEARSAL_BUCKET_MB
-from qwen_tui.plan.launch import LaunchPlan
+from qwen_tui.plan.launch import LaunchPlan, NodeCommand
 from qwen_tui.preset.schema import Preset
 
 # Runs in every rank. Prints one line "QT_REHEARSAL {json}".
@@ -97,6 +99,16 @@ def rehearsal_argv(argv: list[str], python: str, size_mb: float, timeout: int,
     return [*argv[:cut], "--no-python", python, "-c", SNIPPET, f"{size_mb:g}", str(timeout), f"{budget_s:g}"]
 
 
+def rehearsal_job(c: NodeCommand, backend: str, python: str, size_mb: float, timeout: int,
+                  budget_s: float = ALLREDUCE_BUDGET_S) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of node `c`'s rehearsal: inside its container where the plan has one (the image that trains is
+    the one rehearsed), the rehearsal's own variables passed in too."""
+    env = rehearsal_env(c.env, backend)
+    argv = rehearsal_argv(c.argv, python, size_mb, timeout, budget_s)
+    box = with_env(c.container, [k for k in env if k not in c.env]) if c.container else []
+    return [*box, *argv], env
+
+
 def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dict[int, str],
              deadline_s: float = 60.0, size_mb: float | None = None, collective_timeout: int = 30,
              allreduce_budget_s: float = ALLREDUCE_BUDGET_S,
@@ -118,10 +130,8 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
 
     def start(r: int) -> int:
         c = cmds[r]
-        env = rehearsal_env(c.env, plan.backend)
-        return transports[r].start_job(rehearsal_argv(c.argv, pythons[r], size_mb, collective_timeout,
-                                                      allreduce_budget_s), env=env,
-                                       cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
+        argv, env = rehearsal_job(c, plan.backend, pythons[r], size_mb, collective_timeout, allreduce_budget_s)
+        return transports[r].start_job(argv, env=env, cwd=c.workdir, log=paths[r][0], rcfile=paths[r][1])
 
     started = on_nodes(start, sorted(cmds), timeout=60)
     pids = started.succeeded
@@ -143,7 +153,12 @@ def rehearse(plan: LaunchPlan, transports: dict[int, Transport], *, pythons: dic
         time.sleep(poll)
 
     # Stop whatever still runs, everywhere, before reading the logs.
-    stops = on_nodes(lambda r: stop_group(transports[r], pids[r], grace=3), sorted(pids), timeout=30)
+    def stop(r: int) -> bool:
+        gone = stop_group(transports[r], pids[r], grace=3)
+        # and the node's container, which a killed runtime client may leave behind
+        return (remove_container(transports[r], cmds[r].container) is None) and gone if cmds[r].container else gone
+
+    stops = on_nodes(stop, sorted(pids), timeout=90)
     left = sorted(r for r, v in stops.items() if v is not True)
     tails = on_nodes(lambda r: transports[r].read_file(paths[r][0], offset=0, limit=4 << 20, timeout=10),
                      sorted(cmds), timeout=20)
@@ -207,7 +222,8 @@ def add_rehearsal(preset: Preset, transports: dict[int, Transport], rep: CheckRe
 
     from qwen_tui.plan.launch import make_plan
 
-    plan = make_plan(preset, run_id="rehearsal", local_run_dir=os.getcwd(), facts=rep.facts,
+    # a run id of its own: it names the rehearsal's containers, which another rehearsal on the nodes must not replace
+    plan = make_plan(preset, run_id=f"rehearsal-{uuid.uuid4().hex[:8]}", local_run_dir=os.getcwd(), facts=rep.facts,
                      local_python=local_python)
     r = rehearse(plan, transports, pythons={c.rank: c.argv[0] for c in plan.nodes}, facts=rep.facts,
                  deadline_s=preset.network.rdzv_timeout + 30)

@@ -12,6 +12,9 @@ from typing import Any
 
 from qwen_tui.base.levels import worst
 from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.nodes.checks.containers import HOST_TOOLS, image_findings
+from qwen_tui.nodes.checks.containers import precheck as container_precheck
+from qwen_tui.nodes.checks.containers import start_failure as container_start_failure
 from qwen_tui.nodes.checks.findings import ERROR, INFO, WARNING, Finding, connect_fix
 from qwen_tui.nodes.checks.ibcheck import ib_findings
 from qwen_tui.nodes.checks.netcheck import check_bandwidth, check_firewalls, check_ports
@@ -20,8 +23,8 @@ from qwen_tui.nodes.checks.topology import topology_findings
 from qwen_tui.nodes.transport.protocol import Transport
 from qwen_tui.preset.schema import Preset
 
-COLUMNS = ["ssh", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports", "firewall",
-           "bandwidth", "rehearsal"]
+COLUMNS = ["ssh", "container", "python", "gpu", "code", "data", "model", "disk", "limits", "port", "nccl-ports",
+           "firewall", "bandwidth", "rehearsal"]
 FIXES = {
     "python": "install Python 3.10+ on the node, or set cluster.nodes[{i}].python to its path",
     "torchrun": "{py} -m pip install torch  (torchrun comes with torch)",
@@ -125,7 +128,9 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = Non
         if f.error and f.gpus is not None:
             out.append(Finding(ERROR, "PROBE_FAILED", f"{lab}: {f.error}", "", i, "python"))
             continue
-        if f.versions.get("torch") is None:
+        if preset.container is not None:  # the image's Python: what it lacks is the image's to fix
+            out += image_findings(preset, i, f)
+        elif f.versions.get("torch") is None:
             out.append(Finding(ERROR, "TORCH_MISSING", f"{lab}: torch is not installed for {py}",
                                FIXES["torchrun"].format(py=py), i, "python"))
         elif "torchrun" in f.missing_tools:
@@ -147,7 +152,7 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = Non
             else:
                 out.append(Finding(INFO, "GPUS", desc, "", i, "gpu"))
             out += topology_findings(preset, i, lab, f)
-        if not f.training_importable:
+        if not f.training_importable and preset.container is None:
             out.append(Finding(ERROR, "CODE_MISSING", f"{lab}: `training` is not importable in {nodes[i].workdir}",
                                "copy the project there: qwen-tui check --sync", i, "code"))
         if f.disk_free_bytes is not None and f.disk_free_bytes < LOW_DISK:
@@ -170,9 +175,11 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = Non
             a, b = ref.versions.get(pkg), f.versions.get(pkg)
             if a != b and (a or b):
                 lvl = ERROR if pkg == "torch" else WARNING
+                fix = f"{nodes[i].python_for(local_python)} -m pip install {pkg}=={a}" if a else ""
+                if preset.container is not None:
+                    fix = f"the nodes hold different builds of {preset.container.image}: copy the master's there"
                 out.append(Finding(lvl, "VERSION_MISMATCH", f"{lab}: {pkg} {b or 'missing'}, master has {a or 'missing'}",
-                                   f"{nodes[i].python_for(local_python)} -m pip install {pkg}=={a}" if a else "",
-                                   i, "python"))
+                                   fix, i, "python"))
         if ref.python_version and f.python_version and ref.python_version.rsplit(".", 1)[0] != \
                 f.python_version.rsplit(".", 1)[0]:
             out.append(Finding(WARNING, "PYTHON_MISMATCH", f"{lab}: Python {f.python_version}, master has "
@@ -257,8 +264,22 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
             rep.not_checked[(i, c)] = "the node is unreachable"
     for i in transports:
         checked[i].add("ssh")
-    say("probe", None, f"probing {len(transports)} node(s): Python stack, GPUs, data, disk")
-    probes = probe_all(preset, transports, local_python=local_python)
+    blocked: set[int] = set()
+    if preset.container is not None:
+        c = preset.container
+        say("container", None, f"looking for {c.runtime} and the image {c.image} on {len(transports)} node(s)")
+        found, blocked, host_missing = container_precheck(preset, transports)
+        rep.findings += found
+        for i in transports:
+            checked[i].add("container")
+            say("container", i, "cannot run the job's container" if i in blocked else f"{c.runtime} and the image")
+        for i in blocked:  # nothing can be probed where the image cannot run
+            facts.nodes[i] = NodeFacts(error=f"no {c.runtime} or no image {c.image}", missing_tools=["python"])
+            for col in COLUMNS[2:]:
+                rep.not_checked[(i, col)] = f"the job's container cannot run there ({c.runtime}, {c.image})"
+    where = " inside the image" if preset.container is not None else ""
+    say("probe", None, f"probing {len(transports) - len(blocked)} node(s){where}: Python stack, GPUs, data, disk")
+    probes = probe_all(preset, {i: t for i, t in transports.items() if i not in blocked}, local_python=local_python)
     for i, v in sorted(probes.items()):
         say("probe", i, f"probe failed: {v}" if isinstance(v, BaseException) else "probed")
     probed: set[int] = set()
@@ -271,6 +292,17 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
                 rep.not_checked[(i, c)] = "the probe failed"
             continue
         facts.nodes[i], raw = v
+        if preset.container is not None:  # the probe saw the image's tools; these few run on the node itself
+            f = facts.nodes[i]
+            f.missing_tools = sorted({t for t in f.missing_tools if t not in HOST_TOOLS} |
+                                     set(host_missing.get(i, [])))
+        if raw.get("container_failed"):
+            rep.findings.append(container_start_failure(preset, i, raw["container_failed"]["rc"],
+                                                        raw["container_failed"]["err"]))
+            facts.nodes[i].missing_tools = ["python"]  # no Python to run the node's programs in
+            for col in COLUMNS[2:]:
+                rep.not_checked[(i, col)] = "the job's container did not start there"
+            continue
         probed.add(i)
         if raw.get("ephemeral_ports"):
             ephemeral[i] = tuple(raw["ephemeral_ports"])

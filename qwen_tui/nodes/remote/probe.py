@@ -7,6 +7,9 @@ import hashlib, json, os, platform, shutil, socket, subprocess, sys
 a = json.loads(sys.argv[1])
 out = {"hostname": socket.gethostname(), "python_version": platform.python_version(),
        "python": sys.executable, "cpu_count": os.cpu_count(), "cwd": os.getcwd()}
+# in a container? podman's and docker's marker files, Apptainer's and enroot's variables
+out["in_container"] = next((p for p in ("/run/.containerenv", "/.dockerenv") if os.path.exists(p)), None) or \
+    next((v for v in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "ENROOT_ROOTFS") if os.environ.get(v)), None)
 def run(argv, t=20):
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=t)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import posixpath
 import signal as _signal
 
-from ..jobs import Proc, parse_marks, parse_stat
+from ..jobs import Proc, parse_marks, parse_ppid, parse_stat
 from ..programs import program
 from .protocol import TransportError
 
@@ -63,7 +63,7 @@ class NodeCommands:
             if not pid.isdigit() or parsed is None:
                 continue
             env = "\0".join(marks.split()).encode()
-            out.append(Proc(int(pid), parsed[1], parsed[2], parsed[0], parse_marks(env)))
+            out.append(Proc(int(pid), parsed[1], parsed[2], parsed[0], parse_marks(env), parse_ppid(stat)))
         return out
 
     def kill_procs(self, procs, sig, *, timeout=15.0) -> int:

@@ -27,13 +27,15 @@ ENGINES: dict[str, tuple[str, Callable[..., str]]] = {
 
 
 def _argv_with(cmd: NodeCommand, replace: dict[str, str]) -> str:
-    """Quote argv, but let the values of `replace` flags be shell expressions."""
+    """Quote the node's command (in its container where it has one), but let the values of `replace` flags be shell
+    expressions."""
     out, skip = [], False
-    for i, a in enumerate(cmd.argv):
+    argv = cmd.command
+    for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
-        if a in replace and i + 1 < len(cmd.argv):
+        if a in replace and i + 1 < len(argv):
             out += [shlex.quote(a), replace[a]]
             skip = True
         else:
@@ -64,7 +66,7 @@ def _header(plan: LaunchPlan) -> list[str]:
 def render_sh(plan: LaunchPlan, cmd: NodeCommand) -> str:
     lines = ["#!/usr/bin/env bash", *_header(plan), f"# node {cmd.rank} ({cmd.label}): run this on that node",
              "set -euo pipefail", f"cd {shlex.quote(cmd.workdir)}", *_env_lines(cmd.env),
-             "exec " + " ".join(shlex.quote(a) for a in cmd.argv), ""]
+             "exec " + " ".join(shlex.quote(a) for a in cmd.command), ""]
     return "\n".join(lines)
 
 

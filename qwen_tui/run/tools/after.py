@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...nodes.transport.protocol import Transport
+from ...plan.container import with_stdin
 from ...preset.schema import Preset, load_preset
 from ..rundir import RunDir
 from ..states import RunState
@@ -39,6 +40,7 @@ class RunResult:
     workdir: str  # node 0's working directory
     output_dir: str  # absolute, or relative to workdir
     finished: bool | None  # the worker's end record says ok (None: the metrics are on a remote master)
+    container: list[str] = field(default_factory=list)  # node 0's container command, as the run used it
 
     @property
     def master(self):
@@ -88,12 +90,15 @@ def locate(run_dir: str | Path) -> RunResult:
                                 + (f" ({state['message']})" if state.get("message") else "")
                                 + ": there is no final model to use")
     return RunResult(run_dir=rd.path, preset=preset, python=node0.argv[0], workdir=node0.workdir, output_dir=out,
-                     finished=finished)
+                     finished=finished, container=list(node0.container))
 
 
 def _run(res: RunResult, transport: Transport, module: str, args: list[str], timeout: float,
          input: bytes | None = None) -> dict[str, Any]:
-    return run_json_tool(transport, [res.python, "-m", module, *args], cwd=res.workdir, timeout=timeout,
+    # in the run's image where it trained in one: its Python has the worker's packages, its mounts the outputs
+    box = with_stdin(res.container) if input is not None else res.container
+    return run_json_tool(transport, [*box, res.python, "-m", module, *args], cwd=res.workdir,
+                         timeout=timeout,
                          what=module, error=AfterRunError, input=input)
 
 
