@@ -30,14 +30,14 @@ LEGEND = ("✔ ok   ! warning   ✘ error   ? not checked (--json says why)   - 
 HEADERS = {"nccl-ports": "nccl", "bandwidth": "link"}  # the matrix's shorter words for two checks
 
 
-def matrix(rep, title: str) -> Table:
+def matrix(rep, title: str, *, containers: bool) -> Table:
     """The node x check matrix: a row a node, a column a check, a coloured mark a cell. The checks' columns keep
-    their whole names; a long node label gives way first."""
+    their whole names; a long node label gives way first. `containers`: the preset runs the nodes' jobs in a
+    container (the container column is shown only then)."""
     from qwen_tui.nodes.checks.runner import COLUMNS
 
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
-    # the container column only for a preset that runs the nodes' jobs in one (where it was looked at)
-    columns = [c for c in COLUMNS if c != "container" or any(rep.verdict(i, c) != "-" for i in range(len(rep.labels)))]
+    columns = [c for c in COLUMNS if c != "container" or containers]
     # 100 columns less the checks' (each its name and a space): what a node's label may take before it is cut
     room = 100 - sum(len(HEADERS.get(c, c)) + 1 for c in columns)
     t.add_column("node", no_wrap=True, overflow="ellipsis", min_width=6, max_width=room)
@@ -243,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0 if rep.ok else 1
-    console.print(matrix(rep, f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)"))
+    console.print(matrix(rep, f"qwen-tui check {args.preset}  ({rep.seconds:.0f}s)",
+                         containers=preset.container is not None))
     console.print(LEGEND, style=styles.QUIET, highlight=False)
     said: set = set()
     for f in sorted(rep.findings, key=lambda f: ({"error": 0, "warning": 1}.get(f.level, 2), f.node or 0)):

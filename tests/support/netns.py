@@ -231,8 +231,13 @@ LogLevel ERROR
                 keep.add(pid)
         return keep
 
+    # The node's own daemons, besides sshd: SLURM's (support/slurm.py starts them, entered with nsenter, for the
+    # rest of the session once a SLURM test ran) are the node's, not a run's leftovers.
+    DAEMONS = (b"unshare", b"sshd", b"/usr/sbin/sshd", b"nsenter", b"slurmd", b"slurmctld", b": slurmscriptd")
+
     def job_pids(self, i: int) -> list[int]:
-        """Processes in node i other than its sshd and SSH sessions: what a run left behind."""
+        """Processes in node i other than its daemons (sshd and its SSH sessions, SLURM's): what a run left
+        behind."""
         out = []
         for pid in self.pids(i):
             try:
@@ -242,8 +247,7 @@ LogLevel ERROR
                 continue
             if stat[stat.rfind(")") + 2] == "Z":
                 continue
-            if cmd.startswith(b"unshare") or cmd.startswith(b"sshd") or cmd.startswith(b"/usr/sbin/sshd") \
-                    or b"sftp-server" in cmd:
+            if cmd.startswith(self.DAEMONS) or b"sftp-server" in cmd:
                 continue
             out.append(pid)
         return out

@@ -88,7 +88,7 @@ def test_new_preset_to_two_finished_runs(tmp_path):
         # 4 Training: the first field has focus; Tab walks the form. Selects open with Enter.
         keys(session, "F4")
         wait_for(session, "model (hub id or path)", "builtin:tiny")
-        keys(session, *["Tab"] * 8)  # -> ZeRO stage
+        keys(session, *["Tab"] * _tabs("training.model", "training.zero_stage"))  # -> ZeRO stage
         choose(session, ("none (DDP)", "ZeRO-2", "ZeRO-3"), ("Up",), "none (DDP)")  # ZeRO-2 -> none (DDP)
         keys(session, "Tab")
         choose(session, ("bf16", "fp16", "fp32"), ("Down", "Down"), "fp32")  # precision bf16 -> fp32
@@ -155,3 +155,13 @@ def test_new_preset_to_two_finished_runs(tmp_path):
     finally:
         end_session(session)
         stop_leftovers(runs)
+
+
+def _tabs(start: str, to: str) -> int:
+    """Tab presses from one field of the Training step to another, in the form's own order (the GPU type select
+    follows the device's)."""
+    from qwen_tui.ui.screens.training import FIELDS
+
+    paths = [p for p, _, _ in FIELDS]
+    a, b = paths.index(start), paths.index(to)
+    return b - a + (a <= paths.index("training.device") < b)

@@ -145,10 +145,10 @@ def test_first_use_at_80x24(tmp_path):
         assert "ETA" not in s and "│ stopped" in s and "│ ok" not in s
         assert state_of(runs)[first] == "stopped"
 
-        # relaunch a short run: 6 steps (the max steps field is 19 fields after the model)
+        # relaunch a short run: 6 steps (the max steps field, so many fields after the model)
         keys(session, "F4")
         wait_for(session, "model (hub id or path)")
-        keys(session, *["Tab"] * 19, pause=0.15)
+        keys(session, *["Tab"] * _tabs("training.model", "training.max_steps"), pause=0.15)
         # cleared and typed in one write, as a loaded machine delivers it: the app keeps the keys' order
         type_into(session, "6")
         wait_re(session, r"max steps \(-1: epochs\)\s+6\s", timeout=20)
@@ -189,3 +189,13 @@ def test_first_use_at_80x24(tmp_path):
     finally:
         end_session(session)
         stop_leftovers(runs)
+
+
+def _tabs(start: str, to: str) -> int:
+    """Tab presses from one field of the Training step to another, in the form's own order (the GPU type select
+    follows the device's)."""
+    from qwen_tui.ui.screens.training import FIELDS
+
+    paths = [p for p, _, _ in FIELDS]
+    a, b = paths.index(start), paths.index(to)
+    return b - a + (a <= paths.index("training.device") < b)
