@@ -1,6 +1,6 @@
-"""Checks the Run screen's GPU parser (qwen_tui.run.gpumon) on real nvidia-smi output.
+"""Checks the Run screen's GPU parser (qwen_tui.run.watch.gpumon) on real nvidia-smi output.
 
-    $(python -c "from qwen_tui.run import gpumon; print(' '.join(gpumon.query_argv(loop_ms=500)))") \\
+    $(python -c "from qwen_tui.run.watch import gpumon; print(' '.join(gpumon.query_argv(loop_ms=500)))") \\
         > stream.csv &                                              # while something trains (gpumon's own query)
     python bench/gpumon_check.py stream.csv                         # prints a JSON verdict
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen_tui.run import gpumon
+from qwen_tui.run.watch import gpumon
 
 
 def _number(row: dict, key: str) -> float | None:

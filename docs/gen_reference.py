@@ -7,9 +7,9 @@ Each section renders one thing the code declares, found by walking it, with no l
 - preset:    every field of the preset (qwen_tui.preset.schema.Preset), section by section, with its type, default,
              bounds and description, walked through the pydantic models, so a new section appears by itself;
 - advice:    every advice code (qwen_tui.advice.codes.ADVICE), with its level, when it is raised and its fix;
-- checks:    every code of the node checks (qwen_tui.nodes.codes.CHECKS), the same way;
+- checks:    every code of the node checks (qwen_tui.nodes.checks.codes.CHECKS), the same way;
 - failures:  every failure signature read in a node's log (qwen_tui.cluster.failures), its cause and its fix;
-- notices:   every notice of the run monitor (qwen_tui.run.notices.KINDS);
+- notices:   every notice of the run monitor (qwen_tui.run.watch.notices.KINDS);
 - worker:    the worker's `python -m training.finetune --help` (training.args.build_parser).
 
 docs/hooks.py puts a section where a page says `<!-- generated: NAME -->` while MkDocs builds the site;
@@ -233,13 +233,13 @@ def advice_md() -> str:
 
 
 def checks_md() -> str:
-    from qwen_tui.nodes.codes import CHECKS
+    from qwen_tui.nodes.checks.codes import CHECKS
 
     return _codes_table(CHECKS)
 
 
 def notices_md() -> str:
-    from qwen_tui.run.notices import KINDS
+    from qwen_tui.run.watch.notices import KINDS
 
     return _codes_table(KINDS)
 

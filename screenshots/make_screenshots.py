@@ -68,7 +68,7 @@ def as_slurm(app) -> None:
 
 async def show_pending(app) -> None:
     """The Run screen of a submitted SLURM job while it waits, then its first lines (no SLURM needed)."""
-    from qwen_tui.run.slurm_job import Queued
+    from qwen_tui.run.slurm.job import Queued
     from qwen_tui.ui.messages import JobLines, JobQueued
 
     run = app.get_screen("run")

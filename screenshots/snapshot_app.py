@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from qwen_tui.cluster.facts import GPU, ClusterFacts, LinkFacts, NodeFacts
-from qwen_tui.run.gpumon import GpuSample, NodeSample
-from qwen_tui.run.metrics import TrainingProgress
+from qwen_tui.run.watch.gpumon import GpuSample, NodeSample
+from qwen_tui.run.watch.metrics import TrainingProgress
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.messages import GpuSampleMsg, RunUpdate
 

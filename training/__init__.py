@@ -10,7 +10,8 @@ ones under it (the import-linter contract in pyproject.toml checks it):
     model/                                     loading, adapting and saving the model (and the tiny built-in ones)
     data/                                      chat records -> token ids, the tokenized cache, batches, data order
     runtime/                                   the process: errors, collectives, heartbeat, stop, timing, trackers
-    flags                                      the flags' typed groups (WorkerFlags), read on every floor
+    flags                                      the flags' typed groups (WorkerFlags) and what set-up resolves
+                                               of them (Resolved), read on every floor
 
 demo_data/ holds the built-in demo chat set (`builtin:demo-chat`), the preference set (`builtin:demo-pref`) and the
 scripts that write them; the shipped

@@ -15,7 +15,7 @@ import torch
 
 from training.data.batches import Collator, StepSampler
 from training.fast import apply
-from training.flags import WorkerFlags
+from training.flags import LoraFlags, MoeFlags, TrainFlags
 from training.model import moe_experts
 from training.model.pretrained import apply_method, load_model
 from training.runtime import dist, unused_imports
@@ -40,10 +40,12 @@ class Loading:
     loader: torch.utils.data.DataLoader
 
 
-def build_model(args: WorkerFlags, source: str, method: str, device, load_dtype, quant: str | None, stage: int, fast,
-                resume_dir: Path | None, ds_config: dict | None):
+def build_model(source: str, method: str, device, load_dtype, quant: str | None, stage: int, fast,
+                resume_dir: Path | None, ds_config: dict | None, *, train: TrainFlags, lora: LoraFlags,
+                moe: MoeFlags, random_init: bool, checkpointed: bool):
     """The model as the method trains it, on its device (under ZeRO-3 partitioned while it loads, or by the engine).
-    Returns (model, transformers' ZeRO-3 config object, which must stay alive while the model loads)."""
+    checkpointed: gradient checkpointing as set-up resolved it. Returns (model, transformers' ZeRO-3 config object,
+    which must stay alive while the model loads)."""
     hf_ds_config = None
     if stage == 3 and method != "qlora":
         from transformers.integrations import HfDeepSpeedConfig
@@ -52,26 +54,26 @@ def build_model(args: WorkerFlags, source: str, method: str, device, load_dtype,
         # that for a quantized model (and refuses a device_map then): a 4-bit base is quantized in host memory
         # and partitioned by deepspeed.initialize (training.model.pretrained.load_model).
         hf_ds_config = HfDeepSpeedConfig(ds_config)
-    if resume_dir and method == "full" and not args.train.deepspeed:
+    if resume_dir and method == "full" and not train.deepspeed:
         source = str(resume_dir)  # the checkpoint holds the full model in HF format
-    model = load_model(args, source, method, device, load_dtype, quant, stage)
-    experts = moe_experts.apply(model, args.moe.experts_implementation, torch.device(device))
+    model = load_model(source, method, device, load_dtype, quant, stage, train=train, random_init=random_init)
+    experts = moe_experts.apply(model, moe.experts_implementation, torch.device(device))
     if experts:  # said beside the fast path's other switches
         fast.experts, fast.why["experts"] = experts
-    model = apply_method(args, model, method)
+    model = apply_method(model, method, lora, train_router=moe.train_router, checkpointed=checkpointed)
     if method != "full" and not fast.lora_input_cast:
         apply.set_lora_input_cast(model, False)
     if fast.fused_lora_dropout:
         from training.fast.lora_dropout import fuse_lora_dropout
 
         log.info("LoRA dropout fused into lora_A in %d adapted projections", fuse_lora_dropout(model))
-    if resume_dir and method != "full" and not args.train.deepspeed:
+    if resume_dir and method != "full" and not train.deepspeed:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         set_peft_model_state_dict(model, load_file(str(resume_dir / "adapter_model.safetensors")))
-    if stage == 3 and method != "qlora" and (args.train.bf16 or args.train.fp16):
-        dtype = torch.bfloat16 if args.train.bf16 else torch.float16
+    if stage == 3 and method != "qlora" and (train.bf16 or train.fp16):
+        dtype = torch.bfloat16 if train.bf16 else torch.float16
         n = cast_unpartitioned(model, dtype)
         if n:
             log.info("ZeRO-3: %d parameters added after loading (the adapters) cast to %s, as the engine casts them "
@@ -101,11 +103,11 @@ def cast_unpartitioned(model, dtype) -> int:
     return n
 
 
-def build_optimization(args: WorkerFlags, env, model, loss_module, fast, ds_config: dict | None, device,
-                       total_steps: int) -> Optimization:
+def build_optimization(train: TrainFlags, warmup_steps: int, env, model, loss_module, fast, ds_config: dict | None,
+                       device, total_steps: int) -> Optimization:
     """AdamW (no weight decay on biases and norms) with the scheduler, inside the DeepSpeed engine under
     --deepspeed, else with DDP around the model (or model + loss) on several processes. Sets fast.fused_adamw to
-    what was used."""
+    what was used. warmup_steps: HF's --warmup_steps (0: --warmup_ratio's)."""
     from transformers import get_scheduler
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -115,23 +117,23 @@ def build_optimization(args: WorkerFlags, env, model, loss_module, fast, ds_conf
 
     # No weight decay on biases and norm weights (1-D), as in HF Trainer.
     groups = [
-        {"params": [p for n, p in named if is_matrix(p)], "weight_decay": args.train.weight_decay},
+        {"params": [p for n, p in named if is_matrix(p)], "weight_decay": train.weight_decay},
         {"params": [p for n, p in named if not is_matrix(p)], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
     # HF: --warmup_steps (a count of optimizer steps) overrides --warmup_ratio
-    warmup = args.hf.warmup_steps if args.hf.warmup_steps > 0 else math.ceil(args.train.warmup_ratio * total_steps)
+    warmup = warmup_steps if warmup_steps > 0 else math.ceil(train.warmup_ratio * total_steps)
 
     def make_scheduler(optimizer):
-        return get_scheduler(args.train.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+        return get_scheduler(train.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
                              num_training_steps=total_steps)
 
     def adamw(fused: bool):
-        t = args.train
+        t = train
         return torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon,
                                  fused=fused or None)
 
-    if args.train.deepspeed:
+    if train.deepspeed:
         import deepspeed
 
         optimizer = None
@@ -157,7 +159,7 @@ def build_optimization(args: WorkerFlags, env, model, loss_module, fast, ds_conf
     fast.fused_adamw = fused
     optimizer = adamw(fused)
     opt = Optimization(optimizer, make_scheduler(optimizer))
-    if args.train.fp16:
+    if train.fp16:
         opt.scaler = torch.amp.GradScaler("cuda")
     if env.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -203,19 +205,19 @@ def place_shards(model, method: str, device, is_main: bool) -> dict:
     return {"held_by_rank": by_rank, "total": total}
 
 
-def build_loader(args: WorkerFlags, env, dataset, pad_id: int, device, packing: bool, total_steps: int,
-                 start_step: int) -> Loading:
+def build_loader(train: TrainFlags, num_workers: int, env, dataset, pad_id: int, device, packing: bool,
+                 total_steps: int, start_step: int) -> Loading:
     """The step sampler (every rank's share of each optimizer step, resumable at start_step) and its loader:
     padded batches, or (packing) the records themselves, packed a whole step at a time by the loop."""
     collator = Collator(pad_id, pad_to_multiple_of=8 if device.type == "cuda" else 1)
-    sampler = StepSampler(len(dataset), env.world_size, env.rank, args.train.per_device_train_batch_size,
-                          args.train.gradient_accumulation_steps, args.train.seed, total_steps, start_step=start_step)
+    sampler = StepSampler(len(dataset), env.world_size, env.rank, train.per_device_train_batch_size,
+                          train.gradient_accumulation_steps, train.seed, total_steps, start_step=start_step)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=sampler, collate_fn=_records_of if packing else collator,
-        num_workers=args.data.dataloader_num_workers, pin_memory=device.type == "cuda",
+        num_workers=num_workers, pin_memory=device.type == "cuda",
         # Its own generator: a loader seeds its workers from the global RNG otherwise, and a
         # resumed run would then draw different dropout masks than an uninterrupted one.
-        generator=torch.Generator().manual_seed(args.train.seed),
+        generator=torch.Generator().manual_seed(train.seed),
     )
     return Loading(collator, sampler, loader)
 

@@ -24,7 +24,7 @@ import math
 import sys
 import time
 
-from training.flags import WorkerFlags
+from training.flags import DataFlags, FastFlags, TrainFlags, WorkerFlags
 from training.runtime.errors import EXIT_BAD_INPUT, EXIT_OK, InputError, report_failure
 
 HIST_BINS = 16
@@ -71,17 +71,16 @@ class _MeasuringEncoder:
         return Encoded(e.input_ids[: self.max_length], e.labels[: self.max_length], True)
 
 
-def _records(args: WorkerFlags):
-    """(conversations, the mixture's sources or None, the number of pairs or None): a DPO set's pairs are counted
-    as their two conversations, the chosen and the rejected."""
+def _records(d: DataFlags, seed: int, dpo: bool):
+    """(conversations, the mixture's sources or None, the number of pairs or None) of `d`'s data (a mixture's draw
+    is --seed's): a DPO set's pairs are counted as their two conversations, the chosen and the rejected."""
     from training.data.records import load_conversations, load_pairs
 
-    d, dpo = args.data, args.pref.stage == "dpo"
     sources = None
     if d.datasets:
         from training.data.sources import load_mixture
 
-        mix = load_mixture(d.datasets, args.train.seed, preference=dpo, default_format=d.data_format)
+        mix = load_mixture(d.datasets, seed, preference=dpo, default_format=d.data_format)
         records, sources = mix.records, mix.summary
     else:
         records = load_pairs(d.data_path, d.data_format) if dpo else load_conversations(d.data_path, d.data_format)
@@ -112,25 +111,27 @@ def tool_counts(convs, encoder) -> dict:
     return out
 
 
-def packing_on(args: WorkerFlags) -> bool:
+def packing_on(fast: FastFlags) -> bool:
     """The worker's packing choice (training.fast.choice.decide) as far as it follows from the flags: on unless
     --no_packing (the CUDA varlen-attention check needs the node's GPU stack and is assumed to pass)."""
-    return True if args.fast.packing is None else bool(args.fast.packing)
+    return True if fast.packing is None else bool(fast.packing)
 
 
-def padding_waste(lengths: list[int], args: WorkerFlags, world_size: int, steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
+def padding_waste(lengths: list[int], train: TrainFlags, packing_tokens: int | None, max_length: int, world_size: int,
+                  steps_per_epoch: int, packing: bool, cuda: bool) -> dict:
     """Share of the tokens the worker's batches compute that are padding, over the first epoch's steps in the
-    worker's own data order (training.data.batches.StepSampler, every rank)."""
+    worker's own data order (training.data.batches.StepSampler, every rank). packing_tokens: --packing_tokens as
+    given; max_length: --model_max_length."""
     from training.data.batches import StepSampler
     from training.fast.packing import balanced_bins
 
-    mb, gas = args.train.per_device_train_batch_size, args.train.gradient_accumulation_steps
-    capacity = args.fast.packing_tokens or mb * args.data.model_max_length
+    mb, gas = train.per_device_train_batch_size, train.gradient_accumulation_steps
+    capacity = packing_tokens or mb * max_length
     base = 128 if cuda else 8  # the recipe's row widths (FinetuneRecipe._pad_multiple), a multiple of the SP size
-    pad_multiple = base * args.train.sequence_parallel_size // math.gcd(base, args.train.sequence_parallel_size)
+    pad_multiple = base * train.sequence_parallel_size // math.gcd(base, train.sequence_parallel_size)
     collate_multiple = 8 if cuda else 1  # the recipe's Collator for unpacked micro-batches
     steps = min(steps_per_epoch, WASTE_STEPS)
-    samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, args.train.seed, steps))
+    samplers = [iter(StepSampler(len(lengths), world_size, r, mb, gas, train.seed, steps))
                 for r in range(world_size)]
     real = computed = 0
     for _ in range(steps):
@@ -174,7 +175,7 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
 
     t0 = time.monotonic()
     try:
-        convs, sources, pairs = _records(args)
+        convs, sources, pairs = _records(args.data, args.train.seed, args.pref.stage == "dpo")
     except InputError as first:
         # the worker stops at the first bad record; the preview reads on and reports every kind of problem at once
         if args.data.datasets or args.pref.stage == "dpo" or args.data.data_format != "auto":
@@ -219,8 +220,10 @@ def preview(args: WorkerFlags, world_size: int, cuda: bool, bins: int = HIST_BIN
     records_per_epoch = steps_per_epoch * global_batch * (2 if pairs else 1)
     # Records beyond the last full global batch sit out each epoch (a different few each time): expected tokens.
     tokens_per_epoch = round(s.tokens * records_per_epoch / len(ds)) if len(ds) else 0
-    waste = padding_waste(used, args, data_world, steps_per_epoch, packing_on(args), cuda) if steps_per_epoch \
-        else {"packing": packing_on(args), "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
+    packing = packing_on(args.fast)
+    waste = padding_waste(used, args.train, args.fast.packing_tokens, args.data.model_max_length, data_world,
+                          steps_per_epoch, packing, cuda) if steps_per_epoch \
+        else {"packing": packing, "packing_tokens": None, "steps_measured": 0, "padding_waste": None}
     return {
         "stage": args.pref.stage, "pairs": pairs, "tools": tools, "sources": sources,
         "data": args.data.data_path or ", ".join(x["name"] for x in sources or []),

@@ -14,7 +14,7 @@ import logging
 import re
 from pathlib import Path
 
-from training.flags import WorkerFlags
+from training.flags import TrainFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -102,21 +102,22 @@ def layer_numel(model_config: dict) -> int:
     return h * (h + 2 * kv) + heads * (h // heads) * h + 3 * h * inter
 
 
-def fill(path: str, raw: dict, args: WorkerFlags, world_size: int, hidden_size: int, on_cpu: bool,
-         layer_params: int | None = None, compiled: bool = False) -> dict:
-    """The config with its "auto" fields filled. layer_params: one decoder layer's parameters; ZeRO-3 gathers a
-    layer at a time (training.fast.zero3), so its "auto" prefetch bucket holds the next layer whole.
+def fill(path: str, raw: dict, train: TrainFlags, world_size: int, hidden_size: int, on_cpu: bool,
+         layer_params: int | None = None, compiled: bool = False, on_each_node: bool = False) -> dict:
+    """The config with its "auto" fields filled from `train`'s flags. on_each_node: --save_on_each_node as set-up
+    resolved it (each node's checkpoints on its own storage). layer_params: one decoder layer's parameters; ZeRO-3
+    gathers a layer at a time (training.fast.zero3), so its "auto" prefetch bucket holds the next layer whole.
     compiled: the decoder layers are compiled. ZeRO-3's memory-efficient linear (its default) replaces
     F.linear by an autograd function that reads each weight's ZeRO id, and Dynamo compiles every layer anew
     for its ids until the recompile limit leaves the rest eager (seen on an H200): it is turned off unless the
     config sets it."""
     cfg = copy.deepcopy(raw)
-    mb, gas = args.train.per_device_train_batch_size, args.train.gradient_accumulation_steps
+    mb, gas = train.per_device_train_batch_size, train.gradient_accumulation_steps
     _set(path, cfg, cfg, "train_micro_batch_size_per_gpu", mb)
     _set(path, cfg, cfg, "gradient_accumulation_steps", gas)
     _set(path, cfg, cfg, "train_batch_size", mb * gas * world_size)
-    _set(path, cfg, cfg, "gradient_clipping", args.train.max_grad_norm)
-    for name, on in (("bf16", args.train.bf16), ("fp16", args.train.fp16)):
+    _set(path, cfg, cfg, "gradient_clipping", train.max_grad_norm)
+    for name, on in (("bf16", train.bf16), ("fp16", train.fp16)):
         section = cfg.setdefault(name, {})
         if section.get("enabled", "auto") == "auto":
             section["enabled"] = on
@@ -147,17 +148,17 @@ def fill(path: str, raw: dict, args: WorkerFlags, world_size: int, hidden_size: 
         cfg.setdefault("zero_force_ds_cpu_optimizer", False)
     if "optimizer" in cfg:
         params = cfg["optimizer"].setdefault("params", {})
-        _set(path, cfg, params, "lr", args.train.learning_rate)
-        _set(path, cfg, params, "betas", [args.train.adam_beta1, args.train.adam_beta2])
-        _set(path, cfg, params, "eps", args.train.adam_epsilon)
-        _set(path, cfg, params, "weight_decay", args.train.weight_decay)
+        _set(path, cfg, params, "lr", train.learning_rate)
+        _set(path, cfg, params, "betas", [train.adam_beta1, train.adam_beta2])
+        _set(path, cfg, params, "eps", train.adam_epsilon)
+        _set(path, cfg, params, "weight_decay", train.weight_decay)
         if on_cpu and not offload:
             params.setdefault("torch_adam", True)  # FusedAdam would compile a CUDA-less op for a minute
     if "scheduler" in cfg:
         log.warning("%s: ignoring its 'scheduler' section: --lr_scheduler_type/--warmup_ratio set the schedule", path)
         del cfg["scheduler"]
     cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
-    if args.save.save_on_each_node:
+    if on_each_node:
         cfg.setdefault("checkpoint", {})["use_node_local_storage"] = True
 
     leftover = [k for k, v in _walk(cfg) if v == "auto"]

@@ -25,6 +25,7 @@ import sys
 import traceback
 
 from training.args import parse_args
+from training.flags import Resolved
 from training.runtime import heartbeat, save_request, stacks
 from training.runtime.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
 from training.runtime.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
@@ -89,7 +90,7 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
     # the run carries on: where a hung rank waits. Both start before torch is imported, so a rank that hangs in
     # its set-up is seen too.
     dumps = stacks.register(args.save.heartbeat_dir, rank)
-    beat = heartbeat.from_args(args, tick=dumps.check if dumps is not None else None)
+    beat = heartbeat.from_flags(args.save, tick=dumps.check if dumps is not None else None)
     try:
         return _train(args, stop, held, beat)
     finally:
@@ -99,8 +100,9 @@ def _run(argv: list[str] | None, stop: StopSignal, held: dict) -> int:
 def _train(args, stop: StopSignal, held: dict, beat) -> int:
     from training.fast.allocator import configure
 
+    resolved = Resolved.of(args)  # what set-up decides of the flags, beside them (the flags stay as given)
     try:  # the allocator reads its settings once, when torch starts CUDA: before torch is imported
-        args.fast.expandable_segments, args.notes.expandable_why = configure(args.fast.expandable_segments)
+        resolved.expandable_segments, resolved.expandable_why = configure(args.fast.expandable_segments)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -113,7 +115,7 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars would flood every node's log
-    recipe = held["recipe"] = FinetuneRecipe(args, heartbeat=beat)
+    recipe = held["recipe"] = FinetuneRecipe(args, resolved, heartbeat=beat)
     try:
         stop.arm()  # a stop that came during the imports ends here
         recipe.setup()

@@ -120,7 +120,7 @@ def attach_reference(recipe) -> None:
             log.info("DPO reference: log-probabilities of %s pairs computed in %.1f s (%s)",
                      " + ".join(str(len(ds)) for ds in sets.values()), time.monotonic() - t0,
                      "the base with the adapters disabled" if recipe.method != "full" else "the model before step 1")
-        if env.local_rank == 0 and (env.is_main or a.save.save_on_each_node):
+        if env.local_rank == 0 and (env.is_main or recipe.resolved.save_on_each_node):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")
             torch.save({"keys": keys, "values": values}, tmp)

@@ -36,7 +36,7 @@ from training.data.batches import build_dataset, eval_batches
 from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
 from training.fast import apply, choice, long_context, sequence_parallel
-from training.flags import WorkerFlags
+from training.flags import Resolved, WorkerFlags
 from training.model.pretrained import (
     check_method,
     load_tokenizer,
@@ -44,7 +44,7 @@ from training.model.pretrained import (
     read_config_dict,
     resolve_model_source,
 )
-from training.runtime import dist, unused_imports
+from training.runtime import dist, trackers, unused_imports
 from training.runtime.errors import InputError
 from training.runtime.heartbeat import NoHeartbeat
 from training.runtime.metrics import MetricsWriter
@@ -55,8 +55,12 @@ log = logging.getLogger("training")
 
 
 class FinetuneRecipe:
-    def __init__(self, args: WorkerFlags, heartbeat=None):
+    """args: the flags as given; resolved: what set-up decides of them (training.flags.Resolved), settled in
+    setup() and read by the components that run after it. Each component gets the flag groups it reads."""
+
+    def __init__(self, args: WorkerFlags, resolved: Resolved, heartbeat=None):
         self.args = args
+        self.resolved = resolved
         self.heartbeat = heartbeat or NoHeartbeat()  # training.runtime.heartbeat: the phase this rank is in
         self.timer: StepTimer | None = None
         self.timing_group = None  # the logging gather's gloo group (several ranks)
@@ -118,19 +122,23 @@ class FinetuneRecipe:
         eval_convs = self._load_records(a.data.eval_data_path) if a.data.eval_data_path else None
         if a.save.save_on_each_node:  # resolved at run time: a node-local copy each, unless output_dir turns out
             # to be one directory for all nodes (bounded by the collectives' timeout)
-            a.save.save_on_each_node = shared_output.decide(a.train.output_dir, float(a.train.ddp_timeout))
+            self.resolved.save_on_each_node = shared_output.decide(a.train.output_dir, float(a.train.ddp_timeout))
         self.resume_dir = ckpt.resolve_resume(a.save.resume_from_checkpoint, a.train.output_dir)
         self.resume_state = ckpt.read_state(self.resume_dir) if self.resume_dir else None
         self.source = resolve_model_source(a.model.model_name_or_path, env.local_rank)
         self.model_config = read_config_dict(self.source)
         self.quant = quantization_method(self.model_config)
-        self.method = check_method(a, self.model_config, self.device.type == "cuda", self.stage)
-        self.fast = choice.decide(a, self.device, bool(a.train.deepspeed), self.stage)
+        self.method = check_method(a.lora, a.model.model_name_or_path, a.train.fp16, self.model_config,
+                                   self.device.type == "cuda", self.stage)
+        self.fast = choice.decide(a.fast, a.lora, half=bool(a.train.bf16 or a.train.fp16), device=self.device,
+                                  deepspeed=bool(a.train.deepspeed), zero_stage=self.stage,
+                                  expandable=self.resolved.expandable_segments,
+                                  expandable_why=self.resolved.expandable_why)
         sequence_parallel.check_shape(a.train.sequence_parallel_size, env.world_size, self.model_config)
-        sequence_parallel.check_fast_path(a, self.fast)
-        # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing, in place
-        long_context.decide(a, self.fast, env.world_size, self.stage if a.train.deepspeed else None,
-                            bool(a.train.deepspeed))
+        sequence_parallel.check_fast_path(a.train.sequence_parallel_size, a.fast, self.fast)
+        # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing
+        long_context.decide(self.resolved, self.fast, env.world_size, self.stage if a.train.deepspeed else None,
+                            bool(a.train.deepspeed), train=a.train, given=a.fast, max_length=a.data.model_max_length)
         self.data_env = sequence_parallel.data_env(env, a.train.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.
@@ -169,9 +177,9 @@ class FinetuneRecipe:
                      f", saved by run {st['run_id']}" if st.get("run_id") else "")
 
         hidden = int(self.model_config.get("hidden_size") or 4096)
-        self.ds_config = (dsconfig.fill(a.train.deepspeed, self.ds_raw, a, env.world_size, hidden,
+        self.ds_config = (dsconfig.fill(a.train.deepspeed, self.ds_raw, a.train, env.world_size, hidden,
                                         self.device.type == "cpu", dsconfig.layer_numel(self.model_config),
-                                        self.fast.compile)
+                                        self.fast.compile, on_each_node=self.resolved.save_on_each_node)
                           if self.ds_raw else None)
 
         # 3. Processes, model, optimizer.
@@ -191,24 +199,28 @@ class FinetuneRecipe:
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(a.train.seed)
         self.model, self._hf_ds_config = builders.build_model(
-            a, self.source, self.method, self.device, self._load_dtype(), self.quant, self.stage, self.fast,
-            self.resume_dir, self.ds_config)
+            self.source, self.method, self.device, self._load_dtype(), self.quant, self.stage, self.fast,
+            self.resume_dir, self.ds_config, train=a.train, lora=a.lora, moe=a.moe, random_init=a.model.random_init,
+            checkpointed=bool(self.resolved.gradient_checkpointing))
         self.router = self._router_aux()
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
-        self.loss_module = apply.prepare(self.model, a, self.fast, self.model_config, self.device, self.stage)
+        self.loss_module = apply.prepare(self.model, self.fast, self.model_config, self.device, self.stage,
+                                         train=a.train, pref=a.pref, max_length=a.data.model_max_length,
+                                         kernel=a.fast.attention_kernel, model_name=a.model.model_name_or_path,
+                                         resolved=self.resolved)
         if a.train.sequence_parallel_size > 1:  # the packed attention inside Ulysses; rows shard from here on
             sequence_parallel.install(self.model, self.model_config, a.train.sequence_parallel_size, env.world_size,
                                       env.rank, self.tokenizer.pad_token_id, self.loss_module,
                                       float(a.train.ddp_timeout))
-        if a.train.tiled_mlp:
+        if self.resolved.tiled_mlp:
             tiles = a.train.tiled_mlp_tokens
             log.info("tiled MLP: %d layers, tiles of %d tokens", long_context.tile_mlps(self.model, tiles), tiles)
         # Before the probes: its hook on layer 0 is then part of that layer's compiled graph from the first compile.
         self.timer = StepTimer(self.device, self.model, env.world_size > 1)
         if not a.train.deepspeed:
             self._size_rows()  # the probes add the optimizer states that are not there yet
-        opt = builders.build_optimization(a, env, self.model, self.loss_module, self.fast, self.ds_config,
-                                          self.device, self.total_steps)
+        opt = builders.build_optimization(a.train, a.hf.warmup_steps, env, self.model, self.loss_module, self.fast,
+                                          self.ds_config, self.device, self.total_steps)
         self.optimizer, self.scheduler, self.engine, self.ddp, self.scaler = (
             opt.optimizer, opt.scheduler, opt.engine, opt.ddp, opt.scaler)
         if self.stage == 3:
@@ -219,10 +231,13 @@ class FinetuneRecipe:
             from training.preference import attach_reference
 
             attach_reference(self)
-        loading = builders.build_loader(a, self.data_env, self.train_ds, self.tokenizer.pad_token_id, self.device,
-                                        self.fast.packing, self.total_steps, self.start_step)
+        loading = builders.build_loader(a.train, a.data.dataloader_num_workers, self.data_env, self.train_ds,
+                                        self.tokenizer.pad_token_id, self.device, self.fast.packing, self.total_steps,
+                                        self.start_step)
         self.collator, self.sampler, self.loader = loading.collator, loading.sampler, loading.loader
-        self.checkpointer = Checkpointer(a, env, self.stage, self.method, self.model, self.tokenizer, self.source)
+        self.checkpointer = Checkpointer(env, self.stage, self.method, self.model, self.tokenizer, self.source,
+                                         train=a.train, save_total_limit=a.save.save_total_limit,
+                                         merge_lora=a.lora.merge_lora, on_each_node=self.resolved.save_on_each_node)
         if self.resume_dir:
             self.checkpointer.load_training_state(self.resume_dir, self.device, self.engine, self.optimizer,
                                                   self.scheduler, self.scaler, self.start_step)
@@ -344,10 +359,13 @@ class FinetuneRecipe:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _size_rows(self) -> None:
-        apply.size_rows(self.model, self.loss_module, self.fast, self.args, self.model_config, self.device,
-                             self._autocast, self.wrapped, self.engine,
-                             [s for p in self.train_ds.items for s in (p.chosen, p.rejected)] if self.pairs
-                             else self.train_ds.items)
+        a = self.args
+        apply.size_rows(self.model, self.loss_module, self.fast, self.model_config, self.device, self._autocast,
+                        self.wrapped, self.engine,
+                        [s for p in self.train_ds.items for s in (p.chosen, p.rejected)] if self.pairs
+                        else self.train_ds.items,
+                        given=a.fast, train=a.train, max_length=a.data.model_max_length,
+                        checkpointing_asked=self.resolved.gradient_checkpointing)
 
     # ------------------------------------------------------------- the loop
     @property
@@ -356,9 +374,15 @@ class FinetuneRecipe:
         return self.loop.step if self.loop is not None else self.start_step
 
     def train(self) -> LoopResult:
-        """The step loop (training.step_loop) over what setup() built."""
+        """The step loop (training.step_loop) over what setup() built. --report_to: rank 0's trackers get every
+        metrics record from here on (training.runtime.trackers)."""
+        a = self.args
+        sink = trackers.open_trackers(a, self.resolved, self.env.is_main)
+        if sink is not None:
+            self.metrics.add_sink(sink)
         self.loop = StepLoop(LoopState(
-            args=self.args, env=self.env, fast=self.fast, device=self.device, wrapped=self.wrapped,
+            train=a.train, save=a.save, data=a.data, eval_strategy=a.hf.eval_strategy, env=self.env, fast=self.fast,
+            device=self.device, wrapped=self.wrapped,
             engine=self.engine, ddp=self.ddp, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
             trainable_params=self.trainable_params(), loader=self.loader, pad_id=self.tokenizer.pad_token_id,
             meta_group=self.meta_group, timing_group=self.timing_group, metrics=self.metrics,

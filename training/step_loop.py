@@ -24,8 +24,8 @@ import torch
 from training.data.encoding import IGNORE_INDEX
 from training.fast import allocator, apply, sequence_parallel
 from training.fast.choice import FastChoice
-from training.flags import WorkerFlags
-from training.runtime import dist, profiling, save_request, step_timing, trackers
+from training.flags import DataFlags, SaveFlags, TrainFlags
+from training.runtime import dist, profiling, save_request, step_timing
 from training.runtime.dist import DistEnv
 from training.runtime.heartbeat import Heartbeat, NoHeartbeat
 from training.runtime.metrics import MetricsWriter
@@ -45,8 +45,11 @@ class StepLoss:
 
 @dataclass
 class LoopState:
-    """What the step loop reads, set up by the recipe."""
-    args: WorkerFlags
+    """What the step loop reads, set up by the recipe: the flag groups it reads, and what set-up built."""
+    train: TrainFlags
+    save: SaveFlags
+    data: DataFlags
+    eval_strategy: str  # HF's --eval_strategy, as parsing resolved it
     env: DistEnv
     fast: FastChoice
     device: torch.device
@@ -87,7 +90,8 @@ class LoopResult:
 class StepLoop:
     def __init__(self, state: LoopState):
         self.state = state
-        self.args, self.env, self.fast, self.device = state.args, state.env, state.fast, state.device
+        self.env, self.fast, self.device = state.env, state.fast, state.device
+        self.train, self.save, self.data = state.train, state.save, state.data
         self.heartbeat, self.timer, self.metrics = state.heartbeat, state.timer, state.metrics
         self.step = state.start_step  # read by the recipe while the loop runs (a stop or a failure names it)
         self.evaluated_step: int | None = None
@@ -102,11 +106,7 @@ class StepLoop:
         self.save_and_stop = False
 
     def run(self) -> LoopResult:
-        gas = self.args.train.gradient_accumulation_steps
-        # --report_to: rank 0's trackers get every metrics record from here on (training.runtime.trackers).
-        sink = trackers.open_trackers(self.args, self.env.is_main)
-        if sink is not None:
-            self.metrics.add_sink(sink)
+        gas = self.train.gradient_accumulation_steps
         self.state.wrapped.train()
         # The tokenized records, the model and the tokenizer are millions of long-lived Python objects; a full
         # garbage collection walks all of them, tens of milliseconds at an arbitrary step while the GPU waits.
@@ -130,18 +130,18 @@ class StepLoop:
 
     def _train_loop(self, batches, pending, pack_next) -> LoopResult:
         st = self.state
-        a, env, hb, timer = self.args, self.env, self.heartbeat, self.timer
-        gas = a.train.gradient_accumulation_steps
+        save, env, hb, timer = self.save, self.env, self.heartbeat, self.timer
+        gas = self.train.gradient_accumulation_steps
         hb.step = self.step
         t_start = time.perf_counter()
         queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
         try:
             while self.step < st.total_steps:
-                if queued is not None and a.save.profile_step == self.step + 1:
+                if queued is not None and save.profile_step == self.step + 1:
                     # Read back before the profiler starts: its start-up would count as the queued step's time.
                     self._record_step(queued, seconds=None)
                     queued = None
-                prof = profiling.start(self.device) if a.save.profile_step == self.step + 1 and env.is_main else None
+                prof = profiling.start(self.device) if save.profile_step == self.step + 1 and env.is_main else None
                 mark = profiling.marker(prof)
                 t0 = time.perf_counter()
                 now = self.step + 1  # the step under way
@@ -235,14 +235,14 @@ class StepLoop:
                 due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
-                if (self.fast.overlap_steps and a.save.profile_step != self.step and self.step < st.total_steps
+                if (self.fast.overlap_steps and save.profile_step != self.step and self.step < st.total_steps
                         and not due_eval and not self._should_save() and not self.save_and_stop):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
                 if prof is not None:
-                    out = Path(a.train.output_dir) / f"profile-step{self.step}.txt"
-                    trace = out.with_suffix(".json.gz") if a.save.profile_trace else None
+                    out = Path(self.train.output_dir) / f"profile-step{self.step}.txt"
+                    trace = out.with_suffix(".json.gz") if save.profile_trace else None
                     text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
                     log.info("profile of step %d (%s):\n%s", self.step, out, text)
                 if due_eval:
@@ -264,18 +264,17 @@ class StepLoop:
     def _record_step(self, q: "_Queued", seconds: float | None) -> None:
         """Reads a finished step's loss and gradient norm back and logs it (every --logging_steps). seconds: the
         step's share of the wall time, or None to take it from the step's start until now, after the read-back."""
-        a = self.args
         loss_sum, aux_sum, asked, *pref = q.loss_sum.tolist()
         if asked > 0:  # read back at the same point on every rank: they all stop after the same step
             self.save_and_stop = True
         grad_norm = float(q.grad_norm)
         if seconds is None:
             seconds = time.perf_counter() - q.t0
-        if q.n_trunc and a.data.lazy_preprocess:
+        if q.n_trunc and self.data.lazy_preprocess:
             self.lazy_truncated += int(q.n_trunc)
             if self.env.is_main:
                 log.warning("step %d: %d record(s) longer than --model_max_length %d were truncated",
-                            q.step, int(q.n_trunc), a.data.model_max_length)
+                            q.step, int(q.n_trunc), self.data.model_max_length)
         w = self._window
         w.add(loss_sum, q.n_labels, q.n_tokens, seconds)
         w.wait += self.timer.take(q.step)
@@ -284,7 +283,7 @@ class StepLoop:
         w.empty_rows += int(q.n_empty)
         if pref:
             w.pref = [a + b for a, b in zip(w.pref, pref)] if w.pref else pref
-        if q.step % a.save.logging_steps == 0 or q.step == self.state.total_steps:
+        if q.step % self.save.logging_steps == 0 or q.step == self.state.total_steps:
             self._log_step(w, q.step, q.lr, grad_norm)
             self._window = _Window()
 
@@ -308,15 +307,15 @@ class StepLoop:
         supervised tokens, real tokens, truncated records and empty rows of all ranks; the rows every rank
         runs (the busiest rank's count); and the seconds spent in the gather. Several ranks agree on these here,
         on the host, a step ahead."""
-        f, a = self.fast, self.args
+        f, max_length = self.fast, self.data.model_max_length
         pad_id = self.state.pad_id
         if self.state.pairs:  # DPO: pairs, each kept in one row; the loss is a mean over pairs
             from training.fast.preference import pack_pairs
 
-            rows = pack_pairs(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
+            rows = pack_pairs(items, f.packing_tokens, pad_id, self._pad_multiple, max_length)
             counts = [float(len(items)), float(sum(p.tokens for p in items)), float(sum(p.truncated for p in items))]
         else:
-            rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, a.data.model_max_length)
+            rows = apply.pack_step(items, f.packing_tokens, pad_id, self._pad_multiple, max_length)
             rows = [sequence_parallel.local(r) for r in rows]  # this rank's share of every row under SP
             counts = [float(sum(sum(1 for x in e.labels[1:] if x != IGNORE_INDEX) for e in items)),
                       float(sum(len(e.input_ids) for e in items)), float(sum(int(e.truncated) for e in items))]
@@ -341,17 +340,16 @@ class StepLoop:
     def _packed_step(self, packed: tuple[list[dict], list[float], int, float]) -> tuple[list[dict], torch.Tensor]:
         """A step's packed rows on the device, as many as the busiest rank has (the others get empty rows: DDP
         needs the same number of forwards everywhere), with the counts of all ranks (see _pack_cpu)."""
-        f, a = self.fast, self.args
+        f, max_length = self.fast, self.data.model_max_length
         rows, counts, n_rows, _ = packed
         if len(rows) < n_rows:
             if self.state.pairs:  # a row of no pairs: the same modules run as on a row of pairs (ZeRO-3)
                 from training.fast.preference import empty_pair_row
 
-                filler = empty_pair_row(min(self._pad_multiple, f.packing_tokens), self.state.pad_id,
-                                        a.data.model_max_length)
+                filler = empty_pair_row(min(self._pad_multiple, f.packing_tokens), self.state.pad_id, max_length)
             else:
                 filler = sequence_parallel.local(apply.empty_row(min(self._pad_multiple, f.packing_tokens),
-                                                                 self.state.pad_id, a.data.model_max_length))
+                                                                 self.state.pad_id, max_length))
             rows = rows + [filler] * (n_rows - len(rows))
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
@@ -370,13 +368,13 @@ class StepLoop:
             loss.backward()
 
     def _optimizer_step(self) -> torch.Tensor | float:
-        a, st = self.args, self.state
+        st = self.state
         if st.engine is not None:
             norm = st.engine.get_global_grad_norm()  # engine.step() already ran with the last micro-batch
             return float(norm) if norm is not None else float("nan")
         if st.scaler is not None:
             st.scaler.unscale_(st.optimizer)
-        max_norm = a.train.max_grad_norm if a.train.max_grad_norm > 0 else float("inf")
+        max_norm = self.train.max_grad_norm if self.train.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(st.trainable_params, max_norm)
         if st.scaler is not None:
             st.scaler.step(st.optimizer)
@@ -446,16 +444,15 @@ class StepLoop:
 
     def _eval_due(self) -> bool:
         """--eval_strategy steps: every --eval_steps; epoch: at the last step of every epoch (as HF Trainer)."""
-        a = self.args
-        if a.hf.eval_strategy == "epoch":
+        if self.state.eval_strategy == "epoch":
             return self.step % self.state.steps_per_epoch == 0
-        return a.save.eval_steps > 0 and self.step % a.save.eval_steps == 0
+        return self.save.eval_steps > 0 and self.step % self.save.eval_steps == 0
 
     def _should_save(self) -> bool:
-        a = self.args
-        if a.save.save_strategy == "steps":
-            return self.step % a.save.save_steps == 0
-        if a.save.save_strategy == "epoch":
+        save = self.save
+        if save.save_strategy == "steps":
+            return self.step % save.save_steps == 0
+        if save.save_strategy == "epoch":
             return self.step % self.state.steps_per_epoch == 0
         return False
 

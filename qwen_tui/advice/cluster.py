@@ -214,7 +214,7 @@ def no_shared_storage(c: Context) -> Iterable[Advice]:
 def p2p_pcie(c: Context) -> Iterable[Advice]:
     """Consumer/workstation GPUs joined over PCIe only: NCCL's peer-to-peer hangs there until it is turned
     off (DeepSpeed#4433, LLaMA-Factory#7300); one network.env change fixes every node (topology.p2p_env)."""
-    from ..nodes.topology import P2P_ENV, P2P_FIX_LABEL, p2p_env, p2p_message, p2p_risk
+    from ..nodes.checks.topology import P2P_ENV, P2P_FIX_LABEL, p2p_env, p2p_message, p2p_risk
 
     env = c.preset.network.env
     if c.cpu or c.preset.network.backend == "gloo" or any(k in env for k in P2P_ENV):

@@ -126,9 +126,9 @@ class Context:
 
 
 def probed_intra_node_gbs(preset: Preset, facts: ClusterFacts) -> float | None:
-    """The slowest node's GPU bus from its probed topology (NVSwitch, NVLink or PCIe: nodes/topology.py), in GB/s;
-    None where no node of several GPUs has a topology."""
-    from ..nodes.topology import node_intra_bus
+    """The slowest node's GPU bus from its probed topology (NVSwitch, NVLink or PCIe: nodes/checks/topology.py), in
+    GB/s; None where no node of several GPUs has a topology."""
+    from ..nodes.checks.topology import node_intra_bus
 
     nodes = preset.cluster.nodes
     buses = [node_intra_bus(nf, nodes[i].gpus) for i, nf in facts.nodes.items() if i < len(nodes)]

@@ -1,11 +1,11 @@
 """The data preview: what the worker will make of a preset's data, and how long an epoch will take.
 
 The counting (the model's own tokenizer and chat template, through the worker's
-encoder) runs on the master node as `python -m training.datapreview`, with the
+encoder) runs on the master node as `python -m training.datapreview` (preview_command), with the
 worker's own flags from the plan: this process never imports torch or
-transformers, and a remote master previews its own copy of the data. Here the
-counts meet the estimate's tokens/s (qwen_tui.plan.estimate) to give the time per
-epoch and per run, and the rules that warn about the data.
+transformers, and a remote master previews its own copy of the data (run/tools/data_preview.py runs it
+there; nothing here talks to a node). Here the counts meet the estimate's tokens/s (qwen_tui.plan.estimate)
+to give the time per epoch and per run, and the rules that warn about the data.
 
 `--json` keys (stable): records, usable, dropped, truncated, tokens,
 supervised_tokens, length_percentiles {p50, p90, p99, max}, tokens_per_epoch,
@@ -24,8 +24,6 @@ from typing import Any
 
 from ..base.levels import Level
 from ..cluster.facts import ClusterFacts
-from ..nodes.json_tool import run_json_tool
-from ..nodes.transport import Transport
 from ..plan.estimate_comm import MEASURE_HINT
 from ..plan.launch import make_plan
 from ..plan.longcontext import LONG_ROW_TOKENS, longest_record
@@ -34,11 +32,6 @@ from .rules import Advice, Fix, make_context
 
 TRUNCATED_MAX = 0.01  # of the records: more than this truncated is warned about
 WASTE_MAX = 0.20  # of the tokens a step computes: more padding than this is warned about
-DEFAULT_TIMEOUT_S = 900.0  # tokenizing a large data set on the master takes a while; still bounded
-
-
-class DataPreviewError(RuntimeError):
-    """The preview could not run or the worker's code refused the data (the message names what)."""
 
 
 def preview_command(preset: Preset, *, base_dir: str = ".", local_python: str | None = None,
@@ -55,14 +48,6 @@ def preview_command(preset: Preset, *, base_dir: str = ".", local_python: str | 
         argv += ["--longer_than", str(longer_than)]
     argv += ["--", *master.argv[at + 1:]]
     return [*master.container, *argv], master.workdir  # in the run's container where it has one
-
-
-def count_data(preset: Preset, transport: Transport, *, base_dir: str = ".", local_python: str | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S, bins: int = 16, longer_than: int | None = None) -> dict[str, Any]:
-    """The worker-side counts (training.datapreview's JSON), run on the master through `transport`."""
-    argv, cwd = preview_command(preset, base_dir=base_dir, local_python=local_python, bins=bins,
-                                longer_than=longer_than)
-    return run_json_tool(transport, argv, cwd=cwd, timeout=timeout, what="data preview", error=DataPreviewError)
 
 
 def tokens_per_second(preset: Preset, facts: ClusterFacts | None = None, *, gpu: str | None = None,
@@ -172,22 +157,6 @@ def data_advice(r: dict[str, Any], preset: Preset) -> list[Advice]:
                           f"({'packed rows' if r.get('packing') else 'micro-batches padded to their longest record'})",
                           fix))
     return out
-
-
-def preview(preset: Preset, transport: Transport, facts: ClusterFacts | None = None, *, base_dir: str = ".",
-            gpu: str | None = None, bandwidth_gbps: float | None = None, efficiency: float | None = None,
-            tokens_per_second_override: float | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            local_python: str | None = None, bins: int = 16, nic_gbps: float | None = None) -> dict[str, Any]:
-    """Counts on the master, timing from the estimate (or the given tokens/s): the whole report."""
-    limit, limit_where = trainable_limit(preset, facts, gpu=gpu, base_dir=base_dir)
-    counts = count_data(preset, transport, base_dir=base_dir, timeout=timeout, local_python=local_python, bins=bins,
-                        longer_than=limit)
-    if tokens_per_second_override:
-        tps, source = tokens_per_second_override, "as given"
-    else:
-        tps, source = tokens_per_second(preset, facts, gpu=gpu, bandwidth_gbps=bandwidth_gbps, efficiency=efficiency,
-                                        base_dir=base_dir, nic_gbps=nic_gbps)
-    return build_report(counts, preset, tps, source, limit, limit_where)
 
 
 # ------------------------------------------------------------------ text (CLI and the wizard's panel)

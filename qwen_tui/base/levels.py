@@ -1,6 +1,6 @@
 """How loud something is, and the shape every issue shares: the advice on a preset (advice.core.Advice) and the
-node checks' findings (nodes.findings.Finding) are both an Issue with a Level, so one table prints both and one
-comparison ranks them. Str-valued, so JSON, the check's --json and the notices read "error", "warning", "info"."""
+node checks' findings (nodes.checks.findings.Finding) are both an Issue with a Level, so one table prints both and
+one comparison ranks them. Str-valued, so JSON, the check's --json and the notices read "error", "warning", "info"."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def loudest_first(issue: "Issue") -> int:
 
 @dataclass(frozen=True)
 class Issue:
-    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/codes.py, which
-    the manual lists) and a one-line message with the figures behind it. A level given as its word ("error") is taken
-    as the Level."""
+    """Something to tell the user: how loud (level), a stable code (each in advice/codes.py or nodes/checks/codes.py,
+    which the manual lists) and a one-line message with the figures behind it. A level given as its word ("error") is
+    taken as the Level."""
 
     level: Level
     code: str

@@ -1,7 +1,7 @@
 """`qwen-tui merge RUN_DIR` and `qwen-tui chat RUN_DIR --prompt TEXT`: use a finished run's model.
 
 Both run on the run's master node with the run's own Python (training.merge,
-training.chat); this process imports no torch. See qwen_tui.run.after.
+training.chat); this process imports no torch. See qwen_tui.run.tools.after.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..run.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
+from ..run.tools.after import CHAT_TIMEOUT_S, MERGE_TIMEOUT_S, AfterRunError, chat, chat_turn, locate, merge
 
 # as `attach` takes it (run.runs.resolve_run)
 RUN_HELP = "a run id (or a unique prefix of one) from `qwen-tui runs`, 'last' for the newest run, or a run directory"
@@ -56,7 +56,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _with_master(args: argparse.Namespace, work) -> int:
     from ..nodes.connect import transport_for
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
     from ..run.rundir import default_runs_root
     from ..run.runs import RunNotFound, resolve_run
 

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qwen_tui.base.redact import printable
-from qwen_tui.run import styles
+from qwen_tui.cli import styles
 
 COLOURS = {**styles.LEVEL, **styles.VERDICT}  # a finding's level or a matrix cell's verdict -> its colour
 
@@ -34,7 +34,7 @@ def matrix(rep, title: str, *, containers: bool) -> Table:
     """The node x check matrix: a row a node, a column a check, a coloured mark a cell. The checks' columns keep
     their whole names; a long node label gives way first. `containers`: the preset runs the nodes' jobs in a
     container (the container column is shown only then)."""
-    from qwen_tui.nodes.checks import COLUMNS
+    from qwen_tui.nodes.checks.runner import COLUMNS
 
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     columns = [c for c in COLUMNS if c != "container" or containers]
@@ -167,12 +167,12 @@ def run(args: argparse.Namespace) -> int:
     preset = load_preset(args.preset)
     slurm = preset.scheduler.is_slurm
     if slurm and not preset.cluster.nodes:
-        from qwen_tui.run.slurm.inside import allocation_id
+        from qwen_tui.cli.slurm_inside import allocation_id
 
         job = allocation_id()
         if job is None:  # a login node: the nodes to check are an allocation's
             return _in_allocation(args, preset, console)
-        from qwen_tui.run.slurm.inside import in_allocation
+        from qwen_tui.cli.slurm_inside import in_allocation
 
         on = in_allocation(preset, job, console)
         if on is None:
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         conns.close()
     if download_failed:
-        from qwen_tui.nodes.findings import ERROR, Finding
+        from qwen_tui.nodes.checks.findings import ERROR, Finding
 
         rep.findings.append(Finding(ERROR, "MODEL_DOWNLOAD_FAILED", download_failed,
                                     "check HF_ENDPOINT / HF_TOKEN (network.env), or set HF_HUB_OFFLINE=1 with "
@@ -272,7 +272,7 @@ def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
     the nodes the preset asks for (salloc), so that every check runs on nodes SLURM gives, through srun."""
     import subprocess
 
-    from qwen_tui.run.slurm.script import allocation_options
+    from qwen_tui.run.export.slurm_preset import allocation_options
 
     argv = ["salloc", *allocation_options(preset, time=CHECK_ALLOCATION_TIME),
             f"--immediate={CHECK_ALLOCATION_WAIT_S}", "--job-name=qwen-tui-check",
@@ -290,7 +290,7 @@ def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
 
 def run_keys(args: argparse.Namespace) -> int:
     from qwen_tui.nodes.keys import KeyLocked, identity_for, key_is_encrypted, setup_keys
-    from qwen_tui.nodes.transport import TransportError
+    from qwen_tui.nodes.transport.protocol import TransportError
     from qwen_tui.preset.schema import load_preset
 
     preset = load_preset(args.preset)

@@ -13,9 +13,10 @@ import os
 import sys
 from typing import Any
 
-from ..advice.datapreview import DEFAULT_TIMEOUT_S, DataPreviewError, histogram_lines, preview, summary_lines
+from ..advice.datapreview import histogram_lines, summary_lines
 from ..plan.estimate import GPUS
 from ..preset.schema import load_preset
+from ..run.tools.data_preview import DEFAULT_TIMEOUT_S, DataPreviewError, preview
 from .estimate import gpu_name
 from .facts_file import read_facts_file
 from .options import DeprecatedAlias
@@ -50,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..nodes.connect import transport_for
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
 
     preset = load_preset(args.preset)
     facts = None

@@ -16,7 +16,7 @@ from ..advice.report import NODES_WORTH_LIMIT, build_report, human_count, model_
 from ..plan.estimate import FAST_PATH_EFFICIENCY, GPUS, ZERO_EFFICIENCY
 from ..plan.estimate_comm import NIC_EFFICIENCY
 from ..preset.schema import load_preset
-from ..run import styles
+from . import styles
 from .facts_file import read_facts_file
 from .options import DeprecatedAlias
 

@@ -35,15 +35,15 @@ def _load(path: str) -> Preset:
 # ------------------------------------------------------------------ commands
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ..run.live import prepare_and_launch
-    from ..run.slurm.inside import allocation_id
+    from .live import prepare_and_launch
+    from .slurm_inside import allocation_id
 
     preset = load_preset(args.preset)
     if preset.scheduler.is_slurm and not preset.cluster.nodes and allocation_id() is None:
         from rich.console import Console
 
         from ..run.rundir import default_runs_root
-        from ..run.slurm_batch import submit_and_follow
+        from .slurm_batch import submit_and_follow
 
         root = Path(args.runs_dir).absolute() if args.runs_dir else default_runs_root()
         flags = [f for f, on in (("--skip-checks", args.skip_checks), ("--force", args.force),
@@ -59,7 +59,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..run.live import prepare_and_launch
+    from .live import prepare_and_launch
 
     if not DEMO_PRESET.exists():
         _err(f"the demo preset {DEMO_PRESET} is missing: reinstall qwen-tui (pip install qwen-tui) or run from "
@@ -78,15 +78,15 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from ..run.live import attach
     from ..run.runs import RunNotFound, resolve_run
+    from .live import attach
 
     try:
         path = resolve_run(args.run, _runs_root(args))
     except RunNotFound as e:
         _err(str(e))
         return 2
-    from ..run.slurm_batch import attach_submitted, submitted_job
+    from .slurm_batch import attach_submitted, submitted_job
 
     if submitted_job(path) is not None:  # a SLURM batch job: followed (or cancelled) through SLURM
         return attach_submitted(path, stop=args.stop)
@@ -149,7 +149,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..run.export import export_files
+    from ..run.export.render import export_files
     from ..run.rundir import new_run_id
 
     preset = _load(args.preset)
@@ -164,7 +164,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         files = export_files(preset, args.format, run_id=run_id, base_dir=os.getcwd(),
                              preset_file=str(Path(args.preset).absolute()), image=args.image,
                              accelerator=args.accelerator)
-    except ValueError as e:  # a plan the format cannot express (export_argv.ExportError names the field)
+    except ValueError as e:  # a plan the format cannot express (export.engine_argv.ExportError names the field)
         _err(f"{args.preset}: {e}")
         return 2
     out = Path(args.output) if args.output else None

@@ -67,7 +67,7 @@ class GPULink:
 
 @dataclass
 class GPUTopology:
-    """One node's GPU matrix (qwen_tui/nodes/topology.py parses and judges it)."""
+    """One node's GPU matrix (qwen_tui/nodes/checks/topology.py parses and judges it)."""
 
     gpus: int
     links: list[GPULink] = field(default_factory=list)  # one per pair, a < b

@@ -1,6 +1,6 @@
 """From a preset node to a connected Transport.
 
-`resolve_target` applies ssh_config the way OpenSSH does (nodes/sshconfig.py:
+`resolve_target` applies ssh_config the way OpenSSH does (nodes/transport/sshconfig.py:
 `ssh -G` where the client exists, else paramiko with Include expanded): what the
 preset says explicitly wins, then the ssh_config value (HostName, User, Port,
 IdentityFile, ConnectTimeout, UserKnownHostsFile, ProxyJump), then the defaults.
@@ -19,12 +19,13 @@ from __future__ import annotations
 import getpass
 import os
 
-from qwen_tui.nodes import sshconfig
-from qwen_tui.nodes.hostkeys import Consent
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
-from qwen_tui.nodes.sshconfig import SSHConfigLookup
-from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
+from qwen_tui.nodes.transport import sshconfig
+from qwen_tui.nodes.transport.hostkeys import Consent
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.nodes.transport.protocol import Transport, TransportError
+from qwen_tui.nodes.transport.ssh import SSHTarget, SSHTransport
+from qwen_tui.nodes.transport.sshconfig import SSHConfigLookup
 from qwen_tui.preset.schema import Node, Preset
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"

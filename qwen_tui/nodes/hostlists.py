@@ -94,8 +94,8 @@ def parse_slurm(text: str) -> list[dict[str, Any]]:
 def parse_ssh_config(text: str) -> list[dict[str, Any]]:
     """Concrete `Host` aliases (no wildcards or negations), in any of OpenSSH's spellings (`Host a b`,
     `Host=a`, `host = "a"`); the alias is kept as the host so ssh_config's HostName/User/Port still
-    apply when connecting. Give it the text with Includes expanded (nodes.sshconfig.import_text)."""
-    from qwen_tui.nodes.sshconfig import split_line
+    apply when connecting. Give it the text with Includes expanded (nodes.transport.sshconfig.import_text)."""
+    from qwen_tui.nodes.transport.sshconfig import split_line
 
     out, seen = [], set()
     for ln in text.splitlines():

@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from qwen_tui.nodes.connect import _ssh_config, resolve_target
-from qwen_tui.nodes.hostkeys import Consent, known_hosts_line
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.ssh import SSHTransport
-from qwen_tui.nodes.transport import Transport, TransportError
+from qwen_tui.nodes.transport.hostkeys import Consent, known_hosts_line
+from qwen_tui.nodes.transport.protocol import Transport, TransportError
+from qwen_tui.nodes.transport.ssh import SSHTransport
 from qwen_tui.preset.schema import Preset
 
 # Appends lines to a file under ~/.ssh unless present; prints how many were added.

@@ -17,7 +17,8 @@ from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.hubmodel import hub_datasets, hub_id, synced_dataset_rel, synced_rel
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
-from qwen_tui.nodes.transport import LocalTransport, Transport, TransportError
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.nodes.transport.protocol import Transport, TransportError
 from qwen_tui.preset.schema import Preset
 
 # path -> {"exists", "dir", "sha256", "size", "files": [[rel, size, sha256]]}; the
@@ -145,7 +146,7 @@ def sync_from_master(preset: Preset, transports: dict[int, Transport], facts: Cl
     training code from the master to the nodes that lack them (or, with `overwrite`, whose copy differs). Nodes
     not probed yet are probed first. Returns one line per node and kind, and how many copies differ and were
     left."""
-    from qwen_tui.nodes.probe import probe_node
+    from qwen_tui.nodes.checks.probe import probe_node
 
     facts = ClusterFacts(nodes=dict(facts.nodes))
     for i in sorted(transports):

@@ -81,7 +81,7 @@ class LaunchPlan:
     metrics_file: str  # on the master node
     output_dir: str
     nodes: list[NodeCommand] = field(default_factory=list)
-    monitor: dict[str, Any] = field(default_factory=dict)  # the preset's monitor section (run/watchdog.py)
+    monitor: dict[str, Any] = field(default_factory=dict)  # the preset's monitor section (run/watch/watchdog.py)
     # who gave the nodes: {} over SSH; {"kind": "slurm", "job_id": ...} for a SLURM allocation (run/slurm/)
     scheduler: dict[str, Any] = field(default_factory=dict)
 

@@ -204,7 +204,7 @@ class Training(_Strict):
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "all"]] = Field(
         default_factory=list, description="trackers rank 0 also logs to (the worker's --report_to; none: [])")
     extra_args: list[str] = Field(default_factory=list, description="passed to the worker verbatim (as argv)")
-    # Recovery is qwen-tui's, not the worker's: these never reach the worker's argv (run/restarts.py).
+    # Recovery is qwen-tui's, not the worker's: these never reach the worker's argv (run/recovery/restarts.py).
     restarts: int = Field(default=0, ge=0, le=100, description="relaunch from the last complete checkpoint up to "
                           "N times after a node fails")
     exclude_failed: bool = Field(default=False, description="relaunch without the failed node, keeping the "
@@ -229,7 +229,7 @@ class Training(_Strict):
 
 
 class Monitor(_Strict):
-    """How qwen-tui watches a running job (run/health.py, run/watchdog.py): when a node it cannot read is
+    """How qwen-tui watches a running job (run/watch/health.py, run/watch/watchdog.py): when a node it cannot read is
     given up on, when a run that makes no progress is called hung, and when a node counts as slow."""
 
     unreachable_timeout: int = Field(

@@ -1,5 +1,5 @@
 """The launch API: connect -> check -> plan -> launch -> follow -> stop, and attach, once for
-every face. `qwen-tui replay`, `demo` and `attach` (run/live.py draws them with rich) and the
+every face. `qwen-tui replay`, `demo` and `attach` (cli/live.py draws them with rich) and the
 wizard's Run screen (its workers post what they get as Messages) call these and only render
 what comes back; neither writes its own sequence.
 
@@ -11,7 +11,7 @@ cause (per node where it is about nodes) and the fix. Nothing is raised for what
 check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run,
 Stopping while a requested stop runs, and ends with Ended. A face that restarts a run calls
 launch() again with the same Connections and a new run id (dataclasses.replace(req,
-run_id=...)), then follow() again; relaunching a failed attempt is run/restarts.py's.
+run_id=...)), then follow() again; relaunching a failed attempt is run/recovery/restarts.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..base.levels import Level
 from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
-from ..nodes.transport import Transport
+from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, make_plan
 from ..preset.schema import Preset, load_preset, save_preset
 from .events import (
@@ -45,15 +45,15 @@ from .events import (
     Stopping,
 )
 from .launcher import Launcher, LaunchError, RunOutcome
-from .metrics import TrainingProgress
-from .notices import read_notices
 from .rundir import RunDir, RunDirError, write_json_atomic
 from .states import FINAL, JobState, RunState
+from .watch.metrics import TrainingProgress
+from .watch.notices import read_notices
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
-    from ..nodes.checks import Progress
-    from ..nodes.hostkeys import Consent
+    from ..nodes.checks.runner import Progress
     from ..nodes.keys import KeySetupReport
+    from ..nodes.transport.hostkeys import Consent
 
 # How long a person may take to answer a new host key question (the wizard's modal): a
 # connect that may ask one is bounded by this on top of the connection's own bound.
@@ -132,7 +132,7 @@ class Connections:
 
 def connect_failure(res: NodeResults, what: str = "not launched") -> Failure:
     """The Failure for nodes that could not be connected, one line and one fix per node."""
-    from ..nodes.findings import connect_fix
+    from ..nodes.checks.findings import connect_fix
 
     failed = res.failed
     fixes = sorted({connect_fix(e) for e in failed.values()})
@@ -164,7 +164,7 @@ def local_files_missing(preset: Preset) -> list:
     import os
 
     from ..advice.core import Advice, Fix
-    from ..nodes.probe import local_path
+    from ..nodes.checks.probe import local_path
 
     out: list = []
     t = preset.training
@@ -233,8 +233,8 @@ def checking(preset: Preset, transports: dict[int, Transport], *, local_python: 
         said = {a.code for a in advice}
         yield Checked(CheckResult(facts, advice + [a for a in local_files_missing(preset) if a.code not in said]))
         return
-    from ..nodes.checks import run_checks
-    from .rehearsal import add_rehearsal
+    from ..nodes.checks.rehearsal import add_rehearsal
+    from ..nodes.checks.runner import run_checks
 
     yield Stage("check", "checking the nodes (probe, ports, firewall, bandwidth)…")
     rep = yield from _with_progress(lambda say: run_checks(
@@ -269,7 +269,7 @@ def check(preset: Preset, transports: dict[int, Transport], *, local_python: str
 def probe(preset: Preset, transport: Transport, index: int, *, local_python: str) -> NodeFacts:
     """Probe node `index` (Python stack, GPUs, data, disk) with the interpreter a run would use
     there; a missing python is a fact in the result (NodeFacts.error), not an exception."""
-    from ..nodes.probe import probe_node
+    from ..nodes.checks.probe import probe_node
 
     return probe_node(transport, preset, index, local_python=local_python)[0]
 
@@ -279,14 +279,14 @@ def network_check(preset: Preset, transports: dict[int, Transport], which: str,
     """Run one network check again ("port", "firewall" or "bandwidth"), the one `checking` runs:
     a copy of `facts` with its fields measured afresh, and its findings (replace_findings puts
     them in place of the old ones)."""
-    from ..nodes.checks import run_network_check
+    from ..nodes.checks.runner import run_network_check
 
     return run_network_check(preset, transports, which, facts)
 
 
 def replace_findings(old: list, new: list, which: str) -> list:
     """The findings after network check `which` ran again: its columns' old findings go, the new come."""
-    from ..nodes.checks import replace_findings as replace
+    from ..nodes.checks.runner import replace_findings as replace
 
     return replace(old, new, which)
 
@@ -319,7 +319,7 @@ def host_key(transport: Transport) -> str:
 def master_transport(preset: Preset, conns: Connections) -> Transport | None:
     """Node 0's transport: this machine's own when node 0 is local (no connection needed), else
     its open connection (None until the nodes are connected)."""
-    from ..nodes.transport import LocalTransport
+    from ..nodes.transport.local import LocalTransport
 
     if preset.scheduler.is_slurm and not preset.cluster.nodes:  # a login node: the nodes' storage is shared
         return LocalTransport("this machine")
@@ -335,7 +335,7 @@ def look_at_output_dir(preset: Preset, transport: Transport | None, *, base_dir:
     output_guard.LOOK_TIMEOUT_S."""
     import posixpath
 
-    from ..nodes.transport import TransportError
+    from ..nodes.transport.protocol import TransportError
     from .output_guard import look
 
     t = preset.training
@@ -355,8 +355,8 @@ def look_at_output_dir(preset: Preset, transport: Transport | None, *, base_dir:
 def preview_data(preset: Preset, transport: Transport, facts: ClusterFacts | None = None, *, base_dir: str,
                  local_python: str, bins: int = 16) -> dict[str, Any]:
     """The data preview on node 0 (`transport`: master_transport's): token counts and lengths by the
-    worker's own tokenizer, timing from the estimate. Raises DataPreviewError (advice.datapreview)."""
-    from ..advice.datapreview import preview
+    worker's own tokenizer, timing from the estimate. Raises DataPreviewError (run/tools/data_preview.py)."""
+    from .tools.data_preview import preview
 
     return preview(preset, transport, facts, base_dir=base_dir, local_python=local_python, bins=bins)
 
@@ -439,7 +439,7 @@ def launch(req: LaunchRequest, conns: Connections) -> Iterator[Event]:
     pl = plan(p, run_id=req.run_id, root=req.root, base_dir=req.base_dir, local_python=req.local_python,
               facts=facts)
     if req.attempt > 1:
-        from .restarts import attempt_dirs
+        from .recovery.restarts import attempt_dirs
 
         attempt_dirs(pl, req.attempt)
     if req.guard_output:

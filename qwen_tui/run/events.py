@@ -10,12 +10,12 @@ from ..base.levels import Level
 from ..cluster.facts import ClusterFacts
 from ..plan.launch import LaunchPlan
 from .launcher import Launcher, RunOutcome
-from .metrics import TrainingProgress
-from .notices import Notice
 from .states import JobState, RunState
+from .watch.metrics import TrainingProgress
+from .watch.notices import Notice
 
 if TYPE_CHECKING:
-    from ..nodes.checks import CheckReport
+    from ..nodes.checks.runner import CheckReport
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Snapshot:
     progress: TrainingProgress
     log: list[str] = field(default_factory=list)
     log_rank: int | None = None
-    notices: tuple[Notice, ...] = ()  # everything the monitor noticed so far, oldest first (run/notices.py)
+    notices: tuple[Notice, ...] = ()  # everything the monitor noticed so far, oldest first (run/watch/notices.py)
     notes: dict[int, str] = field(default_factory=dict)  # rank -> one line beside the node (compute time, ...)
     hung: int | None = None  # the node a hang called now is blamed on (its panel and row say so; no ETA then)
 

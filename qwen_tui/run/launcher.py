@@ -17,15 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..nodes.containers import remove as remove_container
+from ..nodes.checks.containers import remove as remove_container
 from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
-from ..nodes.transport import Transport
+from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
-from .blame import CAUSE_GRACE_S
-from .metrics import MetricsFollower
-from .monitor import RunMonitor
 from .rundir import RunDir
 from .states import JobState, RunState
+from .watch.blame import CAUSE_GRACE_S
+from .watch.metrics import MetricsFollower
+from .watch.monitor import RunMonitor
 
 # torchrun's failure summary for a rank that died of SIGKILL (the OOM killer, or by hand)
 _RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
@@ -114,7 +114,7 @@ class Launcher:
         self.transports = transports
         self.run_dir = run_dir
         self.stop_grace = stop_grace
-        # which launch of this run directory this is (run/restarts.py relaunches after a failure);
+        # which launch of this run directory this is (run/recovery/restarts.py relaunches after a failure);
         # a launcher whose attempt is over no longer writes the run's state
         self.attempt = attempt
         self.attempt_note: str | None = None  # one line about earlier attempts, for the views
@@ -167,7 +167,7 @@ class Launcher:
     def attach(cls, run_dir: RunDir, transports: dict[int, Transport]) -> "Launcher":
         """A launcher for a run started earlier. Raises RunDirError on a corrupt run directory.
         Nothing is signalled here; `refusals()` says which recorded pids are not provably ours."""
-        from .attempts import attempt_note
+        from .runs import attempt_note
 
         plan = run_dir.read_plan()
         state = run_dir.read_state()
@@ -233,7 +233,7 @@ class Launcher:
                     "its processes were killed or the node went away (no exit code)")
 
     def poll(self) -> RunOutcome | None:
-        """Refresh node states and metrics (run/monitor.py: never decided from one failed read, never held
+        """Refresh node states and metrics (run/watch/monitor.py: never decided from one failed read, never held
         up by a node that does not answer). Returns the outcome once the run is over."""
         self.monitor.look(self._check_node)
         said = self.slurm.look() if self.slurm is not None else None
@@ -376,7 +376,7 @@ class Launcher:
     def _root_cause(self, bad: list[NodeState], *, grace: bool = True):
         """The failed node to blame: a lost node or one whose log shows a cause of its own
         beats nodes that only saw a peer go away (connection reset, timeouts). When every failed node only saw
-        a peer go away, a node that stopped answering meanwhile is the cause (run/blame.py), and while every
+        a peer go away, a node that stopped answering meanwhile is the cause (run/watch/blame.py), and while every
         other node still runs and answers, None for a few seconds: the cause has not shown itself yet."""
         from ..cluster.failures import CONSEQUENTIAL, diagnose, without_agent_report
 
@@ -392,7 +392,7 @@ class Launcher:
                     self._tails[st.rank] = raw  # its job has ended: its log no longer changes
             d = diagnose("\n".join(raw[-40:]), python=self.plan.nodes[st.rank].argv[0])
             if st.cause == "MACHINE_LOST" and st.rank in self.monitor.lost_evidence:
-                from .blame import machine_lost
+                from .watch.blame import machine_lost
 
                 d = machine_lost(self.monitor.lost_evidence[st.rank])
             elif (d is None or d.code in CONSEQUENTIAL) and self._cuda and not self.monitor.health.unreachable(st.rank):
@@ -429,7 +429,7 @@ class Launcher:
         """A hardware fault the node's kernel log reports (a GPU's Xid, a fallen-off GPU: the driver writes them
         there, not to the run's log), as a Diagnosis; read once a node, None where there is none."""
         from ..cluster.failures import Diagnosis
-        from .evidence import node_kernel_faults
+        from .watch.evidence import node_kernel_faults
 
         if rank not in self._kernel:
             state = self.run_dir.read_state()
@@ -442,8 +442,8 @@ class Launcher:
 
     def _machine_lost(self, survivors):
         """A running node that stopped answering while the failed ones saw only a peer go away: LOST, blamed,
-        with the evidence (run/blame.py). None when every running node still answers."""
-        from .blame import MACHINE_LOST, Survivor, evidence_line, machine_lost, pick_lost
+        with the evidence (run/watch/blame.py). None when every running node still answers."""
+        from .watch.blame import MACHINE_LOST, Survivor, evidence_line, machine_lost, pick_lost
 
         h = self.monitor.health
         away = {s.rank: h.seconds_unreachable(s.rank) for s in self.nodes.values()

@@ -9,7 +9,7 @@ import json
 import posixpath
 import re
 
-from ..nodes.transport import Transport, TransportError
+from ..nodes.transport.protocol import Transport, TransportError
 from ..plan.launch import LaunchPlan
 
 LOOK_TIMEOUT_S = 10.0

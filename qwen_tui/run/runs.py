@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from .attempts import attempt_note
 from .rundir import RunDir
 
 TAIL_BYTES = 64 * 1024  # the last step record of metrics.jsonl is near its end
@@ -26,7 +27,7 @@ class RunSummary:
     started: float | None
     step: int | None
     last_loss: float | None
-    attempt: int = 1  # relaunches after a failure make more (run/restarts.py)
+    attempt: int = 1  # relaunches after a failure make more (run/recovery/restarts.py)
     attempt_note: str | None = None
 
     def to_dict(self) -> dict:
@@ -128,3 +129,30 @@ def resolve_run(ref: str, root: Path) -> Path:
         raise RunNotFound(f"{ref!r} matches {len(matches)} runs in {root}: "
                           + ", ".join(r.run_id for r in matches[:5]))
     raise RunNotFound(f"no run {ref!r} in {root} (`qwen-tui runs` lists them)")
+
+
+def attempt_note(state: Mapping[str, Any]) -> str | None:
+    """One line about the attempts recorded in a run's state.json, for the live view and `qwen-tui runs`;
+    None for a run that never restarted."""
+    attempts = state.get("attempts")
+    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[-1], dict):
+        return None
+    restarts = state.get("restarts")
+    allowed = f" of {int(restarts) + 1}" if isinstance(restarts, int) else ""
+    cur = attempts[-1]
+    if len(attempts) == 1 and not cur.get("restart_refused"):
+        return None
+    parts = [f"attempt {len(attempts)}{allowed}"]
+    prev = attempts[-2] if len(attempts) > 1 and isinstance(attempts[-2], dict) else {}
+    if type(prev.get("failed_rank")) is int:  # why this attempt was needed
+        cause = f" ({prev['cause']})" if prev.get("cause") else ""
+        parts.append(f"after node {prev['failed_rank']} ({prev.get('failed_node', '?')}) failed{cause}")
+    if cur.get("excluded"):
+        parts.append("without " + ", ".join(map(str, cur["excluded"])))
+    if len(attempts) > 1:
+        parts.append(f"resumed from {cur['resume_from']}" if cur.get("resume_from") else "started over from step 0")
+    if cur.get("batch"):
+        parts.append(f"batch {cur['batch']}")
+    if cur.get("restart_refused"):
+        parts.append(f"not restarted: {cur['restart_refused']}")
+    return "; ".join(parts)

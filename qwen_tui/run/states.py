@@ -30,7 +30,7 @@ class RunState(StrEnum):
     PENDING = "pending"  # submitted to a scheduler (SLURM), waiting for its nodes
     STARTING = "starting"  # a face is connecting, checking and launching (never written)
     RUNNING = "running"
-    RESTARTING = "restarting"  # between two attempts (run/restarts.py)
+    RESTARTING = "restarting"  # between two attempts (run/recovery/restarts.py)
     OK = "ok"
     FAILED = "failed"
     STOPPED = "stopped"

@@ -189,7 +189,7 @@ class WizardApp(App[int]):
     def ask_host_key(self, label: str, host: str, key: Any) -> bool:
         """Consent callback for a new host key, called on a connecting thread: shows a
         modal on the UI thread and waits (bounded) for the answer."""
-        from ..nodes.hostkeys import fingerprint
+        from ..nodes.transport.hostkeys import fingerprint
 
         answer: cf.Future = cf.Future()
         q = host_key_question(label, host, key.get_name(), fingerprint(key))
@@ -394,7 +394,7 @@ class WizardApp(App[int]):
         screen that owns them), never crash the app."""
         from ..cluster.failures import describe_exception
         from ..nodes.keys import KeyLocked
-        from ..nodes.transport import TransportError
+        from ..nodes.transport.protocol import TransportError
 
         err = worker.error
         if isinstance(err, (TransportError, PresetError, KeyLocked, OSError)):

@@ -1,5 +1,5 @@
 """The Run step's chat with a finished run's model (`c`): one message a line, replies from
-qwen_tui.run.after.chat_turn on the master (training.chat through the tokenizer's chat template), each
+qwen_tui.run.tools.after.chat_turn on the master (training.chat through the tokenizer's chat template), each
 in a thread worker that posts its answer back; the model answers the whole conversation every turn."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from .styles import ERROR, GOOD_STRONG, NOTE_STRONG, tone
 from .widgets.form_inputs import OrderedInput
 
 if TYPE_CHECKING:
-    from ..run.after import RunResult
     from ..run.api import Transport
+    from ..run.tools.after import RunResult
 
 
 class ChatReply(Message):
@@ -62,7 +62,7 @@ class ChatScreen(Dialog[None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="chat")
     def _ask(self, messages: list[dict[str, str]]) -> None:
-        from ..run.after import AfterRunError, chat_turn
+        from ..run.tools.after import AfterRunError, chat_turn
 
         try:
             rep = chat_turn(self.result, self.transport, messages)

@@ -11,10 +11,10 @@ from textual.message import Message
 
 if TYPE_CHECKING:  # the annotations only: the run's modules load when a run starts, not with the first paint
     from ..cluster.facts import ClusterFacts, NodeFacts
-    from ..nodes.findings import Finding
+    from ..nodes.checks.findings import Finding
     from ..run.events import Event, Snapshot, Stopping
-    from ..run.gpumon import NodeSample
     from ..run.launcher import Launcher, RunOutcome
+    from ..run.watch.gpumon import NodeSample
     from ..wizard.state import ProbeState, SshState
 
 JsonDict = dict[str, object]  # what a node's JSON tool answered, as read
@@ -149,7 +149,8 @@ class RunUpdate(Message):
 
 @dataclass(eq=False)
 class RunNote(Message):
-    """A line about the run between its attempts (run.restarts: which node failed, what the next attempt does)."""
+    """A line about the run between its attempts (run.recovery.restarts: which node failed, what the next attempt
+    does)."""
 
     text: str
 
@@ -173,7 +174,7 @@ class RunEnded(Message):
 
 @dataclass(eq=False)
 class JobQueued(Message):
-    """SLURM's word on a submitted run's job (run.slurm_job.Queued: PENDING and why, RUNNING and where)."""
+    """SLURM's word on a submitted run's job (run.slurm.job.Queued: PENDING and why, RUNNING and where)."""
 
     queued: Any
 

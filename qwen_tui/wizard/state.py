@@ -13,8 +13,8 @@ from ..advice.rules import Advice, advise
 from ..base.levels import Level
 from ..base.strenum import StrEnum
 from ..cluster.facts import ClusterFacts, NodeFacts
-from ..nodes.checks import consistency
-from ..nodes.findings import Finding
+from ..nodes.checks.findings import Finding
+from ..nodes.checks.runner import consistency
 from ..preset.schema import Cluster, Network, Node, Preset, Training
 from ..run.api import Connections
 from ..run.states import RunState

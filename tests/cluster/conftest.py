@@ -73,7 +73,7 @@ def keyed(cluster, sshdir):
     """Key setup from password-only nodes, once per session; yields the first report."""
     from qwen_tui.nodes.connect import _ssh_config, resolve_target
     from qwen_tui.nodes.keys import setup_keys
-    from qwen_tui.nodes.ssh import AuthFailed, SSHTransport
+    from qwen_tui.nodes.transport.ssh import AuthFailed, SSHTransport
 
     preset = Preset.model_validate(preset_dict(cluster, sshdir))
     # Before: the nodes take a password and nothing else.

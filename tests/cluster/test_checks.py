@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 
 

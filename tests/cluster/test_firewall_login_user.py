@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from qwen_tui.cluster.facts import ClusterFacts
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.netcheck import check_firewalls
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.netcheck import check_firewalls
 from support.login_user import LoginUser
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.nodes.connect import transport_for
-from qwen_tui.nodes.transport import TransportError
-from qwen_tui.run import gpumon
+from qwen_tui.nodes.transport.protocol import TransportError
+from qwen_tui.run.watch import gpumon
 
 
 def _cmdlines(cluster, i: int) -> dict[int, bytes]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.transport import stop_group
+from qwen_tui.nodes.transport.protocol import stop_group
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 

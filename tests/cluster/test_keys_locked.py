@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from qwen_tui.nodes.connect import _ssh_config, resolve_target
-from qwen_tui.nodes.ssh import AuthFailed, SSHTransport
-from qwen_tui.nodes.transport import TransportError
+from qwen_tui.nodes.transport.protocol import TransportError
+from qwen_tui.nodes.transport.ssh import AuthFailed, SSHTransport
 from qwen_tui.preset.schema import Preset
 from support.cluster import PASSWORD, REPO, preset_dict
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset

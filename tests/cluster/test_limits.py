@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from support.netns import node_mount_ns_pid, sh
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from qwen_tui.cluster.facts import ClusterFacts
+from qwen_tui.nodes.checks.netcheck import check_ports
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.netcheck import check_ports
 
 
 @pytest.fixture

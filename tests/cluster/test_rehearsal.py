@@ -6,10 +6,10 @@ import copy
 
 import pytest
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.rehearsal import rehearse
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.run.rehearsal import rehearse
 
 
 @pytest.fixture(scope="module")

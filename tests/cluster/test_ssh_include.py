@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.connect import _ssh_config, close_all, connect_all, resolve_target
+from qwen_tui.nodes.transport import sshconfig
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 from support.login_user import LOGIN, LoginUser

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from qwen_tui.nodes.connect import _ssh_config, connect_all, resolve_target, transport_for
-from qwen_tui.nodes.hostkeys import UnknownHostKey
-from qwen_tui.nodes.ssh import SSHTransport, Unreachable
+from qwen_tui.nodes.transport.hostkeys import UnknownHostKey
+from qwen_tui.nodes.transport.ssh import SSHTransport, Unreachable
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 

@@ -11,9 +11,9 @@ import paramiko
 import pytest
 
 from qwen_tui.nodes.connect import connect_all, transport_for
-from qwen_tui.nodes.hostkeys import ChangedHostKey, UnknownHostKey, fingerprint
 from qwen_tui.nodes.keys import setup_keys
-from qwen_tui.nodes.transport import stop_group
+from qwen_tui.nodes.transport.hostkeys import ChangedHostKey, UnknownHostKey, fingerprint
+from qwen_tui.nodes.transport.protocol import stop_group
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 

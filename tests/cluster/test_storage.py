@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from qwen_tui.advice.rules import advise
 from qwen_tui.cluster.facts import ClusterFacts
+from qwen_tui.nodes.checks.storage import detect_shared_storage
 from qwen_tui.nodes.connect import close_all, connect_all
-from qwen_tui.nodes.storage import detect_shared_storage
 from qwen_tui.preset.schema import Preset
 from support.cluster import preset_dict
 

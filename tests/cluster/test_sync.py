@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from qwen_tui.nodes.checks import run_checks
+from qwen_tui.nodes.checks.runner import run_checks
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.nodes.sync import sync
 from qwen_tui.preset.schema import Preset

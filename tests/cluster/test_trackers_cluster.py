@@ -1,6 +1,6 @@
 """--report_to on the namespace cluster: three CPU nodes trained over SSH and followed by the headless face; the
 TensorBoard event file that rank 0 writes on node 0 holds the loss and every node's load as qwen-tui's monitor
-saw it (run.gpuseries -> gpus.jsonl on the master -> training.runtime.trackers)."""
+saw it (run.watch.gpuseries -> gpus.jsonl on the master -> training.runtime.trackers)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import shutil
 import pytest
 from rich.console import Console
 
+from qwen_tui.cli.live import follow
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
-from qwen_tui.run.live import follow
 from qwen_tui.run.rundir import RunDir
 from support.cluster import preset_dict
 

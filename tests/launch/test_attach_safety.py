@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.nodes.jobs import JobRef, job_verdict
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import LaunchPlan, NodeCommand
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir

@@ -11,8 +11,8 @@ import sys
 
 import yaml
 
-from qwen_tui.nodes.checks import run_checks
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.checks.runner import run_checks
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import Preset
 from support.paths import DEMO, ROOT
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset, save_preset
-from qwen_tui.run import driver
 from qwen_tui.run.launcher import Launcher, RunOutcome
-from qwen_tui.run.restarts import Restarts
+from qwen_tui.run.recovery import driver
+from qwen_tui.run.recovery.restarts import Restarts
 from qwen_tui.run.rundir import RunDir, write_json_atomic
 from qwen_tui.run.states import JobState
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from qwen_tui.nodes.checks.probe import probe_node
 from qwen_tui.nodes.hubmodel import download_on_master, hf_env, hub_id, synced_rel
-from qwen_tui.nodes.probe import probe_node
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import Preset
 from support.fakehub import fake_hub_cache
 

@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from qwen_tui.cluster.facts import ClusterFacts
-from qwen_tui.nodes.netcheck import check_bandwidth, iperf_pair
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.checks.netcheck import check_bandwidth, iperf_pair
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import parse_preset
 from support.ports import free_port
 

@@ -119,7 +119,7 @@ def test_failing_node_is_named_and_nothing_is_left(tmp_path):
         pids = json.loads((rd / "pids.json").read_text())
         # node 1 dies as a crashed machine would: every process of its job at once
         # (torchrun's ranks run in sessions of their own; the job's mark finds them)
-        from qwen_tui.nodes.transport import _marked_pids
+        from qwen_tui.nodes.transport.local import _marked_pids
         victims = _marked_pids(pids["1"])
         assert len(victims) >= 2  # torchrun and its rank
         for pid in victims:

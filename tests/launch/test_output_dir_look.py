@@ -7,8 +7,8 @@ from __future__ import annotations
 import socket
 import sys
 
-from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.nodes.transport.ssh import SSHTarget, SSHTransport
 from qwen_tui.run import api
 from support.launch_api import demo
 from support.paths import ROOT

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
-from qwen_tui.run.attempts import attempt_note
 from qwen_tui.run.launcher import Launcher, RunOutcome
-from qwen_tui.run.restarts import Restarts, wait_for_next_attempt
+from qwen_tui.run.recovery.restarts import Restarts, wait_for_next_attempt
 from qwen_tui.run.rundir import RunDir
+from qwen_tui.run.runs import attempt_note
 from qwen_tui.run.states import JobState
 
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from qwen_tui.nodes.jobs import JobRef, job_verdict, stop_job
-from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.nodes.transport.ssh import SSHTarget, SSHTransport
 from support.paths import DEMO, ROOT
 
 SECRET = "hf_TopSecret_4242"

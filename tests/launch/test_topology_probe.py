@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from qwen_tui.cluster.facts import ClusterFacts
-from qwen_tui.nodes.probe import probe_node
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.checks.probe import probe_node
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.preset.schema import Preset
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "topo"
@@ -73,7 +73,7 @@ def test_probe_reads_the_matrix_and_p2p_into_node_facts(tmp_path, monkeypatch):
     back = ClusterFacts.from_dict(json.loads(json.dumps(ClusterFacts(nodes={0: f}).to_dict())))
     assert back.nodes[0].topology == t
     # the check's word on it: the warning and its fix
-    from qwen_tui.nodes.checks import consistency
+    from qwen_tui.nodes.checks.runner import consistency
 
     found = {x.code: x for x in consistency(p, ClusterFacts(nodes={0: f}))}
     assert found["GPU_TOPOLOGY"].message.startswith("localhost: 2 GPUs, PCIe (PHB), no P2P (GNS)")

@@ -3,7 +3,7 @@ tests/fixtures/nvidia-smi, one tick each. Shared by the GPU series tests and the
 
 from __future__ import annotations
 
-from qwen_tui.run.gpumon import group_stream
+from qwen_tui.run.watch.gpumon import group_stream
 from support.paths import FIXTURES
 
 # the columns of the fixtures' --query-gpu (tests/fixtures/nvidia-smi/README.md)

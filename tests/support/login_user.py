@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from qwen_tui.nodes.ssh import SSHTarget, SSHTransport
+from qwen_tui.nodes.transport.ssh import SSHTarget, SSHTransport
 
 LOGIN = "qtlogin"
 UID = 4242

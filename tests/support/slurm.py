@@ -232,13 +232,18 @@ def _login_ids() -> tuple[int, int]:
 
 
 def user_pids(cluster, uid: int) -> dict[int, list[int]]:
-    """node -> the live processes of user `uid` in that node (what a run of that user left there)."""
+    """node -> the live processes of user `uid` in that node (what a run of that user left there). The node's
+    SSH server sessions of that user are not a run's: a session whose client went while an earlier test cut the
+    link (tests/cluster/test_field_faults.py) lives on, with its sftp-server, until TCP gives it up."""
     out: dict[int, list[int]] = {}
     for i in range(len(cluster.nodes)):
         for pid in cluster.pids(i):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
+                continue
+            if cmd.startswith(b"sshd:") or b"sftp-server" in cmd:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if fields.get("State", "").strip().startswith("Z"):

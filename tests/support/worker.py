@@ -40,7 +40,9 @@ def decide_for(argv=(), device: str = "cpu", deepspeed: bool = False, zero_stage
 
     from training.fast.choice import decide
 
-    return decide(parsed_flags(argv), torch.device(device), deepspeed, zero_stage)
+    flags = parsed_flags(argv)
+    return decide(flags.fast, flags.lora, half=bool(flags.train.bf16 or flags.train.fp16), device=torch.device(device),
+                  deepspeed=deepspeed, zero_stage=zero_stage, expandable=flags.fast.expandable_segments)
 
 
 def run_interpreted(script: str, timeout: float = 600) -> dict:

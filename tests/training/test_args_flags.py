@@ -1,5 +1,6 @@
 """The worker's flags as typed groups (training.flags): one field per flag, no attribute that is not declared,
-defaults in the fields only, and --help as it was (every group and flag in it)."""
+defaults and help in the fields only (the parser is generated from them), and --help as it was (every group and
+flag in it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from training.flags import (
     DataFlags,
     FlagNotes,
     ModelFlags,
+    Resolved,
     TrainFlags,
     WorkerFlags,
     field_group,
@@ -49,6 +51,25 @@ def test_every_flag_is_one_field_of_one_group_and_every_field_a_flag():
         assert owner[action.dest] == group, f"{action.option_strings} is in --help's {title!r}, its field in {group}"
         seen.add(action.dest)
     assert seen == set(owner), f"fields that are no flag: {sorted(set(owner) - seen)}"
+
+
+def test_every_flag_is_generated_from_its_field_with_the_fields_help():
+    """No flag is written into the parser by hand: each one's help is its field's (or, for an HF flag accepted
+    with no effect, says why), and a field's help reaches --help as it is."""
+    fields = {f.name: f for group in FLAG_GROUPS.values() for f in dataclasses.fields(group)}
+    for name, f in fields.items():
+        meta = f.metadata
+        assert meta.get("help") or meta.get("no_effect") or meta.get("hidden"), f"--{name} has no help on its field"
+    for _, action in _actions(build_parser()):
+        meta = fields[action.dest].metadata
+        if action.option_strings[0] in ALIASES or action.option_strings[0].startswith("--no_"):
+            continue  # another group's name for it, or the off spelling of a switch (its `off`)
+        if meta.get("hidden"):
+            assert action.help == argparse.SUPPRESS
+        elif meta.get("no_effect"):
+            assert action.help.endswith("no effect: " + meta["no_effect"]), action.option_strings
+        else:
+            assert action.help == meta["help"], action.option_strings
 
 
 def test_a_flag_added_to_the_parser_alone_fails_when_the_parser_is_built():
@@ -101,7 +122,6 @@ def test_parse_args_resolves_into_declared_fields_and_notes():
     assert flags.lora.use_lora is True and flags.lora.lora_target_modules == ["q_proj", "k_proj", "v_proj"]
     assert flags.save.metrics_file.endswith("metrics.jsonl") and flags.train.per_device_eval_batch_size == 8
     assert flags.notes.hf_warnings == ["--do_train has no effect here: the worker always trains"]
-    assert flags.notes.expandable_why is None  # set by the entry point once it has configured the allocator
     by_name = flags.by_name()
     assert by_name["learning_rate"] == 5e-5 and by_name["hf_warnings"] == flags.notes.hf_warnings
     assert len(by_name) == len(field_group()) + len(dataclasses.fields(FlagNotes))
@@ -121,3 +141,24 @@ def test_help_keeps_every_group_and_flag(monkeypatch):
         if action.help != argparse.SUPPRESS:
             for option in action.option_strings:
                 assert option in res.stdout
+
+
+def test_what_set_up_resolves_is_its_own_record_and_the_trackers_record_it():
+    """Set-up settles some flags from the run itself (shared storage, long records, the CUDA allocator): into
+    Resolved, which starts from the flags as given; the flags stay as given; a tracker's configuration shows every
+    flag, the settled ones as set-up settled them."""
+    from training.runtime.trackers import scalar_config
+
+    flags = parse_args(BASE + ["--save_on_each_node"])
+    resolved = Resolved.of(flags)
+    assert (resolved.save_on_each_node, resolved.tiled_mlp, resolved.packing_tokens) == (True, None, None)
+    assert resolved.gradient_checkpointing is None and resolved.expandable_why is None
+    resolved.save_on_each_node, resolved.tiled_mlp, resolved.expandable_why = False, True, "on: CUDA"
+    assert flags.save.save_on_each_node is True and flags.train.tiled_mlp is None  # as the user gave them
+    cfg = scalar_config(flags, resolved)
+    assert (cfg["save_on_each_node"], cfg["tiled_mlp"], cfg["expandable_why"]) == (False, True, "on: CUDA")
+    assert cfg["learning_rate"] == 5e-5 and cfg["hf_warnings"] == ""
+    assert set(cfg) == set(field_group()) | {f.name for f in dataclasses.fields(FlagNotes)} | set(resolved.by_name())
+    with pytest.raises(AttributeError):
+        resolved.tiled_mlp_tokens = 1  # only what set-up settles: a slotted record too
+

@@ -477,7 +477,9 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
     args = parse_args(["--model_name_or_path", "x", "--data_path", "y", "--output_dir", "z", *argv])
     fast = SimpleNamespace(auto_micro_batch=True, gradient_checkpointing=bool(args.train.gradient_checkpointing),
                            packing=False, attention="flash", packing_tokens=None)
-    apply.size_rows(model, None, fast, args, {"vocab_size": 512}, torch.device("cpu"), None, model)
+    apply.size_rows(model, None, fast, {"vocab_size": 512}, torch.device("cpu"), None, model, given=args.fast,
+                    train=args.train, max_length=args.data.model_max_length,
+                    checkpointing_asked=args.train.gradient_checkpointing)
     assert fast.gradient_checkpointing is expect and checkpointing_is_on(model) is expect
     assert fast.packing_tokens == (on.tokens if expect else off.tokens)
     assert probed == ([False, True] if short and not argv else [False])
@@ -673,8 +675,8 @@ def test_the_fast_setup_gives_the_self_test_the_models_attention_shape():
 
     seven = {"num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}
     assert apply.attention_shape(seven) == (28, 4, 128)
-    assert apply.attention_dtype(parsed_flags()) == torch.bfloat16
-    assert apply.attention_dtype(parsed_flags(["--fp16"])) == torch.float16
+    assert apply.attention_dtype(parsed_flags().train) == torch.bfloat16
+    assert apply.attention_dtype(parsed_flags(["--fp16"]).train) == torch.float16
     qwen3 = {"num_attention_heads": 4, "hidden_size": 64, "head_dim": 32}  # Qwen3 sets head_dim itself
     assert apply.attention_shape(qwen3) == (4, 4, 32)
     got = cudnn_self_test(*apply.attention_shape(qwen3), torch.bfloat16, torch.device("cpu"), 2048)

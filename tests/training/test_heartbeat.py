@@ -15,7 +15,7 @@ import pytest
 from training.args import parse_args
 from training.runtime import dist
 from training.runtime.errors import InputError
-from training.runtime.heartbeat import PHASES, Heartbeat, NoHeartbeat, from_args
+from training.runtime.heartbeat import PHASES, Heartbeat, NoHeartbeat, from_flags
 from training.runtime.stacks import StackFile
 
 FIELDS = {"rank", "local_rank", "node_rank", "world_size", "pid", "host", "step", "phase", "phase_since", "time",
@@ -94,13 +94,13 @@ def test_a_write_that_fails_warns_once_and_stops_the_heartbeat_not_training(tmp_
     assert not d.exists()
 
 
-def test_from_args_without_a_directory_is_a_no_op_and_with_one_starts(tmp_path, monkeypatch):
+def test_from_flags_without_a_directory_is_a_no_op_and_with_one_starts(tmp_path, monkeypatch):
     base = ["--model_name_or_path", "m", "--data_path", "d", "--output_dir", str(tmp_path / "o")]
-    assert isinstance(from_args(parse_args(base)), NoHeartbeat)
+    assert isinstance(from_flags(parse_args(base).save), NoHeartbeat)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("GROUP_RANK", "2")
-    hb = from_args(parse_args(base + ["--heartbeat_dir", "beats", "--heartbeat_interval", "0.5"]))
+    hb = from_flags(parse_args(base + ["--heartbeat_dir", "beats", "--heartbeat_interval", "0.5"]).save)
     try:
         rec = _read(tmp_path / "beats" / "rank-5.json")  # DIR relative to the working directory
         assert rec["rank"] == 5 and rec["node_rank"] == 2 and hb.interval == 0.5

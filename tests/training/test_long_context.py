@@ -104,11 +104,18 @@ def test_a_tile_recomputed_in_the_backward_runs_under_the_forwards_autocast(tiny
 
 def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
     from support.worker import decide_for, parsed_flags
+    from training.flags import Resolved
 
     args = parsed_flags(argv)
     fast = decide_for(argv, device=device, deepspeed=deepspeed, zero_stage=stage or 2)
-    long_context.decide(args, fast, world, stage, deepspeed)
-    return args, fast
+    resolved = Resolved.of(args)
+    long_context.decide(resolved, fast, world, stage, deepspeed, train=args.train, given=args.fast,
+                        max_length=args.data.model_max_length)
+    # what set-up decides goes into its own record: the flags stay as they were given
+    assert (args.train.tiled_mlp, args.fast.packing_tokens) == (parsed_flags(argv).train.tiled_mlp,
+                                                                parsed_flags(argv).fast.packing_tokens)
+    assert args.train.gradient_checkpointing == parsed_flags(argv).train.gradient_checkpointing
+    return resolved, fast
 
 
 @pytest.mark.parametrize("argv,world,stage,deepspeed,message", [
@@ -124,23 +131,23 @@ def test_tiled_mlp_where_it_cannot_run_is_refused(argv, world, stage, deepspeed,
 
 def test_long_records_tile_the_mlp_and_skip_the_memory_probe_by_default():
     # A rank's share over 32k tokens: tiled where it can run, with the reason recorded.
-    args, fast = _decided(["--model_max_length", "131072"])
-    assert args.train.tiled_mlp is True and fast.why["tiled_mlp"] == "on: records of up to 131072 tokens a rank"
-    args, fast = _decided(["--model_max_length", "131072", "--sequence_parallel_size", "4"], world=4, stage=2,
+    resolved, fast = _decided(["--model_max_length", "131072"])
+    assert resolved.tiled_mlp is True and fast.why["tiled_mlp"] == "on: records of up to 131072 tokens a rank"
+    resolved, fast = _decided(["--model_max_length", "131072", "--sequence_parallel_size", "4"], world=4, stage=2,
                           deepspeed=True)
-    assert args.train.tiled_mlp is False and "32768 tokens a rank" in fast.why["tiled_mlp"]
-    args, fast = _decided(["--model_max_length", "131072"], world=2)  # plain DDP: cannot, so off, saying why
-    assert args.train.tiled_mlp is False and fast.why["tiled_mlp"].startswith("off: cannot run here (--tiled_mlp under")
-    args, fast = _decided(["--model_max_length", "4096"])
-    assert args.train.tiled_mlp is False and args.fast.packing_tokens is None
+    assert resolved.tiled_mlp is False and "32768 tokens a rank" in fast.why["tiled_mlp"]
+    resolved, fast = _decided(["--model_max_length", "131072"], world=2)  # plain DDP: cannot, so off, saying why
+    assert resolved.tiled_mlp is False and fast.why["tiled_mlp"].startswith("off: cannot run here (--tiled_mlp under")
+    resolved, fast = _decided(["--model_max_length", "4096"])
+    assert resolved.tiled_mlp is False and resolved.packing_tokens is None
     # On CUDA the probe would run a row of two longest records: one record a row, checkpointed, instead.
-    args, fast = _decided(["--model_max_length", "131072", "--packing", "--compile"], device="cuda")
-    assert fast.auto_micro_batch is False and args.fast.packing_tokens == 131072
-    assert args.train.gradient_checkpointing is True
+    resolved, fast = _decided(["--model_max_length", "131072", "--packing", "--compile"], device="cuda")
+    assert fast.auto_micro_batch is False and resolved.packing_tokens == 131072
+    assert resolved.gradient_checkpointing is True
     assert "past what the probe measures" in fast.why["auto_micro_batch"]
     assert fast.compile is True  # asked for: kept
-    args, fast = _decided(["--model_max_length", "16384", "--packing"], device="cuda")
-    assert fast.auto_micro_batch is True and args.fast.packing_tokens is None and args.train.tiled_mlp is False
+    resolved, fast = _decided(["--model_max_length", "16384", "--packing"], device="cuda")
+    assert fast.auto_micro_batch is True and resolved.packing_tokens is None and resolved.tiled_mlp is False
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """A checkpoint saved by 2 processes resumes on 1 (a node lost, relaunched without it, the global batch kept by
-re-splitting it as qwen_tui.run.attempts.refit_batch does): under ZeRO the worker converts it to DeepSpeed's
+re-splitting it as qwen_tui.run.recovery.attempts.refit_batch does): under ZeRO the worker converts it to DeepSpeed's
 universal format once; under plain DDP it loads as it is. Either way the weights, the Adam states, the LR schedule
 and the step count continue.
 

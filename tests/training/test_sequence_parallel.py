@@ -69,16 +69,16 @@ def test_shapes_ulysses_cannot_split_are_refused_naming_the_flag(size, world, he
 def test_sequence_parallelism_needs_packing_and_leaves_compiling_to_the_user():
     from support.worker import decide_for, parsed_flags
 
-    def parsed(*extra):
-        return parsed_flags(["--sequence_parallel_size", "2", *extra])
+    def given(*extra):
+        return parsed_flags(["--sequence_parallel_size", "2", *extra]).fast
 
     with pytest.raises(InputError, match="--sequence_parallel_size 2 shards packed rows; it needs packing"):
-        sp.check_fast_path(parsed("--no_packing"), decide_for(["--no_packing"]))
+        sp.check_fast_path(2, given("--no_packing"), decide_for(["--no_packing"]))
     fast = decide_for(["--compile"])  # as given: kept
-    sp.check_fast_path(parsed("--compile"), fast)
+    sp.check_fast_path(2, given("--compile"), fast)
     assert fast.compile is True and fast.labelled_logits is True
     fast = decide_for(["--compile"])  # chosen automatically (as on CUDA): turned off, with the reason
-    sp.check_fast_path(parsed(), fast)
+    sp.check_fast_path(2, given(), fast)
     assert fast.compile is False and "sequence parallelism" in fast.why["compile"]
 
 

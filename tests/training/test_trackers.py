@@ -107,9 +107,9 @@ def test_trackers_get_the_metrics_and_every_nodes_gpus_from_a_real_run(tmp_path,
     --eval_strategy epoch and a gpus.jsonl as qwen-tui's monitor writes it (real H200 rows for node 0, a CPU-only
     node 1). Every tracker holds the loss of metrics.jsonl at every step; the loss goes down; TensorBoard's event
     file holds the per-node series beside the loss; the evaluations come at steps 6 and 12 only."""
-    from qwen_tui.nodes.transport import LocalTransport
-    from qwen_tui.run.gpumon import NodeSample
-    from qwen_tui.run.gpuseries import GpuSeriesWriter
+    from qwen_tui.nodes.transport.local import LocalTransport
+    from qwen_tui.run.watch.gpumon import NodeSample
+    from qwen_tui.run.watch.gpuseries import GpuSeriesWriter
     from support.gpu_stream import stream_ticks
 
     recs = demo_records()

@@ -40,7 +40,8 @@ def stop_runs_after():
     yield roots.append
     import json
 
-    from qwen_tui.nodes.transport import LocalTransport, stop_group
+    from qwen_tui.nodes.transport.local import LocalTransport
+    from qwen_tui.nodes.transport.protocol import stop_group
 
     for root in roots:
         for pids in Path(root).glob("*/pids.json"):

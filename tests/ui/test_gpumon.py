@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.run import gpumon
+from qwen_tui.run.watch import gpumon
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 FULL = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total", "memory.used", "memory.free",
@@ -59,7 +59,7 @@ def test_cpu_sample_from_proc():
 def test_monitor_local_cpu_node_samples_and_stops():
     import threading
 
-    from qwen_tui.nodes.transport import LocalTransport
+    from qwen_tui.nodes.transport.local import LocalTransport
 
     got, ev = [], threading.Event()
 
@@ -177,7 +177,8 @@ def test_local_stream_lines_ends_its_process_group():
     import threading
     import time
 
-    from qwen_tui.nodes.transport import LocalTransport, TransportError
+    from qwen_tui.nodes.transport.local import LocalTransport
+    from qwen_tui.nodes.transport.protocol import TransportError
 
     before = _live_children()
     stop = threading.Event()

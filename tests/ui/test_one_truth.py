@@ -8,7 +8,7 @@ import pytest
 import yaml
 from textual.widgets import Static
 
-from qwen_tui.nodes.findings import Finding
+from qwen_tui.nodes.checks.findings import Finding
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.screens.network import verdict
 from qwen_tui.wizard.state import BAD, TODO, WARN, ProbeState, SshState

@@ -1,6 +1,6 @@
 """Restarts on the Run screen, for real: the local demo launched from the wizard with
 `training.restarts: 1`; node 1's training rank is killed after a checkpoint. The wizard relaunches
-the run from that checkpoint (run/restarts.py, as replay does), the status line says which attempt
+the run from that checkpoint (run/recovery/restarts.py, as replay does), the status line says which attempt
 this is, which node failed and where it resumed, and the screen follows the new attempt's nodes
 and loss to the end; a wizard that re-attaches after the launching one quit relaunches it itself."""
 

@@ -211,8 +211,8 @@ def test_connect_returns_nodes_connected_earlier_too(tmp_path):
 
 def test_one_network_check_replaces_only_its_own_findings():
     from qwen_tui.cluster.facts import ClusterFacts
-    from qwen_tui.nodes.checks import NETWORK_CHECKS, replace_findings, run_network_check
-    from qwen_tui.nodes.findings import Finding
+    from qwen_tui.nodes.checks.findings import Finding
+    from qwen_tui.nodes.checks.runner import NETWORK_CHECKS, replace_findings, run_network_check
 
     assert set(NETWORK_CHECKS) == {"port", "firewall", "bandwidth"}
     old = [Finding("warning", "LOW_BANDWIDTH", "slow", check="bandwidth"),

@@ -1,12 +1,12 @@
-"""Blame from evidence across nodes (run/blame.py): a silent node whose peers stalled is lost, an SSH cut under a
+"""Blame from evidence across nodes (run/watch/blame.py): a silent node whose peers stalled is lost, an SSH cut under a
 training that goes on is not; the evidence names the lost node's address where a survivor's log does; a heartbeat
 read in a shared directory counts only the node's own ranks. The same code runs against a machine made to vanish
 for real in tests/cluster/test_machine_lost.py."""
 
 from __future__ import annotations
 
-from qwen_tui.run.blame import STALL_MIN_S, Survivor, evidence_line, peer_stall, pick_lost, stall_bound
-from qwen_tui.run.watchdog import own_beats
+from qwen_tui.run.watch.blame import STALL_MIN_S, Survivor, evidence_line, peer_stall, pick_lost, stall_bound
+from qwen_tui.run.watch.watchdog import own_beats
 
 
 def test_a_silent_node_whose_alive_peers_hold_their_phase_is_lost_after_the_stall_bound_not_the_ssh_bound():

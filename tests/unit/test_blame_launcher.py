@@ -1,5 +1,5 @@
 """The launcher's verdict on a failed attempt from the nodes' own logs and reachability (run/launcher.py with
-run/blame.py), on real files and this machine's transport, no training: a node with an error of its own is blamed
+run/watch/blame.py), on real files and this machine's transport, no training: a node with an error of its own is blamed
 over the ones that only lost a peer; while only peers' losses are seen and the other nodes run and answer, the
 verdict waits (bounded); a node that stopped answering meanwhile is the machine lost, with the evidence."""
 
@@ -9,13 +9,13 @@ import os
 
 import yaml
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
-from qwen_tui.run import blame
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import JobState
+from qwen_tui.run.watch import blame
 from support.paths import DEMO
 
 RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.9.0.12]:4001: "

@@ -17,7 +17,7 @@ from qwen_tui.nodes.jobs import JobRef, Proc, workers
 from qwen_tui.plan import container as box
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import PresetError, parse_preset
-from qwen_tui.run.export import render_sh, render_slurm
+from qwen_tui.run.export.render import render_sh, render_slurm
 
 BASE = textwrap.dedent("""\
     cluster:
@@ -276,7 +276,7 @@ def _preset(container: str):
 
 
 def test_how_each_runtime_is_asked_for_the_image_and_what_fixes_a_missing_one():
-    from qwen_tui.nodes.containers import image_argv, image_fix
+    from qwen_tui.nodes.checks.containers import image_argv, image_fix
 
     podman = _preset("{runtime: podman, image: localhost/w:1}").container
     assert image_argv(podman) == ["podman", "image", "exists", "localhost/w:1"]
@@ -296,7 +296,7 @@ def test_how_each_runtime_is_asked_for_the_image_and_what_fixes_a_missing_one():
     (127, 'crun: executable file not found in $PATH: "python3"', "set container.python"),
 ])
 def test_a_container_that_does_not_start_is_named_with_what_usually_fixes_it(rc, err, fix):
-    from qwen_tui.nodes.containers import start_failure
+    from qwen_tui.nodes.checks.containers import start_failure
 
     f = start_failure(_preset("{runtime: podman, image: w}"), 1, rc, err)
     assert f.code == "CONTAINER_START_FAILED" and f.node == 1 and f.check == "container"
@@ -306,7 +306,7 @@ def test_a_container_that_does_not_start_is_named_with_what_usually_fixes_it(rc,
 
 def test_the_image_is_judged_by_what_the_probe_found_inside_it():
     from qwen_tui import __version__
-    from qwen_tui.nodes.checks import consistency
+    from qwen_tui.nodes.checks.runner import consistency
 
     p = _preset("{runtime: podman, image: w}")
     good = {"torch": "2.13.0", "transformers": "5.25.0", "peft": "0.21.2", "accelerate": "1.1", "qwen-tui": __version__}
@@ -327,7 +327,7 @@ def test_the_image_is_judged_by_what_the_probe_found_inside_it():
 
 
 def test_the_rehearsal_runs_in_the_nodes_container_with_its_own_variables_passed_in():
-    from qwen_tui.run.rehearsal import rehearsal_job
+    from qwen_tui.nodes.checks.rehearsal import rehearsal_job
 
     c = plan_for("{runtime: podman, image: img}").nodes[1]
     argv, env = rehearsal_job(c, "nccl", c.argv[0], 32.0, 30)

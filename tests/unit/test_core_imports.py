@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 CORE = ["qwen_tui.preset.schema", "qwen_tui.plan.launch", "qwen_tui.cluster.facts", "qwen_tui.cli.main",
-        "qwen_tui.run.launcher", "qwen_tui.run.export", "qwen_tui.run.live", "qwen_tui.nodes.transport"]
+        "qwen_tui.run.launcher", "qwen_tui.run.export.render", "qwen_tui.cli.live", "qwen_tui.nodes.transport"]
 HEAVY = ["textual", "torch", "transformers", "deepspeed", "peft"]
 
 

@@ -284,7 +284,7 @@ def test_an_estimate_is_fast_enough_for_every_edit():
 # ---------------------------------------------------------------- the rehearsal's message size
 
 def test_rehearsal_measures_at_a_buckets_size_on_gpus(monkeypatch):
-    from qwen_tui.run.rehearsal import ALLREDUCE_BUDGET_S, SNIPPET, rehearsal_argv, rehearsal_size_mb
+    from qwen_tui.nodes.checks.rehearsal import ALLREDUCE_BUDGET_S, SNIPPET, rehearsal_argv, rehearsal_size_mb
 
     monkeypatch.delenv("QWEN_TUI_REHEARSAL_MB", raising=False)
     assert rehearsal_size_mb("nccl") == REHEARSAL_BUCKET_MB >= 256

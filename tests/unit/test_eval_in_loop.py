@@ -6,7 +6,7 @@ from rich.console import Console
 
 from qwen_tui.plan.launch import worker_args
 from qwen_tui.preset.schema import PresetError, load_preset
-from qwen_tui.run.metrics import TrainingProgress
+from qwen_tui.run.watch.metrics import TrainingProgress
 from support.paths import ROOT
 
 
@@ -43,7 +43,7 @@ def test_progress_keeps_the_evals_and_the_live_view_shows_the_last():
     import io
     from types import SimpleNamespace
 
-    from qwen_tui.run import live
+    from qwen_tui.cli import live
 
     # what render reads of a Launcher: the plan's nodes, their states, the metrics (a run of no nodes here), the
     # note about earlier attempts (none: a first attempt)

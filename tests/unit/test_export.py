@@ -8,7 +8,7 @@ import pytest
 
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import load_preset
-from qwen_tui.run.export import ENGINES, FORMATS, render
+from qwen_tui.run.export.render import ENGINES, FORMATS, render
 from support.paths import ROOT
 
 PRESETS = sorted((ROOT / "presets").glob("*.yaml"))

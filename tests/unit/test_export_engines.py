@@ -26,8 +26,8 @@ import yaml
 
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import load_preset
-from qwen_tui.run.export import render
-from qwen_tui.run.export_argv import RENDEZVOUS_FLAGS
+from qwen_tui.run.export.engine_argv import RENDEZVOUS_FLAGS
+from qwen_tui.run.export.render import render
 from support.paths import DEMO, ROOT
 
 PRESETS = sorted((ROOT / "presets").glob("*.yaml"))

@@ -1,17 +1,18 @@
 """The monitor's judgements, on a clock the test turns: when a node is unreachable and back and given up on
-(run/health.py), when a run is hung and who holds it (run/watchdog.py), which node is a straggler
-(run/stragglers.py), what the evidence line says (run/evidence.py), and the notices file (run/notices.py).
+(run/watch/health.py), when a run is hung and who holds it (run/watch/watchdog.py), which node is a straggler
+(run/watch/stragglers.py), what the evidence line says (run/watch/evidence.py), and the notices file
+(run/watch/notices.py).
 The same code runs against real faults in tests/cluster/test_field_faults.py."""
 
 from __future__ import annotations
 
 import json
 
-from qwen_tui.run.evidence import parse_evidence
-from qwen_tui.run.health import Health, backoff
-from qwen_tui.run.notices import Notice, append_notice, read_notices
-from qwen_tui.run.stragglers import StragglerWatch, node_times
-from qwen_tui.run.watchdog import MIN_BOUND_S, HangWatch, parse_beats
+from qwen_tui.run.watch.evidence import parse_evidence
+from qwen_tui.run.watch.health import Health, backoff
+from qwen_tui.run.watch.notices import Notice, append_notice, read_notices
+from qwen_tui.run.watch.stragglers import StragglerWatch, node_times
+from qwen_tui.run.watch.watchdog import MIN_BOUND_S, HangWatch, parse_beats
 
 
 class Clock:
@@ -214,8 +215,8 @@ def test_notices_round_trip_through_the_run_directory_and_a_damaged_line_is_skip
 def _monitor(tmp_path, clock, nodes=3):
     from types import SimpleNamespace
 
-    from qwen_tui.run.metrics import TrainingProgress
-    from qwen_tui.run.monitor import RunMonitor
+    from qwen_tui.run.watch.metrics import TrainingProgress
+    from qwen_tui.run.watch.monitor import RunMonitor
 
     plan = SimpleNamespace(nodes=[SimpleNamespace(rank=i, label=f"n{i}") for i in range(nodes)],
                            monitor={"hang_timeout": 20, "on_hang": "alert"})

@@ -1,6 +1,6 @@
 """On a hang of a CUDA run the monitor asks each rank's NCCL flight recorder for a dump through the named pipe that
 PyTorch's monitor thread reads (training/runtime/dist.py names it), and copies the dump next to the stacks
-(run/stacks.py). No NCCL here: a thread of this test stands in for PyTorch's side of the pipe (read it, write the
+(run/watch/stacks.py). No NCCL here: a thread of this test stands in for PyTorch's side of the pipe (read it, write the
 dump), through a real FIFO and the real local transport; a rank without a pipe is said so, and a pipe nobody reads
 never holds the collection up."""
 
@@ -10,9 +10,9 @@ import os
 import threading
 import time
 
-from qwen_tui.nodes.transport import LocalTransport
+from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import NodeCommand
-from qwen_tui.run.stacks import FR_DUMP, FR_PIPE, flight_recorder
+from qwen_tui.run.watch.stacks import FR_DUMP, FR_PIPE, flight_recorder
 from training.runtime.dist import FR_PIPE_STEM
 
 

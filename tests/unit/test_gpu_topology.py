@@ -8,9 +8,9 @@ import pytest
 
 from qwen_tui.advice.rules import advise, apply_fix
 from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
-from qwen_tui.nodes.checks import CheckReport, consistency
-from qwen_tui.nodes.probe import facts_from_json
-from qwen_tui.nodes.topology import (
+from qwen_tui.nodes.checks.probe import facts_from_json
+from qwen_tui.nodes.checks.runner import CheckReport, consistency
+from qwen_tui.nodes.checks.topology import (
     TopologyError,
     describe,
     intra_node_bus,
@@ -287,7 +287,7 @@ def test_check_matrix_shows_the_topology_and_marks_the_gpu_cell():
 
 def test_codes_are_documented():
     from qwen_tui.advice.codes import ADVICE
-    from qwen_tui.nodes.codes import CHECKS
+    from qwen_tui.nodes.checks.codes import CHECKS
 
     docs = Path(__file__).resolve().parents[2] / "docs"
     for code in ("P2P_PCIE", "P2P_UNSUPPORTED"):  # the reference is generated from these tables

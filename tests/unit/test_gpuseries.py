@@ -1,4 +1,4 @@
-"""The monitor's per-node series handed to the worker's trackers (qwen_tui.run.gpuseries), read back by the
+"""The monitor's per-node series handed to the worker's trackers (qwen_tui.run.watch.gpuseries), read back by the
 worker's own reader (training.trackers.NodeGpuFeed): real nvidia-smi output in, the logged figures out."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.run.gpumon import NodeSample
-from qwen_tui.run.gpuseries import GpuSeriesWriter, reports_to_tracker, series_path
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.run.watch.gpumon import NodeSample
+from qwen_tui.run.watch.gpuseries import GpuSeriesWriter, reports_to_tracker, series_path
 from support.gpu_stream import stream_ticks
 from training.runtime.trackers import NodeGpuFeed
 

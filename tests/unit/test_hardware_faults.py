@@ -59,10 +59,11 @@ def test_a_hardware_fault_wins_over_what_follows_it_and_a_flush_alone_is_a_conse
 
 def test_the_kernel_log_since_the_run_began_names_the_xid_and_an_older_one_is_not_this_runs():
     """Xid reports are in the node's kernel log, not the run's: what the launcher reads there on a CUDA run's failure
-    (run/evidence.py), dmesg's and journalctl's ISO stamps alike; a fault from before the run began is left out."""
+    (run/watch/evidence.py), dmesg's and journalctl's ISO stamps alike; a fault from before the run began is left
+    out."""
     import datetime
 
-    from qwen_tui.run.evidence import kernel_faults
+    from qwen_tui.run.watch.evidence import kernel_faults
 
     xid = [ln for ln in (FIX / "xid_79_fallen_off_bus.log").read_text().splitlines() if "Xid" in ln][0]
     began = datetime.datetime(2026, 12, 5, 1, 0, tzinfo=datetime.timezone.utc).timestamp()

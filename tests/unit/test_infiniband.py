@@ -10,12 +10,12 @@ import pytest
 
 from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, NodeFacts
 from qwen_tui.cluster.ib import nccl_ib_env, nccl_transport, parse_ibv_devinfo, ports_from_probe
-from qwen_tui.nodes.ibcheck import ib_findings, nccl_network_findings
-from qwen_tui.nodes.probe import facts_from_json
+from qwen_tui.nodes.checks.ibcheck import ib_findings, nccl_network_findings
+from qwen_tui.nodes.checks.probe import facts_from_json
+from qwen_tui.nodes.checks.rehearsal import _tail, rehearsal_env
 from qwen_tui.nodes.programs import program
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
-from qwen_tui.run.rehearsal import _tail, rehearsal_env
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 

@@ -6,7 +6,7 @@ import yaml
 
 from qwen_tui.advice.core import Advice
 from qwen_tui.base.levels import Level, loudest_first, worst
-from qwen_tui.nodes.findings import Finding
+from qwen_tui.nodes.checks.findings import Finding
 
 
 def test_levels_rank_the_same_for_advice_and_findings():

@@ -2,8 +2,8 @@
 
 import json
 
-from qwen_tui.nodes.transport import LocalTransport
-from qwen_tui.run.metrics import MetricsFollower, fmt_duration
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.run.watch.metrics import MetricsFollower, fmt_duration
 
 
 def test_follow_appends_partial_lines_and_events(tmp_path):

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.probe import facts_from_json, local_path, parse_cuda_from_version, parse_driver, parse_gpu_csv
+from qwen_tui.nodes.checks.probe import (
+    facts_from_json,
+    local_path,
+    parse_cuda_from_version,
+    parse_driver,
+    parse_gpu_csv,
+)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"  # real output: tests/fixtures/nvidia-smi/README.md
 FIELDS = ("index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used,memory.free,utilization.gpu,"

@@ -6,13 +6,13 @@ import textwrap
 
 from rich.console import Console
 
+from qwen_tui.cli.live import print_plan
 from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 from qwen_tui.model.spec import resolve_model
-from qwen_tui.nodes.checks import output_findings
+from qwen_tui.nodes.checks.runner import output_findings
 from qwen_tui.plan import outputs
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import parse_preset
-from qwen_tui.run.live import print_plan
 
 GiB = 2 ** 30
 

@@ -204,7 +204,7 @@ def test_report_to_reaches_the_worker_which_reads_the_monitors_series_beside_its
     """training.report_to (HF's spellings) -> --report_to; the worker's --node_gpu_file default is where qwen-tui
     appends the monitor's series (beside metrics.jsonl on the master), for a remote master too."""
     from qwen_tui.preset.schema import PresetError
-    from qwen_tui.run.gpuseries import series_path
+    from qwen_tui.run.watch.gpuseries import series_path
     from training.args import parse_args
 
     text = FOUR.replace("method: full", "method: full\n  report_to: tensorboard, wandb")

@@ -50,7 +50,7 @@ def check_worker_side(preset: Preset, tmp_path: Path) -> None:
         model_config = {"hidden_size": spec.hidden, "num_attention_heads": spec.heads,
                         "num_key_value_heads": spec.kv_heads, "intermediate_size": spec.intermediate}
         world = sum(n.gpus for n in preset.cluster.nodes)
-        cfg = dsconfig.fill(args.train.deepspeed, raw, args, world, spec.hidden, on_cpu=t.device == "cpu",
+        cfg = dsconfig.fill(args.train.deepspeed, raw, args.train, world, spec.hidden, on_cpu=t.device == "cpu",
                             layer_params=dsconfig.layer_numel(model_config))
         assert cfg["train_batch_size"] == t.per_device_train_batch_size * t.gradient_accumulation_steps * world
         offloaded = cfg["zero_optimization"].get("offload_optimizer", {}).get("device")

@@ -100,13 +100,13 @@ def test_every_preset_field_has_its_entry_with_a_description():
 
 def test_every_advice_and_check_code_has_its_entry_and_every_entry_a_raiser():
     from qwen_tui.advice.codes import ADVICE
-    from qwen_tui.nodes.codes import CHECKS
+    from qwen_tui.nodes.checks.codes import CHECKS
 
     for kind, table, page in (("Advice", ADVICE, gen.advice_md()), ("Finding", CHECKS, gen.checks_md())):
         raised = raised_codes(kind)
         assert len(raised) > 20, raised  # the scan reads the rules
         missing = sorted(set(raised) - set(table))
-        where = "qwen_tui/advice/codes.py" if kind == "Advice" else "qwen_tui/nodes/codes.py"
+        where = "qwen_tui/advice/codes.py" if kind == "Advice" else "qwen_tui/nodes/checks/codes.py"
         assert not missing, f"{kind} codes with no entry in {where}: " + "; ".join(f"{c} ({raised[c][0]})" for c in missing)
         stale = sorted(set(table) - set(raised))
         assert not stale, f"entries no {kind} raises any more: {stale}"
@@ -117,7 +117,7 @@ def test_every_advice_and_check_code_has_its_entry_and_every_entry_a_raiser():
 
 def test_every_failure_signature_and_notice_has_its_entry():
     from qwen_tui.cluster.failures import diagnose, signatures
-    from qwen_tui.run.notices import KINDS, LEVELS
+    from qwen_tui.run.watch.notices import KINDS, LEVELS
 
     page = gen.failures_md()
     for code, pattern, cause, _fix in signatures():

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from qwen_tui.run.gpumon import CPU_LOOP_MARK, cpu_loop_argv, parse_cpu_stream_line
+from qwen_tui.run.watch.gpumon import CPU_LOOP_MARK, cpu_loop_argv, parse_cpu_stream_line
 
 NODE_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 from qwen_tui.nodes.programs import program
-from qwen_tui.run.evidence import parse_evidence
-from qwen_tui.run.watchdog import parse_beats
+from qwen_tui.run.watch.evidence import parse_evidence
+from qwen_tui.run.watch.watchdog import parse_beats
 
 
 def sh(name: str, *args: str, home: Path | None = None, path: str = "/usr/bin:/bin", **kw):

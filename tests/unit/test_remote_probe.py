@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.probe import GPU_QUERY, TOOLS, VERSIONED, facts_from_json
+from qwen_tui.nodes.checks.probe import GPU_QUERY, TOOLS, VERSIONED, facts_from_json
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.sync import SKIP_DIRS
 

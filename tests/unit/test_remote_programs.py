@@ -12,10 +12,13 @@ import sys
 import pytest
 import tomllib
 
-from qwen_tui.nodes import hubmodel, jobs, keys, netcheck, node_commands, probe, ssh, storage, sync
+from qwen_tui.nodes import hubmodel, jobs, keys, sync
+from qwen_tui.nodes.checks import netcheck, probe, rehearsal, storage
 from qwen_tui.nodes.programs import PARTS, REMOTE, body, program
 from qwen_tui.nodes.slurm import agent_link
-from qwen_tui.run import evidence, gpumon, gpuseries, rehearsal, restarts, watchdog
+from qwen_tui.nodes.transport import node_commands, ssh
+from qwen_tui.run.recovery import restarts
+from qwen_tui.run.watch import evidence, gpumon, gpuseries, watchdog
 from support.paths import ROOT
 
 PKG = ROOT / "qwen_tui"

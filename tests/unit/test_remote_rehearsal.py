@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from qwen_tui.run.rehearsal import SNIPPET, rehearsal_argv
+from qwen_tui.nodes.checks.rehearsal import SNIPPET, rehearsal_argv
 from support.ports import free_port
 
 pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""Recovery (run/attempts.py): the batch re-split without a failed node, the checkpoint every node holds,
+"""Recovery (run/recovery/attempts.py): the batch re-split without a failed node, the checkpoint every node holds,
 when a failure is relaunched, and the preset fields that ask for it."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import pytest
 from qwen_tui.cli.main import main
 from qwen_tui.plan.launch import make_plan, worker_args
 from qwen_tui.preset.schema import Preset, PresetError, parse_preset
-from qwen_tui.run.attempts import (
+from qwen_tui.run.recovery.attempts import (
     BatchFit,
     RestartRefused,
-    attempt_note,
     common_checkpoint,
     recovery_notes,
     refit_batch,
     why_not_restart,
     without_nodes,
 )
+from qwen_tui.run.runs import attempt_note
 
 
 def preset(gpus=(1, 1, 1), micro=2, accum=1, **training) -> Preset:
@@ -154,7 +154,7 @@ def test_attempt_note_reads_the_attempts_of_state_json():
          "batch": "1 per device x 3 accumulation x 2 GPUs = 6"}]}
     assert attempt_note(state) == ("attempt 2 of 2; without node2; resumed from out/checkpoint-4; "
                                    "batch 1 per device x 3 accumulation x 2 GPUs = 6")
-    # the failed attempt's node and cause, when state.json has them (run/restarts.py records them)
+    # the failed attempt's node and cause, when state.json has them (run/recovery/restarts.py records them)
     state["attempts"][0].update(failed_rank=1, failed_node="node2", cause="NCCL_TIMEOUT")
     assert attempt_note(state).startswith("attempt 2 of 2; after node 1 (node2) failed (NCCL_TIMEOUT); without node2;")
     state["attempts"][0]["cause"] = None

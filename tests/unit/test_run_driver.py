@@ -1,4 +1,4 @@
-"""The driver role of a run (run/driver.py): a live driver is respected, a dead one (killed, a zombie not yet
+"""The driver role of a run (run/recovery/driver.py): a live driver is respected, a dead one (killed, a zombie not yet
 reaped, or a reused pid) is taken over, and of several faces that claim at once exactly one wins.
 Real processes and run directories."""
 
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from qwen_tui.nodes.jobs import local_proc
-from qwen_tui.run import driver
-from qwen_tui.run.restarts import next_or_take_over
+from qwen_tui.run.recovery import driver
+from qwen_tui.run.recovery.restarts import next_or_take_over
 from qwen_tui.run.rundir import RunDir
 from support.paths import ROOT
 
@@ -78,7 +78,7 @@ def test_release_ends_only_its_own_record(tmp_path):
 
 _CLAIMER = """
 import sys, time, pathlib
-from qwen_tui.run import driver
+from qwen_tui.run.recovery import driver
 from qwen_tui.run.rundir import RunDir
 go, done = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 print("ready", flush=True)  # imported: from here a claim takes milliseconds

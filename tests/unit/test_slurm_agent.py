@@ -13,7 +13,7 @@ import time
 import pytest
 
 from qwen_tui.nodes.slurm.agent_link import AgentLink
-from qwen_tui.nodes.transport import SessionEnded, TransportError
+from qwen_tui.nodes.transport.protocol import SessionEnded, TransportError
 
 
 @pytest.fixture

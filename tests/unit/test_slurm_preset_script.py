@@ -12,7 +12,7 @@ import pytest
 from qwen_tui.nodes.slurm.queries import node_gone, parse_record
 from qwen_tui.preset.scheduler import time_seconds
 from qwen_tui.preset.schema import PresetError, parse_preset
-from qwen_tui.run.slurm.script import batch_script, sbatch_options
+from qwen_tui.run.export.slurm_preset import batch_script, sbatch_options
 
 BASE = """\
 scheduler: {kind: slurm, nodes: 4, gpus_per_node: 8, partition: gpu, account: "proj 1", time: "1-12:00:00",
@@ -98,7 +98,7 @@ def test_slurm_records_and_node_states_are_read_as_scontrol_prints_them():
 
 
 def test_the_export_of_a_slurm_preset_is_the_script_replay_submits_named_after_its_job(tmp_path):
-    from qwen_tui.run.slurm.script import exported_script
+    from qwen_tui.run.export.slurm_preset import exported_script
 
     p = _preset()
     exported = exported_script(p, preset_file="/shared/me/p.yaml", runs_root="/shared/me/runs")

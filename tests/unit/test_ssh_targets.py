@@ -4,7 +4,7 @@ import paramiko
 import pytest
 
 from qwen_tui.nodes.connect import MAX_JUMPS, resolve_target
-from qwen_tui.nodes.transport import TransportError
+from qwen_tui.nodes.transport.protocol import TransportError
 from qwen_tui.preset.schema import Preset
 
 CONFIG = """\

@@ -1,4 +1,4 @@
-"""ssh_config as OpenSSH reads it (nodes/sshconfig.py): `ssh -G` output, Include expansion for the
+"""ssh_config as OpenSSH reads it (nodes/transport/sshconfig.py): `ssh -G` output, Include expansion for the
 paramiko fallback, and both readers giving the same targets. No network."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from qwen_tui.nodes import sshconfig
 from qwen_tui.nodes.connect import resolve_target
 from qwen_tui.nodes.hostlists import parse_ssh_config
-from qwen_tui.nodes.transport import TransportError
+from qwen_tui.nodes.transport import sshconfig
+from qwen_tui.nodes.transport.protocol import TransportError
 from qwen_tui.preset.schema import Preset
 
 SSH = shutil.which("ssh")

@@ -3,8 +3,9 @@
 import os
 import typing
 
-from qwen_tui.nodes.ssh import SSHTransport
-from qwen_tui.nodes.transport import LocalTransport, Transport
+from qwen_tui.nodes.transport.local import LocalTransport
+from qwen_tui.nodes.transport.protocol import Transport
+from qwen_tui.nodes.transport.ssh import SSHTransport
 
 
 def protocol_methods() -> set[str]:

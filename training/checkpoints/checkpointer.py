@@ -19,7 +19,7 @@ import torch
 
 from training.checkpoints import directories as ckpt
 from training.checkpoints import manifest, universal
-from training.flags import WorkerFlags
+from training.flags import TrainFlags
 from training.model.pretrained import merge_adapter, save_pretrained_here
 from training.runtime import dist
 from training.runtime.errors import InputError
@@ -28,16 +28,21 @@ log = logging.getLogger("training")
 
 
 class Checkpointer:
-    """Writes and reads one run's checkpoints. model: the bare model (what the engine or DDP wraps)."""
+    """Writes and reads one run's checkpoints. model: the bare model (what the engine or DDP wraps); train: its
+    flags (output_dir, the precision, the collectives' timeout); on_each_node: --save_on_each_node as set-up
+    resolved it."""
 
-    def __init__(self, args: WorkerFlags, env, stage: int, method: str, model, tokenizer, source: str):
-        self.args, self.env, self.stage, self.method = args, env, stage, method
+    def __init__(self, env, stage: int, method: str, model, tokenizer, source: str, *, train: TrainFlags,
+                 save_total_limit: int | None, merge_lora: bool, on_each_node: bool):
+        self.env, self.stage, self.method = env, stage, method
         self.model, self.tokenizer, self.source = model, tokenizer, source
+        self.train, self.save_total_limit, self.merge_lora = train, save_total_limit, merge_lora
+        self.on_each_node = on_each_node
 
     @property
     def is_saver(self) -> bool:
         """The process that writes shared files: rank 0, or each node's first process with --save_on_each_node."""
-        return self.env.local_rank == 0 if self.args.save.save_on_each_node else self.env.is_main
+        return self.env.local_rank == 0 if self.on_each_node else self.env.is_main
 
     # ------------------------------------------------------------------ the model
     def save_model(self, out: Path, for_resume: bool) -> None:
@@ -80,8 +85,8 @@ class Checkpointer:
                         scaler=None) -> Path:
         """checkpoint-STEP with the training state (engine's, or optimizer + scheduler + scaler) and `state`
         (finetune_state.json: step, batch, method, ...). Collective; returns the published directory."""
-        a, env = self.args, self.env
-        tmp, final = ckpt.staging_dir(a.train.output_dir, step)
+        env = self.env
+        tmp, final = ckpt.staging_dir(self.train.output_dir, step)
         if self.is_saver:
             ckpt.clear(tmp)  # left over from a run that died mid-save
             tmp.mkdir(parents=True)
@@ -103,8 +108,8 @@ class Checkpointer:
             # every rank has written its part: the manifest, last, makes the checkpoint whole (manifest.py)
             manifest.write(tmp, step, env.world_size, self._parts_here())
             ckpt.publish(tmp, final)
-            for gone in ckpt.rotate(a.train.output_dir, a.save.save_total_limit, state.get("lineage")):
-                log.info("deleted %s (--save_total_limit %d)", gone, a.save.save_total_limit)
+            for gone in ckpt.rotate(self.train.output_dir, self.save_total_limit, state.get("lineage")):
+                log.info("deleted %s (--save_total_limit %d)", gone, self.save_total_limit)
         dist.barrier()
         log.info("saved %s", final)
         return final
@@ -112,7 +117,7 @@ class Checkpointer:
     def _parts_here(self) -> range:
         """The ranks whose parts this saver's copy holds: every rank, or with --save_on_each_node this node's."""
         env = self.env
-        if not self.args.save.save_on_each_node:
+        if not self.on_each_node:
             return range(env.world_size)
         first = env.rank - env.local_rank
         return range(first, first + env.local_world_size)
@@ -149,7 +154,7 @@ class Checkpointer:
             return path
         log.info("%s was saved by %d processes, resuming on %d: through DeepSpeed's universal checkpoint",
                  d, saved, self.env.world_size)
-        universal.ensure(d, saved, self.is_saver, self.args.train.ddp_timeout, device)
+        universal.ensure(d, saved, self.is_saver, self.train.ddp_timeout, device)
         # The engine reads the switch from its config on every load; it is set for this load only (the
         # config dict it was built from is the lead's training.dsconfig, and its own saves stay per-rank).
         base = getattr(engine.optimizer, "optimizer", None)  # the torch optimizer inside ZeRO's
@@ -168,8 +173,8 @@ class Checkpointer:
     # ------------------------------------------------------------ the final save
     def save_final(self) -> None:
         """The trained model (or adapter) into output_dir, plus output_dir/merged with --merge_lora."""
-        a = self.args
-        out = Path(a.train.output_dir)
+        t = self.train
+        out = Path(t.output_dir)
         tmp = out / ".final.tmp"
         if self.is_saver:
             ckpt.clear(tmp)
@@ -179,10 +184,10 @@ class Checkpointer:
         dist.barrier()
         if self.is_saver:
             ckpt.move_contents(tmp, out)
-            if a.lora.merge_lora:
+            if self.merge_lora:
                 merged_tmp, merged = out / ".merged.tmp", out / "merged"
                 ckpt.clear(merged_tmp)
-                dtype = torch.bfloat16 if a.train.bf16 else torch.float16 if a.train.fp16 else torch.float32
+                dtype = torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
                 merge_adapter(self.source, str(out), str(merged_tmp), dtype, self.tokenizer)
                 ckpt.clear(merged)
                 os.rename(merged_tmp, merged)

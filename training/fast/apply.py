@@ -27,7 +27,7 @@ import torch
 
 from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
 from training.fast.autobatch import worth_checkpointing
-from training.flags import WorkerFlags
+from training.flags import FastFlags, PrefFlags, Resolved, TrainFlags
 from training.model.pretrained import checkpointing
 from training.runtime import dist
 from training.runtime.errors import InputError
@@ -42,42 +42,42 @@ def attention_shape(model_config: dict) -> tuple[int, int, int]:
     return heads, int(model_config.get("num_key_value_heads") or heads), head_dim
 
 
-def attention_dtype(args: WorkerFlags) -> torch.dtype:
+def attention_dtype(train: TrainFlags) -> torch.dtype:
     # The attention runs in 16 bits (training.fast.attention), fp32 weights or not.
-    return torch.float16 if args.train.fp16 else torch.bfloat16
+    return torch.float16 if train.fp16 else torch.bfloat16
 
 
-def prepare(model, args: WorkerFlags, fast, model_config: dict, device, stage: int):
+def prepare(model, fast, model_config: dict, device, stage: int, *, train: TrainFlags, pref: PrefFlags,
+            max_length: int, kernel: str, model_name: str, resolved: Resolved):
     """Applies the switches that change the model; returns our loss module (model + loss), or None where
-    transformers' loss runs. fast.packing_tokens gets its default (--packing_tokens, or micro-batch x length)."""
-    fast.gradient_checkpointing = bool(args.train.gradient_checkpointing)
-    loss_module = (FastLoss(model, fast.ce, args.data.model_max_length, fast.labelled_logits)
-                   if fast.our_loss and args.pref.stage != "dpo" else None)
-    if args.pref.stage == "dpo":  # packing is required (training.args.check_pref): the loss is always ours
+    transformers' loss runs. fast.packing_tokens gets its default (--packing_tokens as set-up resolved it, or
+    micro-batch x length); fast.gradient_checkpointing is set-up's. max_length: --model_max_length; kernel:
+    --attention_kernel as given; model_name: for the error that names the model."""
+    fast.gradient_checkpointing = bool(resolved.gradient_checkpointing)
+    loss_module = (FastLoss(model, fast.ce, max_length, fast.labelled_logits)
+                   if fast.our_loss and pref.stage != "dpo" else None)
+    if pref.stage == "dpo":  # packing is required (training.args.check_pref): the loss is always ours
         from training.fast.preference import PreferenceLoss
 
-        pr = args.pref
-        loss_module = PreferenceLoss(model, fast.ce, args.data.model_max_length, fast.labelled_logits,
-                                     pr.pref_beta, pr.pref_loss, pr.pref_ftx)
+        loss_module = PreferenceLoss(model, fast.ce, max_length, fast.labelled_logits,
+                                     pref.pref_beta, pref.pref_loss, pref.pref_ftx)
     if fast.packing:
         from training.fast.attention import cudnn_self_test, cudnn_shape_unfit, set_kernel, use_packed_attention
 
         shape = attention_shape(model_config)
         unfit = cudnn_shape_unfit(shape[2]) if fast.attention == "cudnn" else None
-        if unfit and args.fast.attention_kernel == "cudnn":
-            raise InputError(f"--attention_kernel cudnn: {unfit} ({args.model.model_name_or_path}); use "
-                             "--attention_kernel flash")
-        if fast.attention == "cudnn" and not unfit and args.fast.attention_kernel == "auto":
-            unfit = cudnn_self_test(*shape, attention_dtype(args), device, args.data.model_max_length)
+        if unfit and kernel == "cudnn":
+            raise InputError(f"--attention_kernel cudnn: {unfit} ({model_name}); use --attention_kernel flash")
+        if fast.attention == "cudnn" and not unfit and kernel == "auto":
+            unfit = cudnn_self_test(*shape, attention_dtype(train), device, max_length)
             if unfit:
                 log.warning("%s; using FlashAttention 2", unfit)
         if unfit:  # the automatic choice was made before the model's shape was known, or failed its self-test
             fast.attention, fast.why["attention_kernel"] = "flash", f"flash: {unfit}"
         use_packed_attention(model)
         set_kernel(fast.attention)
-        pair = 2 if args.pref.stage == "dpo" else 1  # a DPO row holds pairs: two answers a record
-        fast.packing_tokens = (args.fast.packing_tokens
-                               or args.train.per_device_train_batch_size * pair * args.data.model_max_length)
+        pair = 2 if pref.stage == "dpo" else 1  # a DPO row holds pairs: two answers a record
+        fast.packing_tokens = resolved.packing_tokens or train.per_device_train_batch_size * pair * max_length
     if stage == 3:
         from training.fast import zero3
 
@@ -98,29 +98,31 @@ def any_rank(device, flag: bool) -> bool:
     return bool(dist.all_reduce_max(torch.tensor([float(flag)], dtype=torch.float64, device=device)).item())
 
 
-def size_rows(model, loss_module, fast, args: WorkerFlags, model_config: dict, device, autocast, train_module, engine=None,
-              items=None) -> None:
+def size_rows(model, loss_module, fast, model_config: dict, device, autocast, train_module, engine=None,
+              items=None, *, given: FastFlags, train: TrainFlags, max_length: int, checkpointing_asked: bool | None):
     """Sets fast.packing_tokens from the memory probe where fast.auto_micro_batch (the smallest budget any rank
     measured), turning gradient checkpointing on if not even one record fits without it or where it at least
     doubles rows that would be short without it (autobatch.worth_checkpointing); then builds cuDNN's plans.
     train_module: what runs the forward (put in training mode for the probes); items: the tokenized training
-    records (None for a lazy data set)."""
+    records (None for a lazy data set); given: the fast path's flags (the probe's budget); max_length:
+    --model_max_length; checkpointing_asked: --gradient_checkpointing as set-up resolved it (None: ours to
+    choose)."""
     if fast.auto_micro_batch:
         train_module.train()  # dropout and checkpointing as in training
         vocab = int(model_config.get("vocab_size") or 1000)
 
         def probe():
-            return probe_tokens(loss_module, device, args.data.model_max_length, vocab, autocast,
-                                         args.fast.auto_memory_fraction, args.fast.auto_max_tokens, engine=engine)
+            return probe_tokens(loss_module, device, max_length, vocab, autocast,
+                                given.auto_memory_fraction, given.auto_max_tokens, engine=engine)
 
         plan = probe()
         # --no_gradient_checkpointing (False, not None) keeps it off unless nothing fits without it. Every rank
         # decides alike (a probe is a collective step under ZeRO-3): any rank's need is every rank's.
-        may_choose = args.train.gradient_checkpointing is None or not plan.fits
+        may_choose = checkpointing_asked is None or not plan.fits
         if not fast.gradient_checkpointing and any_rank(device, may_choose and worth_checkpointing(plan)):
             if not plan.fits:
                 log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
-                         "turning it on", args.data.model_max_length)
+                         "turning it on", max_length)
             checkpointing(model, True)
             with_ckpt = probe()
             if any_rank(device, worth_checkpointing(plan, with_ckpt)):
@@ -131,8 +133,8 @@ def size_rows(model, loss_module, fast, args: WorkerFlags, model_config: dict, d
             else:
                 checkpointing(model, False)
         if not plan.fits:
-            raise InputError(f"not even one record of --model_max_length {args.data.model_max_length} tokens fits in "
-                             f"{args.fast.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
+            raise InputError(f"not even one record of --model_max_length {max_length} tokens fits in "
+                             f"{given.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
                              "--model_max_length, use LoRA/Q-LoRA, ZeRO-3 or more GPUs")
         # Every rank packs to the same budget: the smallest any rank measured.
         t = dist.all_reduce_max(torch.tensor([-plan.tokens], dtype=torch.float64, device=device))
@@ -140,18 +142,17 @@ def size_rows(model, loss_module, fast, args: WorkerFlags, model_config: dict, d
         log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
                  plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, fast.packing_tokens)
     if fast.packing and fast.attention == "cudnn":
-        _warm_cudnn(fast, args, model_config, device, items)
+        _warm_cudnn(fast, attention_dtype(train), max_length, model_config, device, items)
 
 
-def _warm_cudnn(fast, args: WorkerFlags, model_config: dict, device, items) -> None:
+def _warm_cudnn(fast, dtype: torch.dtype, max_length: int, model_config: dict, device, items) -> None:
     """cuDNN's attention plans for every record count a packed row can have, before the first step."""
     from training.fast.attention import bound_cudnn_totals, record_bucket, warm_cudnn
 
     bound_cudnn_totals(fast.packing_tokens)  # one backward plan per record count, for every row width
     shortest = min((len(e.input_ids) for e in items), default=1) if items is not None else 16
     most = record_bucket(fast.packing_tokens // max(shortest, 1) + 2)  # + the padding tail's segments
-    n, secs = warm_cudnn(*attention_shape(model_config), attention_dtype(args), device, args.data.model_max_length,
-                         most)
+    n, secs = warm_cudnn(*attention_shape(model_config), dtype, device, max_length, most)
     log.info("cuDNN attention: plans for rows of up to %d records (%d sizes) built in %.1f s", most, n, secs)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from training.flags import WorkerFlags
+from training.flags import FastFlags, LoraFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -80,11 +80,16 @@ def _cudnn_unfit() -> str | None:
 
 @dataclass(frozen=True)
 class _Run:
-    """What every switch's decider reads: the worker's flags and the facts of this run."""
-    args: WorkerFlags
+    """What every switch's decider reads: the fast path's flags as given, the LoRA flags, and the facts of this
+    run (the allocator's expandable segments as the entry point set them)."""
+    given: FastFlags
+    lora_flags: LoraFlags
+    half: bool  # --bf16 or --fp16
     device: torch.device
     deepspeed: bool
     zero_stage: int
+    expandable: bool | None
+    expandable_why: str | None
 
     @property
     def cuda(self) -> bool:
@@ -92,11 +97,7 @@ class _Run:
 
     @property
     def lora(self) -> bool:
-        return bool(self.args.lora.use_lora or self.args.lora.q_lora)
-
-    @property
-    def half(self) -> bool:
-        return bool(self.args.train.bf16 or self.args.train.fp16)
+        return bool(self.lora_flags.use_lora or self.lora_flags.q_lora)
 
 
 # A decider: (the run, the switches decided before it) -> (its choice, why), or InputError for an explicit
@@ -105,8 +106,8 @@ Decider = Callable[[_Run, dict[str, Any]], tuple[Any, str]]
 
 
 def _packing(r: _Run, _: dict) -> tuple[bool, str]:
-    if r.args.fast.packing is not None:
-        return bool(r.args.fast.packing), "as given"
+    if r.given.packing is not None:
+        return bool(r.given.packing), "as given"
     if r.cuda and not _varlen_available():
         return False, "off: this torch has no flash varlen attention for packed rows"
     why = "on: varlen attention of packed rows" if r.cuda else "on: per-record attention on CPU"
@@ -119,7 +120,7 @@ def _fused_ce(r: _Run, chosen: dict) -> tuple[str, str]:
     # Under ZeRO-3 the LM head's weight is partitioned: the loss runs inside a module DeepSpeed gathers it for
     # (training.fast.apply.HeadLoss).
     liger_ok = r.cuda and importlib.util.find_spec("liger_kernel") is not None
-    given = r.args.fast.fused_ce
+    given = r.given.fused_ce
     if given == "auto":
         if liger_ok:
             return "liger", "liger: CUDA and liger-kernel installed"
@@ -137,8 +138,8 @@ def _fused_ce(r: _Run, chosen: dict) -> tuple[str, str]:
 def _compile(r: _Run, _: dict) -> tuple[bool, str]:
     # Under ZeRO-3 each layer is one DeepSpeed leaf module, gathered whole, and its forward is compiled inside
     # DeepSpeed's hooks (training.fast.compile).
-    if r.args.fast.compile is not None:
-        return bool(r.args.fast.compile), "as given"
+    if r.given.compile is not None:
+        return bool(r.given.compile), "as given"
     from training.fast.compile import compile_available
 
     comp = compile_available(r.device)
@@ -147,31 +148,31 @@ def _compile(r: _Run, _: dict) -> tuple[bool, str]:
 
 def _fused_adamw(r: _Run, _: dict) -> tuple[bool, str]:
     # Under DeepSpeed: the client optimizer the engine steps on its flat fp32 partitions.
-    if r.args.fast.fused_adamw is not None:
-        return bool(r.args.fast.fused_adamw), "as given"
+    if r.given.fused_adamw is not None:
+        return bool(r.given.fused_adamw), "as given"
     return r.cuda, "on: CUDA" if r.cuda else "off: CUDA only by default"
 
 
 def _auto_micro_batch(r: _Run, chosen: dict) -> tuple[bool, str]:
     # The memory probe (under DeepSpeed it runs after the engine has built its optimizer states).
-    a, packing = r.args, chosen["packing"]
-    if a.fast.auto_micro_batch is None:
-        auto = r.cuda and packing and a.fast.packing_tokens is None
+    f, packing = r.given, chosen["packing"]
+    if f.auto_micro_batch is None:
+        auto = r.cuda and packing and f.packing_tokens is None
         return auto, ("on: CUDA with packing" + (" (measured after the engine is built)" if r.deepspeed else "")
-                      if auto else "off: --packing_tokens given" if a.fast.packing_tokens is not None
+                      if auto else "off: --packing_tokens given" if f.packing_tokens is not None
                       else "off: needs CUDA and packing")
-    auto = bool(a.fast.auto_micro_batch)
+    auto = bool(f.auto_micro_batch)
     if auto and not (r.cuda and packing):
         raise InputError("--auto_micro_batch measures CUDA memory for packed rows: it needs a CUDA GPU and packing")
-    if auto and a.fast.packing_tokens is not None:
+    if auto and f.packing_tokens is not None:
         raise InputError("--auto_micro_batch picks the packed-row size itself; drop --packing_tokens or it")
     return auto, "as given"
 
 
 def _lora_input_cast(r: _Run, _: dict) -> tuple[bool, str]:
     # peft's cast of adapter inputs to fp32 (the adapters' dtype).
-    if r.args.fast.lora_input_cast is not None:
-        return bool(r.args.fast.lora_input_cast), "as given"
+    if r.given.lora_input_cast is not None:
+        return bool(r.given.lora_input_cast), "as given"
     cast = not (r.lora and r.cuda and r.half and not r.deepspeed)
     if not r.lora:
         return cast, "n/a: no adapters"
@@ -186,7 +187,7 @@ def _lora_input_cast(r: _Run, _: dict) -> tuple[bool, str]:
 
 def _attention_kernel(r: _Run, chosen: dict) -> tuple[str, str]:
     # The varlen kernel of packed rows.
-    given, packing = r.args.fast.attention_kernel, chosen["packing"]
+    given, packing = r.given.attention_kernel, chosen["packing"]
     if given == "auto":
         # cuDNN where it can run with its backward plans bounded (one plan per record count): a 7B LoRA step runs
         # 3% faster than with FlashAttention 2, attention taking two thirds of its device time (bench/README.md's
@@ -211,14 +212,13 @@ def _attention_kernel(r: _Run, chosen: dict) -> tuple[str, str]:
 
 def _fused_lora_dropout(r: _Run, _: dict) -> tuple[bool, str]:
     # LoRA dropout inside the adapter's first matmul.
-    a = r.args
-    if a.fast.fused_lora_dropout is None:
+    if r.given.fused_lora_dropout is None:
         # Opt-in: on the 7B shape it runs at the same speed as peft's dropout (bench/lora_dropout_kernel.py),
         # with 27% less activation memory a token (longer rows, or no checkpointing, where memory is short).
-        drop = float(a.lora.lora_dropout or 0.0)
+        drop = float(r.lora_flags.lora_dropout or 0.0)
         return False, ("n/a: no adapters" if not r.lora else "n/a: --lora_dropout 0" if drop <= 0
                        else "off: opt-in (saves activation memory; measured no faster)")
-    fused_drop = bool(a.fast.fused_lora_dropout)
+    fused_drop = bool(r.given.fused_lora_dropout)
     if fused_drop:
         if not r.lora:
             raise InputError("--fused_lora_dropout fuses LoRA's dropout: it needs --use_lora or --q_lora")
@@ -236,12 +236,12 @@ def _fused_lora_dropout(r: _Run, _: dict) -> tuple[bool, str]:
 def _labelled_logits_only(r: _Run, chosen: dict) -> tuple[bool, str]:
     # The LM head on supervised positions only.
     packing, ce = chosen["packing"], chosen["ce"]
-    if r.args.fast.labelled_logits_only is None:
+    if r.given.labelled_logits_only is None:
         labelled = packing and ce in ("liger", "chunked")
         return labelled, ("on: packed rows with a fused loss (no logits for prompt tokens)" if labelled
                           else "off: needs packing" if not packing
                           else f"off: loss {ce} (the reference path keeps every logit)")
-    labelled = bool(r.args.fast.labelled_logits_only)
+    labelled = bool(r.given.labelled_logits_only)
     if labelled and not packing:
         raise InputError("--labelled_logits_only selects a packed row's supervised positions: it needs packing "
                          "(drop --no_packing or --deepspeed)")
@@ -250,18 +250,18 @@ def _labelled_logits_only(r: _Run, chosen: dict) -> tuple[bool, str]:
 
 def _overlap_steps(r: _Run, _: dict) -> tuple[bool, str]:
     # Reading the loss back a step late.
-    if r.args.fast.overlap_steps is not None:
-        return bool(r.args.fast.overlap_steps), "as given"
+    if r.given.overlap_steps is not None:
+        return bool(r.given.overlap_steps), "as given"
     return r.cuda, ("on: CUDA (the GPU is not left idle while the host logs and starts the next step)" if r.cuda
                     else "off: on CPU every operation waits anyway")
 
 
 def _expandable_segments(r: _Run, _: dict) -> tuple[bool, str]:
     # The allocator: the entry point (training.finetune) sets it before torch starts CUDA; this only reports it.
-    expandable = bool(r.args.fast.expandable_segments) and r.cuda
+    expandable = bool(r.expandable) and r.cuda
     if not r.cuda:
         return expandable, "n/a: CUDA only"
-    return expandable, r.args.notes.expandable_why or ("on" if expandable else "off: not set before CUDA started")
+    return expandable, r.expandable_why or ("on" if expandable else "off: not set before CUDA started")
 
 
 # (FastChoice's field, its key in `why`: the flag's name, decider), in the order they are decided and reported;
@@ -281,10 +281,12 @@ DECIDERS: tuple[tuple[str, str, Decider], ...] = (
 )
 
 
-def decide(args: WorkerFlags, device: torch.device, deepspeed: bool, zero_stage: int = 2) -> FastChoice:
-    """The fast-path switches for this run; raises InputError for an explicit choice that cannot work.
-    zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (said in the reasons)."""
-    run = _Run(args, device, deepspeed, zero_stage)
+def decide(given: FastFlags, lora: LoraFlags, *, half: bool, device: torch.device, deepspeed: bool,
+           zero_stage: int = 2, expandable: bool | None = None, expandable_why: str | None = None) -> FastChoice:
+    """The fast-path switches for this run from their flags as given (`given`); raises InputError for an explicit
+    choice that cannot work. half: --bf16 or --fp16; zero_stage: DeepSpeed's ZeRO stage when `deepspeed` (said in
+    the reasons); expandable: the allocator's expandable segments as the entry point set them, and why."""
+    run = _Run(given, lora, half, device, deepspeed, zero_stage, expandable, expandable_why)
     chosen: dict[str, Any] = {}
     why: dict[str, str] = {}
     for name, key, decider in DECIDERS:

@@ -27,7 +27,7 @@ import types
 
 import torch
 
-from training.flags import WorkerFlags
+from training.flags import FastFlags, Resolved, TrainFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -38,7 +38,7 @@ log = logging.getLogger("training")
 TILE_FROM_TOKENS = 32768
 
 
-def _tiling_unfit(args: WorkerFlags, world_size: int, stage: int | None, deepspeed: bool) -> str | None:
+def _tiling_unfit(sp_size: int, world_size: int, stage: int | None, deepspeed: bool) -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("deepspeed") is None:
@@ -46,41 +46,42 @@ def _tiling_unfit(args: WorkerFlags, world_size: int, stage: int | None, deepspe
     if world_size > 1 and not deepspeed:
         return ("--tiled_mlp under plain DDP is not supported (its gradient hooks fire once a backward); "
                 "use --deepspeed builtin:zero2 or one process")
-    if stage == 3 and world_size > 1 and args.train.sequence_parallel_size != world_size:
+    if stage == 3 and world_size > 1 and sp_size != world_size:
         return ("--tiled_mlp under ZeRO-3 needs every rank to run rows of one width: use it with "
                 f"--sequence_parallel_size {world_size} (all ranks), or with ZeRO-2")
     return None
 
 
-def decide(args: WorkerFlags, fast, world_size: int, stage: int | None, deepspeed: bool) -> None:
+def decide(resolved: Resolved, fast, world_size: int, stage: int | None, deepspeed: bool, *, train: TrainFlags,
+           given: FastFlags, max_length: int) -> None:
     """The long-context switches, before the model is built: --tiled_mlp (by default on where a rank's share of
-    the longest record is over TILE_FROM_TOKENS and tiling can run; refused where asked for and it cannot), and
-    for records too long for the memory probe (two rows of one and two longest records; the second alone would
-    not fit) one record's worth a row with gradient checkpointing instead of the probe. Records in fast.why.
-    The flags it resolves at run time, in place: train.tiled_mlp when not given, and in that last case
-    fast.packing_tokens and train.gradient_checkpointing (when not given)."""
-    if args.train.tiled_mlp_tokens < 1:
-        raise InputError(f"--tiled_mlp_tokens must be positive, got {args.train.tiled_mlp_tokens}")
-    share = -(-args.data.model_max_length // args.train.sequence_parallel_size)
-    unfit = _tiling_unfit(args, world_size, stage, deepspeed)
-    if args.train.tiled_mlp is None:
-        args.train.tiled_mlp = unfit is None and share > TILE_FROM_TOKENS
-        fast.why["tiled_mlp"] = (f"on: records of up to {share} tokens a rank" if args.train.tiled_mlp
+    the longest record, --model_max_length `max_length`, is over TILE_FROM_TOKENS and tiling can run; refused where
+    asked for and it cannot), and for records too long for the memory probe (two rows of one and two longest
+    records; the second alone would not fit) one record's worth a row with gradient checkpointing instead of the
+    probe. Records in fast.why. What it resolves goes into `resolved` (the flags stay as given): tiled_mlp when not
+    given, and in that last case packing_tokens and gradient_checkpointing (when not given)."""
+    if train.tiled_mlp_tokens < 1:
+        raise InputError(f"--tiled_mlp_tokens must be positive, got {train.tiled_mlp_tokens}")
+    share = -(-max_length // train.sequence_parallel_size)
+    unfit = _tiling_unfit(train.sequence_parallel_size, world_size, stage, deepspeed)
+    if train.tiled_mlp is None:
+        resolved.tiled_mlp = unfit is None and share > TILE_FROM_TOKENS
+        fast.why["tiled_mlp"] = (f"on: records of up to {share} tokens a rank" if resolved.tiled_mlp
                                  else f"off: cannot run here ({unfit.split(';')[0]})" if unfit
                                  else f"off: records of up to {share} tokens a rank (tiled from {TILE_FROM_TOKENS})")
-    elif args.train.tiled_mlp and unfit:
+    elif train.tiled_mlp and unfit:
         raise InputError(unfit)
     else:
         fast.why["tiled_mlp"] = "as given"
-    if args.train.tiled_mlp and fast.compile and args.fast.compile is None:
+    if resolved.tiled_mlp and fast.compile and given.compile is None:
         fast.compile = False
         fast.why["compile"] = "off: tiled MLP (its autograd function splits the layer's graph)"
-    if fast.auto_micro_batch and args.fast.auto_micro_batch is None and 2 * share > args.fast.auto_max_tokens:
+    if fast.auto_micro_batch and given.auto_micro_batch is None and 2 * share > given.auto_max_tokens:
         fast.auto_micro_batch = False
-        args.fast.packing_tokens = args.data.model_max_length
-        if args.train.gradient_checkpointing is None:
-            args.train.gradient_checkpointing = True
-        fast.why["auto_micro_batch"] = (f"off: records of up to {args.data.model_max_length} tokens are past what the "
+        resolved.packing_tokens = max_length
+        if resolved.gradient_checkpointing is None:
+            resolved.gradient_checkpointing = True
+        fast.why["auto_micro_batch"] = (f"off: records of up to {max_length} tokens are past what the "
                                         "probe measures (--auto_max_tokens): rows of one such record, checkpointed")
 
 

@@ -30,7 +30,7 @@ import math
 import torch
 
 from training.data.encoding import IGNORE_INDEX  # the label of a token the loss skips
-from training.flags import WorkerFlags
+from training.flags import FastFlags
 from training.runtime import unused_imports
 from training.runtime.errors import InputError
 
@@ -85,18 +85,18 @@ def engine_missing() -> str | None:
     return None
 
 
-def check_fast_path(args: WorkerFlags, fast) -> None:
-    """SP shards packed rows: packing is needed. Compiled layers are turned off unless asked for (the Ulysses
-    wrapper's collectives sit inside every layer; they were never measured compiled)."""
-    if args.train.sequence_parallel_size <= 1:
+def check_fast_path(size: int, given: FastFlags, fast) -> None:
+    """SP (--sequence_parallel_size `size`) shards packed rows: packing is needed. Compiled layers are turned off
+    unless asked for in `given` (the Ulysses wrapper's collectives sit inside every layer; they were never
+    measured compiled)."""
+    if size <= 1:
         return
     missing = engine_missing()
     if missing:
-        raise InputError(f"--sequence_parallel_size {args.train.sequence_parallel_size}: {missing}")
+        raise InputError(f"--sequence_parallel_size {size}: {missing}")
     if not fast.packing:
-        raise InputError(f"--sequence_parallel_size {args.train.sequence_parallel_size} shards packed rows; it needs "
-                         "packing (drop --no_packing)")
-    if fast.compile and args.fast.compile is None:
+        raise InputError(f"--sequence_parallel_size {size} shards packed rows; it needs packing (drop --no_packing)")
+    if fast.compile and given.compile is None:
         fast.compile = False
         fast.why["compile"] = "off: sequence parallelism (its all-to-alls run inside every layer)"
     fast.labelled_logits = True

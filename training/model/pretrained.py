@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from training.flags import WorkerFlags
+from training.flags import LoraFlags, TrainFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -76,25 +76,25 @@ def quantization_method(config: dict) -> str | None:
     return str(q.get("quant_method", "unknown")).lower()
 
 
-def check_method(args: WorkerFlags, config: dict, on_cuda: bool, stage: int) -> str:
-    """Returns 'full', 'lora' or 'qlora', or raises InputError for a setup that cannot work."""
+def check_method(lora: LoraFlags, model_name: str, fp16: bool, config: dict, on_cuda: bool, stage: int) -> str:
+    """Returns 'full', 'lora' or 'qlora' for `lora`'s flags, or raises InputError for a setup that cannot work."""
     quant = quantization_method(config)
-    if args.train.fp16 and not on_cuda:
+    if fp16 and not on_cuda:
         raise InputError("--fp16 needs a CUDA GPU; use --bf16 or full precision on CPU")
-    if quant and not args.lora.q_lora:
-        raise InputError(f"{args.model.model_name_or_path}: the checkpoint is {quant}-quantized; "
+    if quant and not lora.q_lora:
+        raise InputError(f"{model_name}: the checkpoint is {quant}-quantized; "
                          "only --q_lora can train it (LoRA on the frozen quantized base)")
-    if not args.lora.q_lora:
-        return "lora" if args.lora.use_lora else "full"
+    if not lora.q_lora:
+        return "lora" if lora.use_lora else "full"
     if stage == 3 and quant:
         raise InputError(f"--q_lora on a {quant.upper()}-quantized checkpoint does not work with ZeRO-3 (its packed "
                          "weights cannot be partitioned); use ZeRO-2, or a plain checkpoint (quantized to nf4 on load, "
                          "which ZeRO-3 shards)")
-    if args.lora.merge_lora and quant:
+    if lora.merge_lora and quant:
         raise InputError(f"--merge_lora cannot merge into a {quant}-quantized base; merge into the unquantized model")
     if quant:
         if quant not in PREQUANTIZED:
-            raise InputError(f"{args.model.model_name_or_path}: --q_lora supports GPTQ, AWQ or a plain checkpoint, "
+            raise InputError(f"{model_name}: --q_lora supports GPTQ, AWQ or a plain checkpoint, "
                              f"not {quant!r}")
         missing = [m for m in PREQUANTIZED[quant] if importlib.util.find_spec(m) is None]
         if missing:
@@ -107,7 +107,7 @@ def check_method(args: WorkerFlags, config: dict, on_cuda: bool, stage: int) -> 
     from training.model.moe import layout_of_config, moe_shape
 
     if moe_shape(config) and layout_of_config(config) == "fused":
-        raise InputError(f"--q_lora: {args.model.model_name_or_path} is a mixture-of-experts model, and this "
+        raise InputError(f"--q_lora: {model_name} is a mixture-of-experts model, and this "
                          "transformers stores its experts fused as 3-D tensors, which bitsandbytes cannot quantize (it "
                          "quantizes nn.Linear layers only): nearly all of the weights would stay in 16 bits. Use "
                          "--use_lora (a 16-bit base, sharded by ZeRO-3 across GPUs) instead")
@@ -127,7 +127,8 @@ def load_tokenizer(source: str):
     return tok
 
 
-def load_model(args: WorkerFlags, source: str, method: str, device, load_dtype, quant: str | None, zero_stage: int = 0):
+def load_model(source: str, method: str, device, load_dtype, quant: str | None, zero_stage: int = 0, *,
+               train: TrainFlags, random_init: bool = False):
     """Loads the causal LM in load_dtype; for Q-LoRA quantizes to nf4 on load (unless already quantized).
     Q-LoRA under ZeRO-3 (zero_stage 3): the 4-bit weights are stored in the compute dtype, so DeepSpeed can
     partition them like any other weight (PEFT's recipe for DeepSpeed ZeRO-3 + QLoRA), and they are quantized in
@@ -137,14 +138,14 @@ def load_model(args: WorkerFlags, source: str, method: str, device, load_dtype, 
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": load_dtype}
-    save_dtype = export_dtype(args, source)
-    if args.model.random_init:
+    save_dtype = export_dtype(train, source)
+    if random_init:
         from transformers import AutoConfig
 
         if method == "qlora":
             raise InputError("--random_init cannot build a quantized model; use --use_lora or full fine-tuning")
         config = AutoConfig.from_pretrained(source)
-        torch.manual_seed(args.train.seed)
+        torch.manual_seed(train.seed)
         with torch.device(device):  # built where it trains: no copy of random weights through the host
             model = AutoModelForCausalLM.from_config(config, dtype=load_dtype)
         model.config.use_cache = False
@@ -152,7 +153,7 @@ def load_model(args: WorkerFlags, source: str, method: str, device, load_dtype, 
         setattr(model, SAVE_DTYPE_ATTR, save_dtype)
         return model
     if method == "qlora":
-        compute = torch.bfloat16 if args.train.bf16 else torch.float16 if args.train.fp16 else torch.float32
+        compute = torch.bfloat16 if train.bf16 else torch.float16 if train.fp16 else torch.float32
         sharded = zero_stage == 3
         if quant is None:
             from transformers import BitsAndBytesConfig
@@ -172,16 +173,16 @@ def load_model(args: WorkerFlags, source: str, method: str, device, load_dtype, 
     return model
 
 
-def export_dtype(args: WorkerFlags, source: str):
+def export_dtype(train: TrainFlags, source: str):
     """What a full fine-tune's model is saved in: the half precision it trained in (--bf16/--fp16), else the
     dtype its checkpoint declares (Qwen releases are bf16), else float32. Plain full fine-tuning keeps fp32
     weights while it trains (autocast computes in half precision), which users of transformers and vLLM do not
     expect to find in the saved model: twice the size, and loaded as fp32 by dtype="auto"."""
     import torch
 
-    if args.train.bf16:
+    if train.bf16:
         return torch.bfloat16
-    if args.train.fp16:
+    if train.fp16:
         return torch.float16
     try:
         config = read_config_dict(source)
@@ -211,42 +212,43 @@ def checkpointing_is_on(model) -> bool:
                 if hasattr(model, "activation_checkpointing_enable") else model.is_gradient_checkpointing)
 
 
-def apply_method(args: WorkerFlags, model, method: str):
-    """Enables gradient checkpointing and wraps the model with LoRA adapters where asked."""
+def apply_method(model, method: str, lora: LoraFlags, *, train_router: bool, checkpointed: bool):
+    """Enables gradient checkpointing (`checkpointed`: as set-up resolved it) and wraps the model with LoRA
+    adapters where asked (`lora`); `train_router`: a mixture of experts' routers train (--train_router)."""
     if method == "qlora":
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=bool(args.train.gradient_checkpointing),
+            model, use_gradient_checkpointing=checkpointed,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    elif args.train.gradient_checkpointing:
+    elif checkpointed:
         checkpointing(model, True)
     from training.model import moe
 
     routers = moe.sparse_blocks(model)
     if method == "full":
         if routers:
-            moe.set_router_trainable(model, bool(args.moe.train_router))
+            moe.set_router_trainable(model, train_router)
             log.info("mixture of experts: %d routers %s", len(routers),
-                     "train (--train_router)" if args.moe.train_router else "frozen (--train_router "
+                     "train (--train_router)" if train_router else "frozen (--train_router "
                      "trains them)")
         return model
     from peft import LoraConfig, get_peft_model
 
-    modules, params, unknown = moe.lora_targets(model, args.lora.lora_target_modules)
+    modules, params, unknown = moe.lora_targets(model, lora.lora_target_modules)
     if unknown:
         raise InputError(f"--lora_target_modules: the model has no modules named {', '.join(unknown)}")
     extra = {}
     if params:
         extra["target_parameters"] = params  # fused experts: peft's LoRA on 3-D parameters
-    if routers and args.moe.train_router:
+    if routers and train_router:
         extra["modules_to_save"] = [moe.ROUTER_KEY]  # trained in full and saved with the adapter
     # peft's LoRA on fused 3-D expert weights (target_parameters) has no dropout and refuses any: the adapters are
     # made without it, and the dropout asked for goes on the adapters of nn.Linear modules alone
-    dropout = args.lora.lora_dropout
+    dropout = lora.lora_dropout
     cfg = LoraConfig(
-        r=args.lora.lora_r, lora_alpha=args.lora.lora_alpha, lora_dropout=0.0 if params else dropout,
+        r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=0.0 if params else dropout,
         target_modules=modules, bias="none", task_type="CAUSAL_LM", **extra,
     )
     model = get_peft_model(model, cfg)
@@ -262,7 +264,7 @@ def apply_method(args: WorkerFlags, model, method: str):
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
     total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     log.info("LoRA r=%d alpha=%d on %s: %d trainable of %d parameters",
-             args.lora.lora_r, args.lora.lora_alpha, ",".join(args.lora.lora_target_modules), trainable, total)
+             lora.lora_r, lora.lora_alpha, ",".join(lora.lora_target_modules), trainable, total)
     return model
 
 

@@ -54,7 +54,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-FR_PIPE_STEM = "nccl_trace_pipe_rank_"  # qwen_tui/run/stacks.py writes to <stem><RANK>.pipe
+FR_PIPE_STEM = "nccl_trace_pipe_rank_"  # qwen_tui/run/watch/stacks.py writes to <stem><RANK>.pipe
 
 
 def flight_recorder_defaults(trace_dir: str | None) -> None:
@@ -68,7 +68,7 @@ def flight_recorder_defaults(trace_dir: str | None) -> None:
     if trace_dir and not {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & os.environ.keys():
         os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(os.path.abspath(trace_dir), "nccl_trace_rank_")
     # A named pipe per rank (DIR/nccl_trace_pipe_rank_<RANK>.pipe) that NCCL's own monitor thread reads: a write to
-    # it dumps the recorder now, without the GIL, while the rank hangs (qwen_tui/run/stacks.py asks on a HANG).
+    # it dumps the recorder now, without the GIL, while the rank hangs (qwen_tui/run/watch/stacks.py asks on a HANG).
     if trace_dir and not {"TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"} & os.environ.keys():
         os.environ["TORCH_FR_DEBUG_INFO_PIPE_FILE"] = os.path.join(os.path.abspath(trace_dir), FR_PIPE_STEM)
 

@@ -16,7 +16,7 @@ EXIT_BAD_INPUT = 2
 
 def report_failure(error: Exception) -> int:
     """The end of a worker tool's main (datapreview, merge, chat) on an exception: its exit code, and on stderr one
-    `error: ...` line for the caller (qwen_tui.nodes.json_tool shows it), after the traceback where the failure is
+    `error: ...` line for the caller (qwen_tui.run.tools.json_tool shows it), after the traceback where the failure is
     not the user's input."""
     import sys
 

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 
-from training.flags import WorkerFlags
+from training.flags import SaveFlags
 
 log = logging.getLogger("training")
 
@@ -142,17 +142,17 @@ def node_rank() -> int:
     return int(os.environ.get("GROUP_RANK") or 0)
 
 
-def from_args(args: WorkerFlags, tick=None) -> Heartbeat | NoHeartbeat:
+def from_flags(save: SaveFlags, tick=None) -> Heartbeat | NoHeartbeat:
     """The heartbeat of this process (started), or NoHeartbeat without --heartbeat_dir or when DIR cannot be made
     (said once in the log: the run is worth more than its heartbeat)."""
-    if not args.save.heartbeat_dir:
+    if not save.heartbeat_dir:
         return NoHeartbeat()
     try:
-        os.makedirs(args.save.heartbeat_dir, mode=0o700, exist_ok=True)
+        os.makedirs(save.heartbeat_dir, mode=0o700, exist_ok=True)
     except OSError as e:
-        log.warning("--heartbeat_dir %s cannot be made (%s): no heartbeat", args.save.heartbeat_dir, e)
+        log.warning("--heartbeat_dir %s cannot be made (%s): no heartbeat", save.heartbeat_dir, e)
         return NoHeartbeat()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    hb = Heartbeat(args.save.heartbeat_dir, args.save.heartbeat_interval, int(os.environ.get("RANK", "0")),
+    hb = Heartbeat(save.heartbeat_dir, save.heartbeat_interval, int(os.environ.get("RANK", "0")),
                    int(os.environ.get("LOCAL_RANK", "0")), node_rank(), world, tick=tick)
     return hb.start()

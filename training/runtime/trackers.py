@@ -26,7 +26,7 @@ import sys
 import time
 from datetime import datetime
 
-from training.flags import WorkerFlags
+from training.flags import HfFlags, Resolved, WorkerFlags
 from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
@@ -87,10 +87,11 @@ def numbers(record: dict, prefix: str, skip=("step", "time", "event")) -> dict[s
     return out
 
 
-def scalar_config(args: WorkerFlags) -> dict:
-    """The flags a tracker can store as its run's configuration: strings, numbers, booleans (lists joined)."""
+def scalar_config(flags: WorkerFlags, resolved: Resolved) -> dict:
+    """The run's configuration as a tracker can store it (strings, numbers, booleans; lists joined): every flag,
+    those set-up settles as it settled them (training.flags.Resolved)."""
     cfg = {}
-    for k, v in sorted(args.by_name().items()):
+    for k, v in sorted((flags.by_name() | resolved.by_name()).items()):
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))
         if v is None or isinstance(v, (str, int, float, bool)):
@@ -99,10 +100,10 @@ def scalar_config(args: WorkerFlags) -> dict:
 
 
 class _TensorBoard:
-    def __init__(self, args: WorkerFlags, config: dict):
+    def __init__(self, hf: HfFlags, output_dir: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.dir = args.hf.logging_dir
+        self.dir = hf.logging_dir
         self.writer = SummaryWriter(self.dir)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
 
@@ -116,12 +117,12 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, args: WorkerFlags, config: dict):
+    def __init__(self, hf: HfFlags, output_dir: str, config: dict):
         import wandb
 
         # WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE (offline, ...) and WANDB_DIR are read by wandb itself.
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "qwen-tui"), name=args.hf.run_name,
-                              config=config, dir=os.environ.get("WANDB_DIR") or args.train.output_dir)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "qwen-tui"), name=hf.run_name,
+                              config=config, dir=os.environ.get("WANDB_DIR") or output_dir)
         self.dir = self.run.dir
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -132,13 +133,13 @@ class _WandB:
 
 
 class _MLflow:
-    def __init__(self, args: WorkerFlags, config: dict):
+    def __init__(self, hf: HfFlags, output_dir: str, config: dict):
         import mlflow
 
         # MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME are read by mlflow, as under HF Trainer.
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qwen-tui")
         self.mlflow = mlflow
-        self.run = mlflow.start_run(run_name=args.hf.run_name)
+        self.run = mlflow.start_run(run_name=hf.run_name)
         self.dir = self.run.info.artifact_uri
         limit = mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
         params = [(k, v) for k, v in config.items() if len(str(v)) <= limit]
@@ -159,14 +160,14 @@ OPENERS = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
 class Trackers:
     """The open trackers of rank 0; a sink of training.runtime.metrics.MetricsWriter (log_record gets every record)."""
 
-    def __init__(self, names: list[str], args: WorkerFlags, gpu_feed: "NodeGpuFeed | None" = None):
+    def __init__(self, names: list[str], hf: HfFlags, output_dir: str, config: dict,
+                 gpu_feed: "NodeGpuFeed | None" = None):
         self.names = names
         self.gpu_feed = gpu_feed
-        config = scalar_config(args)
         self.open: dict = {}
         for n in names:
             try:
-                self.open[n] = OPENERS[n](args, config)
+                self.open[n] = OPENERS[n](hf, output_dir, config)
             except Exception as e:
                 self.close()
                 raise RuntimeError(f"--report_to {n}: the tracker could not start: {type(e).__name__}: {e}") from e
@@ -212,7 +213,7 @@ class Trackers:
 class NodeGpuFeed:
     """What qwen-tui's monitor saw on every node, read from --node_gpu_file as it grows.
 
-    qwen-tui appends one JSON object a line per node and flush (qwen_tui.run.gpuseries): {"time", "node", "label",
+    qwen-tui appends one JSON object a line per node and flush (qwen_tui.run.watch.gpuseries): {"time", "node", "label",
     "samples", "gpus": [{"index", "util", "mem_used_mib", "mem_total_mib"}]} for a GPU node, {"time", "node",
     "label", "samples", "cpu_util"} for a CPU-only one. since_last() averages what arrived since its last call, per
     node and GPU. The file may not exist (no qwen-tui following the run): then nothing is logged."""
@@ -261,12 +262,14 @@ class NodeGpuFeed:
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
-def open_trackers(args: WorkerFlags, is_main: bool) -> Trackers | None:
-    """Rank 0's trackers for this run, or None (other ranks, or --report_to none)."""
-    if not is_main or not args.hf.report_to:
+def open_trackers(flags: WorkerFlags, resolved: Resolved, is_main: bool) -> Trackers | None:
+    """Rank 0's trackers for this run, or None (other ranks, or --report_to none). They record the whole run's
+    configuration (scalar_config), so they take every flag and what set-up resolved."""
+    hf = flags.hf
+    if not is_main or not hf.report_to:
         return None
     t0 = time.perf_counter()
-    feed = NodeGpuFeed(args.hf.node_gpu_file) if args.hf.node_gpu_file else None
-    trackers = Trackers(args.hf.report_to, args, feed)
-    log.info("trackers %s opened in %.1f s", ", ".join(args.hf.report_to), time.perf_counter() - t0)
+    feed = NodeGpuFeed(hf.node_gpu_file) if hf.node_gpu_file else None
+    trackers = Trackers(hf.report_to, hf, flags.train.output_dir, scalar_config(flags, resolved), feed)
+    log.info("trackers %s opened in %.1f s", ", ".join(hf.report_to), time.perf_counter() - t0)
     return trackers

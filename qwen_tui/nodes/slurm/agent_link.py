@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..programs import program
-from ..transport import SessionEnded, TransportError, check_stream_quiet
+from ..transport.protocol import SessionEnded, TransportError, check_stream_quiet
 
 AGENT = program("agent.py")
 # srun's words when the job that held the node is over (its step cannot run, or was ended with the job)

@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..jobs import RUN_MARK, job_argv
-from ..node_commands import NodeCommands
-from ..transport import CommandResult, TransportError
+from ..transport.node_commands import NodeCommands
+from ..transport.protocol import CommandResult, TransportError
 from .agent_link import AgentLink
 
 SRUN = "srun"

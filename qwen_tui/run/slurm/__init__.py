@@ -1,10 +1,10 @@
-"""A run on SLURM's nodes: the allocation's nodes as a preset's, and the batch script.
+"""A run on SLURM's nodes.
 
-- `allocation`: a SLURM preset inside an allocation (salloc, or the batch job itself) becomes a preset of the
-  allocation's nodes, reached through srun (nodes/slurm);
-- `inside`: what `qwen-tui replay` prints and decides inside an allocation (and when a batch job takes over the
-  run directory its submission made);
-- `script`: the batch script, the one `qwen-tui replay` submits and `qwen-tui export --format slurm` writes.
+allocation.py  a SLURM preset inside an allocation (salloc, or the batch job itself) becomes a preset of the
+               allocation's nodes, each reached through srun (nodes/slurm/)
+job.py         a batch job from a login node, as the launch API's steps: submitted, then followed through SLURM's
+               states as events every face renders
 
-Submitting from a login node and following the job there is run/slurm_batch.py's.
+The batch script the job runs is run/export/slurm_preset.py's; what replay prints of it, inside an allocation or
+from a login node, is cli/slurm_inside.py's and cli/slurm_batch.py's.
 """

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Label, Static
 
 from ...base.field_words import plain
 from ...nodes import hostlists
-from ...nodes.sshconfig import ssh_config_import_text
+from ...nodes.transport.sshconfig import ssh_config_import_text
 from ...preset.schema import PresetError
 from ...run import api
 from ...wizard.state import NodeStatus, ProbeState, connection_fix, finding_line

@@ -129,7 +129,7 @@ class ReviewScreen(StepScreen):
     # ---------------------------------------------------------------- export
     def action_export(self) -> None:
         stem = st.path.stem if (st := self.state).path else (st.preset.name or "run")
-        from ...run.export import FORMATS
+        from ...run.export.render import FORMATS
 
         names = {"slurm": "SLURM (sbatch)", "pbs": "PBS (qsub)", "sh": "shell scripts (one per node)",
                  "kubeflow": "Kubeflow TrainJob", "skypilot": "SkyPilot task"}
@@ -140,7 +140,7 @@ class ReviewScreen(StepScreen):
     def _export(self, ans: dict[str, Any] | None) -> None:
         if not ans:
             return
-        from ...run.export import FORMATS, export_files
+        from ...run.export.render import FORMATS, export_files
         from ...run.rundir import new_run_id
 
         fmt = str(ans["format"]).strip()

@@ -68,7 +68,7 @@ class RunScreen(StepScreen):
         self._checking: tuple[str, dict[int, list[str]]] | None = None  # the launch checks so far (_check_line)
         self._notices_shown = 0  # the follow's notices already popped up
         self._pending: Callable[[], None] | None = None  # a launch or attach asked for before the first compose
-        self._job = None  # a SLURM batch job submitted from here (run.slurm_job.Submitted)
+        self._job = None  # a SLURM batch job submitted from here (run.slurm.job.Submitted)
         self._job_lines: list[str] = []  # what it printed
 
     def body(self) -> ComposeResult:
@@ -130,7 +130,7 @@ class RunScreen(StepScreen):
     def _launch_worker(self, force: bool) -> None:
         """The launch API's sequence on this worker's thread; every event goes to the screen as a
         Message. A bug raises: on_worker_state_changed shows it, the status never stays at starting. A SLURM
-        preset is submitted from here and its job followed (run/slurm_job.py), or inside an allocation runs on
+        preset is submitted from here and its job followed (run/slurm/job.py), or inside an allocation runs on
         the allocation's nodes."""
         app = self.wizard
         st = app.state
@@ -139,7 +139,7 @@ class RunScreen(StepScreen):
         name = st.preset.name or (st.path.stem if st.path else None)
         if preset.scheduler.is_slurm and not preset.cluster.nodes:
             from ...run.slurm.allocation import NotInAllocation, allocation_id, on_allocation
-            from ...run.slurm_job import submit
+            from ...run.slurm.job import submit
 
             job = allocation_id()
             if job is None:
@@ -160,7 +160,7 @@ class RunScreen(StepScreen):
         """A SLURM batch job submitted from here: its states, its output, then each attempt's steps as any run,
         and SLURM's final word as the outcome. Stop-all cancels the job (scancel)."""
         from ...run.launcher import RunOutcome
-        from ...run.slurm_job import JobEnded, JobOutput, Queued, Submitted, follow_job
+        from ...run.slurm.job import JobEnded, JobOutput, Queued, Submitted, follow_job
 
         worker = get_current_worker()
         done = lambda: worker.is_cancelled or not self.app.is_running  # noqa: E731
@@ -211,8 +211,8 @@ class RunScreen(StepScreen):
         """Post each launch/attach event; once the job runs, follow it (this worker's thread) and post
         snapshots. Leaving the app detaches (the run goes on); only stop-all ends it. `relaunch`: the
         request of a launch from here, whose failed attempts are relaunched as training.restarts allows
-        (run/restarts.py, as replay does); an attached run is relaunched by its driver, or from here when the
-        face that launched it is gone (run/driver.py)."""
+        (run/recovery/restarts.py, as replay does); an attached run is relaunched by its driver, or from here when the
+        face that launched it is gone (run/recovery/driver.py)."""
         for ev in events:
             if isinstance(ev, api.Started):
                 self.post_message(RunStarted(ev.launcher))
@@ -226,7 +226,7 @@ class RunScreen(StepScreen):
 
     def _follow_attempts(self, first, req: api.LaunchRequest | None):
         """Follow the run to its outcome, through every relaunch when `req` allows restarts."""
-        from ...run.restarts import Restarts, run_facts
+        from ...run.recovery.restarts import Restarts, run_facts
 
         worker = get_current_worker()
 
@@ -258,8 +258,8 @@ class RunScreen(StepScreen):
     def _after_failure(self, la, out, follow_one):
         """An attached attempt failed: follow the next attempt its driver starts, or, with no live driver
         (the face that launched it is gone), relaunch it from here as training.restarts allows."""
-        from ...run import driver
-        from ...run.restarts import Restarts, next_or_take_over
+        from ...run.recovery import driver
+        from ...run.recovery.restarts import Restarts, next_or_take_over
 
         worker = get_current_worker()
         what, _ = next_or_take_over(la.run_dir, la.attempt,
@@ -362,7 +362,7 @@ class RunScreen(StepScreen):
         self.last_snapshot = None
 
     async def on_run_started(self, msg: RunStarted) -> None:
-        from ...run.gpuseries import NodeWatch
+        from ...run.watch.gpuseries import NodeWatch
 
         la = msg.launcher
         if self.launcher is not None and self.launcher.run_dir.path != la.run_dir.path:
@@ -385,7 +385,7 @@ class RunScreen(StepScreen):
             nf = self.state.facts.nodes.get(r)
             if nf is not None and nf.gpus is not None:
                 gpu_nodes[r] = bool(nf.gpus)
-        # The panels' samples; with --report_to they also go to the worker's trackers (run.gpuseries).
+        # The panels' samples; with --report_to they also go to the worker's trackers (run.watch.gpuseries).
         self.monitor = NodeWatch(la, lambda s: self.post_message(GpuSampleMsg(s)), gpu_nodes=gpu_nodes)
         self.monitor.start()
         self.wizard.facts_changed()
@@ -486,7 +486,7 @@ class RunScreen(StepScreen):
     def action_stacks(self) -> None:
         """The stacks the last hang collected (the run directory's stacks/): what each rank answered, then the
         stacks of the ranks the hang blames, in a window to read and scroll."""
-        from ...run.stacks import read_collected
+        from ...run.watch.stacks import read_collected
 
         snap = self.last_snapshot
         hangs = [n for n in (snap.notices if snap else ()) if n.kind == "HANG"]
@@ -497,7 +497,7 @@ class RunScreen(StepScreen):
 
     def action_chat(self) -> None:
         """A finished run's model, on its master (the launcher's transport to node 0)."""
-        from ...run.after import AfterRunError, locate
+        from ...run.tools.after import AfterRunError, locate
         from ..chat import ChatScreen
 
         if self.launcher is None or self.state.run_status != RunState.OK:
@@ -513,7 +513,7 @@ class RunScreen(StepScreen):
     def action_merge(self) -> None:
         """A finished LoRA run's adapter merged into its base on the master (OUTPUT_DIR/merged): the model a next
         stage (DPO on the merged model) or a chat takes."""
-        from ...run.after import AfterRunError, locate
+        from ...run.tools.after import AfterRunError, locate
 
         if self.launcher is None or self.state.run_status != RunState.OK:
             self.notify("merge needs a run that finished training", severity="warning")
@@ -528,7 +528,7 @@ class RunScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="merge")
     def _merge_worker(self, result) -> None:
-        from ...run.after import AfterRunError, merge
+        from ...run.tools.after import AfterRunError, merge
 
         try:
             rep = merge(result, self.launcher.transports[0])

@@ -3,7 +3,7 @@ change goes through the App (pydantic validates; a bad value shows its error und
 its input) and the panel recomputes: effective batch and its formula, memory per
 GPU against the smallest GPU, step time, tokens/s, scaling, and the advice list
 whose fixes apply with one key (F8 the first, Enter the highlighted one). F9 previews
-the data (qwen_tui.advice.datapreview, in a thread worker: the master tokenizes it)."""
+the data (the launch API's preview_data, in a thread worker: the master tokenizes it)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.save_steps", "save every N steps", "text"),
     ("training.save_total_limit", "keep checkpoints", "opt"),
     ("training.resume_from_checkpoint", "resume from", "opt"),
-    # recovery (run/restarts.py, run/watchdog.py, run/health.py): the defaults said in the labels and choices
+    # recovery (run/recovery/restarts.py, run/watch/watchdog.py, run/watch/health.py): the defaults said in the labels
+    # and choices
     ("training.restarts", "relaunches (0: none)", "text"),
     ("training.exclude_failed", "after a node fails",
      [("relaunch on the same nodes", False), ("relaunch without it", True)]),
@@ -297,7 +298,7 @@ class TrainingScreen(StepScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="data-preview")
     def _preview_data(self, preset, transport, facts) -> None:
-        from ...advice.datapreview import DataPreviewError
+        from ...run.tools.data_preview import DataPreviewError
 
         try:
             report = api.preview_data(preset, transport, facts, base_dir=self.wizard.base_dir,

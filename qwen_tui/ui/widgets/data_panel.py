@@ -1,5 +1,5 @@
 """The Training step's data preview: records, token lengths as bars, the supervised share and the time per
-epoch, from qwen_tui.advice.datapreview (run by the screen in a worker; this widget only draws what it is given)."""
+epoch, from the data preview (run by the screen in a worker; this widget only draws what it is given)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from ...run.gpumon import NodeSample
 from ...run.states import JobState
+from ...run.watch.gpumon import NodeSample
 from ..styles import FAIL, GOOD, JOB, MEMORY, NOTE, WARNING, tone
 from .bars import bar
 

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
-from ...run.metrics import TrainingProgress, fmt_duration
+from ...run.watch.metrics import TrainingProgress, fmt_duration
 from ..styles import CURVE, NOTE, WARNING, WARNING_STRONG, tone
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
