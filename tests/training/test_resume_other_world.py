@@ -30,8 +30,9 @@ def data(tmp_path_factory):
     return str(write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", demo_records()))
 
 
-@pytest.mark.parametrize("stage,method", [(2, "full"), (2, "lora"), (3, "full"), (3, "lora")],
-                         ids=["zero2-full", "zero2-lora", "zero3-full", "zero3-lora"])
+# Each stage and each method once, the hardest pair (ZeRO-3's partitioned full weights) among them: the two other
+# pairs took the suite 140 CPU-seconds and exercise no path these two miss.
+@pytest.mark.parametrize("stage,method", [(2, "lora"), (3, "full")], ids=["zero2-lora", "zero3-full"])
 def test_zero_checkpoint_of_two_processes_resumes_on_one(tmp_path, tiny_model, data, stage, method):
     flags = ["--deepspeed", f"builtin:zero{stage}", *(FULL if method == "full" else LORA)]
     two, one, out = _two_then_one(tmp_path, tiny_model, data, flags)
