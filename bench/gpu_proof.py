@@ -14,7 +14,8 @@ over SSH, each with its half of the GPUs; ZeRO-2 and ZeRO-3 on 2 GPUs reproducin
 on a small real-shaped model (Qwen2.5-0.5B's shape); MoE under ZeRO-3 with leaf modules; sequence parallelism 2
 reproducing one GPU's loss; the 4-bit base sharded by ZeRO-3. On any GPU: the fast path's tokens/s and MFU for
 7B LoRA, 1.5B full, MoE LoRA and the longest single record, each beside the figure the README states (read
-from the bench/results file it cites), flagged `slow` when more than 10% under it.
+from the bench/results file it cites), flagged `slow` when more than 10% under it; 7B LoRA DPO on the same
+sequences, beside 7B LoRA SFT's speed in the same call.
 
 Verdicts: pass, fail, slow, skipped (always with the reason: no GPU, too few GPUs, a package missing, the time
 budget, a line it needs that did not run). Nothing that did not run is ever `pass`. The lines run in the order

@@ -26,7 +26,17 @@ from proof_common import (  # noqa: F401
 from proof_curves import compare, moe_zero3, sequence_parallel, sharded_4bit, zero_curve  # noqa: F401
 from proof_nodes import _check, _launcher, nccl_transport, with_nodes
 from proof_scaling import collectives, estimator_with, scaling, scaling_run_shape  # noqa: F401
-from proof_speed import REFERENCES, _speed_result, reference, speed_longest, speed_moe, speed_train, verdict_of_speed  # noqa: F401
+from proof_speed import (  # noqa: F401
+                         REFERENCES,
+                         _speed_result,
+                         dpo_speed_result,
+                         reference,
+                         speed_dpo,
+                         speed_longest,
+                         speed_moe,
+                         speed_train,
+                         verdict_of_speed,
+)
 
 LINES: list[Line] = [
     Line("collectives", "NCCL all-reduce / all-gather bus bandwidth, fed to the estimator", 0, False, 40,
@@ -51,6 +61,8 @@ LINES: list[Line] = [
          needs=("deepspeed",), after=("collectives",)),
     Line("speed-7b-lora", "fast path: Qwen2.5-7B LoRA tokens/s and MFU", 1, True, 130,
          speed_train("ours-lora-7b", "speed-7b-lora"), needs=("liger_kernel",)),
+    Line("speed-7b-lora-dpo", "fast path: Qwen2.5-7B LoRA DPO tokens/s and MFU, beside SFT's", 1, True, 170,
+         speed_dpo, needs=("liger_kernel",), after=("speed-7b-lora",)),
     Line("speed-1.5b-full", "fast path: Qwen2.5-1.5B full tokens/s and MFU", 1, True, 70,
          speed_train("ours-full-1.5b", "speed-1.5b-full"), needs=("liger_kernel",)),
     Line("speed-moe-lora", "fast path: Qwen3-30B-A3B-shape LoRA tokens/s and MFU", 1, True, 130, speed_moe,

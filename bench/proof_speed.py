@@ -1,6 +1,8 @@
 """The GPU proof's speed lines: the fast path's tokens/s and MFU on one GPU, measured by the existing benchmarks
 (bench/train_speed.py, moe_speed.py, long_context.py), beside the figure the README states, read from the
-bench/results file it cites; `slow` when more than 10% under it."""
+bench/results file it cites; `slow` when more than 10% under it. DPO's line has no stated figure yet: it passes
+when it runs with finite losses, and says its tokens/s beside SFT's (this call's speed-7b-lora line, else the
+stated one)."""
 
 from __future__ import annotations
 
@@ -109,3 +111,56 @@ def speed_longest(ctx: Context) -> Result:
     _one_gpu_env(ctx)
     r = long_context.run_length(196608, 1, 0, args, ctx.log, timeout=max(60.0, ctx.left() - 10))
     return _speed_result("speed-longest-record", r)
+
+
+SFT_LINE = "speed-7b-lora"
+
+
+def _sft_beside(ctx: Context) -> dict:
+    """SFT's figure to set DPO's beside: this call's speed-7b-lora line (run before it, in a process of its own,
+    which leaves its result in the scratch folder), else the figure the README states."""
+    f = ctx.scratch / f"result-{SFT_LINE}.json"
+    if f.is_file():
+        d = json.loads(f.read_text())
+        m = d.get("measured") or {}
+        if d.get("verdict") in ("pass", "slow") and m.get("tokens_per_s"):
+            return {"tokens_per_s": m["tokens_per_s"], "mfu": m.get("mfu"), "source": f"this call's {SFT_LINE}"}
+    ref = reference(*REFERENCES[SFT_LINE])
+    return {"tokens_per_s": ref["tokens_per_s"], "mfu": ref["mfu"], "source": f"stated in {ref['file']}"}
+
+
+def dpo_speed_result(r: dict, sft: dict) -> Result:
+    """DPO's verdict: pass when the run finished with finite losses (no stated figure to be slow against yet)."""
+    line = "speed-7b-lora-dpo"
+    if r.get("status") != "ok":
+        raise LineFailed(f"{r.get('status')}: {str(r.get('error', ''))[:400]}")
+    got, m = r["tokens_per_s"], r.get("mfu")
+    ratio = got / sft["tokens_per_s"]
+    epoch, em = r.get("epoch_tokens_per_s"), r.get("epoch_mfu")
+    words = (f"{got:,.0f} tokens/s (chosen + rejected tokens)" + (f", MFU {m:.1%}" if m else "")
+             + f": {ratio:.2f}x SFT's {sft['tokens_per_s']:,.0f} ({sft['source']})")
+    if epoch:
+        words += (f"; with the reference pass counted in (a forward a pair once before step 1, "
+                  f"{r['reference_tokens_per_s']:,.0f} tokens/s): {epoch:,.0f} tokens/s"
+                  + (f", MFU {em:.1%}" if em else "") + f", {epoch / sft['tokens_per_s']:.2f}x SFT's")
+    losses = r.get("losses") or []
+    finite = bool(losses) and r.get("losses_finite")
+    words += (f"; loss {losses[0]:.4f} -> {losses[-1]:.4f}" if finite else f"; a loss is not finite: {losses}")
+    words += f" on {_gpu_name()}"
+    measured = {"tokens_per_s": got, "mfu": m, "ratio_to_sft": ratio, "epoch_tokens_per_s": epoch, "epoch_mfu": em,
+                "epoch_ratio_to_sft": epoch / sft["tokens_per_s"] if epoch else None,
+                "reference_tokens_per_s": r.get("reference_tokens_per_s"), "sft": sft, "gpu": _gpu_name(), "run": r}
+    return Result(line, "", "pass" if finite else "fail", words, measured=measured, reference=None)
+
+
+def speed_dpo(ctx: Context) -> Result:
+    sys.path.insert(0, str(BENCH))
+    import train_speed
+
+    name = "ours-lora-7b-dpo"
+    base, cfg, env, extra = train_speed.config_of(name)
+    args = _speed_args(ctx)
+    _one_gpu_env(ctx)
+    r = train_speed.run_ours_worker(name, cfg, args, ctx.log, {**env, "CUDA_VISIBLE_DEVICES": ctx.devices(ctx.gpu_ids[:1])},
+                                    extra)
+    return dpo_speed_result(r, _sft_beside(ctx))

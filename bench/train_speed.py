@@ -24,13 +24,19 @@ ours   the worker itself, `python -m training.finetune` in one process, with its
        of single-token words, each record exactly as long as its synthetic twin; the tokenizer is the
        tiny built-in one, whose ids the random model takes as well as any); 64 records per optimizer
        step; real tokens and step times come from the worker's metrics.jsonl.
+ours-lora-7b-dpo
+       the worker's DPO (--stage dpo) on the same sequences: records 2k and 2k+1 become the chosen and the
+       rejected answer of pair k (one user turn, a third of the shorter), 32 pairs a step; tokens/s counts both
+       sequences of every pair (the step records' tokens). Its reference pass (a forward of every pair, once
+       before step 1) is reported apart and counted into an epoch's tokens/s and MFU (dpo_result).
 direct the earlier harness that calls training.fast without the worker (kept for Q-LoRA, which the
        worker's --random_init cannot build: Q-LoRA there quantizes weights loaded from disk).
 
 MFU: model FLOPs per real token = k*N + 12*L*h*s with k = 6 (full) or 4 (LoRA, frozen base: no
 weight gradients), N = the parameters that take part in matmuls (all but the input embedding;
 a tied embedding counts once, as the LM head), s = the token-weighted mean record length
-(sum len^2 / sum len, the context a token attends over), against 989 TFLOP/s dense bf16.
+(sum len^2 / sum len, the context a token attends over), against 989 TFLOP/s dense bf16. DPO's reference
+forward: 2N + 4Lhs a token.
 """
 
 from __future__ import annotations
@@ -78,6 +84,9 @@ SHAPES = {
 CONFIGS = {
     "stock-lora-7b": dict(shape="7b", method="lora", recipe="stock"),
     "ours-lora-7b": dict(shape="7b", method="lora", recipe="ours"),
+    # DPO through the worker (--stage dpo) on the same sequences: records 2k and 2k+1 become pair k's chosen and
+    # rejected answers to one prompt, half as many pairs a step as records (the same sequences a step).
+    "ours-lora-7b-dpo": dict(shape="7b", method="lora", recipe="ours", stage="dpo"),
     "direct-lora-7b": dict(shape="7b", method="lora", recipe="direct"),
     "direct-qlora-7b": dict(shape="7b", method="qlora", recipe="direct"),
     "direct-full-1.5b": dict(shape="1.5b", method="full", recipe="direct"),
@@ -171,14 +180,24 @@ def effective_seq(records) -> float:
     return sum(x * x for x in lens) / sum(lens)
 
 
-def flops_per_token(shape: str, method: str, seq: float) -> float:
+def matmul_params(shape: str) -> int:
     c = SHAPES[shape]
     h, L, V = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
     per_layer = h * (h + 2 * kv) + (h + 2 * kv) + h * h + 3 * h * c["intermediate_size"] + 2 * h
-    n_matmul = L * per_layer + h + V * h  # layers, final norm, LM head (tied or not); not the input embedding
+    return L * per_layer + h + V * h  # layers, final norm, LM head (tied or not); not the input embedding
+
+
+def flops_per_token(shape: str, method: str, seq: float) -> float:
+    c = SHAPES[shape]
     k = 6 if method == "full" else 4
-    return k * n_matmul + 12 * L * h * seq
+    return k * matmul_params(shape) + 12 * c["num_hidden_layers"] * c["hidden_size"] * seq
+
+
+def forward_flops_per_token(shape: str, seq: float) -> float:
+    """One forward without gradients (DPO's reference pass): 2N + 4Lhs, a third of full training's 6N + 12Lhs."""
+    c = SHAPES[shape]
+    return 2 * matmul_params(shape) + 4 * c["num_hidden_layers"] * c["hidden_size"] * seq
 
 
 def head_flops_per_token(shape: str, method: str) -> float:
@@ -449,9 +468,11 @@ def run_direct(cfg: dict, args, records, result: dict) -> None:
 # ------------------------------------------------------------------ ours: through the worker
 
 
-def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, list[int]]:
+def write_worker_inputs(tmp: Path, shape: str, records, pairs: bool = False) -> tuple[Path, Path, list[int]]:
     """A model directory (the shape's config.json + the tiny built-in tokenizer, no weights) and a JSONL file
-    of chat records whose rendered token lengths are exactly those of `records`; returns them and the lengths."""
+    of chat records whose rendered token lengths are exactly those of `records`; returns them and the lengths.
+    pairs: preference pairs instead (TRL's conversational prompt / chosen / rejected), records 2k and 2k+1 the
+    chosen and the rejected sequence of pair k, whose one user turn is a third of the shorter of the two."""
     from transformers import AutoTokenizer, Qwen2Config
 
     from training.data.encoding import ChatEncoder
@@ -489,6 +510,8 @@ def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, lis
         return len(enc.encode(conv).input_ids)
 
     overhead = length(text(1), text(1)) - 2
+    if pairs:
+        return model_dir, *_write_pairs(tmp / f"pairs-{shape}.jsonl", records, text, length, overhead)
     data, lens = tmp / f"chat-{shape}.jsonl", []
     with open(data, "w") as out:
         for n, r in enumerate(records):
@@ -506,6 +529,28 @@ def write_worker_inputs(tmp: Path, shape: str, records) -> tuple[Path, Path, lis
     return model_dir, data, lens
 
 
+def _write_pairs(data: Path, records, text, length, overhead: int) -> tuple[Path, list[int]]:
+    lens = []
+    with open(data, "w") as out:
+        for k in range(len(records) // 2):
+            a, b = len(records[2 * k].input_ids), len(records[2 * k + 1].input_ids)
+            body_a, body_b = max(a - overhead, 2), max(b - overhead, 2)
+            k_user = max(1, min(min(body_a, body_b) - 1, min(a, b) // 3 - overhead // 2))
+            user = text(k_user)
+            sides = []
+            for target, body in ((a, body_a), (b, body_b)):
+                asst = text(body - k_user)
+                got = length(user, asst)
+                if got != target:  # a word pair merged across the markup: trim or pad the answer
+                    asst = text(max(1, body - k_user - (got - target)))
+                    got = length(user, asst)
+                lens.append(got)
+                sides.append([{"role": "assistant", "content": asst}])
+            out.write(json.dumps({"id": f"p{k}", "prompt": [{"role": "user", "content": user}], "chosen": sides[0],
+                                  "rejected": sides[1]}) + "\n")
+    return data, lens
+
+
 def save_random_weights(model_dir: Path, shape: str) -> None:
     """The shape's random-init model (seed 0, bf16) written into model_dir as safetensors (run in a process of its
     own, so its GPU memory is gone before the worker starts)."""
@@ -520,8 +565,10 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
                     extra_args: list[str] | None = None) -> dict:
     """`python -m training.finetune` with its automatic fast path on the synthetic chat records; the result from
     its metrics.jsonl (steps after the warm-up; with --worker-profile one more step runs under the profiler and
-    is not timed)."""
+    is not timed). A DPO configuration (stage "dpo") counts the tokens of both sequences of every pair, as the
+    worker's step records do, and adds what its reference pass cost (dpo_result)."""
     shape = args.shape or cfg["shape"]
+    dpo = cfg.get("stage") == "dpo"
     result = {"config": name, **cfg, "shape": shape, "status": "running", "recipe": "ours (worker)"}
     tmp = Path(args.tmp) / name
     if tmp.exists():
@@ -533,7 +580,7 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
     vocab = SHAPES[shape]["vocab_size"]
     records = make_records(steps * R, vocab, seed=0)
     t0 = time.perf_counter()
-    model_dir, data, lens = write_worker_inputs(tmp, shape, records)
+    model_dir, data, lens = write_worker_inputs(tmp, shape, records, pairs=dpo)
     result["data_s"] = time.perf_counter() - t0
     result["length_mismatches"] = sum(a != len(r.input_ids) for a, r in zip(lens, records))
     method = cfg["method"]
@@ -549,8 +596,9 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
     run_steps = steps + (1 if args.worker_profile else 0)
     cmd = [sys.executable, "-m", "training.finetune", "--model_name_or_path", str(model_dir), *init,
            "--data_path", str(data), "--output_dir", str(tmp / "out"), "--max_steps", str(run_steps),
-           "--per_device_train_batch_size", str(R), "--gradient_accumulation_steps", "1",
-           "--model_max_length", str(SEQ), "--learning_rate", "1e-4" if method != "full" else "1e-5",
+           "--per_device_train_batch_size", str(R // 2 if dpo else R), "--gradient_accumulation_steps", "1",
+           "--model_max_length", str(SEQ),
+           "--learning_rate", "1e-5" if dpo else "1e-4" if method != "full" else "1e-5",
            "--weight_decay", "0.1", "--adam_beta2", "0.95", "--lr_scheduler_type", "cosine",
            "--save_strategy", "no", "--logging_steps", "1", "--seed", "42"]
     if shape != "tiny":
@@ -565,6 +613,7 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
     cmd += ["--profile_trace"] if args.worker_profile and args.worker_trace else []
     if cfg.get("zero"):
         cmd += ["--deepspeed", f"builtin:zero{cfg['zero']}"]
+    cmd += ["--stage", "dpo"] if dpo else []
     cmd += list(extra_args or [])  # later flags win: a variant's flags override the defaults above
     t0 = time.perf_counter()
     with open(log_path, "a") as log:
@@ -608,7 +657,8 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
     f = flops_per_token(shape, method, s_eff) if shape != "tiny" else None
     result.update(
         status="ok", fast_path=fp, timed_steps=len(timed), timed_s=secs, real_tokens=tokens,
-        tokens_per_s=tokens / secs, records_per_step=R, first_step_s=step_recs[0]["step_time"],
+        tokens_per_s=tokens / secs, records_per_step=R, pairs_per_step=R // 2 if dpo else None,
+        first_step_s=step_recs[0]["step_time"],
         micro_batch=f"packed rows of <= {fp.get('packing_tokens')} tokens" if fp.get("packing") else f"{R} padded",
         micro_batches=sum(r.get("micro_batches", 0) for r in timed), gradient_checkpointing=bool(fp.get("gradient_checkpointing")),
         peak_allocated_gib=max((r.get("peak_memory_gib") or 0.0) for r in step_recs), peak_reserved_gib=None,
@@ -616,8 +666,11 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         mfu=tokens / secs * f / (PEAK_TFLOPS * 1e12) if f else None, flops_rule="6N+12Lhs" if method == "full" else "4N+12Lhs",
         train_runtime=end.get("train_runtime"),
         alloc_retries=max((r.get("alloc_retries") or 0) for r in step_recs),
+        worker_tokens=start.get("tokens"), tokens_counted="chosen + rejected" if dpo else "every record's",
     )
-    if f and fp.get("labelled_logits"):
+    if dpo:
+        result.update(dpo_result(step_recs, start, shape, s_eff, tokens / secs, f))
+    if f and fp.get("labelled_logits") and not dpo:
         # MFU above counts the LM head on every token, as the rule does; the run built logits only for supervised
         # positions, so it executed fewer FLOPs. The utilisation of what it executed, for honesty's sake:
         share = sum(r["label_tokens"] for r in timed) / tokens
@@ -625,6 +678,31 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
         result.update(label_share=share, executed_flops_per_token=executed,
                       executed_flops_util=tokens / secs * executed / (PEAK_TFLOPS * 1e12))
     return result
+
+
+def dpo_result(step_recs: list[dict], start: dict, shape: str, seq: float, tokens_per_s: float,
+               f: float | None) -> dict:
+    """A DPO run's figures beyond a step's tokens/s: its losses and rewards, and the reference pass, which runs
+    once before step 1 (one forward a pair, the base with the adapters off) and costs every trained token a
+    forward beside its step: the reference's own rate (its rows after the first, which compiles the no-grad
+    graph, as an SFT run's warm-up steps are left out), and tokens/s and MFU of an epoch with it counted in
+    (its time added at that rate, its FLOPs, 2N + 4Lhs a token, added to the step's)."""
+    losses = [r["loss"] for r in step_recs]
+    out = {"losses_finite": all(math.isfinite(x) for x in losses), "losses": losses,
+           "rewards_accuracy": [r.get("rewards_accuracy") for r in step_recs],
+           "rewards_margin": [r.get("rewards_margin") for r in step_recs], "dpo_reference": start.get("dpo_reference")}
+    ref = start.get("dpo_reference") or {}
+    if (ref.get("rows") or 0) > 1 and ref.get("first_row_seconds") is not None:
+        ref_tps = (ref["tokens"] - ref["first_row_tokens"]) / (ref["seconds"] - ref["first_row_seconds"])
+        epoch = 1.0 / (1.0 / tokens_per_s + 1.0 / ref_tps)
+        out.update(reference_tokens_per_s=ref_tps, epoch_tokens_per_s=epoch,
+                   reference_compile_s=ref["first_row_seconds"])
+        if f:
+            fr = forward_flops_per_token(shape, seq)
+            out.update(reference_flops_per_token=fr, reference_mfu=ref_tps * fr / (PEAK_TFLOPS * 1e12),
+                       epoch_flops_per_token=f + fr, epoch_mfu=epoch * (f + fr) / (PEAK_TFLOPS * 1e12),
+                       epoch_flops_rule="4N+12Lhs + 2N+4Lhs")
+    return out
 
 
 # ------------------------------------------------------------------ driver

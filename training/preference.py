@@ -59,12 +59,14 @@ def _forwards(recipe, rows: list[dict], reference: bool):
         yield row, module(to_device(row, recipe.device))
 
 
-def _pass(recipe, ds, reference: bool) -> torch.Tensor:
+def _pass(recipe, ds, reference: bool, timing: dict | None = None) -> torch.Tensor:
     """Reference pass: [pairs, 2] summed log-probabilities (float64). Evaluation pass: [1 + STATS + 1] sums of
-    the loss, the STATS and the pairs. Over every rank."""
+    the loss, the STATS and the pairs. Over every rank. timing (a dict, filled): this rank's rows and tokens, the
+    pass's seconds and its first row's (which compiles the no-grad graph of the compiled layers)."""
     env = recipe.env
     mine = [ds[i] for i in range(env.rank, len(ds), env.world_size)]
     rows = _rows(recipe, mine)
+    started, first = time.monotonic(), None
     out = torch.zeros((len(ds), 2) if reference else (len(STATS) + 2,), dtype=torch.float64)
     wrapped = recipe.wrapped
     wrapped.eval()
@@ -77,13 +79,18 @@ def _pass(recipe, ds, reference: bool) -> torch.Tensor:
                     continue  # an empty row: nothing of its own
                 if reference:
                     seq, _ = res
-                    out[row["index"]] = seq.detach().double().cpu().view(-1, 2)
+                    out[row["index"]] = seq.detach().double().cpu().view(-1, 2)  # waits for the row
+                    if first is None:
+                        first = (time.monotonic() - started, sum(ds[int(i)].tokens for i in row["index"]))
                 else:
                     loss, stats = res
                     out += torch.cat([loss.detach().double().cpu().view(1), stats.double().cpu(),
                                       torch.tensor([float(row["pairs"])], dtype=torch.float64)])
     finally:
         wrapped.train()
+    if timing is not None:
+        timing.update(rows=len(rows), tokens=sum(p.tokens for p in mine), seconds=time.monotonic() - started,
+                      first_row_seconds=first[0] if first else None, first_row_tokens=first[1] if first else None)
     return dist.all_reduce_sum(out.to(recipe.device)).cpu()
 
 
@@ -115,11 +122,16 @@ def attach_reference(recipe) -> None:
         values = saved["values"]
     if values is None:
         t0 = time.monotonic()
-        values = {name: _pass(recipe, ds, reference=True) for name, ds in sets.items()}
+        timing: dict = {}
+        values = {name: _pass(recipe, ds, reference=True, timing=timing if name == "train" else None)
+                  for name, ds in sets.items()}
+        recipe.reference_timing = {"pairs": len(recipe.train_ds), **timing}
         if env.is_main:
-            log.info("DPO reference: log-probabilities of %s pairs computed in %.1f s (%s)",
-                     " + ".join(str(len(ds)) for ds in sets.values()), time.monotonic() - t0,
-                     "the base with the adapters disabled" if recipe.method != "full" else "the model before step 1")
+            log.info("DPO reference: log-probabilities of %s pairs computed in %.1f s (%s; the first row, "
+                     "compilation included, %.1f s)", " + ".join(str(len(ds)) for ds in sets.values()),
+                     time.monotonic() - t0,
+                     "the base with the adapters disabled" if recipe.method != "full" else "the model before step 1",
+                     timing.get("first_row_seconds") or 0.0)
         if env.local_rank == 0 and (env.is_main or recipe.resolved.save_on_each_node):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")

@@ -106,6 +106,7 @@ class FinetuneRecipe:
         self.loader = None
         self.checkpointer: Checkpointer | None = None
         self.pairs = False  # DPO (--stage dpo): the data are preference pairs
+        self.reference_timing: dict | None = None  # DPO: the reference pass's rows, tokens and seconds on this rank
         self.data_sources: list[dict] | None = None  # --datasets: each source's name, format and records taken
 
     # ------------------------------------------------------------------ set-up
@@ -262,6 +263,8 @@ class FinetuneRecipe:
             "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in self.trainable_params()),
             "lazy_preprocess": a.data.lazy_preprocess, "fast_path": self.fast.record(),
             "base_partition": self.base_partition,
+            # DPO: this rank's share of the reference pass (None when read back on a resume), what it cost
+            "dpo_reference": self.reference_timing,
             "moe": None if self.router is None else {
                 "experts": self.router.shape.num_experts, "experts_per_token": self.router.shape.top_k,
                 "moe_layers": self.router.layers, "router_aux_loss_coef": self.router.coef,

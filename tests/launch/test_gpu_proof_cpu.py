@@ -66,4 +66,5 @@ def test_cpu_proof_runs_the_multi_process_lines_and_skips_the_gpu_ones_saying_wh
     rows = [r for r in md.splitlines() if r.startswith("| ") and not r.startswith("| line") and "---" not in r]
     assert len(rows) == len(pl.LINES)
     assert "| speed-7b-lora | **skipped** |" in md and "needs CUDA GPUs" in md
+    assert "| speed-7b-lora-dpo | **skipped** | 0 | - | needs CUDA GPUs" in md
     assert md.startswith("GPU proof ") and "CPU ranks (gloo)" in md.splitlines()[0]

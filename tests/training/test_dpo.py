@@ -70,6 +70,9 @@ def test_step0_is_ln2_and_the_reward_accuracy_rises(one):
     _step0(one)
     start = one.event("start")[0]
     assert start["stage"] == "dpo" and start["records"] == 240
+    ref = start["dpo_reference"]  # what the reference pass cost (bench/train_speed.py's DPO speed reads it)
+    assert ref["pairs"] == start["usable_records"] and ref["tokens"] == start["tokens"] and ref["rows"] >= 1
+    assert 0 < ref["first_row_seconds"] <= ref["seconds"] and 0 < ref["first_row_tokens"] <= ref["tokens"]
     acc = [r["rewards_accuracy"] for r in one.steps]
     assert sum(acc[-4:]) / 4 >= 0.75 and sum(acc[-4:]) > sum(acc[1:5]), acc
     assert one.steps[-1]["rewards_margin"] > 0.5, [r["rewards_margin"] for r in one.steps]
@@ -182,6 +185,7 @@ def test_a_resumed_full_dpo_run_reads_its_reference_back_and_continues_the_curve
                        str(tmp_path / "out" / "checkpoint-2"))
     assert_ok(again)
     assert "DPO reference" not in again.stderr  # read back, not computed from the trained weights
+    assert again.event("start")[-1]["dpo_reference"] is None and again.event("start")[-1]["resumed_from"]
     resumed = {r["step"]: r for r in again.steps}
     for r in first.steps[:4]:
         if r["step"] > 2:

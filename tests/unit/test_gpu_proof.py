@@ -6,6 +6,7 @@ comparison, the results' own rules. tests/launch/test_gpu_proof_cpu.py runs the 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_proof
 import proof_lines as pl
+import proof_speed
 
 
 def fake_line(name: str, gpus: int, est: float = 1.0, after=(), seen=None, sleep: float = 0.05,
@@ -68,7 +70,8 @@ def test_scheduler_shares_the_gpus_between_lines_side_by_side_and_keeps_their_or
 
 
 def test_one_gpu_runs_the_speed_lines_and_skips_the_multi_gpu_ones_naming_the_count():
-    for ngpus, runs in ((1, {"speed-7b-lora", "speed-1.5b-full", "speed-moe-lora", "speed-longest-record"}),
+    for ngpus, runs in ((1, {"speed-7b-lora", "speed-7b-lora-dpo", "speed-1.5b-full", "speed-moe-lora",
+                             "speed-longest-record"}),
                         (2, {x.name for x in pl.LINES}), (8, {x.name for x in pl.LINES})):
         for x in pl.LINES:
             why = gpu_proof.skip_reason(x, cpu=False, ngpus=ngpus, missing={}, selected=True)
@@ -94,6 +97,26 @@ def test_a_speed_more_than_ten_percent_under_the_readme_figure_is_flagged_slow()
     assert res.reference["tokens_per_s"] == ref["tokens_per_s"]
     with pytest.raises(pl.LineFailed, match="OOM"):
         pl._speed_result("speed-7b-lora", {"status": "OOM", "error": "CUDA out of memory"})
+
+
+def test_dpo_speed_is_set_beside_this_calls_sft_line_and_passes_only_with_finite_losses(tmp_path):
+    ctx = ctx_for(tmp_path, 1)
+    stated = proof_speed._sft_beside(ctx)  # no SFT line ran in this call: the stated figure
+    assert round(stated["tokens_per_s"]) == 17600 and "train_speed-2026-11-30-H200-run19.json" in stated["source"]
+    (tmp_path / "result-speed-7b-lora.json").write_text(json.dumps(
+        {"verdict": "pass", "measured": {"tokens_per_s": 16000.0, "mfu": 0.48}}))
+    sft = proof_speed._sft_beside(ctx)
+    assert sft == {"tokens_per_s": 16000.0, "mfu": 0.48, "source": "this call's speed-7b-lora"}
+    run = {"status": "ok", "tokens_per_s": 12000.0, "mfu": 0.36, "losses": [0.6931, 0.69], "losses_finite": True,
+           "reference_tokens_per_s": 48000.0, "epoch_tokens_per_s": 9600.0, "epoch_mfu": 0.43}
+    res = pl.dpo_speed_result(run, sft)
+    assert res.verdict == "pass" and res.measured["ratio_to_sft"] == 0.75 and res.measured["epoch_ratio_to_sft"] == 0.6
+    assert "12,000 tokens/s (chosen + rejected tokens), MFU 36.0%: 0.75x SFT's 16,000" in res.detail
+    assert "48,000 tokens/s): 9,600 tokens/s, MFU 43.0%, 0.60x SFT's" in res.detail
+    bad = pl.dpo_speed_result({**run, "losses": [0.6931, float("nan")], "losses_finite": False}, sft)
+    assert bad.verdict == "fail" and "not finite" in bad.detail
+    with pytest.raises(pl.LineFailed, match="OOM"):
+        pl.dpo_speed_result({"status": "OOM", "error": "CUDA out of memory"}, sft)
 
 
 def test_results_refuse_an_unknown_verdict_and_a_skip_without_reason():
