@@ -101,3 +101,19 @@ def slurm(cluster):
         yield s
     finally:
         s.down()
+
+
+@pytest.fixture(scope="module")
+def podman(cluster, tmp_path_factory):
+    """podman on every node, its own store holding the worker image (built if .ci/run has not): (the nodes, the
+    image's tag). No container may be left when the module ends."""
+    from support.podman_nodes import PodmanNodes, build_image
+
+    tag = build_image()
+    nodes = PodmanNodes(cluster, tmp_path_factory.mktemp("podman")).up()
+    try:
+        yield nodes, tag
+    finally:
+        left = {i: nodes.containers(i) for i in range(len(cluster.nodes))}
+        nodes.down()
+        assert not any(left.values()), f"containers left on the nodes: {left}"

@@ -26,24 +26,12 @@ from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import RunState
 from support.cluster import REPO, preset_dict
-from support.podman_nodes import BUILD_BOUND_S, PodmanNodes, build_bare_image, build_image
+from support.podman_nodes import BUILD_BOUND_S, build_bare_image
 from support.procs import assert_quiet_stop_logs
 
 # The first test here may build the image (support.podman_nodes.build_image, when .ci/run has not): its bound and
 # the test's own.
 pytestmark = pytest.mark.timeout(BUILD_BOUND_S + 600)
-
-
-@pytest.fixture(scope="module")
-def podman(cluster, tmp_path_factory):
-    tag = build_image()
-    nodes = PodmanNodes(cluster, tmp_path_factory.mktemp("podman")).up()
-    try:
-        yield nodes, tag
-    finally:
-        left = {i: nodes.containers(i) for i in range(len(cluster.nodes))}
-        nodes.down()
-        assert not any(left.values()), f"containers left on the nodes: {left}"
 
 
 def _preset(cluster, sshdir, workdir: Path, image: str, nodes: int = 3, **training) -> dict:
