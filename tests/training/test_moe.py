@@ -140,8 +140,9 @@ def reference(tmp_path_factory, moe_models, data):
     return runs
 
 
-@pytest.mark.parametrize("config,method", [("ddp", "full"), ("ddp", "lora"), ("zero2", "full"), ("zero3", "full"),
-                                           ("zero2", "lora"), ("zero3", "lora")])
+# Every data-parallel kind and both methods, ZeRO-3 with each (its leaf modules gather differently for adapters):
+# DDP with LoRA and ZeRO-2 full reach no path these miss, and cost the suite 50 CPU-seconds.
+@pytest.mark.parametrize("config,method", [("ddp", "full"), ("zero2", "lora"), ("zero3", "full"), ("zero3", "lora")])
 def test_two_processes_reproduce_one_process(tmp_path, moe_models, data, reference, config, method):
     """DDP, ZeRO-2 and ZeRO-3 over 2 processes (one micro-batch of 2 records each) follow the single process's loss,
     load-balancing loss and gradient norm step by step; under ZeRO-3 each sparse MoE block is a leaf module. LoRA

@@ -122,8 +122,8 @@ def test_full_model_reloads_with_the_same_loss(full_run, files):
     ("zero2", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),  # transformers' loss
     ("zero3", ["2", "2"], [], "chunked", True),  # the default under ZeRO-3 too: the head gathered for our loss
     ("zero3_offload_optimizer", ["4", "1"], ["--no_packing"], "chunked", False),
-    ("zero3", ["4", "1"], ["--no_packing", "--fused_ce", "off"], "hf", False),
-], ids=["zero2-packed", "zero2-padded-offload", "zero2-hf", "zero3-packed", "zero3-padded-offload", "zero3-hf"])
+], ids=["zero2-packed", "zero2-padded-offload", "zero2-hf", "zero3-packed", "zero3-padded-offload"])
+# (transformers' loss under ZeRO-3 too reached no path of ours these miss, for 25 CPU-seconds)
 def test_deepspeed_two_processes_matches_one_process(tmp_path, files, full_run, config, batch, extra, loss, packing):
     """ZeRO-2 and ZeRO-3 over 2 processes with the same global batch of 8 reproduce the plain single-process curve:
     packed rows with the fused (chunked) loss, and padded micro-batches with either loss, the optimizer offloaded
