@@ -124,9 +124,9 @@ FAST_PATH_EFFICIENCY = 0.53  # the worker without DeepSpeed (measured, see the m
 ZERO_EFFICIENCY = {(1, True): 0.51, (1, False): 0.51, (2, True): 0.51, (2, False): 0.51,
                    (3, True): 0.54, (3, False): 0.49}
 QLORA_EFFICIENCY_FACTOR = 0.8  # without DeepSpeed; under it Q-LoRA measured LoRA's speed (module doc)
-# A mixture of experts runs its expert matmuls small and routed: the worker's one MoE measurement (Qwen3-30B-A3B shape,
-# LoRA, one H200, bench/results/moe_speed-2026-12-02-H200-run2.json) ran at 31.8% MFU on active parameters against
-# the dense path's 0.53: its step times take that ratio.
+# A mixture of experts runs its expert matmuls small and routed: the worker's MoE measurement (Qwen3-30B-A3B shape,
+# LoRA, one H200, bench/results/moe_speed-2026-12-02-H200-*.json) ran at 31.8% MFU
+# on active parameters against the dense path's 0.53: its step times take that ratio.
 MOE_MEASURED_MFU = 0.318
 MOE_EFFICIENCY_FACTOR = MOE_MEASURED_MFU / FAST_PATH_EFFICIENCY
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed CPUAdam on one node's cores, order of magnitude

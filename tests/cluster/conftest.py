@@ -117,3 +117,15 @@ def podman(cluster, tmp_path_factory):
         left = {i: nodes.containers(i) for i in range(len(cluster.nodes))}
         nodes.down()
         assert not any(left.values()), f"containers left on the nodes: {left}"
+
+
+@pytest.fixture(scope="module")
+def field(cluster, sshdir, keyed):
+    """The cluster as a login user meets it (support/field_run.py): replay as that user, faults on its nodes."""
+    from support.field_run import FieldCluster
+
+    f = FieldCluster(cluster, sshdir)
+    try:
+        yield f
+    finally:
+        f.close()

@@ -17,18 +17,7 @@ import os
 import signal
 import time
 
-import pytest
-
-from support.field_run import CpuThrottle, FieldCluster, no_job_left, records, steps_of
-
-
-@pytest.fixture(scope="module")
-def field(cluster, sshdir, keyed):
-    f = FieldCluster(cluster, sshdir)
-    try:
-        yield f
-    finally:
-        f.close()
+from support.field_run import CpuThrottle, no_job_left, records, steps_of
 
 
 def test_ssh_to_the_master_cut_for_30_s_mid_run_the_run_finishes_with_every_step(field, tmp_path):

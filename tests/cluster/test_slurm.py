@@ -14,18 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from support.field_run import FieldCluster, records, steps_of
+from support.field_run import records, steps_of
 from support.login_user import UID
 from support.slurm import slurm_preset, user_pids
-
-
-@pytest.fixture(scope="module")
-def field(cluster, sshdir, keyed, slurm):
-    f = FieldCluster(cluster, sshdir)
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 @pytest.fixture(autouse=True)

@@ -19,20 +19,10 @@ import yaml
 
 from qwen_tui.plan.container import container_name
 from support.cluster import REPO
-from support.field_run import FieldCluster
 from support.podman_nodes import BUILD_BOUND_S
 from support.slurm import slurm_preset
 
 pytestmark = pytest.mark.timeout(BUILD_BOUND_S + 600)
-
-
-@pytest.fixture(scope="module")
-def field(cluster, sshdir, keyed, slurm):
-    f = FieldCluster(cluster, sshdir)
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def _environ(pid: int) -> dict[str, str]:
