@@ -51,9 +51,6 @@ def pytest_terminal_summary(terminalreporter):
 
 
 _TESTS = Path(__file__).parent
-# The cluster modules that run on a second namespace cluster (SLURM's daemons and the podman image are set up on
-# that one only): together about half of the cluster modules' time.
-_SECOND_CLUSTER = ("test_slurm", "test_containers", "test_field_faults")
 # A test module that names the demo preset as shipped (not a copy on a free port: support.demo_run, demo_copy),
 # or drives a real terminal: tmux's one server per user exits with its last session, and a new-session racing
 # that exit fails. Such modules take turns.
@@ -70,10 +67,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))
         if path.is_relative_to(_TESTS / "cluster"):
-            # two namespace clusters, one a worker, each taking its modules in turn: alone, the cluster modules
-            # were the suite's last worker to end (about 29 of its 30 minutes on two cores)
-            second = path.stem.startswith(_SECOND_CLUSTER)
-            item.add_marker(pytest.mark.xdist_group("cluster-2" if second else "cluster"))
+            item.add_marker(pytest.mark.xdist_group("cluster"))
         elif _takes_turns(str(path)):
             item.add_marker(pytest.mark.xdist_group("demo-and-terminal"))
 
