@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,7 +84,12 @@ async def test_a_launch_from_the_wizard_over_ssh_says_where_the_checks_are_and_r
         rd = run.launcher.run_dir.path
         assert json.loads((rd / "state.json").read_text())["status"] == "ok"
         assert (rd / "metrics.jsonl").is_file()  # the remote master's metrics, kept as they were read
-        assert not any(cluster.job_pids(i) for i in range(3))
+        # the nodes' agents and job shells end on their own after the last step: give them a bound, then name them
+        deadline = time.monotonic() + 30
+        while any(cluster.job_pids(i) for i in range(3)) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        left = {i: [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in cluster.job_pids(i)] for i in range(3)}
+        assert not any(left.values()), left
     finally:
         cluster.reset_firewall(1)
         if run is not None and run.launcher is not None:
