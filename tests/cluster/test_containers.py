@@ -27,7 +27,7 @@ from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import RunState
 from support.cluster import REPO, preset_dict
 from support.podman_nodes import BUILD_BOUND_S, build_bare_image
-from support.procs import assert_quiet_stop_logs
+from support.procs import assert_quiet_stop_logs, environ_of
 
 # The first test here may build the image (support.podman_nodes.build_image, when .ci/run has not): its bound and
 # the test's own.
@@ -75,14 +75,6 @@ def _wait_steps(la, n: int, bound: float = 240.0) -> None:
     raise AssertionError(f"no {n} steps within {bound:g}s: {[la.log_tail(c.rank) for c in la.plan.nodes]}")
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(x.decode(errors="replace").partition("=")[::2] for x in raw.split(b"\0") if b"=" in x)
-
-
 def _no_job_left(cluster, nodes: int, bound: float = 15.0) -> dict:
     deadline = time.monotonic() + bound
     while True:
@@ -117,11 +109,11 @@ def test_replay_of_the_demo_in_podman_checks_rehearses_and_trains_every_rank_in_
             for i, n in enumerate(cluster.nodes):
                 if i in seen:
                     continue
-                ranks = [p for p in cluster.pids(i) if "LOCAL_RANK" in _environ(p)
-                         and _environ(p).get("QWEN_TUI_RUN_ID")]  # the run's ranks (the rehearsal's carry no id)
+                ranks = [p for p in cluster.pids(i) if "LOCAL_RANK" in environ_of(p)
+                         and environ_of(p).get("QWEN_TUI_RUN_ID")]  # the run's ranks (the rehearsal's carry no id)
                 if not ranks:
                     continue
-                pid, run_id = ranks[0], _environ(ranks[0])["QWEN_TUI_RUN_ID"]
+                pid, run_id = ranks[0], environ_of(ranks[0])["QWEN_TUI_RUN_ID"]
                 r = nodes.podman(i, "inspect", "--format", "{{.Id}}", container_name(run_id, i))
                 assert r.returncode == 0, r.stderr
                 cid = r.stdout.strip()

@@ -20,17 +20,10 @@ import yaml
 from qwen_tui.plan.container import container_name
 from support.cluster import REPO
 from support.podman_nodes import BUILD_BOUND_S
+from support.procs import environ_of
 from support.slurm import slurm_preset
 
 pytestmark = pytest.mark.timeout(BUILD_BOUND_S + 600)
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(x.decode(errors="replace").partition("=")[::2] for x in raw.split(b"\0") if b"=" in x)
 
 
 def _left(cluster, podman, bound: float = 30.0) -> dict:
@@ -66,11 +59,11 @@ def test_inside_an_allocation_each_nodes_step_trains_in_its_container(cluster, s
         deadline = time.monotonic() + 360
         while len(seen) < 3 and replay.poll() is None and time.monotonic() < deadline:
             for i in range(len(cluster.nodes)):
-                ranks = [p for p in cluster.pids(i) if i not in seen and "LOCAL_RANK" in _environ(p)
-                         and _environ(p).get("QWEN_TUI_RUN_ID")]  # the run's ranks (the rehearsal's carry no id)
+                ranks = [p for p in cluster.pids(i) if i not in seen and "LOCAL_RANK" in environ_of(p)
+                         and environ_of(p).get("QWEN_TUI_RUN_ID")]  # the run's ranks (the rehearsal's carry no id)
                 if not ranks:
                     continue
-                pid, run_id = ranks[0], _environ(ranks[0])["QWEN_TUI_RUN_ID"]
+                pid, run_id = ranks[0], environ_of(ranks[0])["QWEN_TUI_RUN_ID"]
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()  # read first: the rank may end
                 net = os.readlink(f"/proc/{pid}/ns/net")
                 r = nodes.podman(i, "inspect", "--format", "{{.Id}}", container_name(run_id, i))

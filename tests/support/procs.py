@@ -60,3 +60,12 @@ def importing_torch(pgid: int) -> bool:
         return bool(ranks) and all("libtorch" in Path(f"/proc/{r}/maps").read_text() for r in ranks)
     except OSError:
         return False
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A process's environment as it started ({} once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(x.decode(errors="replace").partition("=")[::2] for x in raw.split(b"\0") if b"=" in x)
