@@ -266,11 +266,12 @@ class Container(_Strict):
     workdir, run directory and the run's paths mounted, the job's environment passed by name) are qwen-tui's
     to set (plan/container.py); these fields say only what differs between sites."""
 
-    runtime: Literal["podman", "docker", "apptainer", "enroot"] = Field(
-        description="the container runtime on every node")
+    runtime: Literal["podman", "docker", "apptainer", "enroot", "pyxis"] = Field(
+        description="the container runtime on every node (pyxis: srun's --container-image, under SLURM only)")
     image: str = Field(min_length=1, description="podman/docker: an image on each node (never pulled); apptainer: "
                        "a .sif file (or a sandbox directory); enroot: a .sqsh file or a container from enroot "
-                       "create")
+                       "create; pyxis: a .sqsh file on the nodes or an image it imports (nvcr.io#nvidia/pytorch:"
+                       "24.12-py3)")
     mounts: list[str] = Field(default_factory=list, description="more bind mounts, HOST[:CONTAINER][:ro], "
                               "absolute paths (the workdir, run directory and the run's own paths are mounted "
                               "already)")
@@ -282,7 +283,7 @@ class Container(_Strict):
                                     "on top of memlock=-1:-1 (unlimited, for NCCL's pinned memory); 'host' keeps "
                                     "the node's own limit")
     extra_args: list[str] = Field(default_factory=list, description="more flags for the runtime's run command, "
-                                  "verbatim, before the image")
+                                  "verbatim, before the image (pyxis: srun's, e.g. --container-writable)")
 
     @field_validator("image", "python")
     @classmethod
@@ -330,7 +331,7 @@ class Container(_Strict):
     @classmethod
     def _ulimits(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         runtime = info.data.get("runtime")
-        if v and runtime in ("apptainer", "enroot"):
+        if v and runtime in ("apptainer", "enroot", "pyxis"):
             raise ValueError(f"{runtime} has no --ulimit (its processes keep the node's limits: raise them in "
                              "/etc/security/limits.conf)")
         for k, val in v.items():
@@ -432,6 +433,13 @@ class Preset(_Strict):
         if self.monitor.on_hang == "restart" and not self.training.restarts:
             raise ValueError("monitor.on_hang: restart relaunches through training.restarts, which is 0 "
                              "(set training.restarts to 1 or more, or on_hang to alert or stop)")
+        return self
+
+    @model_validator(mode="after")
+    def _pyxis_needs_slurm(self) -> "Preset":
+        if self.container is not None and self.container.runtime == "pyxis" and not self.scheduler.is_slurm:
+            raise ValueError("container.runtime: pyxis is srun's --container-image, so it needs scheduler.kind: "
+                             "slurm (over SSH, enroot runs the same images: runtime: enroot)")
         return self
 
     @model_validator(mode="after")

@@ -19,8 +19,10 @@ CHECKS: dict[str, CodeDoc] = {
     # container: the runtime and the image, where the preset runs each node's job in one (docs/containers.md)
     "CONTAINER_RUNTIME_MISSING": CodeDoc(
         "error",
-        "`container.runtime` (podman, docker, apptainer, enroot) is not on the PATH of a login to the node",
-        "install it there, or set `container.runtime` to the one the nodes have"),
+        "`container.runtime` (podman, docker, apptainer, enroot) is not on the PATH of a login to the node; for "
+        "pyxis, the node's srun has no `--container-image` (the plugin is not loaded)",
+        "install it there (pyxis: with enroot, loaded in SLURM's plugstack.conf), or set `container.runtime` to "
+        "the one the nodes have"),
     "CONTAINER_IMAGE_MISSING": CodeDoc(
         "error",
         "`container.image` is not on the node (qwen-tui never pulls it)",
