@@ -28,7 +28,8 @@ from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, make_plan
-from ..preset.schema import Preset, load_preset, save_preset
+from ..preset.files import load_preset, save_preset
+from ..preset.schema import Preset
 from .events import (
     AlreadyEnded,
     Checked,

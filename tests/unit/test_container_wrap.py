@@ -16,7 +16,8 @@ from qwen_tui.nodes import jobs
 from qwen_tui.nodes.jobs import JobRef, Proc, workers
 from qwen_tui.plan import container as box
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import PresetError, parse_preset
+from qwen_tui.preset.files import parse_preset
+from qwen_tui.preset.schema import PresetError
 from qwen_tui.run.export.render import render_sh, render_slurm
 
 BASE = textwrap.dedent("""\
