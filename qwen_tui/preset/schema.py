@@ -300,18 +300,10 @@ class Container(_Strict):
                     raise ValueError(f"{m!r}: {p!r} is not an absolute path")
         return v
 
-    @field_validator("env")
+    @field_validator("env", "pass_env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not _ENV_NAME.fullmatch(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
-        return v
-
-    @field_validator("pass_env")
-    @classmethod
-    def _pass_env(cls, v: list[str]) -> list[str]:
-        for k in v:
+    def _env_names(cls, v: dict[str, str] | list[str]) -> dict[str, str] | list[str]:
+        for k in v:  # env's keys, pass_env's items
             if not _ENV_NAME.fullmatch(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
