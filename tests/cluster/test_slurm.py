@@ -154,15 +154,19 @@ def test_the_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_
         slurm.client("scancel", "--batch", "--signal=USR1", job)
         rp.wait_for("the requeued job pending", lambda: re.search(rf"job {job} PENDING \(BeginTime\)", rp.text()), 120)
         saved = [r for r in records(live) if r.get("event") == "checkpoint"]
-        slurm.client("scontrol", "update", f"jobid={job}", "StartTime=now")  # SLURM holds a requeued job 2 min
+        # SLURM holds a requeued job 2 minutes, for its nodes to finish the run before: the test ends the hold
+        # early, but only once they have (every node idle), or the next run could start beside the last one's end
+        slurm.wait_all_idle(90)
+        slurm.client("scontrol", "update", f"jobid={job}", "StartTime=now")
         code = rp.finish(300)
     finally:
         rp.close()
     text = rp.text()
-    assert code == 0, text[-4000:]
+    log = (rd / f"slurm-{job}.out").read_text(errors="replace")  # both attempts' batch shells
+    assert code == 0, (text[-2500:] + "\n--- the job's own output ---\n" + log[-4000:]
+                       + "\n--- slurmctld ---\n" + slurm.log_tail("slurmctld.log", 40))
     assert len(saved) == 1 and (out / f"checkpoint-{saved[0]['step']}").is_dir(), saved
     k = saved[0]["step"]
-    log = (rd / f"slurm-{job}.out").read_text()
     assert "asked 1 rank(s)" in log and f"requeueing SLURM job {job}" in log, log[-3000:]
     assert "attempt 2 resumes from the newest checkpoint" in log, log[-3000:]
     assert f"checkpoint-{k}" in log  # the worker says which checkpoint it resumed from
