@@ -146,9 +146,13 @@ _GPU_VARS = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,u
 _HCA_VARS = ("MELLANOX_VISIBLE_DEVICES=all",)
 
 
+def _hook_vars(gpus: bool, infiniband: bool) -> list[str]:
+    return [*(_GPU_VARS if gpus else ()), *(_HCA_VARS if infiniband else ())]
+
+
 def _pyxis(c: Container, *, name: str, node: str | None, workdir: str, mounts: list[Mount], env: list[str],
            gpus: bool, infiniband: bool) -> list[str]:
-    hooks = [*(_GPU_VARS if gpus else ()), *(_HCA_VARS if infiniband else ())]
+    hooks = _hook_vars(gpus, infiniband)
     names = [*env, *(v.split("=", 1)[0] for v in hooks)]
     argv = ["env", *hooks] if hooks else []
     argv += ["srun", "--overlap", "--whole", "--nodes", "1", "--ntasks", "1"]
@@ -200,7 +204,7 @@ def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: lis
                       infiniband=infiniband)
     else:  # enroot: the node's namespaces too; its hooks add the GPUs and HCAs the variables name
         argv = ["enroot", "start"]
-        for v in [*(_GPU_VARS if gpus else ()), *(_HCA_VARS if infiniband else ())]:
+        for v in _hook_vars(gpus, infiniband):
             argv += ["--env", v]
         for m in mounts:
             # an fstab line, colon-separated: source, target, type, options
