@@ -9,7 +9,8 @@ Each step is a function with a typed result: `Connections.connect`, `check`, `pl
 Planned), and last Started with the running Launcher, or a Failure that names the step, the
 cause (per node where it is about nodes) and the fix. Nothing is raised for what a node or a
 check can get wrong; a bug still raises. `follow()` yields a Snapshot per look at the run,
-Stopping while a requested stop runs, and ends with Ended. A face that restarts a run calls
+Stopping while a requested stop runs, and ends with Ended (follow.py holds it, with stop() and
+stopping(); the faces call them here, as every other step). A face that restarts a run calls
 launch() again with the same Connections and a new run id (dataclasses.replace(req,
 run_id=...)), then follow() again; relaunching a failed attempt is run/recovery/restarts.py's.
 """
@@ -45,10 +46,10 @@ from .events import (
     Started,
     Stopping,
 )
-from .launcher import Launcher, LaunchError, RunOutcome
+from .follow import Stopped, follow, snapshot, stop, stopping
+from .launcher import Launcher, LaunchError
 from .rundir import RunDir, RunDirError, write_json_atomic
-from .states import FINAL, JobState, RunState
-from .watch.metrics import TrainingProgress
+from .states import FINAL, RunState
 from .watch.notices import read_notices
 
 if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before its first paint
@@ -60,6 +61,18 @@ if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before i
 # connect that may ask one is bounded by this on top of the connection's own bound.
 CONSENT_WAIT_S = 300.0
 
+# What the faces call: every step, its events and results, and the types they pass (ui/ reaches nothing of nodes/
+# but through here).
+__all__ = [
+    "CONSENT_WAIT_S", "Connections", "NodeResults", "Transport", "connect_failure",
+    "local_port_free", "local_files_missing", "checking", "check",
+    "probe", "network_check", "replace_findings", "sync", "setup_keys", "host_key", "master_transport",
+    "look_at_output_dir", "preview_data",
+    "plan", "start", "LaunchRequest", "launch", "attach",
+    "snapshot", "follow", "Stopped", "stop", "stopping",
+    "AlreadyEnded", "Checked", "CheckProgress", "CheckResult", "Connected", "Ended", "Event", "Failure", "Planned",
+    "Snapshot", "Stage", "Started", "Stopping",
+]
 
 
 # ---------------------------------------------------------------- connect
@@ -513,103 +526,3 @@ def attach(run_dir: Path, conns: Connections, *, consent: Consent = False, passw
                       nodes=dict(refused))
         return
     yield Started(la)
-
-
-# ---------------------------------------------------------------- follow, stop
-
-def _copy_progress(p: TrainingProgress) -> TrainingProgress:
-    return TrainingProgress(start=p.start, end=p.end, steps=list(p.steps), events=list(p.events))
-
-
-def snapshot(la: Launcher, log_rank: int | None = None, log_lines: int = 60) -> Snapshot:
-    mon = la.monitor
-    log: list[str] = []
-    if log_rank is not None and mon.health.unreachable(log_rank):
-        # a read would wait out its bound: the pane says why it is quiet, and reads on once the node answers
-        log = [f"(node {log_rank} is unreachable: its log is read on when it answers again)"]
-    elif log_rank is not None:
-        try:
-            log = la.log_tail(log_rank, lines=log_lines)
-        except Exception as e:
-            log = [f"(cannot read node {log_rank}'s log: {type(e).__name__}: {e})"]
-    nodes = {r: (JobState.UNREACHABLE if s.status == JobState.RUNNING and mon.health.unreachable(r) else s.status,
-                 s.error)
-             for r, s in la.nodes.items()}
-    notes = {r: n for r in la.nodes if (n := mon.note(r))}
-    return Snapshot(nodes=nodes, progress=_copy_progress(la.metrics.progress), log=log, log_rank=log_rank,
-                    notices=tuple(mon.copy()), notes=notes, hung=mon.hung_node)
-
-
-def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = None,
-           log_rank: Callable[[], int] | None = None, log_lines: int = 60,
-           cancelled: Callable[[], bool] = lambda: False) -> Iterator[Snapshot | Stopping | Ended]:
-    """Watch a running job: a Snapshot per look (every `interval` s), then Ended with the outcome.
-    `la.request_stop()` (from any thread) stops every node, with a Stopping event every quarter
-    second while it runs, and ends it as stopped; `max_seconds` stops it as failed. When
-    `cancelled()` turns true (the face is closing) it returns without Ended: the job runs on, to be
-    found again by attach. `log_rank()`: whose log tail to copy."""
-    import time
-
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    while True:
-        if cancelled():
-            return
-        if la.stop_requested:
-            stopped, _ = yield from _stopping(la)
-            yield snapshot(la, log_rank() if log_rank else None, log_lines)
-            yield Ended(stopped)
-            return
-        out = la.step(deadline=deadline, max_seconds=max_seconds)
-        yield snapshot(la, log_rank() if log_rank else None, log_lines)
-        if out is not None:
-            yield Ended(out)
-            return
-        la.pause(interval)
-
-
-def _stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, tuple[RunOutcome, list[int]]]:
-    """Stop every node on a thread of its own and say how far each is while it runs; returns the
-    outcome and the ranks where something survived (the generator's value)."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as FutureTimeout
-
-    labels = {c.rank: c.label for c in la.plan.nodes}
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stop") as ex:
-        fut = ex.submit(la.stop_and_record)
-        while True:
-            yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)
-            try:
-                res = fut.result(timeout=every)  # a bug in the stop raises here, on the follower's thread
-            except FutureTimeout:
-                continue
-            yield Stopping(la.stop_progress(), labels, time.monotonic() - t0)  # each node's last word
-            return res
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """stop()'s result: the outcome recorded, and the ranks where processes survived."""
-
-    outcome: RunOutcome
-    left: list[int]
-    already_ended: bool = False
-
-
-def stop(la: Launcher) -> Stopped:
-    """Stop every node of a running job now and record it (a job that ended meanwhile is left alone)."""
-    ended = la.poll()  # every node may have written its exit code since
-    if ended is not None:
-        return Stopped(ended, [], already_ended=True)
-    out, left = la.stop_and_record()
-    return Stopped(out, left)
-
-
-def stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, Stopped]:
-    """stop(), saying how far each node is while it runs (`res = yield from stopping(la)`)."""
-    ended = la.poll()
-    if ended is not None:
-        return Stopped(ended, [], already_ended=True)
-    out, left = yield from _stopping(la, every)
-    return Stopped(out, left)
