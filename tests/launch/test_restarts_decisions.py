@@ -89,7 +89,7 @@ def test_the_node_whose_agent_was_killed_is_blamed_not_the_peers_that_saw_it_go(
     for r in (0, 1):
         la.nodes[r].status, la.nodes[r].rc = JobState.FAILED, 1
     la.nodes[2].status, la.nodes[2].rc = JobState.FAILED, 137  # its torchrun agent died of SIGKILL
-    st, diag, _ = la._root_cause([la.nodes[0], la.nodes[1], la.nodes[2]])
+    st, diag, _ = la.culprit.find([la.nodes[0], la.nodes[1], la.nodes[2]])
     assert st.rank == 2 and diag.code == "KILLED"
 
 
@@ -101,19 +101,19 @@ def test_two_views_of_a_run_blame_the_node_the_first_one_saw_fail(tmp_path):
         with open(c.log_path, "w") as f:
             f.write("Killed\n" if c.rank == 2 else "")
     first_view.nodes[2].status, first_view.nodes[2].rc = JobState.FAILED, 137
-    st, _, _ = first_view._agree_on_cause(*first_view._root_cause([first_view.nodes[2]]))
+    st, _, _ = first_view.culprit.agree(*first_view.culprit.find([first_view.nodes[2]]))
     assert st.rank == 2 and json.loads((rd.path / "state.json").read_text())["failing"] == {"attempt": 1, "rank": 2}
 
     second_view = Launcher(first_view.plan, first_view.transports, rd)
     second_view.nodes[0].status, second_view.nodes[0].error = JobState.LOST, "its processes were killed (no exit code)"
-    assert second_view._root_cause([second_view.nodes[0]])[0].rank == 0  # alone, it would blame node 0
-    st, diag, _ = second_view._agree_on_cause(*second_view._root_cause([second_view.nodes[0]]))
+    assert second_view.culprit.find([second_view.nodes[0]])[0].rank == 0  # alone, it would blame node 0
+    st, diag, _ = second_view.culprit.agree(*second_view.culprit.find([second_view.nodes[0]]))
     assert st.rank == 2 and diag.code == "KILLED"
     # a later attempt's failure is its own
     rd.write_state(attempt=2)
     third = Launcher(first_view.plan, first_view.transports, rd, attempt=2)
     third.nodes[1].status, third.nodes[1].rc = JobState.FAILED, 1
-    assert third._agree_on_cause(*third._root_cause([third.nodes[1]]))[0].rank == 1
+    assert third.culprit.agree(*third.culprit.find([third.nodes[1]]))[0].rank == 1
 
 
 def test_a_node_whose_rank_torchrun_saw_die_of_sigkill_is_blamed(tmp_path):
@@ -126,7 +126,7 @@ def test_a_node_whose_rank_torchrun_saw_die_of_sigkill_is_blamed(tmp_path):
             f.write(logs[c.rank])
     for r in (0, 1):
         la.nodes[r].status, la.nodes[r].rc = JobState.FAILED, 1  # both agents exit 1
-    assert la._root_cause([la.nodes[0], la.nodes[1]])[0].rank == 1
+    assert la.culprit.find([la.nodes[0], la.nodes[1]])[0].rank == 1
 
 
 def test_the_metrics_of_a_relaunch_on_another_master_go_after_what_is_kept(tmp_path):

@@ -1,4 +1,4 @@
-"""The launcher's verdict on a failed attempt from the nodes' own logs and reachability (run/launcher.py with
+"""The launcher's verdict on a failed attempt from the nodes' own logs and reachability (run/culprit.py with
 run/watch/blame.py), on real files and this machine's transport, no training: a node with an error of its own is blamed
 over the ones that only lost a peer; while only peers' losses are seen and the other nodes run and answer, the
 verdict waits (bounded); a node that stopped answering meanwhile is the machine lost, with the evidence."""
@@ -44,7 +44,7 @@ def test_an_error_of_its_own_is_blamed_over_a_lower_node_that_only_lost_a_peer(t
     la = _launcher(tmp_path, n=2)
     _fail(la, 0, RESET)
     _fail(la, 1, "ValueError: something of this node's own")
-    st, d, _ = la._root_cause([la.nodes[0], la.nodes[1]])
+    st, d, _ = la.culprit.find([la.nodes[0], la.nodes[1]])
     assert st.rank == 1 and d is None
 
 
@@ -54,9 +54,9 @@ def test_peers_losses_alone_wait_for_the_cause_then_a_silent_node_is_the_machine
         la.nodes[r].status = JobState.RUNNING
     _fail(la, 0, RESET)
     _fail(la, 2, "RuntimeError: Connection closed by peer [10.9.0.12]:4001")
-    assert la._root_cause([la.nodes[0], la.nodes[2]]) is None  # node 1 runs and answers: not yet decided
+    assert la.culprit.find([la.nodes[0], la.nodes[2]]) is None  # node 1 runs and answers: not yet decided
     la.monitor.health.failed(1, "Unreachable: node1: connect timed out")
-    st, d, tail = la._root_cause([la.nodes[0], la.nodes[2]])
+    st, d, tail = la.culprit.find([la.nodes[0], la.nodes[2]])
     assert st.rank == 1 and st.status == JobState.LOST and st.cause == blame.MACHINE_LOST and not tail
     assert d.code == "MACHINE_LOST" and d.line.startswith("node 1 (localhost) stopped answering over SSH")
     assert "node 0 (localhost) failed with a communication error: " + RESET in d.line
@@ -67,7 +67,7 @@ def test_past_the_grace_the_first_node_that_lost_a_peer_is_named(tmp_path, monke
     la.nodes[1].status = JobState.RUNNING
     _fail(la, 0, RESET)
     _fail(la, 2, RESET)
-    assert la._root_cause([la.nodes[0], la.nodes[2]]) is None
-    la._survivors_since -= blame.CAUSE_GRACE_S + 1  # the grace is over and node 1 still answers
-    st, d, _ = la._root_cause([la.nodes[0], la.nodes[2]])
+    assert la.culprit.find([la.nodes[0], la.nodes[2]]) is None
+    la.culprit._survivors_since -= blame.CAUSE_GRACE_S + 1  # the grace is over and node 1 still answers
+    st, d, _ = la.culprit.find([la.nodes[0], la.nodes[2]])
     assert st.rank == 0 and d.code == "CONN_RESET"

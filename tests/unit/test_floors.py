@@ -71,8 +71,8 @@ def test_breaking_the_floors_breaks_the_contracts(tmp_path):
                    "the worker stands alone: training/ never imports qwen_tui BROKEN",
                    "the wizard reaches the nodes only through the launch API (run.api), as the commands do BROKEN",
                    "training: programs > recipe > fast, checkpoints > model > data > runtime BROKEN",
-                   "run: slurm > api > follow > events, recovery, export, tools > launcher > watch > run directory "
-                   "BROKEN",
+                   "run: slurm > api > follow > events, recovery, export, tools > launcher > culprit > watch > "
+                   "run directory BROKEN",
                    "nodes: keys, sync > connect, checks > slurm, hostlists > transport > hubmodel, jobs > programs, "
                    "results BROKEN",
                    "advice does no node I/O: no transport, connection or SLURM call BROKEN"):
