@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # paramiko behind it: the wizard imports this module before i
 # connect that may ask one is bounded by this on top of the connection's own bound.
 CONSENT_WAIT_S = 300.0
 
-# What the faces call: every step, its events and results, and the types they pass (ui/ reaches nothing of nodes/
-# but through here).
+# What the faces call: every step (follow.py's last ones too), its events and results, and the types they pass
+# (the wizard takes nodes/' Transport and NodeResults from here).
 __all__ = [
     "CONSENT_WAIT_S", "Connections", "NodeResults", "Transport", "connect_failure",
     "local_port_free", "local_files_missing", "checking", "check",
