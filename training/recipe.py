@@ -139,7 +139,8 @@ class FinetuneRecipe:
         sequence_parallel.check_fast_path(a.train.sequence_parallel_size, a.fast, self.fast)
         # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing
         long_context.decide(self.resolved, self.fast, env.world_size, self.stage if a.train.deepspeed else None,
-                            bool(a.train.deepspeed), train=a.train, given=a.fast, max_length=a.data.model_max_length)
+                            bool(a.train.deepspeed), train=a.train, given=a.fast, max_length=a.data.model_max_length,
+                            sequences=2 if a.pref.stage == "dpo" else 1)
         self.data_env = sequence_parallel.data_env(env, a.train.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.

@@ -55,7 +55,13 @@ x tokens x vocab. The worker's own fused loss (its default; `RunShape.fused_loss
 set from a preset unless extra_args say --fused_ce off) computes the loss and its
 gradients a chunk of rows at a time in the forward: 10 bytes x a chunk's rows x
 vocab at the end of the forward, and the hidden states' fp32 gradient (4 bytes x
-tokens x hidden) kept for backward.
+tokens x hidden) kept for backward. DPO (`RunShape.stage`) always runs the worker's own head: the answers'
+float32 log-probabilities a chunk at a time, nothing of them kept but one float a token (4 x tokens), and the
+chunk recomputed in the backward with its gradients: 10 bytes x a chunk's rows x vocab at the end of the forward
+(as the fused loss) and 16 at the start of the backward, while every activation is alive (training/fast/
+preference.py's token_logps, its peaks over the chunk's rows x vocab read from the profiler's memory events on
+CPU; SFT's chunked loss reads 8 and 0 there). A DPO micro-batch of per_device_train_batch_size pairs holds twice
+that many sequences (`RunShape.sequences`): micro-batch figures (max_micro_batch) stay in pairs.
 
 Overhead, on top of what torch allocates: the CUDA context (0.6 GiB), cuBLAS
 workspaces (0.0645 GiB, measured), NCCL buffers (0.5 GiB when N > 1), DeepSpeed's
@@ -200,6 +206,7 @@ class RunShape:
     # the worker's fused loss (training/fast/loss.py: Liger's, or chunked in torch): the logits exist a chunk at a
     # time. A preset's run has it unless extra_args say --fused_ce off; a bare RunShape is the plain path.
     fused_loss: bool = False
+    stage: str = "sft"  # dpo: micro_batch counts pairs, two sequences each, through DPO's own head and loss
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -216,9 +223,7 @@ class RunShape:
             base = dict(
                 method=g("method", "lora"), zero_stage=g("zero_stage", 2), offload=g("offload", "none"),
                 precision=g("precision", "bf16"), seq=g("model_max_length", 2048),
-                # DPO: both answers of every pair go through the policy, forward and backward (the reference's
-                # forward runs once before training: advice DPO_COST)
-                micro_batch=g("per_device_train_batch_size", 1) * (2 if g("stage", "sft") == "dpo" else 1),
+                micro_batch=g("per_device_train_batch_size", 1), stage=g("stage", "sft"),
                 grad_accum=g("gradient_accumulation_steps", 1),
                 gradient_checkpointing=g("gradient_checkpointing", True), lora_r=g("lora_r", 64),
                 lora_dropout=g("lora_dropout", 0.05),
@@ -231,8 +236,14 @@ class RunShape:
         return cls(**base)
 
     @property
+    def sequences(self) -> int:
+        """Sequences a sample of micro_batch puts through the policy, forward and backward: DPO's pair two, its
+        chosen and rejected answers (the reference's forward runs once before training: advice DPO_COST)."""
+        return 2 if self.stage == "dpo" else 1
+
+    @property
     def tokens(self) -> int:
-        return self.seq * self.micro_batch
+        return self.seq * self.micro_batch * self.sequences
 
     @property
     def half(self) -> bool:
@@ -255,6 +266,9 @@ def _logits_bytes(run: RunShape, T: int, V: int, h: int) -> tuple[float, float]:
     """(end of forward, start of backward) bytes of logits and loss: transformers' loss keeps the fp32 logits and
     softmax of every token (module docstring); the worker's fused loss one chunk of rows at a time (bf16 logits,
     their fp32 softmax and gradient), and the gradient of the hidden states it computes in the forward."""
+    if run.stage == "dpo":  # DPO's head: float32 log-probabilities, recomputed chunk by chunk in the backward
+        chunk = min(T, FUSED_CE_ROWS)
+        return 10.0 * chunk * V + 4.0 * T, 16.0 * chunk * V + 4.0 * T
     if not run.fused_loss:
         return 10.0 * T * V, 12.0 * T * V
     kept = 4.0 * T * h

@@ -100,6 +100,24 @@ def test_lora_zero2_on_two_ranks_reproduces_one_process_with_the_adapters_off_as
     assert single.steps[-1]["rewards_margin"] > 0
 
 
+def test_step1_is_ln2_with_lora_dropout_on_and_in_bf16(tmp_path, tiny_model):
+    """LoRA's B starts at zero, so at step 1 the adapters add exactly nothing whatever masks the dropout draws: the
+    step's forward (dropout 0.3, training mode) equals the reference pass's (adapters off, eval mode, the pairs
+    packed in other rows), here in bf16 too, and step 1 is ln 2. A step-1 loss off ln 2 on a GPU is the two
+    passes' rounding there, not dropout (docs/guides/data-formats-and-dpo.md)."""
+    from training.demo_data.make_demo_pref import build_pairs
+
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", build_pairs()[:16])
+    flags = [pairs if f == "builtin:demo-pref" else f for f in COMMON]
+    run = run_worker(tmp_path / "out", "--model_name_or_path", str(tiny_model), *flags, "--use_lora", "--lora_r", "8",
+                     "--lora_dropout", "0.3", "--bf16", "--max_steps", "1", "--per_device_train_batch_size", "8")
+    assert_ok(run)
+    (first,) = run.steps
+    assert run.event("start")[0]["precision"] == "bf16" and first["pairs"] == 8
+    assert first["loss"] == pytest.approx(LN2, abs=1e-4)
+    assert first["rewards_margin"] == pytest.approx(0, abs=1e-4)
+
+
 def test_loss_and_rewards_equal_trls_dpo(one, eval_pairs, tiny_model):
     """The final model against the reference (the tiny model), on the evaluation pairs, through TRL's own loss."""
     import torch

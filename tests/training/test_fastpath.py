@@ -485,6 +485,51 @@ def test_size_rows_turns_checkpointing_on_only_where_it_pays(monkeypatch, argv, 
     assert probed == ([False, True] if short and not argv else [False])
 
 
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_the_memory_probe_runs_the_step_of_the_stage(monkeypatch, tiny_model, stage):
+    """probe_tokens's two rows go through the loss module as its training rows do: for DPO, rows of one and two
+    pairs of full-length answers through the DPO head (float32 log-probabilities, recomputed in the backward) and
+    loss, not chat records through SFT's. Only the CUDA memory reading (none here) is left out: the probes run."""
+    import contextlib
+
+    from transformers import AutoModelForCausalLM
+
+    from training.fast import apply
+    from training.fast.preference import STATS, PreferenceLoss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    use_packed_attention(model)
+    length, vocab = 48, model.config.vocab_size
+    module = (PreferenceLoss(model, "chunked", length, True, 0.1, "sigmoid", 0.0) if stage == "dpo"
+              else apply.FastLoss(model, "chunked", length, True))
+    heads, outputs, asked = [], [], {}
+    if stage == "dpo":
+        module.head_logps.register_forward_hook(lambda m, i, out: heads.append(out.shape[0]))
+    module.register_forward_hook(lambda m, i, out: outputs.append(out))
+
+    def measured(model, run_probe, device, seq_len, **kw):  # probe_plan without its CUDA memory reading
+        asked.update(seq_len=seq_len, **kw)
+        for tokens in (seq_len, 2 * seq_len):
+            run_probe(tokens)
+            assert all(p.grad is None for p in model.parameters())  # each probe's gradients dropped
+        return autobatch.Plan(tokens=4 * seq_len, bytes_per_token=1.0, fixed_bytes=0.0, fits=True)
+
+    monkeypatch.setattr(autobatch, "probe_plan", measured)
+    before = torch.get_rng_state()
+    plan = apply.probe_tokens(module, torch.device("cpu"), length, vocab, contextlib.nullcontext, 0.85, 65536)
+    assert plan.tokens == 4 * asked["seq_len"] and torch.equal(torch.get_rng_state(), before)
+    assert asked["fraction"] == 0.85 and asked["states_built"] is False
+    if stage == "sft":
+        assert asked["seq_len"] == length  # one full-length record is the smallest row
+        assert heads == [] and [int(n) for _, n in outputs] == [length - 1, 2 * (length - 1)]
+        return
+    assert asked["seq_len"] == 2 * length  # a pair's two answers share a row: the smallest row is one pair
+    # the DPO head on every supervised position of one pair, then two; the DPO loss and its reward sums
+    assert heads == [2 * (length - 1), 4 * (length - 1)]
+    assert [tuple(stats.shape) for _, stats in outputs] == [(len(STATS),), (len(STATS),)]
+    assert all(torch.isfinite(loss) and loss > 0 for loss, _ in outputs)
+
+
 LAZY_STATES = r"""
 import json, os, torch, deepspeed
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")

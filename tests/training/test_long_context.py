@@ -110,7 +110,7 @@ def _decided(argv, world=1, stage=None, deepspeed=False, device="cpu"):
     fast = decide_for(argv, device=device, deepspeed=deepspeed, zero_stage=stage or 2)
     resolved = Resolved.of(args)
     long_context.decide(resolved, fast, world, stage, deepspeed, train=args.train, given=args.fast,
-                        max_length=args.data.model_max_length)
+                        max_length=args.data.model_max_length, sequences=2 if args.pref.stage == "dpo" else 1)
     # what set-up decides goes into its own record: the flags stay as they were given
     assert (args.train.tiled_mlp, args.fast.packing_tokens) == (parsed_flags(argv).train.tiled_mlp,
                                                                 parsed_flags(argv).fast.packing_tokens)
@@ -148,6 +148,13 @@ def test_long_records_tile_the_mlp_and_skip_the_memory_probe_by_default():
     assert fast.compile is True  # asked for: kept
     resolved, fast = _decided(["--model_max_length", "16384", "--packing"], device="cuda")
     assert fast.auto_micro_batch is True and resolved.packing_tokens is None and resolved.tiled_mlp is False
+    # DPO's probe rows hold one and two pairs of two answers: past --auto_max_tokens at half SFT's length, and the
+    # row without the probe holds one pair
+    resolved, fast = _decided(["--model_max_length", "32768", "--packing"], device="cuda")
+    assert fast.auto_micro_batch is True and resolved.packing_tokens is None
+    resolved, fast = _decided(["--model_max_length", "32768", "--packing", "--stage", "dpo"], device="cuda")
+    assert fast.auto_micro_batch is False and resolved.packing_tokens == 65536
+    assert "rows of one pair of such answers" in fast.why["auto_micro_batch"]
 
 
 @pytest.mark.slow

@@ -178,6 +178,29 @@ def test_max_micro_batch_is_the_boundary():
     assert max_micro_batch(SEVEN, run, 8, 10.0) == 0
 
 
+def test_a_dpo_estimate_counts_pairs_and_the_dpo_heads_backward():
+    """DPO: per_device_train_batch_size counts pairs, two sequences each, so max_micro_batch answers in pairs (the
+    unit the preset and the OOM fix write); and the head's float32 log-probabilities recomputed chunk by chunk at
+    the start of the backward (16 bytes x 4,096 rows x vocab, with every activation alive) are counted, where SFT's
+    fused loss holds only the hidden states' gradient then."""
+    sft = RunShape(method="lora", zero_stage=2, seq=4096, gradient_checkpointing=False, fused_loss=True)
+    dpo = RunShape.of(sft, stage="dpo")
+    assert dpo.tokens == 2 * sft.tokens and RunShape.of(dpo).stage == "dpo"
+    d, s = estimate_memory(SEVEN, dpo, 8), estimate_memory(SEVEN, sft, 8, micro_batch=2)  # the same tokens
+    assert d.activations == pytest.approx(s.activations)
+    assert d.phase == "loss backward"
+    assert d.logits * GIB == pytest.approx(16 * 4096 * SEVEN.vocab + 4 * 8192)
+    # SFT's peak is its forward's chunk (10 bytes x rows x vocab); DPO's backward holds 16: 3.5 GiB more at Qwen's
+    # vocabulary, which a DPO estimate sized with SFT's head would miss
+    assert s.phase == "end of forward" and d.total - s.total > 3
+    gib, ckpt = GPUS["H100"].memory_gib, {"gradient_checkpointing": True}
+    pairs = max_micro_batch(SEVEN, dpo, 8, gib, **ckpt)
+    assert pairs >= 1
+    assert estimate_memory(SEVEN, dpo, 8, micro_batch=pairs, **ckpt).fits(gib)
+    assert not estimate_memory(SEVEN, dpo, 8, micro_batch=pairs + 1, **ckpt).fits(gib)
+    assert pairs <= max_micro_batch(SEVEN, sft, 8, gib, **ckpt) // 2
+
+
 def test_gpu_names_from_nvidia_smi():
     assert gpu_spec("NVIDIA H200").name == "H200"
     assert gpu_spec("NVIDIA A100-SXM4-40GB").name == "A100-40G"

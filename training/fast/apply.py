@@ -11,7 +11,8 @@ FastLoss     the module DDP or DeepSpeed wraps when the loss is ours: one micro-
              and the head and loss run in HeadLoss (under ZeRO-3 the module DeepSpeed gathers the head for)
 pack_step()  one optimizer step's records of this rank -> packed rows (empty_row() pads a rank with fewer)
 probe_tokens()
-             the packed-row budget from two CUDA memory probes (training.fast.autobatch)
+             the packed-row budget from two CUDA memory probes (training.fast.autobatch) of rows the loss module
+             makes as its training rows are (FastLoss.probe_row: chat records; DPO's: pairs)
 set_lora_input_cast()
              peft's cast of adapter inputs to the adapters' fp32, on or off (--lora_input_cast)
 
@@ -116,13 +117,14 @@ def size_rows(model, loss_module, fast, model_config: dict, device, autocast, tr
                                 given.auto_memory_fraction, given.auto_max_tokens, engine=engine)
 
         plan = probe()
+        sample = loss_module.SAMPLE if loss_module is not None else FastLoss.SAMPLE
+        unit = f"{max_length}-token {sample}" if sample == "record" else f"{sample} of {max_length}-token answers"
         # --no_gradient_checkpointing (False, not None) keeps it off unless nothing fits without it. Every rank
         # decides alike (a probe is a collective step under ZeRO-3): any rank's need is every rank's.
         may_choose = checkpointing_asked is None or not plan.fits
         if not fast.gradient_checkpointing and any_rank(device, may_choose and worth_checkpointing(plan)):
             if not plan.fits:
-                log.info("auto micro-batch: one %d-token record does not fit without gradient checkpointing; "
-                         "turning it on", max_length)
+                log.info("auto micro-batch: one %s does not fit without gradient checkpointing; turning it on", unit)
             checkpointing(model, True)
             with_ckpt = probe()
             if any_rank(device, worth_checkpointing(plan, with_ckpt)):
@@ -133,7 +135,7 @@ def size_rows(model, loss_module, fast, model_config: dict, device, autocast, tr
             else:
                 checkpointing(model, False)
         if not plan.fits:
-            raise InputError(f"not even one record of --model_max_length {max_length} tokens fits in "
+            raise InputError(f"not even one {unit} (--model_max_length {max_length}) fits in "
                              f"{given.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
                              "--model_max_length, use LoRA/Q-LoRA, ZeRO-3 or more GPUs")
         # Every rank packs to the same budget: the smallest any rank measured.
@@ -204,12 +206,32 @@ class FastLoss(torch.nn.Module):
 
         return self.head_loss(decoder_hidden(self.model, batch, self.max_segment), batch)
 
+    # The sequences one sample of the data puts in a row, never split across rows: a chat record (DPO: a pair's
+    # two answers). The memory probe's smallest row holds one such sample of full length.
+    SEQUENCES = 1
+    SAMPLE = "record"
+
+    def probe_row(self, tokens: int, vocab: int, length: int) -> dict:
+        """A packed row of `tokens` tokens of records of `length` tokens, every token labelled: the most memory a
+        training row of that width can take (the memory probe's row)."""
+        from training.fast.packing import pack
+
+        return pack([ProbeRecord(i, length, vocab) for i in range(tokens // length)], tokens, 0, max_segment=length)
+
     def shard_head_weight(self) -> None:
         """ZeRO-3: the LM head's weight (the embedding's too, when tied) is gathered for head_loss, whose forward
         uses it outside the head module's own forward."""
         import deepspeed
 
         deepspeed.zero.register_external_parameter(self.head_loss, self.head_loss._head.weight)
+
+
+class ProbeRecord:
+    """A record of `length` tokens, every one labelled (the memory probe's): ids spread over the vocabulary."""
+
+    def __init__(self, i: int, length: int, vocab: int):
+        self.input_ids = [(i * 7919 + j) % max(vocab - 1, 1) for j in range(length)]
+        self.labels = list(self.input_ids)
 
 
 class _Filler:
@@ -238,37 +260,35 @@ def pack_step(items, capacity: int, pad_id: int, pad_multiple: int, max_segment:
 def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, autocast, fraction: float,
                  max_tokens: int, engine=None):
     """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan.
-    engine: the DeepSpeed engine that wraps loss_module. Its optimizer states and gradient buffers exist already,
-    so the probes measure them; they run through the engine, as training does, with the loss times zero: the
-    gradients they add to the first step's accumulation are zeros (ZeRO-2/3 reduce every micro-batch, so
-    gradients cannot simply be dropped), with the same memory and kernels as a real micro-batch."""
+    The rows are the loss module's own (FastLoss.probe_row): chat records for SFT, pairs of two full-length
+    answers for DPO (whose head keeps float32 log-probabilities a chunk at a time and recomputes them in the
+    backward), so the probes measure the step that trains; their sizes are one and two of the loss module's
+    full-length samples (SEQUENCES records: a record, or a pair). engine: the DeepSpeed engine that wraps loss_module. Its optimizer states
+    and gradient buffers exist already, so the probes measure them; they run through the engine, as training
+    does, with the loss times zero: the gradients they add to the first step's accumulation are zeros (ZeRO-2/3
+    reduce every micro-batch, so gradients cannot simply be dropped), with the same memory and kernels as a
+    real micro-batch. max_segment: --model_max_length, the length of the probe's records."""
     from training.fast import autobatch
-    from training.fast.packing import pack
     from training.fast.step import to_device
-
-    class _Rec:
-        def __init__(self, i: int):
-            self.input_ids = [(i * 7919 + j) % max(vocab - 1, 1) for j in range(max_segment)]
-            self.labels = list(self.input_ids)
 
     def run(tokens: int):
         from training.fast.sequence_parallel import local
 
-        row = to_device(local(pack([_Rec(i) for i in range(tokens // max_segment)], tokens, 0,
-                                   max_segment=max_segment)), device)
+        row = to_device(local(loss_module.probe_row(tokens, vocab, max_segment)), device)
         if engine is not None:
             engine.set_gradient_accumulation_boundary(False)
             s, _ = engine(row)
             engine.backward(s * 0.0, scale_wrt_gas=False)
             return
         with autocast():
-            s, n = loss_module(row)
-        (s / n.clamp(min=1)).backward()
+            s, _ = loss_module(row)
+        (s * 0.0).backward()
         loss_module.zero_grad(set_to_none=True)
 
     # The probes draw dropout masks; the run's random numbers start where they would without them.
-    with torch.random.fork_rng(devices=[device]):
-        return autobatch.probe_plan(loss_module.model, run, device, max_segment, fraction=fraction,
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return autobatch.probe_plan(loss_module.model, run, device, max_segment * loss_module.SEQUENCES,
+                                    fraction=fraction,
                                     max_tokens=max_tokens, states_built=engine is not None,
                                     optimizer=_torch_optimizer_of(engine) if engine is not None else None,
                                     optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)

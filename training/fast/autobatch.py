@@ -4,8 +4,10 @@ Two probe micro-batches (forward and backward, no optimizer step, gradients drop
 c1 and c2 tokens measure the peak memory; activation memory grows linearly in the tokens of a
 micro-batch (attention is flash/varlen, linear too), so the two peaks give bytes per token and
 the fixed part. Adding the optimizer states that are not there yet (AdamW: two per trainable
-parameter) gives the token budget that fills `fraction` of the device. If not even one record
-of the longest allowed length fits, gradient checkpointing is needed: the caller turns it on
+parameter) gives the token budget that fills `fraction` of the device. The rows are the training
+step's own (the loss module's probe_row: DPO probes rows of pairs through its DPO head and loss), and
+the smallest is one sample of the longest allowed length (a record; DPO: a pair, two answers). If
+not even that fits, gradient checkpointing is needed: the caller turns it on
 and probes again; it does the same when rows would be short without it (worth_checkpointing). With compiled layers the worker compiles them before probing, so the probes measure
 what training will use.
 """

@@ -53,12 +53,13 @@ def _tiling_unfit(sp_size: int, world_size: int, stage: int | None, deepspeed: b
 
 
 def decide(resolved: Resolved, fast, world_size: int, stage: int | None, deepspeed: bool, *, train: TrainFlags,
-           given: FastFlags, max_length: int) -> None:
+           given: FastFlags, max_length: int, sequences: int = 1) -> None:
     """The long-context switches, before the model is built: --tiled_mlp (by default on where a rank's share of
     the longest record, --model_max_length `max_length`, is over TILE_FROM_TOKENS and tiling can run; refused where
     asked for and it cannot), and for records too long for the memory probe (two rows of one and two longest
     records; the second alone would not fit) one record's worth a row with gradient checkpointing instead of the
-    probe. Records in fast.why. What it resolves goes into `resolved` (the flags stay as given): tiled_mlp when not
+    probe. sequences: a sample's records, never split across rows (DPO: a pair's two answers, so the probe's rows
+    are of one and two pairs, and a row without it holds one pair). Records in fast.why. What it resolves goes into `resolved` (the flags stay as given): tiled_mlp when not
     given, and in that last case packing_tokens and gradient_checkpointing (when not given)."""
     if train.tiled_mlp_tokens < 1:
         raise InputError(f"--tiled_mlp_tokens must be positive, got {train.tiled_mlp_tokens}")
@@ -76,13 +77,14 @@ def decide(resolved: Resolved, fast, world_size: int, stage: int | None, deepspe
     if resolved.tiled_mlp and fast.compile and given.compile is None:
         fast.compile = False
         fast.why["compile"] = "off: tiled MLP (its autograd function splits the layer's graph)"
-    if fast.auto_micro_batch and given.auto_micro_batch is None and 2 * share > given.auto_max_tokens:
+    if fast.auto_micro_batch and given.auto_micro_batch is None and 2 * share * sequences > given.auto_max_tokens:
         fast.auto_micro_batch = False
-        resolved.packing_tokens = max_length
+        resolved.packing_tokens = max_length * sequences
         if resolved.gradient_checkpointing is None:
             resolved.gradient_checkpointing = True
+        sample = "record" if sequences == 1 else "pair of such answers"
         fast.why["auto_micro_batch"] = (f"off: records of up to {max_length} tokens are past what the "
-                                        "probe measures (--auto_max_tokens): rows of one such record, checkpointed")
+                                        f"probe measures (--auto_max_tokens): rows of one {sample}, checkpointed")
 
 
 class _SeededTiles:

@@ -96,6 +96,14 @@ def dpo_losses(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.T
     return losses, beta * (pc - rc).detach(), beta * (pr - rr).detach()
 
 
+class _ProbePair:
+    """A pair of the memory probe's records (training.data.pairs.PairItem's fields that pack_pairs reads)."""
+
+    def __init__(self, chosen, rejected, index: int):
+        self.chosen, self.rejected, self.index, self.ref = chosen, rejected, index, (0.0, 0.0)
+        self.tokens = len(chosen.input_ids) + len(rejected.input_ids)
+
+
 class HeadLogps(torch.nn.Module):
     """The LM head on a packed row's supervised positions -> their log-probabilities. Holds the head outside the
     module tree, as training.fast.apply.HeadLoss does (under ZeRO-3 its weight is this module's external
@@ -113,7 +121,12 @@ class HeadLogps(torch.nn.Module):
 class PreferenceLoss(FastLoss):
     """model + the DPO loss: forward(row) -> (summed losses of the row's pairs, their STATS sums). With
     row["reference"] set it returns the answers' summed log-probabilities and token counts instead (the
-    reference pass, under no_grad). A row without pairs (the memory probes) gets the chat loss."""
+    reference pass, under no_grad). The memory probe's rows are pairs too (probe_row): a DPO step's memory is
+    its own (two answers a pair; the head's float32 log-probabilities recomputed chunk by chunk in the
+    backward, while every activation is alive), not SFT's. A row without pairs gets the chat loss."""
+
+    SEQUENCES = 2  # a pair's chosen and rejected answers share one row
+    SAMPLE = "pair"
 
     def __init__(self, model, ce: str, max_segment: int, labelled_only: bool, beta: float, loss: str, ftx: float):
         super().__init__(model, ce, max_segment, labelled_only)
@@ -141,6 +154,17 @@ class PreferenceLoss(FastLoss):
         stats = torch.stack([rc.sum(), rr.sum(), (rc > rr).to(rc.dtype).sum(), seq[0::2].detach().sum(),
                              seq[1::2].detach().sum()])
         return losses.sum(), stats
+
+    def probe_row(self, tokens: int, vocab: int, length: int) -> dict:
+        """A row of `tokens` tokens of pairs whose two answers are `length` tokens each, every token supervised,
+        with reference log-probabilities: what a training row of that width at most runs."""
+        from training.fast.apply import ProbeRecord
+
+        n = tokens // (2 * length)
+        pairs = [_ProbePair(ProbeRecord(2 * k, length, vocab), ProbeRecord(2 * k + 1, length, vocab), k)
+                 for k in range(n)]
+        (row,) = pack_pairs(pairs, tokens, 0, None, length)
+        return row
 
     def shard_head_weight(self) -> None:
         import deepspeed
