@@ -54,6 +54,28 @@ ADVICE: dict[str, CodeDoc] = {
         "what a DPO step costs: both answers of every pair through the policy (twice an SFT step's tokens and "
         "activations at the same micro-batch, which the estimate counts), the reference's forward once before the "
         "first step, no second model"),
+    "FP8_CANNOT_RUN": CodeDoc(
+        "error",
+        "`training.fp8: on` where the worker refuses it at set-up: Q-LoRA, a precision other than bf16, CPU "
+        "processes, a GPU type without FP8 tensor cores (compute capability under 8.9), or a node whose probe found "
+        "no torchao",
+        "`training.fp8: auto`, `training.precision: bf16`, or hint: `pip install torchao` on the node"),
+    "FP8_UNMEASURED": CodeDoc(
+        "warning",
+        "`training.fp8: on` for a model auto keeps in bf16 (hidden size under 3584, or a mixture of experts): the "
+        "1.5B shape measured 1.03x, so it may run no faster; the estimate counts no speed-up",
+        "`training.fp8: auto`"),
+    "FP8_TORCHAO": CodeDoc(
+        "info / warning",
+        "`training.fp8: auto` would run FP8 here (a 7B-class model on GPUs with FP8 tensor cores) but a node's probe "
+        "found no torchao: every node stays bf16; a warning when the other nodes have it",
+        "hint: `pip install torchao` (or qwen-tui's `[gpu]` extra) on the node"),
+    "FP8_ON": CodeDoc(
+        "info",
+        "FP8 matmuls run on this preset (auto on a 7B-class model on GPUs with FP8 tensor cores, or `on`): the "
+        "measured speed-up the estimate counts (1.257x LoRA, 1.253x full), what stays bf16, and how the run proves "
+        "it (converted layers, FP8 matmuls of step 2, the loss checked against bf16 over the first 8 steps)",
+        "`training.fp8: off`"),
     "OFFLOAD_HOST_MEMORY": CodeDoc(
         "error / warning / info",
         "ZeRO offload keeps the optimizer's fp32 states on the nodes' hosts (DeepSpeed's estimators: 16 bytes a "

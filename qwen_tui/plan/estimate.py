@@ -91,6 +91,12 @@ Step time (`estimate_step`, `scaling`)
   tokens/s) and at LoRA's speed under ZeRO-2 and ZeRO-3 (the engine's bf16
   adapters). A micro-batch never takes less than its host needs to issue it
   (estimate_comm.host_floor_s): tiny models are host-bound.
+- FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
+  from the preset and the GPU type): where it runs on a shape measured faster
+  (hidden size 3584 or more), compute time is divided by the measured FP8/bf16
+  ratio, 1.257 with a frozen LoRA base and 1.253 in full fine-tuning (one H200,
+  bench/results/fp8_speed-2026-12-05-H200.md); elsewhere by 1. Memory is counted
+  as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -140,22 +146,24 @@ class GPUSpec:
     bf16_tflops: float  # dense
     hbm_gbs: float
     intra_node_gbs: float  # NCCL bus bandwidth inside one node (NVLink or PCIe)
+    # FP8 tensor cores that the worker's --fp8 uses (NVIDIA compute capability 8.9 or newer); None: not known here
+    fp8: bool | None = False
 
 
 # Datasheet numbers (dense bf16, no sparsity); memory as nvidia-smi's memory.total / 1024.
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (
-    GPUSpec("H200", 143771 / 1024, 989, 4800, 360),
-    GPUSpec("H100", 81559 / 1024, 989, 3350, 360),
-    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25),
-    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720),
+    GPUSpec("H200", 143771 / 1024, 989, 4800, 360, fp8=True),
+    GPUSpec("H100", 81559 / 1024, 989, 3350, 360, fp8=True),
+    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25, fp8=True),
+    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720, fp8=True),
     GPUSpec("A100-80G", 81920 / 1024, 312, 2039, 230),
     GPUSpec("A100-40G", 40960 / 1024, 312, 1555, 230),
-    GPUSpec("L40S", 46068 / 1024, 362, 864, 25),
+    GPUSpec("L40S", 46068 / 1024, 362, 864, 25, fp8=True),
     GPUSpec("A10", 23028 / 1024, 125, 600, 25),
-    GPUSpec("L4", 23034 / 1024, 121, 300, 25),
-    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25),
+    GPUSpec("L4", 23034 / 1024, 121, 300, 25, fp8=True),
+    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25, fp8=True),
     GPUSpec("V100-32G", 32768 / 1024, 125, 900, 130),
-    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300),
+    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300, fp8=None),  # FP8 there is ROCm's: not measured
 )}
 
 
@@ -200,6 +208,10 @@ class RunShape:
     # the worker's fused loss (training/fast/loss.py: Liger's, or chunked in torch): the logits exist a chunk at a
     # time. A preset's run has it unless extra_args say --fused_ce off; a bare RunShape is the plain path.
     fused_loss: bool = False
+    # the worker's --fp8 (auto, on, off: training/fast/fp8.py) and whether its layers are compiled (--no_compile in
+    # extra_args: no); a bare RunShape runs bf16
+    fp8: str = "off"
+    compiled: bool = True
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -224,6 +236,8 @@ class RunShape:
                 lora_dropout=g("lora_dropout", 0.05),
                 lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
                 fused_loss=_fused_loss(g("extra_args", None) or []),
+                fp8=_flag_value(g("extra_args", None) or [], "--fp8") or g("fp8", "auto"),
+                compiled="--no_compile" not in [str(a) for a in (g("extra_args", None) or [])],
             )
         base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
         if "lora_targets" in base:
@@ -246,6 +260,17 @@ def _fused_loss(extra_args: list) -> bool:
         if a == "--fused_ce=off" or (a == "--fused_ce" and i + 1 < len(args) and args[i + 1] == "off"):
             return False
     return True
+
+
+def _flag_value(extra_args: list, name: str) -> str | None:
+    """The last value extra_args give a worker flag (argparse's last one wins): `--fp8 on` or `--fp8=on`."""
+    args, got = [str(a) for a in extra_args], None
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            got = a.split("=", 1)[1]
+        elif a == name and i + 1 < len(args):
+            got = args[i + 1]
+    return got
 
 
 FUSED_CE_ROWS = 4096  # the chunked loss's rows a chunk (training/fast/loss.py; Liger's are 2,048: this is the larger)
@@ -494,6 +519,8 @@ class StepEstimate:
     latency_s: float = 0.0  # collectives' latency per step (part of exposed_comm_s)
     interference_s: float = 0.0  # compute slowed by the collectives that run beside it
     link_known: bool = True  # False: several nodes and no bandwidth between them; the figures assume NVLink
+    fp8: bool = False  # the matmuls run in FP8 (the worker's --fp8 on this GPU type)
+    fp8_speedup: float = 1.0  # what compute time was divided by for it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -525,6 +552,46 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
     return fwd * mult + recompute
 
 
+# FP8 against bf16 on one H200, tokens/s with compiled layers, tensorwise scaling
+# (bench/results/fp8_speed-2026-12-05-H200.md): the 7B shape (hidden 3584) ran 1.257x with LoRA on a frozen FP8
+# base and 1.253x in full fine-tuning; the 1.5B shape (hidden 1536) 1.035x, within noise. The worker's --fp8 auto
+# turns FP8 on from the same hidden size (training/fast/fp8.py AUTO_MIN_HIDDEN: tests/unit/test_fp8_plan.py holds the
+# two equal); below it, or for a mixture of experts, an --fp8 on run counts no speed-up.
+FP8_AUTO_MIN_HIDDEN = 3584
+FP8_SPEEDUP = {"lora": 1.257, "full": 1.253}
+FP8_MEASURED = "bench/results/fp8_speed-2026-12-05-H200.md"
+
+
+def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool, str]:
+    """(the worker runs this run's matmuls in FP8, why), as its --fp8 decides from the preset and the GPU type
+    (fp8_gpu: FP8 tensor cores; None: unknown). Where `on` cannot run it is not run: the advice says so."""
+    if run.fp8 == "off":
+        return False, "off as set"
+    if run.method == "qlora":
+        return False, "Q-LoRA's 4-bit base has no FP8 matmul"
+    if run.precision != "bf16":
+        return False, "FP8 needs bf16 precision"
+    if not fp8_gpu:
+        return False, "the GPU type is unknown" if fp8_gpu is None else "the GPU has no FP8 tensor cores"
+    if run.fp8 == "on":
+        return True, "on as set"
+    if spec.is_moe:
+        return False, "auto: not measured on a mixture of experts"
+    if not run.compiled:
+        return False, "auto: measured with compiled layers only (extra_args say --no_compile)"
+    if spec.hidden < FP8_AUTO_MIN_HIDDEN:
+        return False, f"auto: hidden size {spec.hidden} is under {FP8_AUTO_MIN_HIDDEN}, the smallest measured faster"
+    return True, f"auto: hidden size {spec.hidden}, 7B-class or larger"
+
+
+def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> float:
+    """What compute time is divided by for FP8: the measured ratio where the shape was measured faster, else 1."""
+    on, _ = fp8_runs(spec, run, fp8_gpu)
+    if not on or spec.is_moe or spec.hidden < FP8_AUTO_MIN_HIDDEN:
+        return 1.0
+    return FP8_SPEEDUP["full" if run.method == "full" else "lora"]
+
+
 def path_efficiency(run: RunShape) -> float:
     """The worker's measured model FLOPs utilisation on its path: plain DDP, or DeepSpeed's ZeRO stage with a
     trained (full) or frozen (LoRA, Q-LoRA) base."""
@@ -547,7 +614,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
                   bandwidth_gbps: float | None, gpu_tflops: float = GPUS["H100"].bf16_tflops,
                   efficiency: float | None = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
                   hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: int | None = None,
-                  **overrides: Any) -> StepEstimate:
+                  fp8_gpu: bool | None = False, **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
     estimate_comm's.
 
@@ -557,6 +624,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     intra_node_gbs: NCCL bus bandwidth inside a node, GB/s (the GPU table's, or the node's measured topology).
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
+    fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8 on a shape measured
+    faster, compute time is divided by the measured ratio (fp8_speedup).
     """
     from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
 
@@ -569,7 +638,9 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
     eff = effective_efficiency(run, efficiency, spec)
     fpt = flops_per_token(spec, run)
-    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
+    fp8_on, _ = fp8_runs(spec, run, fp8_gpu)
+    fp8_x = fp8_speedup(spec, run, fp8_gpu)
+    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff * fp8_x), host_floor_s(spec.layers))
     micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum
     passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
@@ -620,7 +691,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
         comm_bytes_per_gpu=cm.bytes_per_gpu, comm_s=cm.total_s, exposed_comm_s=cm.exposed_s, optimizer_s=opt,
         step_time_s=step, step_time_no_overlap_s=step_no, tokens_per_second=tokens / step,
         bus_gbps=bus, strategy=strategy, world_size=world, latency_s=cm.latency_s,
-        interference_s=cm.interference_s, link_known=link_known,
+        interference_s=cm.interference_s, link_known=link_known, fp8=fp8_on, fp8_speedup=fp8_x,
     )
 
 
