@@ -191,7 +191,7 @@ class StepLoop:
                         with mark("step: forward"):
                             out = st.forward_loss(batch, num_items, num_tokens)
                         if ref is not None:
-                            st.fp8.check(now, ref, out.ce)
+                            st.fp8.check(now, ref, out)
                         hb.phase("backward")
                         if last:  # the micro-batch whose backward waits for every rank's gradients
                             timer.arm()

@@ -1,5 +1,6 @@
 """--fp8 (training.fast.fp8, fp8_watch) on the CPU: which runs turn it on, which layers it converts, the layers'
-bf16 path and their restoring, the profiled count of FP8 matmuls, the loss guard, and the worker end to end.
+bf16 path and their restoring, the profiled count of FP8 matmuls, the loss guard, and the worker end to end (run
+in this process, as tests/training/test_errors.py runs it: the bench's --cpu-smoke runs it as a program too).
 
 torch's CPU _scaled_mm runs torchao's real float8 training here (TRAINING_FP8_ON_CPU=1 lets --fp8 on use it); the
 decision's GPU branches (compute capability, torchao missing) take their facts from a stand-in, there being no GPU.
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from support.worker import assert_ok, demo_records, run_worker, write_jsonl
+from support.worker import demo_records, write_jsonl
 from training.fast import fp8
 from training.fast.fp8_watch import Fp8ParityError, Fp8Watch, count_fp8
 from training.finetune import main
@@ -173,21 +174,21 @@ def watch(model, layers, mode, bound, records):
     x = torch.randint(0, 128, (2, 32))
 
     def reference(batch, num_items, num_tokens):
-        return SimpleNamespace(ce=model(batch, labels=batch).loss)
+        return SimpleNamespace(ce=model(batch, labels=batch).loss, pref_sums=None)
 
     w = Fp8Watch(layers, mode=mode, reference=reference, device=torch.device("cpu"), guard_steps=2, bound=bound,
                  start_step=0, total_steps=10, write=records.append, is_main=True, method="full", compiled=False)
     with torch.no_grad():
         ref = w.reference(1, x, None, None)
-        loss = model(x, labels=x).loss
-    return w, ref, loss
+        out = SimpleNamespace(ce=model(x, labels=x).loss, pref_sums=None)
+    return w, ref, out
 
 
 def test_the_guard_passes_close_losses_and_stops_guarding_after_its_steps():
     model = tiny(intermediate=128)
     layers, records = fp8.convert(model, "full", pad_inner_dim=False), []
-    w, ref, loss = watch(model, layers, "auto", 0.02, records)
-    w.check(1, ref, loss)
+    w, ref, out = watch(model, layers, "auto", 0.02, records)
+    w.check(1, ref, out)
     (rec,) = records
     assert rec["event"] == "fp8_guard" and rec["ok"] and 0 < rec["rel_diff"] < 0.02 and layers.active
     assert rec["bf16_loss"] != rec["fp8_loss"]
@@ -198,8 +199,8 @@ def test_the_guard_passes_close_losses_and_stops_guarding_after_its_steps():
 def test_past_the_bound_auto_goes_back_to_bf16_and_on_stops():
     model = tiny(intermediate=128)
     layers, records = fp8.convert(model, "full", pad_inner_dim=False), []
-    w, ref, loss = watch(model, layers, "auto", 0.0, records)
-    w.check(1, ref, loss)
+    w, ref, out = watch(model, layers, "auto", 0.0, records)
+    w.check(1, ref, out)
     assert [r.get("code") or r["event"] for r in records] == ["fp8_guard", "FP8_PARITY"]
     assert not records[0]["ok"] and "--fp8 auto turns FP8 off" in records[1]["message"]
     assert not layers.active and all(type(m) is torch.nn.Linear for m in layers.modules)
@@ -207,9 +208,9 @@ def test_past_the_bound_auto_goes_back_to_bf16_and_on_stops():
 
     model = tiny(intermediate=128)
     layers = fp8.convert(model, "full", pad_inner_dim=False)
-    w, ref, loss = watch(model, layers, "on", 0.0, [])
+    w, ref, out = watch(model, layers, "on", 0.0, [])
     with pytest.raises(Fp8ParityError, match=r"FP8 loss parity failed at step 1: .* --fp8 on stops here"):
-        w.check(1, ref, loss)
+        w.check(1, ref, out)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -228,6 +229,7 @@ def test_an_fp8_that_cannot_run_exits_2_before_anything_is_written(tmp_path, cap
     assert rc == 2 and message in err and not out.exists(), err[-2000:]
 
 
+@pytest.mark.slow
 def test_fp8_on_stops_a_run_whose_loss_leaves_bf16s(tmp_path, capsys, tiny_model, monkeypatch):
     """--fp8_parity_bound 0: FP8's first loss is never bf16's to the last bit, so step 1's guard stops the run,
     with one error line and an end record that says why."""
@@ -249,31 +251,64 @@ def test_fp8_on_stops_a_run_whose_loss_leaves_bf16s(tmp_path, capsys, tiny_model
 
 
 @pytest.mark.slow
-def test_the_worker_trains_lora_with_an_fp8_base_and_proves_it(tmp_path, tiny_model, monkeypatch):
-    """`python -m training.finetune --fp8 on` as users run it (on the CPU's _scaled_mm): the conversion, the
-    profiled step's FP8 matmuls and the guard's records are in metrics.jsonl and the log, the loss falls, and the
-    saved adapter loads onto the plain base."""
+def test_dpo_guards_the_answers_likelihood_not_its_loss_against_an_fp8_reference(tmp_path, capsys, tiny_model,
+                                                                                   monkeypatch):
+    """DPO's loss compares the policy with reference log-probabilities computed before step 1 (in FP8 here): the
+    guard compares the answers' log-likelihood instead, which FP8 and bf16 compute alike on the same weights."""
+    import json
+
+    from training.fast.fp8_watch import measure
+
+    sums = torch.tensor([0.1, -0.2, 1.0, -40.0, -60.0])
+    assert measure(SimpleNamespace(ce=torch.tensor(0.69), pref_sums=sums)).item() == 100.0
+    monkeypatch.setenv(fp8.CPU_ENV, "1")
+    out = tmp_path / "out"
+    rc = main(["--output_dir", str(out), "--model_name_or_path", str(tiny_model), "--data_path", "builtin:demo-pref",
+               "--stage", "dpo", "--use_lora", "--lora_r", "8", "--max_steps", "2", "--bf16", "--fp8", "on",
+               "--save_strategy", "no", "--per_device_train_batch_size", "4", "--learning_rate", "1e-4"])
+    err = capsys.readouterr().err
+    assert rc == 0, err[-3000:]
+    guard = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"fp8_guard"' in x]
+    assert [(g["step"], g["ok"], g["measure"]) for g in guard] == [(1, True, "answers' negative log-likelihood"),
+                                                                   (2, True, "answers' negative log-likelihood")]
+    assert all(g["rel_diff"] < 0.02 and g["bf16_loss"] > 1.0 for g in guard)
+
+
+@pytest.mark.slow
+def test_the_worker_trains_lora_with_an_fp8_base_and_proves_it(tmp_path, tiny_model, monkeypatch, caplog):
+    """The worker with --fp8 on (on the CPU's _scaled_mm), in this process: the conversion, the profiled step's FP8
+    matmuls and the guard's records are in metrics.jsonl and the log, the loss falls, and the adapter is saved."""
+    import json
+    import logging
+
     monkeypatch.setenv(fp8.CPU_ENV, "1")
     data = write_jsonl(tmp_path / "train.jsonl", demo_records(48))
-    run = run_worker(tmp_path / "out", "--model_name_or_path", str(tiny_model), "--data_path", str(data),
-                     "--use_lora", "--lora_r", "8", "--max_steps", "4", "--learning_rate", "3e-3", "--bf16",
-                     "--fp8", "on", "--fp8_guard_steps", "3", "--save_strategy", "no",
-                     "--per_device_train_batch_size", "8")
-    assert_ok(run)
-    start = run.records[0]
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="training"):
+        rc = main(["--output_dir", str(out), "--model_name_or_path", str(tiny_model), "--data_path", str(data),
+                   "--use_lora", "--lora_r", "8", "--max_steps", "3", "--learning_rate", "3e-3", "--bf16",
+                   "--fp8", "on", "--fp8_guard_steps", "3", "--save_strategy", "no",
+                   "--per_device_train_batch_size", "8"])
+    assert rc == 0, caplog.text[-3000:]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+    def event(name):
+        return [r for r in recs if r.get("event") == name]
+
+    start = recs[0]
     assert start["fast_path"]["fp8"] is True and start["fast_path"]["why"]["fp8"].startswith("on as given")
-    (conv,) = run.event("fp8")
+    (conv,) = event("fp8")
     # 2 layers x 7 projections, the frozen base of each adapted one; the tiny model's dimensions are multiples of 16
     assert conv["converted"] == 14 and conv["skipped"] == 0 and conv["first_converted"][0].endswith("base_layer")
     assert conv["mode"] == "on" and conv["profile_step"] == 2 and conv["zero3_all_gather"] is None
-    (prof,) = run.event("fp8_profile")
+    (prof,) = event("fp8_profile")
     assert prof["step"] == 2 and prof["engaged"] and prof["fp8_matmuls"] >= conv["converted"]
-    assert [(g["step"], g["ok"]) for g in run.event("fp8_guard")] == [(1, True), (2, True), (3, True)]
-    assert not run.event("warning")
-    assert "FP8 (tensorwise, torchao" in run.stderr and "FP8 engaged: step 2 ran" in run.stderr
-    losses = [s["loss"] for s in run.steps]
-    assert len(losses) == 4 and losses[-1] < losses[0]
-    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
+    assert [(g["step"], g["ok"]) for g in event("fp8_guard")] == [(1, True), (2, True), (3, True)]
+    assert not event("warning") and event("end")[0]["status"] == "ok"
+    assert "FP8 (tensorwise, torchao" in caplog.text and "FP8 engaged: step 2 ran" in caplog.text
+    losses = [r["loss"] for r in recs if "event" not in r]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert (out / "adapter_model.safetensors").is_file()
 
 
 def test_the_conversion_record_says_what_a_reader_needs():

@@ -98,27 +98,28 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
         return no("FP8 was measured on NVIDIA GPUs only")
     if not bf16:
         return no("FP8 matmuls take bf16 activations: it needs --bf16")
+    if not explicit:  # what was measured, before torchao is imported (seconds of a start-up) for nothing
+        if moe:
+            return no("FP8 was not measured on a mixture of experts (its experts are not nn.Linear layers)")
+        if not compiled:
+            return no("FP8 was measured with compiled layers only (--compile)")
+        if hidden < AUTO_MIN_HIDDEN:
+            return no(f"hidden size {hidden} is under {AUTO_MIN_HIDDEN}, the smallest shape measured faster (the "
+                      f"1.5B shape, hidden 1536, ran 1.03x: {MEASURED})")
     version, why_not = torchao_version()
     if version is None:
         return no(f"{why_not}: pip install torchao (the gpu extra, qwen-tui[gpu], brings it)")
     where = f"sm_{cap[0]}{cap[1]}" if cap else f"CPU ({CPU_ENV}=1)"
-    if explicit:
-        why = f"on as given (torchao {version}, {RECIPE}, {where})"
-        if not compiled:
-            why += ("; without compiled layers torchao's casts run eagerly (and a frozen base's weight-gradient "
-                    "matmul is computed, then dropped): slower than with --compile")
-            log.warning("--fp8 on without compiled layers (--no_compile, or a CPU run): torchao's casts run "
-                        "eagerly, slower than with --compile")
-        return True, why
-    if moe:
-        return no("FP8 was not measured on a mixture of experts (its experts are not nn.Linear layers)")
+    if not explicit:
+        return True, (f"on: hidden size {hidden}, 7B-class or larger (1.25x measured: {MEASURED}); torchao "
+                      f"{version}, {RECIPE}, {where}")
+    why = f"on as given (torchao {version}, {RECIPE}, {where})"
     if not compiled:
-        return no("FP8 was measured with compiled layers only (--compile)")
-    if hidden < AUTO_MIN_HIDDEN:
-        return no(f"hidden size {hidden} is under {AUTO_MIN_HIDDEN}, the smallest shape measured faster (the 1.5B "
-                  f"shape, hidden 1536, ran 1.03x: {MEASURED})")
-    return True, (f"on: hidden size {hidden}, 7B-class or larger (1.25x measured: {MEASURED}); torchao {version}, "
-                  f"{RECIPE}, {where}")
+        why += ("; without compiled layers torchao's casts run eagerly (and a frozen base's weight-gradient "
+                "matmul is computed, then dropped): slower than with --compile")
+        log.warning("--fp8 on without compiled layers (--no_compile, or a CPU run): torchao's casts run "
+                    "eagerly, slower than with --compile")
+    return True, why
 
 
 # ---------------------------------------------------------------- which layers

@@ -11,7 +11,8 @@ Users of other trainers report FP8 switches that silently did nothing, or ran sl
 - guards the loss over its first steps (--fp8_guard_steps): the step's first micro-batch also runs a no-grad
   forward with the FP8 layers in bf16 (Fp8Layers.bf16_matmuls: the same weights, the same batch, eager), from the
   same random state as the training forward (so LoRA's dropout draws the same masks), and the two losses are
-  compared: |FP8 - bf16| / |bf16| must stay within --fp8_parity_bound on every rank. One fp8_guard record a step.
+  compared (under DPO, the answers' log-likelihoods: measure()): |FP8 - bf16| / |bf16| must stay within
+  --fp8_parity_bound on every rank. One fp8_guard record a step.
   Past it, `auto` turns FP8 off for the rest of the run (the layers back to nn.Linear; the compiled layers
   compile again once, in bf16) with an FP8_PARITY warning record; `on` stops the run with an error that says so.
 
@@ -42,6 +43,15 @@ log = logging.getLogger("training")
 PROFILE_STEP = 2  # step 1 compiles (its profile would count the tracing too); step 2 runs as training does
 FP8_OPS = ("aten::_scaled_mm", "aten::_scaled_mm_v2")
 FP8_GEMM = re.compile(r"e4m3|e5m2|fp8|f8f8|_f8_|qqtst|qrtst|float8", re.IGNORECASE)
+
+
+def measure(out) -> torch.Tensor:
+    """What the guard compares of a micro-batch's StepLoss: its loss; under DPO its answers' summed negative
+    log-probabilities, since DPO's loss is a difference against the reference pass's log-probabilities, which were
+    computed in FP8 before the first step (comparing it would weigh that pass's rounding, not this forward's)."""
+    if getattr(out, "pref_sums", None) is not None:
+        return -(out.pref_sums[3] + out.pref_sums[4]).detach().float()  # STATS' logps_chosen, logps_rejected
+    return out.ce.detach().float()
 
 
 class Fp8ParityError(ExplainedFailure):
@@ -96,18 +106,20 @@ class Fp8Watch:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices), self.layers.bf16_matmuls():
             out = self._reference(batch, num_items, num_tokens)
-        return out.ce.detach().float()
+        return measure(out)
 
-    def check(self, step: int, ref: torch.Tensor, fp8_loss: torch.Tensor) -> None:
-        """After that forward: compares, on every rank at once (any rank past the bound is every rank's)."""
-        b, f = float(ref.item()), float(fp8_loss.detach().float().item())
+    def check(self, step: int, ref: torch.Tensor, out) -> None:
+        """After that forward (its StepLoss `out`): compares, on every rank at once (any rank past the bound is
+        every rank's)."""
+        b, f = float(ref.item()), float(measure(out).item())
         rel = abs(f - b) / abs(b) if abs(b) > 1e-12 else abs(f - b)
         bad = not (math.isfinite(f) and rel <= self.bound) and math.isfinite(b)
         worst = dist.all_reduce_max(torch.tensor([float(bad), rel if math.isfinite(rel) else 1e30],
                                                  dtype=torch.float64, device=self.device)).tolist()
         bad, worst_rel = bool(worst[0]), float(worst[1])
         self.write({"event": "fp8_guard", "step": step, "bf16_loss": b, "fp8_loss": f, "rel_diff": rel,
-                    "worst_rel_diff": worst_rel, "bound": self.bound, "ok": not bad})
+                    "worst_rel_diff": worst_rel, "bound": self.bound, "ok": not bad,
+                    "measure": "answers' negative log-likelihood" if out.pref_sums is not None else "loss"})
         if not bad:
             if self.is_main:
                 log.info("FP8 loss guard, step %d: FP8 %.5f, bf16 %.5f (%.3f%%; worst rank %.3f%%, bound %.2f%%)",
