@@ -40,7 +40,7 @@ The call (device tool; the branch's code travels as an ignored copy, since a cal
     # .whl-fp8 torchao 0.17.0):
     rm -rf .gpu-fp8w && mkdir .gpu-fp8w && git archive fp8-worker training bench | tar -x -C .gpu-fp8w \\
         && rm -rf .gpu-fp8w/bench/results && (grep -qx '/.gpu-fp8w/' .git/info/exclude || echo /.gpu-fp8w/ >> .git/info/exclude)
-    # run: carry [".whl-lite", ".whl-fp8", ".gpu-fp8w"], timeout_s 600, command:
+    # run: kind left out (one H100 or H200), carry [".whl-lite", ".whl-fp8", ".gpu-fp8w"], timeout_s 600, command:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
         .whl-lite/*.whl .whl-fp8/*.whl && export PYTHONPATH=/tmp/site:$PWD/.gpu-fp8w PYTHONUNBUFFERED=1 \\
         && cd .gpu-fp8w && python3 bench/fp8_worker.py --out $OUT
@@ -83,11 +83,11 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 # rough seconds of both arms on one H100 (for the budget)
 CASES = {
     "lora-7b": dict(shape="7b", method="lora", zero=None, layers=None, records=8, seq=1024, row=4096, lr=5e-4,
-                    est_s=170),
+                    est_s=190),
     "full-7b-zero3": dict(shape="7b", method="full", zero=3, layers=12, records=4, seq=1024, row=4096, lr=2e-5,
                           est_s=160),
     "full-1.5b": dict(shape="1.5b", method="full", zero=None, layers=None, records=8, seq=1024, row=8192, lr=1e-4,
-                      est_s=120),
+                      est_s=110),
 }
 SMOKE_CASES = {
     "lora-tiny": dict(shape="tiny", method="lora", zero=None, layers=None, records=4, seq=64, row=128, lr=2e-3,
@@ -98,6 +98,9 @@ SMOKE_CASES = {
                       est_s=60),
 }
 STEPS, WARMUP = 50, 10
+# The device call is cut at CALL_S; the wheels' install comes first (about INSTALL_S), and an arm cut at the budget
+# gets STOP_WAIT_S to stop quietly, then KILL_WAIT_S after a kill.
+CALL_S, INSTALL_S, BUDGET_S, STOP_WAIT_S, KILL_WAIT_S = 600, 20, 500, 30, 15
 SMOKE_STEPS, SMOKE_WARMUP, SMOKE_GUARD = 6, 3, 3
 # The plain loop's ratios (bench/results/fp8_speed-2026-12-05-H200.md), printed beside the worker's.
 LOOP_RATIOS = {"lora-7b": 1.257, "full-7b-zero3": 1.253, "full-1.5b": 1.035}
@@ -233,10 +236,10 @@ def run_arm(name: str, arm: str, cmd: list[str], out: Path, steps: int, warmup: 
         if not ended:  # a quiet stop (training/runtime/stop.py); to the group: torchrun's agent too
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            proc.wait(timeout=KILL_WAIT_S)
     wall = time.monotonic() - t0
     recs = read_metrics(metrics)
     res = {"arm": arm, "wall_s": round(wall, 1), "rc": proc.returncode, "stop": why}
@@ -412,8 +415,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for fp8_worker.json, fp8_worker.md and fp8_worker.log")
     p.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
-    p.add_argument("--budget-s", type=float, default=530, help="skip a case whose estimate no longer fits; cut an arm "
-                   "past it (default 530: a call is cut at 600, the wheels' install comes first)")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S, help="skip a case whose estimate no longer fits; cut "
+                   f"an arm past it (default {BUDGET_S}: a call is cut at {CALL_S}, the wheels' install comes first, "
+                   f"and a cut arm takes up to {STOP_WAIT_S + KILL_WAIT_S} s to stop)")
     p.add_argument("--scratch", default=None, help="where models, data and the runs' outputs go (default: a folder "
                    "under /tmp)")
     p.add_argument("--cpu-smoke", action="store_true", help="the tiny shape on the CPU: every code path, no speed")

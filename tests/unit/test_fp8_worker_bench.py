@@ -91,6 +91,13 @@ def test_a_bf16_arm_that_ran_fp8_or_a_failed_arm_is_no_measurement():
     assert fw.compare(c)["verdict"] == "error"
 
 
+def test_the_cases_fit_the_budget_and_the_budget_a_call():
+    """The three cases' estimates fit the default budget; the budget, the wheels' install and the longest stop of a
+    cut arm fit the device call."""
+    assert sum(c["est_s"] for c in fw.CASES.values()) <= fw.BUDGET_S
+    assert fw.INSTALL_S + fw.BUDGET_S + fw.STOP_WAIT_S + fw.KILL_WAIT_S < fw.CALL_S
+
+
 def test_the_table_shows_every_case_skips_and_failures():
     ok = case_with(records(tps=10_000.0), records(tps=12_500.0, fp8=True), True)
     ok["compare"] = fw.compare(ok)
@@ -98,7 +105,7 @@ def test_the_table_shows_every_case_skips_and_failures():
     bad.update(case="full-7b-zero3", layers=12, tokens_per_step=4096)
     bad["compare"] = fw.compare(bad)
     doc = {"date": "2026-12-06", "gpu": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0"}, "elapsed_s": 400.0,
-           "budget_s": 530.0, "steps": 50, "warmup": 10,
+           "budget_s": 500.0, "steps": 50, "warmup": 10,
            "cases": [ok, bad, {"case": "full-1.5b", "skipped": "20 s of the budget left, the case needs about 120 s"}]}
     text = fw.markdown(doc)
     rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith(("| case", "| ---"))]
