@@ -18,12 +18,20 @@ from proof_scaling import _gpu_name
 
 
 def reference(file: str, pick: Callable[[dict], dict | None], rate: str, mfu: str) -> dict:
-    """A figure the README states, read from the bench/results file it cites."""
+    """A figure the README states, read from the bench/results file it cites, with the GPU it was measured on
+    (the file's own record of it, else the GPU its name carries)."""
     data = json.loads((BENCH / "results" / file).read_text())
     rec = pick(data)
     if rec is None:
         raise ValueError(f"{file}: the cited result is not there")
-    return {"file": f"bench/results/{file}", "tokens_per_s": rec[rate], "mfu": rec.get(mfu)}
+    gpu = (data.get("env") or {}).get("gpu") or next((f"NVIDIA {g}" for g in ("H200", "H100", "B200", "A100")
+                                                       if f"-{g}" in file), None)
+    return {"file": f"bench/results/{file}", "tokens_per_s": rec[rate], "mfu": rec.get(mfu), "gpu": gpu}
+
+
+def other_gpu(here: str, stated: str | None) -> bool:
+    """Whether this GPU is not the one the stated figure was measured on (H100 80GB HBM3 is not H200)."""
+    return bool(stated) and not here.startswith(str(stated))
 
 
 def _by(key: str, value: Any) -> Callable[[dict], dict | None]:
@@ -53,7 +61,9 @@ def _speed_result(line: str, r: dict, rate: str = "tokens_per_s", mfu: str = "mf
     v = verdict_of_speed(got, ref["tokens_per_s"])
     words = (f"{got:,.0f} tokens/s" + (f", MFU {m:.1%}" if m else "") + f" against {ref['tokens_per_s']:,.0f}"
              + (f" ({ref['mfu']:.1%})" if ref.get("mfu") else "") + f" stated: {ratio:.2f}x"
-             + (f", more than {1 - SLOW_BELOW:.0%} under" if v == "slow" else "") + f" on {_gpu_name()}")
+             + (f", more than {1 - SLOW_BELOW:.0%} under" if v == "slow" else "") + f" on {_gpu_name()}"
+             + (f" (the stated figure is an {ref['gpu']}'s: another GPU, so the ratio is not a regression by itself)"
+                if other_gpu(_gpu_name(), ref.get("gpu")) else ""))
     return Result(line, "", v, words, measured={"tokens_per_s": got, "mfu": m, "ratio": ratio,
                                                 "gpu": _gpu_name(), "run": r}, reference=ref)
 

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 
 from ..base.levels import Level
+from ..cluster.facts import file_fact
 from .core import Advice, Context, Fix, rule
 
 # ---------------------------------------------------------------- cluster consistency (facts)
@@ -143,20 +144,25 @@ def fast_kernel_missing(c: Context) -> Iterable[Advice]:
 
 
 def _file_rules(c: Context, what: str) -> Iterable[Advice]:
-    path = getattr(c.t, "data" if what == "data" else "model")
-    if path.startswith("builtin:"):
+    """`what`: "data", "model", or a field of the run's other data files (eval_data, datasets.K.path, ...)."""
+    got = {i: ff for i, nf in c.node_facts() if (ff := file_fact(nf, what)) is not None}
+    model = what == "model"
+    if what in ("data", "model"):
+        path, noun = getattr(c.t, what), what
+        if not path or path.startswith("builtin:"):
+            return
+    elif got:
+        path, noun = next(iter(got.values())).path, f"training.{what}"
+    else:
         return
-    got = {i: getattr(nf, what) for i, nf in c.node_facts() if getattr(nf, what) is not None}
     for i, ff in got.items():
         if not ff.exists and (i == 0 or (0 in got and not got[0].exists)):  # nowhere to copy it from
-            yield Advice(Level.ERROR, "DATA_MISSING" if what == "data" else "MODEL_MISSING",
-                         f"{path} is missing on node {i}",
-                         Fix(f"Correct training.{what}", hint=f"put the {what} at {path} on node 0 (the master), or "
+            yield Advice(Level.ERROR, "MODEL_MISSING" if model else "DATA_MISSING", f"{path} is missing on node {i}",
+                         Fix(f"Correct training.{what}", hint=f"put the {noun} at {path} on node 0 (the master), or "
                              f"set training.{what} to where it is"), node=i)
         elif not ff.exists:
-            yield Advice(Level.ERROR, "DATA_MISSING" if what == "data" else "MODEL_MISSING",
-                         f"{path} is missing on node {i}",
-                         Fix(f"Copy the {what} to node {i}", hint=f"rsync it to the same path on node {i}, or put it "
+            yield Advice(Level.ERROR, "MODEL_MISSING" if model else "DATA_MISSING", f"{path} is missing on node {i}",
+                         Fix(f"Copy the {noun} to node {i}", hint=f"rsync it to the same path on node {i}, or put it "
                              "on shared storage (qwen-tui check --sync copies it from the master)"), node=i)
     sums = {i: ff.sha256 for i, ff in got.items() if ff.exists and ff.sha256}
     sizes = {i: ff.size_bytes for i, ff in got.items() if ff.exists}
@@ -165,17 +171,18 @@ def _file_rules(c: Context, what: str) -> Iterable[Advice]:
         ref = 0 if 0 in got else min(got)
         odd = [i for i in got if i != ref and ((sums.get(i) and sums.get(i) != sums.get(ref))
                                                or sizes.get(i) != sizes.get(ref))]
-        yield Advice(Level.ERROR if what == "data" else Level.WARNING,
-                     "DATA_DIFFERS" if what == "data" else "MODEL_DIFFERS",
+        yield Advice(Level.WARNING if model else Level.ERROR, "MODEL_DIFFERS" if model else "DATA_DIFFERS",
                      f"{path} differs between node {ref} and node(s) {', '.join(map(str, odd))} "
                      f"({sizes.get(ref, 0):,} vs {sizes.get(odd[0], 0) if odd else 0:,} bytes)",
-                     Fix(f"Copy node {ref}'s {what}", hint=f"rsync node {ref}'s copy over the others"),
+                     Fix(f"Copy node {ref}'s {noun}", hint=f"rsync node {ref}'s copy over the others"),
                      node=odd[0] if odd else None)
 
 
 @rule
 def data_files(c: Context) -> Iterable[Advice]:
     yield from _file_rules(c, "data")
+    for key in sorted({k for _, nf in c.node_facts() for k in nf.data_files}):
+        yield from _file_rules(c, key)
 
 
 @rule

@@ -160,7 +160,7 @@ def _checks(preset, transports, show: NodeLines, *, connect_errors, bandwidth_se
 
 
 def run(args: argparse.Namespace) -> int:
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
     from qwen_tui.run.api import Connections
 
     console = Console(stderr=args.json)
@@ -291,7 +291,7 @@ def _in_allocation(args: argparse.Namespace, preset, console: Console) -> int:
 def run_keys(args: argparse.Namespace) -> int:
     from qwen_tui.nodes.keys import KeyLocked, identity_for, key_is_encrypted, setup_keys
     from qwen_tui.nodes.transport.protocol import TransportError
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
 
     preset = load_preset(args.preset)
     console = Console()

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..advice.datapreview import histogram_lines, summary_lines
 from ..plan.estimate import GPUS
-from ..preset.schema import load_preset
+from ..preset.files import load_preset
 from ..run.tools.data_preview import DEFAULT_TIMEOUT_S, DataPreviewError, preview
 from .estimate import gpu_name
 from .facts_file import read_facts_file

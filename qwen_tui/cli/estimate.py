@@ -15,7 +15,7 @@ from typing import Any
 from ..advice.report import NODES_WORTH_LIMIT, build_report, human_count, model_line
 from ..plan.estimate import FAST_PATH_EFFICIENCY, GPUS, ZERO_EFFICIENCY
 from ..plan.estimate_comm import NIC_EFFICIENCY
-from ..preset.schema import load_preset
+from ..preset.files import load_preset
 from . import styles
 from .facts_file import read_facts_file
 from .options import DeprecatedAlias

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..base.redact import printable, shown_env
 from ..plan.launch import METRICS_NAME, LaunchPlan
-from ..preset.schema import load_preset
+from ..preset.files import load_preset
 from ..run import api
 from ..run.launcher import Launcher, RunOutcome
 from ..run.rundir import default_runs_root, new_run_id

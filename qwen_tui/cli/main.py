@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..base.logsetup import configure as configure_logging
-from ..preset.schema import Preset, PresetError, load_preset
+from ..preset.files import load_preset
+from ..preset.schema import Preset, PresetError
 from ..preset.shipped import shipped_preset
 from ..run.rundir import RunDirError
 from . import after, check, data, estimate

@@ -109,6 +109,9 @@ class NodeFacts:
     open_files: int | None = None  # ulimit -n (soft), -1 = unlimited
     data: FileFact | None = None
     model: FileFact | None = None
+    # the run's other data files, by the preset field that names them (eval_data, datasets.K.path, a mixture's
+    # dataset_info and the file its entry names): each node opens its own copy, as it does training.data
+    data_files: dict[str, FileFact] = field(default_factory=dict)
     missing_tools: list[str] = field(default_factory=list)  # e.g. ["iperf3", "nvidia-smi"]
     topology: GPUTopology | None = None  # nvidia-smi topo -m; None: no nvidia-smi, or not read
     topology_error: str | None = None  # why the matrix could not be read, when nvidia-smi was there
@@ -129,6 +132,13 @@ class NodeFacts:
         if not self.gpus:
             return None
         return min(g.memory_total_mib for g in self.gpus) / 1024
+
+
+def file_fact(nf: NodeFacts | None, kind: str) -> FileFact | None:
+    """What a node holds of one of the run's files: "data", "model", or a data_files field (eval_data, ...)."""
+    if nf is None:
+        return None
+    return getattr(nf, kind) if kind in ("data", "model") else nf.data_files.get(kind)
 
 
 @dataclass
@@ -188,6 +198,7 @@ class ClusterFacts:
             for k in ("data", "model"):
                 if x.get(k) is not None:
                     x[k] = FileFact(**x[k])
+            x["data_files"] = {k: FileFact(**v) for k, v in (x.get("data_files") or {}).items()}
             return NodeFacts(**x)
 
         return cls(

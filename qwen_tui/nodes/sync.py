@@ -1,5 +1,5 @@
-"""Sync: copy the data file, the model directory or the project's training code
-from the master (node 0) to the nodes where the probe found it missing, over
+"""Sync: copy the data files, the model directory or the project's training code
+from the master (node 0) to the nodes where the probe found them missing, over
 SFTP, then verify the checksum on the node. A file that exists but differs is
 never overwritten without consent (`overwrite=True`).
 """
@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qwen_tui.cluster.facts import ClusterFacts
+from qwen_tui.cluster.facts import ClusterFacts, file_fact
 from qwen_tui.nodes.hubmodel import hub_datasets, hub_id, synced_dataset_rel, synced_rel
 from qwen_tui.nodes.programs import program
 from qwen_tui.nodes.results import NodeResults, on_nodes
@@ -32,7 +32,7 @@ Progress = Callable[[int, str, int, int], None]  # node, path, bytes done, bytes
 @dataclass
 class SyncAction:
     node: int
-    kind: str  # data | model | code | dataset ORG/NAME
+    kind: str  # data | model | code | dataset ORG/NAME | a data_files field (eval_data, datasets.K.path, ...)
     path: str
     action: str  # copied | same | differs (left untouched) | missing on master | failed
     detail: str = ""
@@ -61,8 +61,8 @@ def _targets(preset: Preset, facts: ClusterFacts) -> list[tuple[str, str, str]]:
     """(kind, master path, attr) for what the probe can compare."""
     m = facts.nodes.get(0)
     out = []
-    for kind in ("data", "model"):
-        f = getattr(m, kind) if m else None
+    for kind in ("data", "model", *(sorted(m.data_files) if m else ())):
+        f = file_fact(m, kind)
         if f is not None:
             out.append((kind, f.path, kind))
     return out
@@ -92,8 +92,7 @@ def sync(preset: Preset, transports: dict[int, Transport], facts: ClusterFacts, 
             elif kind.startswith("dataset "):
                 path = posixpath.join(nodes[i].workdir, synced_dataset_rel(kind.split(" ", 1)[1]))
             else:
-                nf = facts.nodes.get(i)
-                ff = getattr(nf, kind) if nf else None
+                ff = file_fact(facts.nodes.get(i), kind)
                 path = ff.path if ff is not None else s["path"]
                 if kind == "model" and hub_id(preset.training.model):
                     if ff is not None and ff.exists and ff.sha256 == s["sha256"]:

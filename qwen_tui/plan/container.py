@@ -27,6 +27,15 @@ here, never left to the user, each for a reason (docs/containers.md lists them):
 - the container named after the run and node (`qwen-tui-<run>-node<rank>`), removed when it ends (`--rm`;
   podman `--replace`s a leftover of an earlier attempt), and never pulled (`--pull never`): a missing image
   fails at once, and the checks name it before launch.
+
+pyxis is not a command but srun's own options (a SLURM plugin that runs each task in an enroot container): its
+prefix is a job step of its own on the node, started from where the node's command runs (a step of the
+allocation already, so SLURM_JOB_ID is set): `srun --overlap --whole` on that node, one task, with
+`--container-image`, the mounts, the workdir and `--container-env` naming the job's variables (pyxis sets the
+step's environment in the container, but an image's own value wins unless named there). enroot shares the node's
+network, PID and IPC namespaces; the GPUs and HCAs reach the container through enroot's hooks, by the variables
+set before the step (the step gets every GPU of the node the job holds: `--whole`). Unnamed, pyxis's container
+is removed when its task ends.
 """
 
 from __future__ import annotations
@@ -131,11 +140,36 @@ def _ulimits(container: Container) -> list[str]:
     return [x for k, v in limits.items() if v != "host" for x in ("--ulimit", f"{k}={v}")]
 
 
+# enroot's hooks read these: which GPUs and HCAs to put in the container (set literally, the node's own values
+# are not the container's business).
+_GPU_VARS = ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+_HCA_VARS = ("MELLANOX_VISIBLE_DEVICES=all",)
+
+
+def _pyxis(c: Container, *, name: str, node: str | None, workdir: str, mounts: list[Mount], env: list[str],
+           gpus: bool, infiniband: bool) -> list[str]:
+    hooks = [*(_GPU_VARS if gpus else ()), *(_HCA_VARS if infiniband else ())]
+    names = [*env, *(v.split("=", 1)[0] for v in hooks)]
+    argv = ["env", *hooks] if hooks else []
+    argv += ["srun", "--overlap", "--whole", "--nodes", "1", "--ntasks", "1"]
+    if node:
+        argv += ["--nodelist", node]  # else SLURM picks the allocation's first node, not this one
+    argv += ["--kill-on-bad-exit=1", "--unbuffered", "--quiet", "--job-name", name,
+             f"--container-image={c.image}", f"--container-workdir={workdir}"]
+    if mounts:
+        argv.append("--container-mounts=" + ",".join(m.spec() for m in mounts))
+    if names:
+        argv.append("--container-env=" + ",".join(names))
+    return [*argv, *c.extra_args]
+
+
 def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: list[Mount], env: list[str],
-                   gpus: bool, infiniband: bool, make_dirs: list[str] | None = None) -> list[str]:
+                   gpus: bool, infiniband: bool, make_dirs: list[str] | None = None,
+                   node: str | None = None) -> list[str]:
     """The runtime's command up to the image (and, for enroot, the step into the workdir): what a node's argv
     runs after. `env`: the variable names to pass in (env_names); `gpus`, `infiniband`: whether to hand the
-    node's GPUs and HCAs to the container; `make_dirs`: directories to create on the node first."""
+    node's GPUs and HCAs to the container; `make_dirs`: directories to create on the node first; `node`: the
+    node's SLURM name (pyxis's step is started on it)."""
     c = container
     if c.runtime in ("podman", "docker"):
         argv = [c.runtime, "run", "--rm", "--name", name, "--pull", "never"]
@@ -161,12 +195,13 @@ def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: lis
         for m in mounts:
             argv += ["--bind", m.spec()]
         argv += ["--pwd", workdir, *c.extra_args, c.image]
+    elif c.runtime == "pyxis":
+        argv = _pyxis(c, name=name, node=node, workdir=workdir, mounts=mounts, env=env, gpus=gpus,
+                      infiniband=infiniband)
     else:  # enroot: the node's namespaces too; its hooks add the GPUs and HCAs the variables name
         argv = ["enroot", "start"]
-        if gpus:
-            argv += ["--env", "NVIDIA_VISIBLE_DEVICES=all", "--env", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
-        if infiniband:
-            argv += ["--env", "MELLANOX_VISIBLE_DEVICES=all"]
+        for v in [*(_GPU_VARS if gpus else ()), *(_HCA_VARS if infiniband else ())]:
+            argv += ["--env", v]
         for m in mounts:
             # an fstab line, colon-separated: source, target, type, options
             argv += ["--mount", f"{m.src}:{m.dst}:none:x-create=auto,rbind" + (",ro" if m.ro else "")]
@@ -178,19 +213,26 @@ def runtime_prefix(container: Container, *, name: str, workdir: str, mounts: lis
     return argv
 
 
+# Each runtime's run command, as two words of a prefix (pyxis's: its step's srun).
+_RUN_WORDS = (("podman", "run"), ("docker", "run"), ("enroot", "start"), ("srun", "--overlap"))
+
+
 def _insert(prefix: list[str], flags: dict[str, list[str]]) -> list[str]:
     """`prefix` with the flags for its runtime (runtime -> flags) right after its run command."""
     for i, a in enumerate(prefix[:-1]):
-        if (a, prefix[i + 1]) in (("podman", "run"), ("docker", "run"), ("enroot", "start")):
+        if (a, prefix[i + 1]) in _RUN_WORDS:
             return [*prefix[:i + 2], *flags.get(a, []), *prefix[i + 2:]]
     return list(prefix)
 
 
 def with_env(prefix: list[str], names: Iterable[str]) -> list[str]:
     """A runtime_prefix that passes `names` in as well (by name): for a job that adds variables of its own to the
-    plan's environment. Apptainer passes the whole environment in already."""
+    plan's environment. Apptainer passes the whole environment in already; srun passes it to pyxis, whose
+    --container-env (it may be given again) makes these values win over the image's."""
+    names = list(names)
     extra = [x for n in names for x in ("--env", n)]
-    return _insert(prefix, {"podman": extra, "docker": extra, "enroot": extra})
+    pyxis = ["--container-env=" + ",".join(names)] if names else []
+    return _insert(prefix, {"podman": extra, "docker": extra, "enroot": extra, "srun": pyxis})
 
 
 def with_stdin(prefix: list[str]) -> list[str]:
@@ -202,7 +244,7 @@ def with_stdin(prefix: list[str]) -> list[str]:
 def removal_argv(prefix: list[str]) -> list[str] | None:
     """The command that removes the container a runtime_prefix names, whatever state it is in (a stop that had to
     kill the runtime's client can leave it behind), or None where the runtime keeps no container (Apptainer,
-    enroot) or the prefix names none."""
+    enroot, pyxis's unnamed one) or the prefix names none."""
     for i, a in enumerate(prefix[:-1]):
         if (a, prefix[i + 1]) in (("podman", "run"), ("docker", "run")) and "--name" in prefix[i:]:
             name = prefix[prefix.index("--name", i) + 1]
@@ -212,11 +254,11 @@ def removal_argv(prefix: list[str]) -> list[str] | None:
 
 def wrap(container: Container, argv: list[str], *, name: str, workdir: str, env: Iterable[str] = (),
          mounts: list[Mount] | None = None, make_dirs: list[str] | None = None, gpus: bool = True,
-         infiniband: bool = False) -> list[str]:
+         infiniband: bool = False, node: str | None = None) -> list[str]:
     """`argv` run inside `container`: the node's whole command (for an srun step, or any launcher that starts
     the command itself). `env`: the names of the variables it must see, set in the environment the command
     starts in (they are passed by name, with the run's marks); `mounts`: default the workdir alone."""
     mounts = [Mount(workdir, workdir)] if mounts is None else mounts
     prefix = runtime_prefix(container, name=name, workdir=workdir, mounts=mounts, env=env_names(env, container),
-                            gpus=gpus, infiniband=infiniband, make_dirs=make_dirs)
+                            gpus=gpus, infiniband=infiniband, make_dirs=make_dirs, node=node)
     return [*prefix, *argv]

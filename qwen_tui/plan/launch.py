@@ -297,7 +297,8 @@ def make_plan(preset: Preset, *, run_id: str, local_run_dir: str, base_dir: str 
             container = runtime_prefix(preset.container, name=container_name(run_id, rank), workdir=workdir,
                                        mounts=mounts, env=env_names(env, preset.container),
                                        gpus=_gpus_in_container(preset, facts, rank),
-                                       infiniband=backend == "nccl" and ib is False, make_dirs=make)
+                                       infiniband=backend == "nccl" and ib is False, make_dirs=make,
+                                       node=node.host)
         cmds.append(NodeCommand(rank=rank, label=node.label, host=node.host, local=node.is_local,
                                 nproc=node.gpus, workdir=workdir,
                                 run_dir=run_dir, env=env, argv=argv, container=container))

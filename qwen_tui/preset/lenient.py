@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .schema import Preset, PresetError, load_preset
+from .files import load_preset
+from .schema import Preset, PresetError
 
 
 def _drop(data: Any, loc: tuple) -> bool:

@@ -28,7 +28,8 @@ from ..cluster.facts import ClusterFacts, NodeFacts
 from ..nodes.results import NodeResults, on_nodes
 from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, make_plan
-from ..preset.schema import Preset, load_preset, save_preset
+from ..preset.files import load_preset, save_preset
+from ..preset.schema import Preset
 from .events import (
     AlreadyEnded,
     Checked,
@@ -164,14 +165,14 @@ def local_files_missing(preset: Preset) -> list:
     import os
 
     from ..advice.core import Advice, Fix
-    from ..nodes.checks.probe import local_path
+    from ..nodes.checks.probe import data_path, local_path
 
     out: list = []
     t = preset.training
     sources = [(f"datasets.{k}.{'path' if s.path else 'dataset_info'}", s.path or s.dataset_info)
                for k, s in enumerate(t.datasets or [])]  # a mixture's files, each where the worker opens it
-    for kind, spec in (("data", t.data), *sources, ("model", t.model)):
-        rel = local_path(spec)
+    for kind, spec in (("data", t.data), ("eval_data", t.eval_data), *sources, ("model", t.model)):
+        rel = local_path(spec) if kind == "model" else data_path(spec)
         if rel is None:  # builtin: or a hub id (fetched by the worker, or by check --sync)
             continue
         for i, n in enumerate(preset.cluster.nodes):

@@ -21,8 +21,9 @@ from textual.worker import Worker
 from ..advice.rules import Advice, apply_fix
 from ..base.field_words import plain_message
 from ..cluster.facts import ClusterFacts
+from ..preset.files import save_preset
 from ..preset.lenient import load_preset_keeping_known
-from ..preset.schema import Preset, PresetError, save_preset
+from ..preset.schema import Preset, PresetError
 from ..run.api import CONSENT_WAIT_S
 from ..wizard.state import STEPS, TITLES, WizardState, new_preset
 from .launch_guard import LaunchGuard

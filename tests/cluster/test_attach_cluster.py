@@ -16,7 +16,8 @@ import pytest
 
 from qwen_tui.nodes.connect import close_all, connect_all
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
 from support.cluster import REPO, preset_dict

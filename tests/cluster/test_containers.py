@@ -26,6 +26,7 @@ from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import RunState
 from support.cluster import REPO, preset_dict
+from support.launcher_wait import wait_steps
 from support.podman_nodes import BUILD_BOUND_S, build_bare_image
 from support.procs import assert_quiet_stop_logs, environ_of
 
@@ -62,17 +63,6 @@ def _launch(preset: Preset, run_id: str, tmp_path: Path, **kw):
     la = Launcher(plan, dict(conns), rd, **kw)
     la.start()
     return la, conns
-
-
-def _wait_steps(la, n: int, bound: float = 240.0) -> None:
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        out = la.poll()
-        assert out is None, out.message
-        if len(la.metrics.progress.steps) >= n:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"no {n} steps within {bound:g}s: {[la.log_tail(c.rank) for c in la.plan.nodes]}")
 
 
 def _no_job_left(cluster, nodes: int, bound: float = 15.0) -> dict:
@@ -158,7 +148,7 @@ def test_a_stop_mid_run_ends_every_container_and_leaves_no_process(cluster, sshd
     run_id = f"ctrstop-{os.getpid()}"
     la, conns = _launch(preset, run_id, tmp_path, stop_grace=STOP_GRACE_S)
     try:
-        _wait_steps(la, 1)
+        wait_steps(la, 1, 240)
         assert all(nodes.containers(i) == [container_name(run_id, i)] for i in range(2))
         out, left = la.stop_and_record()
         assert out.status == RunState.STOPPED and left == [], out.message

@@ -17,6 +17,7 @@ from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import STOP_GRACE_S, Launcher
 from qwen_tui.run.rundir import RunDir
 from support.cluster import preset_dict
+from support.launcher_wait import wait_steps
 
 
 def _preset(cluster, sshdir, tmp_path, **training) -> Preset:
@@ -70,17 +71,6 @@ def _no_job_left(cluster, bound=10.0):
     return left
 
 
-def _wait_steps(la, n, bound=150.0):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        out = la.poll()
-        assert out is None, out.message
-        if len(la.metrics.progress.steps) >= n:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no {n} steps within {bound:g}s: {[la.log_tail(r) for r in range(3)]}")
-
-
 def test_three_node_lora_run_over_ssh_loss_falls_rank0_writes_metrics(cluster, sshdir, launched, tmp_path):
     preset = _preset(cluster, sshdir, tmp_path, max_steps=12, learning_rate=5e-3)
     la, conns = launched(preset, "lora3")
@@ -113,7 +103,7 @@ def test_killing_a_worker_mid_run_names_the_node_and_leaves_nothing(cluster, ssh
     preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
     la, conns = launched(preset, "kill")
     try:
-        _wait_steps(la, 2)
+        wait_steps(la, 2, 150)
         victims = cluster.job_pids(2)
         assert victims
         for pid in victims:
@@ -135,7 +125,7 @@ def test_stop_all_during_a_run_leaves_no_process_on_any_node(cluster, sshdir, la
     # (training/runtime/stop.py), and an agent still on its way out after the grace is signalled into a traceback.
     la.stop_grace = STOP_GRACE_S
     try:
-        _wait_steps(la, 1)
+        wait_steps(la, 1, 150)
         assert all(cluster.job_pids(i) for i in range(3))
         la.request_stop()
         out = la.wait(interval=0.5, max_seconds=60)
@@ -179,7 +169,7 @@ def test_job_shell_and_agent_killed_together_name_the_node_within_15s(cluster, s
     preset = _preset(cluster, sshdir, tmp_path, max_steps=100000)
     la, conns = launched(preset, "agent")
     try:
-        _wait_steps(la, 2)
+        wait_steps(la, 2, 150)
         procs = {pid: _cmdline(pid) for pid in cluster.job_pids(1)}
         shell = [p for p, c in procs.items() if c.startswith(b"sh\0-c\0export QWEN_TUI_JOB_PGID")]
         agent = [p for p, c in procs.items() if p not in shell and b"torch.distributed.run" in c]

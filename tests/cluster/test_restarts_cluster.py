@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from support.cluster import REPO, preset_dict
 
 MAX_STEPS, SAVE_STEPS = 14, 4

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from support.field_run import records, steps_of
 from support.login_user import UID
@@ -203,3 +204,23 @@ def test_check_of_a_slurm_preset_finds_what_it_finds_over_ssh(cluster, slurm, fi
     ssh, srun = _findings(over_ssh), _findings(over_slurm)
     assert ("error", "MASTER_PORT_UNREACHABLE", "node1") in ssh, ssh
     assert srun == ssh, (srun, ssh)
+
+
+def test_a_pyxis_preset_on_nodes_whose_srun_lacks_pyxis_is_refused_naming_each_node(cluster, slurm, field,
+                                                                                   tmp_path):
+    # This SLURM has no pyxis (no Debian build of it): the check, run on each node through srun, must say so
+    # before anything starts, with the fix, rather than fail at the first container step.
+    path = slurm_preset(field, "pyxis")
+    d = yaml.safe_load(path.read_text())
+    d["container"] = {"runtime": "pyxis", "image": str(field.shared / "qwen-tui.sqsh")}
+    path.write_text(yaml.safe_dump(d))
+    out = field.shared / "check-pyxis.json"
+    text = field.qwen_tui(tmp_path / "pyxis.log", "check", str(path), "--no-rehearsal", "--out", str(out),
+                          bound=240, env={**slurm.env, "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/games"})
+    rep = json.loads(out.read_text())
+    missing = [f for f in rep["findings"] if f["code"] == "CONTAINER_RUNTIME_MISSING"]
+    assert sorted(rep["labels"][f["node"]] for f in missing) == ["node0", "node1", "node2"], text[-3000:]
+    assert all("srun there has no --container-image" in f["message"] and "plugstack.conf" in f["fix"]
+               for f in missing), missing
+    assert not any(f["code"] == "PROBE_FAILED" for f in rep["findings"])  # nothing tried to start in it
+    assert _nothing_left(cluster) == {}

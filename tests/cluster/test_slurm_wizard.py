@@ -10,7 +10,8 @@ import sys
 import pytest
 from textual.widgets import Static
 
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Confirm
 from support.pilot import wait_until

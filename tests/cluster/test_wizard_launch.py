@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.gpu_panel import GpuPanel
 from support.cluster import REPO, preset_dict

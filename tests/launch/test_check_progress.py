@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from qwen_tui.nodes.transport.local import LocalTransport
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.run import api
 from support.paths import DEMO, ROOT
 from support.ports import free_port

@@ -10,7 +10,8 @@ import json
 from qwen_tui.cluster.facts import ClusterFacts, NodeFacts
 from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run.launcher import Launcher, RunOutcome
 from qwen_tui.run.recovery import driver
 from qwen_tui.run.recovery.restarts import Restarts

@@ -8,7 +8,7 @@ import pytest
 from qwen_tui.cluster.facts import ClusterFacts
 from qwen_tui.nodes.checks.netcheck import check_bandwidth, iperf_pair
 from qwen_tui.nodes.transport.local import LocalTransport
-from qwen_tui.preset.schema import parse_preset
+from qwen_tui.preset.files import parse_preset
 from support.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 program")

@@ -13,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from qwen_tui.preset.schema import Preset, save_preset
+from qwen_tui.preset.files import save_preset
+from qwen_tui.preset.schema import Preset
 from support import login_runtime
 from support.login_user import LOGIN, UID, LoginUser
 

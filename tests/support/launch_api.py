@@ -6,7 +6,8 @@ import sys
 
 import yaml
 
-from qwen_tui.preset.schema import Preset, load_preset
+from qwen_tui.preset.files import load_preset
+from qwen_tui.preset.schema import Preset
 from qwen_tui.run import api
 from support.paths import DEMO, ROOT
 from support.ports import free_port

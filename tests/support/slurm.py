@@ -200,7 +200,8 @@ def slurm_preset(field, name: str, *, nodes: int = 3, scheduler: dict | None = N
     """A SLURM preset of the demo's shape (the tiny model, LoRA on CPU, a few steps) for the login user of
     `field` (support.field_run.FieldCluster): its nodes are SLURM's, its run directories and output on the
     storage every node shares."""
-    from qwen_tui.preset.schema import Preset, save_preset
+    from qwen_tui.preset.files import save_preset
+    from qwen_tui.preset.schema import Preset
 
     work = field.shared / f"{name}-work"
     work.mkdir(exist_ok=True)

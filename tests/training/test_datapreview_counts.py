@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from qwen_tui.plan.launch import worker_args
-from qwen_tui.preset.schema import load_preset, save_preset
+from qwen_tui.preset.files import load_preset, save_preset
 from support.paths import ROOT
 from support.worker import assert_ok, run_worker
 

@@ -186,7 +186,7 @@ def test_the_data_preview_counts_tool_turns_their_tokens_and_each_sources_share(
     import shutil
 
     from qwen_tui.advice.datapreview import build_report, summary_lines
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
     from support.paths import DEMO
     from support.worker import demo_records
     from training.args import parse_args

@@ -88,7 +88,7 @@ def test_an_edit_leaves_a_local_nodes_python_to_qwen_tui():
     """The wizard's edits keep unset fields unset: a local node without a python of its own keeps running
     qwen-tui's interpreter (the preview and the launch), not "python3" from the default."""
     from qwen_tui.plan.launch import make_plan
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
 
     p = load_preset(DEMO).with_changes({"training.model_max_length": 64, "network.nccl_timeout": 100})
     assert p.training.model_max_length == 64 and p.network.nccl_timeout == 100

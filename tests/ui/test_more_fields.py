@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, Select, Static
 
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import IMPORT_FORMATS, Form, ImportNodes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.modals import Form, Notice
 

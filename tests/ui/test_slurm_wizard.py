@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.run.slurm.job import JobOutput, Queued
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.messages import JobLines, JobQueued

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from support.paths import ROOT
 from support.ports import free_port
 from support.tmux import end_session, keys, screen, stop_leftovers, tmux, type_into, wait_for

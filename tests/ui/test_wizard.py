@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Input, Select
 
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.ui.app import WizardApp
 from qwen_tui.ui.widgets.advice_list import AdviceList
 from support.facts import slow_h200_facts
@@ -250,7 +250,7 @@ async def test_review_masks_secret_environment_values(tmp_path):
     screenshot or a shared terminal would otherwise carry it), while the saved preset keeps the value."""
     from textual.widgets import Static
 
-    from qwen_tui.preset.schema import save_preset
+    from qwen_tui.preset.files import save_preset
 
     preset = load_preset(DEMO)
     preset.network.env = {"HF_TOKEN": "hf_very_secret_value", "NCCL_DEBUG": "INFO"}

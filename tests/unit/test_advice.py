@@ -374,7 +374,7 @@ def test_apply_fix_keeps_unset_fields_unset_so_local_nodes_keep_our_python(tmp_p
     from pathlib import Path
 
     from qwen_tui.plan.launch import make_plan
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
 
     demo = load_preset(Path(__file__).resolve().parents[2] / "presets" / "local-demo.yaml")
     fixed = apply_fix(demo, Fix("Lower the learning rate", {"training.learning_rate": 1e-3}))
@@ -406,7 +406,7 @@ def test_dpo_traps_and_its_step_cost():
     from qwen_tui.advice.rules import advise
     from qwen_tui.model.spec import resolve_model
     from qwen_tui.plan.estimate import RunShape, estimate_memory
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
     from support.paths import ROOT
 
     base = load_preset(ROOT / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml")

@@ -13,7 +13,7 @@ from qwen_tui.advice.rules import advise, apply_fix
 from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.model.spec import resolve_model
 from qwen_tui.plan.estimate import estimate_memory, host_memory_gib
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from support.paths import ROOT
 
 PRESETS = sorted(p for p in (ROOT / "presets").glob("*.yaml") if not p.stem.startswith("local-demo"))  # CPU demos

@@ -45,7 +45,7 @@ def test_show_prints_every_default_and_reads_back_as_the_same_preset(tmp_path):
     assert shown["cluster"]["nodes"][0]["port"] == 22
     again = tmp_path / "shown.yaml"
     again.write_text(res.stdout)
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
 
     assert load_preset(again).model_dump() == load_preset(DEMO).model_dump()
 
@@ -69,7 +69,7 @@ def test_runs_fits_80_and_50_columns_and_never_cuts_the_run_id(tmp_path):
 
 def running_demo_run(root: Path, rid: str) -> Path:
     """The run directory of a demo run that is still training, as the launcher writes it (nothing launched)."""
-    from qwen_tui.preset.schema import load_preset, save_preset
+    from qwen_tui.preset.files import load_preset, save_preset
     from qwen_tui.run import api
     from qwen_tui.run.rundir import RunDir
 

@@ -16,7 +16,8 @@ from qwen_tui.nodes import jobs
 from qwen_tui.nodes.jobs import JobRef, Proc, workers
 from qwen_tui.plan import container as box
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import PresetError, parse_preset
+from qwen_tui.preset.files import parse_preset
+from qwen_tui.preset.schema import PresetError
 from qwen_tui.run.export.render import render_sh, render_slurm
 
 BASE = textwrap.dedent("""\
@@ -187,6 +188,46 @@ def test_enroot_turns_on_its_hooks_mounts_fstab_lines_and_starts_in_the_workdir(
     assert run[i + 1:] == ["sh", "-c", 'cd -- "$1" || exit 125; shift; exec "$@"', "sh", "/work/run"]
 
 
+SLURM = BASE.replace("cluster:", "scheduler: {kind: slurm, job_id: '4242'}\ncluster:")
+
+
+def test_pyxis_runs_each_nodes_worker_as_a_container_step_of_the_allocation_on_that_node():
+    plan = plan_for("{runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.12-py3', mounts: ['/ds:/ds:ro'], "
+                    "pass_env: [WANDB_API_KEY], extra_args: [--container-writable]}", base=SLURM,
+                    facts=_facts(gpus=True, ib=True))
+    for c in plan.nodes:
+        assert c.container[:7] == ["sh", "-c", box.MKDIRS, "sh", "/out/run1", "/cache/hf", "--"]
+        run = c.container[7:]
+        # enroot's hooks are told to hand in the GPUs and HCAs; the step is srun's, on this node, all of it
+        assert run[:4] == ["env", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                           "MELLANOX_VISIBLE_DEVICES=all"]
+        step = run[4:]
+        assert step[:3] == ["srun", "--overlap", "--whole"] and flag_values(step, "--nodelist") == [c.host]
+        assert flag_values(step, "--ntasks") == ["1"] and "--kill-on-bad-exit=1" in step
+        opts = dict(a.split("=", 1) for a in step if a.startswith("--container-") and "=" in a)
+        assert opts["--container-image"] == "nvcr.io#nvidia/pytorch:24.12-py3"
+        assert opts["--container-workdir"] == "/work/run"
+        assert opts["--container-mounts"].split(",") == ["/work/run:/work/run", "/data:/data", "/models:/models",
+                                                         "/out/run1:/out/run1", "/cache/hf:/cache/hf", "/ds:/ds:ro"]
+        # the job's variables win over the image's, by name: values (the token's) never in the argv
+        names = opts["--container-env"].split(",")
+        assert {"MASTER_ADDR", "NODE_RANK", "HF_TOKEN", "WANDB_API_KEY", "NVIDIA_VISIBLE_DEVICES",
+                *jobs.MARKS} <= set(names) and "PATH" not in names
+        assert not any("s3cret-value" in a for a in c.command)
+        assert step[-1] == "--container-writable" and c.command[len(c.container):] == c.argv
+        assert c.argv[:3] == ["python3", "-m", "torch.distributed.run"]
+    # no container outlives its task; the rehearsal's extra names are named again; stdin reaches the task as is
+    c = plan.nodes[0].container
+    assert box.removal_argv(c) is None and box.with_stdin(c) == c
+    more = box.with_env(c, ["QT_BACKEND", "QT_X"])
+    i = more.index("srun")
+    assert more[i:i + 3] == ["srun", "--overlap", "--container-env=QT_BACKEND,QT_X"] and more[i + 3:] == c[i + 2:]
+    # on CPU no GPU hook; without InfiniBand no HCA hook
+    cpu = plan_for("{runtime: pyxis, image: /i/w.sqsh}", base=SLURM.replace("output_dir: /out/run1",
+                                                                            "output_dir: /out/run1\n  device: cpu"))
+    assert "env" not in cpu.nodes[0].container and "NVIDIA_VISIBLE_DEVICES" not in str(cpu.nodes[0].container)
+
+
 def test_the_wrap_for_a_launcher_of_its_own_and_the_names_it_passes():
     spec = parse_preset(BASE + "container: {runtime: podman, image: img, pass_env: [HF_TOKEN]}").container
     argv = box.wrap(spec, ["python3", "-m", "torch.distributed.run", "--nnodes", "2"], name="job-7-node0",
@@ -212,8 +253,8 @@ def test_without_a_container_the_plan_is_as_before():
 
 
 @pytest.mark.parametrize("section,said", [
-    ("{runtime: singularity, image: x}", "container.runtime: Input should be 'podman', 'docker', 'apptainer' or "
-                                         "'enroot', got 'singularity'"),
+    ("{runtime: singularity, image: x}", "container.runtime: Input should be 'podman', 'docker', 'apptainer', "
+                                         "'enroot' or 'pyxis', got 'singularity'"),
     ("{runtime: podman}", "container.image: is required"),
     ("{runtime: podman, image: '--privileged'}", "container.image: must not start with '-'"),
     ("{runtime: podman, image: x, mounts: [data]}", "container.mounts: 'data': 'data' is not an absolute path"),
@@ -223,6 +264,9 @@ def test_without_a_container_the_plan_is_as_before():
     ("{runtime: podman, image: x, ulimits: {memlok: '-1'}}", "container.ulimits: 'memlok' is not a limit"),
     ("{runtime: podman, image: x, ulimits: {memlock: lots}}", "container.ulimits: memlock: 'lots' must be"),
     ("{runtime: enroot, image: x.sqsh, ulimits: {memlock: '-1'}}", "container.ulimits: enroot has no --ulimit"),
+    ("{runtime: pyxis, image: x.sqsh, ulimits: {memlock: '-1'}}", "container.ulimits: pyxis has no --ulimit"),
+    ("{runtime: pyxis, image: x.sqsh}", "container.runtime: pyxis is srun's --container-image, so it needs "
+                                        "scheduler.kind: slurm"),
     ("{runtime: podman, image: x, imgae: y}", "container.imgae: unknown key (did you mean 'image'?)"),
 ])
 def test_a_bad_container_section_is_refused_naming_the_field(section, said):
@@ -288,6 +332,15 @@ def test_how_each_runtime_is_asked_for_the_image_and_what_fixes_a_missing_one():
     assert image_argv(_preset("{runtime: enroot, image: /i/w.sqsh}").container) == ["test", "-e", "/i/w.sqsh"]
     named = image_argv(_preset("{runtime: enroot, image: qwen-worker}").container)
     assert named[:2] == ["sh", "-c"] and named[-1] == "qwen-worker" and "enroot list" in named[2]
+    pyxis = parse_preset(SLURM + "container: {runtime: pyxis, image: /i/w.sqsh}").container
+    assert image_argv(pyxis) == ["test", "-e", "/i/w.sqsh"] and "enroot import -o /i/w.sqsh" in image_fix(pyxis, "n")
+    assert image_argv(parse_preset(SLURM + "container: {runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.12-py3'}"
+                                   ).container) is None  # pyxis imports it
+    from qwen_tui.nodes.checks.containers import start_failure
+
+    said = start_failure(parse_preset(SLURM + "container: {runtime: pyxis, image: /i/w.sqsh}"), 0, 1,
+                         "srun: unrecognized option '--container-image=/i/w.sqsh'")
+    assert "under pyxis" in said.message and "plugstack.conf" in said.fix
 
 
 @pytest.mark.parametrize("rc,err,fix", [

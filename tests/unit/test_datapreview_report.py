@@ -2,7 +2,7 @@
 
 
 from qwen_tui.advice.datapreview import build_report, histogram_lines, preview_command, summary_lines, tokens_per_second
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from support.paths import ROOT
 
 

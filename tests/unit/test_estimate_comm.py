@@ -149,7 +149,7 @@ def test_uneven_preset_report(tmp_path, capsys):
     t = out["step"]
     assert out["world_size"] == 3 and t["world_size"] == 3
     assert out["tokens_per_step"] == t["tokens_per_step"]
-    from qwen_tui.preset.schema import load_preset
+    from qwen_tui.preset.files import load_preset
 
     tr = load_preset(path).training
     assert out["tokens_per_step"] == tr.per_device_train_batch_size * tr.model_max_length * \

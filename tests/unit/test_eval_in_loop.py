@@ -5,7 +5,8 @@ import pytest
 from rich.console import Console
 
 from qwen_tui.plan.launch import worker_args
-from qwen_tui.preset.schema import PresetError, load_preset
+from qwen_tui.preset.files import load_preset
+from qwen_tui.preset.schema import PresetError
 from qwen_tui.run.watch.metrics import TrainingProgress
 from support.paths import ROOT
 

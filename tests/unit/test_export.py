@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.run.export.render import ENGINES, FORMATS, render
 from support.paths import ROOT
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import load_preset
+from qwen_tui.preset.files import load_preset
 from qwen_tui.run.export.engine_argv import RENDEZVOUS_FLAGS
 from qwen_tui.run.export.render import render
 from support.paths import DEMO, ROOT

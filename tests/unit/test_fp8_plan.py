@@ -12,7 +12,8 @@ from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.model.spec import known_spec
 from qwen_tui.plan import estimate as est
 from qwen_tui.plan.launch import worker_args
-from qwen_tui.preset.schema import Preset, PresetError, dump_preset, parse_preset
+from qwen_tui.preset.files import dump_preset, parse_preset
+from qwen_tui.preset.schema import Preset, PresetError
 from support.paths import ROOT
 
 SEVEN_B, ONE_FIVE_B = "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"

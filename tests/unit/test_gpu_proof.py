@@ -95,6 +95,11 @@ def test_a_speed_more_than_ten_percent_under_the_readme_figure_is_flagged_slow()
     res = pl._speed_result("speed-7b-lora", {"status": "ok", "tokens_per_s": 14000.0, "mfu": 0.42})
     assert res.verdict == "slow" and "0.80x" in res.detail and "more than 10% under" in res.detail
     assert res.reference["tokens_per_s"] == ref["tokens_per_s"]
+    # each stated figure names its GPU; measured on another, the line says so (here: no GPU at all)
+    assert {pl.reference(*pl.REFERENCES[k])["gpu"] for k in pl.REFERENCES} == {"NVIDIA H200"}
+    assert "the stated figure is an NVIDIA H200's: another GPU" in res.detail
+    assert proof_speed.other_gpu("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    assert not proof_speed.other_gpu("NVIDIA H200", "NVIDIA H200") and not proof_speed.other_gpu("cpu", None)
     with pytest.raises(pl.LineFailed, match="OOM"):
         pl._speed_result("speed-7b-lora", {"status": "OOM", "error": "CUDA out of memory"})
 

@@ -16,7 +16,8 @@ from qwen_tui.plan.longcontext import (
     row_memory,
     sequence_parallel_problem,
 )
-from qwen_tui.preset.schema import Preset, PresetError, parse_preset
+from qwen_tui.preset.files import parse_preset
+from qwen_tui.preset.schema import Preset, PresetError
 
 H200 = GPUS["H200"].memory_gib
 

@@ -12,7 +12,7 @@ from qwen_tui.model.spec import resolve_model
 from qwen_tui.nodes.checks.runner import output_findings
 from qwen_tui.plan import outputs
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import parse_preset
+from qwen_tui.preset.files import parse_preset
 
 GiB = 2 ** 30
 

@@ -8,7 +8,7 @@ import pytest
 
 from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.plan.launch import make_plan, worker_args
-from qwen_tui.preset.schema import parse_preset
+from qwen_tui.preset.files import parse_preset
 
 FOUR = textwrap.dedent("""\
     version: 1

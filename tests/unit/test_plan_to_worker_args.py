@@ -11,7 +11,8 @@ import pytest
 
 from qwen_tui.model.spec import resolve_model
 from qwen_tui.plan.launch import make_plan
-from qwen_tui.preset.schema import Preset, load_preset
+from qwen_tui.preset.files import load_preset
+from qwen_tui.preset.schema import Preset
 from support.paths import ROOT
 from training import dsconfig
 from training.args import parse_args

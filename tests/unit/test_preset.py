@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from qwen_tui.preset.schema import PresetError, dump_preset, load_preset, parse_preset, save_preset
+from qwen_tui.preset.files import dump_preset, load_preset, parse_preset, save_preset
+from qwen_tui.preset.schema import PresetError
 from support.paths import ROOT
 
 GOOD = textwrap.dedent("""\

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.cli.main import main
-from qwen_tui.preset.schema import load_preset, save_preset
+from qwen_tui.preset.files import load_preset, save_preset
 
 DEMO = (Path(__file__).resolve().parents[2] / "presets" / "local-demo.yaml").read_text()
 

@@ -3,7 +3,7 @@
 import re
 import textwrap
 
-from qwen_tui.preset.schema import load_preset, save_preset
+from qwen_tui.preset.files import load_preset, save_preset
 
 USER = textwrap.dedent("""\
     # my cluster: two boxes under the desk

@@ -7,7 +7,8 @@ import pytest
 
 from qwen_tui.cli.main import main
 from qwen_tui.plan.launch import make_plan, worker_args
-from qwen_tui.preset.schema import Preset, PresetError, parse_preset
+from qwen_tui.preset.files import parse_preset
+from qwen_tui.preset.schema import Preset, PresetError
 from qwen_tui.run.recovery.attempts import (
     BatchFit,
     RestartRefused,

@@ -10,8 +10,9 @@ import subprocess
 import pytest
 
 from qwen_tui.nodes.slurm.queries import node_gone, parse_record
+from qwen_tui.preset.files import parse_preset
 from qwen_tui.preset.scheduler import time_seconds
-from qwen_tui.preset.schema import PresetError, parse_preset
+from qwen_tui.preset.schema import PresetError
 from qwen_tui.run.export.slurm_preset import batch_script, sbatch_options
 
 BASE = """\

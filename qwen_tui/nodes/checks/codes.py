@@ -19,8 +19,10 @@ CHECKS: dict[str, CodeDoc] = {
     # container: the runtime and the image, where the preset runs each node's job in one (docs/containers.md)
     "CONTAINER_RUNTIME_MISSING": CodeDoc(
         "error",
-        "`container.runtime` (podman, docker, apptainer, enroot) is not on the PATH of a login to the node",
-        "install it there, or set `container.runtime` to the one the nodes have"),
+        "`container.runtime` (podman, docker, apptainer, enroot) is not on the PATH of a login to the node; for "
+        "pyxis, the node's srun has no `--container-image` (the plugin is not loaded)",
+        "install it there (pyxis: with enroot, loaded in SLURM's plugstack.conf), or set `container.runtime` to "
+        "the one the nodes have"),
     "CONTAINER_IMAGE_MISSING": CodeDoc(
         "error",
         "`container.image` is not on the node (qwen-tui never pulls it)",
@@ -129,12 +131,14 @@ CHECKS: dict[str, CodeDoc] = {
         "copy the project there: `qwen-tui check --sync`"),
     "DATA_MISSING": CodeDoc(
         "error",
-        "`training.data` is missing on the node",
+        "`training.data` (or `training.eval_data`, or a file of `training.datasets`: a path, a dataset_info.json or "
+        "the file its entry names) is missing on the node",
         "`qwen-tui check --sync` copies it from the master; if the master lacks it too, put it there or correct "
         "`training.data`"),
     "DATA_DIFFERS": CodeDoc(
         "error",
-        "the node's copy of `training.data` differs from the master's (sha256)",
+        "the node's copy of `training.data` (or of another of the run's data files) differs from the master's "
+        "(sha256)",
         "`qwen-tui check --sync --overwrite` replaces it with the master's"),
     "MODEL_MISSING": CodeDoc(
         "error",

@@ -33,15 +33,19 @@ RUNTIME_FIX = {
     "docker": "install Docker Engine (https://docs.docker.com/engine/install/) and start dockerd",
     "apptainer": "install Apptainer (https://apptainer.org/docs/admin/main/installation.html)",
     "enroot": "install enroot (https://github.com/NVIDIA/enroot/releases)",
+    "pyxis": "install enroot and pyxis on the nodes and load pyxis in SLURM's plugstack.conf "
+             "(https://github.com/NVIDIA/pyxis/wiki/Setup)",
 }
 # A URI the runtime pulls itself: nothing on the node to look at before the run.
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 # The tools the checks run on the node itself, not in the image (iperf3 measures the node's links; ssh and
 # ssh-keygen set up keys): each one missing is a line "no-tool NAME".
 HOST_TOOLS = ("iperf3", "ssh", "ssh-keygen")
-# Names the node's missing tools, then runs the image check where the runtime is on the PATH (exit 127 without).
+# Names the node's missing tools, then runs the image check where the runtime is there (exit 127 without): on the
+# PATH, or for pyxis, srun's own options (a SPANK plugin adds them to srun's help where plugstack.conf loads it).
 _WITH_RUNTIME = ('for t in ' + " ".join(HOST_TOOLS) + '; do command -v "$t" >/dev/null 2>&1 || echo "no-tool $t"; '
-                 'done; command -v "$1" >/dev/null 2>&1 || exit 127; shift; exec "$@"')
+                 'done; if [ "$1" = pyxis ]; then srun --help 2>/dev/null | grep -q -e --container-image || exit 127; '
+                 'else command -v "$1" >/dev/null 2>&1 || exit 127; fi; shift; exec "$@"')
 _ENROOT_HAS = 'enroot list | grep -qxF -- "$1"'
 
 
@@ -60,6 +64,8 @@ def image_argv(c: Container) -> list[str] | None:
         return ["test", "-e", c.image]
     if c.runtime == "apptainer":
         return None if _URI.match(c.image) else ["test", "-e", c.image]
+    if c.runtime == "pyxis":
+        return None  # an image it imports from a registry when the step starts
     return ["sh", "-c", _ENROOT_HAS, "sh", c.image]
 
 
@@ -71,6 +77,9 @@ def image_fix(c: Container, label: str) -> str:
         return f"copy it from a node that has it: docker save {c.image} | ssh {label} docker load"
     if c.runtime == "apptainer":
         return f"put the .sif at {c.image} on {label} (shared storage, or scp), or build it there: apptainer build"
+    if c.runtime == "pyxis":
+        return (f"put the .sqsh at {c.image} on {label} (shared storage), or make it there: enroot import -o "
+                f"{c.image} docker://IMAGE (podman://IMAGE from a local podman)")
     return f"put the .sqsh at {c.image} on {label}, or create the container there: enroot create --name {c.image}"
 
 
@@ -93,7 +102,8 @@ def look(t: Transport, c: Container, *, timeout: float = 60.0) -> Look:
     if r.rc == 127:
         return Look("no-runtime", "", missing)
     if image_argv(c) is None:
-        return Look("unchecked", f"{c.image} is a URI: {c.runtime} fetches it when the job starts", missing)
+        return Look("unchecked", f"{c.image} is a URI: {c.runtime} fetches it when the job starts" if
+                    c.runtime != "pyxis" else f"{c.image}: pyxis imports it when each step starts", missing)
     if r.rc == 0:
         return Look("ok", out, missing)
     if c.runtime == "docker" and "no such image" not in err.lower():
@@ -122,8 +132,10 @@ def precheck(preset: Preset, transports: dict[int, Transport]) -> tuple[list[Fin
         verdict, detail = v.verdict, v.detail
         tools[i] = v.missing_tools
         if verdict == "no-runtime":
-            out.append(Finding(ERROR, "CONTAINER_RUNTIME_MISSING", f"{lab}: {c.runtime} is not installed (not on "
-                               f"the PATH of a login over SSH); container.runtime is {c.runtime}",
+            out.append(Finding(ERROR, "CONTAINER_RUNTIME_MISSING", f"{lab}: srun there has no --container-image: "
+                               "pyxis is not loaded; container.runtime is pyxis" if c.runtime == "pyxis" else
+                               f"{lab}: {c.runtime} is not installed (not on the PATH of a login over SSH); "
+                               f"container.runtime is {c.runtime}",
                                RUNTIME_FIX[c.runtime] + ", or set container.runtime to the one the nodes have",
                                i, COLUMN))
             blocked.add(i)
@@ -152,7 +164,7 @@ def probe_prefix(preset: Preset, index: int, workdir: str) -> list[str]:
     mounts, make = run_mounts(preset, workdir, workdir, {**preset.network.env, **c.env})
     return runtime_prefix(c, name=container_name(f"probe-{uuid.uuid4().hex[:8]}", index), workdir=workdir,
                           mounts=mounts, env=c.pass_env, gpus=preset.training.device != "cpu",
-                          infiniband=False, make_dirs=make)
+                          infiniband=False, make_dirs=make, node=preset.cluster.nodes[index].host)
 
 
 def start_failure(preset: Preset, index: int, rc: int, err: str) -> Finding:
@@ -171,6 +183,8 @@ def start_failure(preset: Preset, index: int, rc: int, err: str) -> Finding:
                "Container Toolkit), or set training.device: cpu")
     elif "could not select device driver" in low or ("gpu" in low and c.runtime == "docker"):
         fix = "install the NVIDIA Container Toolkit and restart dockerd, or set training.device: cpu"
+    elif "container-image" in low and ("unrecognized" in low or "unknown" in low):
+        fix = RUNTIME_FIX["pyxis"]
     elif rc == 127 or "executable file not found" in low:
         fix = f"the image has no {c.python}: set container.python to the image's Python"
     else:

@@ -33,7 +33,7 @@ SNIPPET = program("probe.py")  # remote/ib_sysfs.py, digests.py and probe.py
 
 
 def local_path(spec: str | None) -> str | None:
-    """The path to check on a node, or None for builtin: specs, hub ids and no spec (a mixture of sources)."""
+    """The model's path to check on a node, or None for builtin: specs, hub ids and no spec."""
     if spec is None or spec.startswith(("builtin:", "hf:")):
         return None
     if spec.startswith(("/", ".", "~")):
@@ -41,6 +41,36 @@ def local_path(spec: str | None) -> str | None:
     if re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", spec):
         return None  # a hub id; each node resolves it itself (a relative dir named a/b is ambiguous)
     return spec
+
+
+def data_path(spec: str | None) -> str | None:
+    """A data spec's path to check on a node, or None for builtin: data, hub data sets (hf:ORG/NAME, which
+    check --sync fetches) and no spec. Unlike a model, data names the hub only with hf:, so `data/chat.jsonl`
+    is the file the worker opens."""
+    if spec is None or spec.startswith(("builtin:", "hf:")):
+        return None
+    return spec
+
+
+def data_files(preset: Preset) -> dict[str, str]:
+    """The run's data files besides training.data, by the field that names them: eval_data, and each source
+    of a mixture (its path, or its dataset_info.json)."""
+    t = preset.training
+    out = {}
+    if data_path(t.eval_data):
+        out["eval_data"] = str(t.eval_data)
+    for k, src in enumerate(t.datasets or []):
+        if src.path and data_path(src.path):
+            out[f"datasets.{k}.path"] = src.path
+        elif src.dataset_info and not src.path:
+            out[f"datasets.{k}.dataset_info"] = src.dataset_info
+    return out
+
+
+def dataset_entries(preset: Preset) -> dict[str, str]:
+    """dataset_info.json field -> the entry's name: the probe also looks at the file that entry names."""
+    return {f"datasets.{k}.dataset_info": str(src.name) for k, src in enumerate(preset.training.datasets or [])
+            if src.dataset_info and not src.path}
 
 
 QUERY_FIELDS = ["index", "name", "uuid", "memory.total", "driver_version"]
@@ -106,6 +136,7 @@ def facts_from_json(d: dict) -> NodeFacts:
     for k in ("data", "model"):
         if d.get(k):
             setattr(f, k, FileFact(**d[k]))
+    f.data_files = {k: FileFact(**v) for k, v in (d.get("data_files") or {}).items() if v}
     ports = d.get("ib_ports") or []
     verbs = d.get("ibv_devinfo") or {}
     if not ports and verbs.get("rc") == 0:  # no HCA in sysfs (a container's /sys?), but the verbs library sees some
@@ -155,7 +186,8 @@ def probe_node(t: Transport, preset: Preset, index: int, *, timeout: float = 180
     tr = preset.training
     args = {"master": preset.master_addr, "tools": list(TOOLS), "gpu_query": GPU_QUERY,
             "versioned": list(VERSIONED), "output_dir": tr.output_dir,
-            "data": local_path(tr.data), "model": local_path(tr.model),
+            "data": data_path(tr.data), "model": local_path(tr.model),
+            "data_files": data_files(preset), "dataset_entries": dataset_entries(preset),
             "hub_model": [synced_rel(tr.model), tr.model] if hub_id(tr.model) else None,
             "hf_env": {k: v for k, v in preset.network.env.items() if k in ("HF_HOME", "HF_HUB_CACHE")}}
     r = t.run([*prefix, python, "-c", SNIPPET, json.dumps(args)], timeout=timeout, cwd=node.workdir)

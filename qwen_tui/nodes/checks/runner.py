@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwen_tui.base.levels import worst
-from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts
+from qwen_tui.cluster.facts import ClusterFacts, LinkFacts, NodeFacts, file_fact
 from qwen_tui.nodes.checks.containers import HOST_TOOLS, image_findings
 from qwen_tui.nodes.checks.containers import precheck as container_precheck
 from qwen_tui.nodes.checks.containers import start_failure as container_start_failure
@@ -190,25 +190,29 @@ def consistency(preset: Preset, facts: ClusterFacts, *, probed: set | None = Non
         if ref.gpus is not None and f.gpus is not None and len(ref.gpus) != len(f.gpus):
             out.append(Finding(WARNING, "GPU_COUNT_MISMATCH", f"{lab}: {len(f.gpus)} GPUs, master has {len(ref.gpus)}",
                                "", i, "gpu"))
-    for kind in ("data", "model"):
-        r = getattr(ref, kind)
+    ref_facts = node_facts.get(ref_i) if ref_i is not None else None
+    extra = sorted({k for f in node_facts.values() for k in f.data_files})
+    for kind in ("data", "model", *extra):
+        r = file_fact(ref_facts, kind)
+        column = "model" if kind == "model" else "data"
+        said = kind if kind in ("data", "model") else f"training.{kind}"  # eval_data, datasets.K.path, ...
         for i, f in sorted(node_facts.items()):
-            x = getattr(f, kind)
+            x = file_fact(f, kind)
             if x is None or f.error and "python" in f.missing_tools:
                 continue
             lab = nodes[i].label
             if not x.exists:
                 on_master = r is not None and r.exists and i != ref_i
-                out.append(Finding(ERROR, "DATA_MISSING" if kind == "data" else "MODEL_MISSING",
-                                   f"{lab}: {kind} {x.path} is missing",
+                out.append(Finding(ERROR, "MODEL_MISSING" if kind == "model" else "DATA_MISSING",
+                                   f"{lab}: {said} {x.path} is missing",
                                    "copy it from the master: qwen-tui check --sync" if on_master else
                                    f"the master lacks it too: put it at {x.path} on node {ref_i}, or correct "
-                                   f"training.{kind} in the preset", i, kind))
+                                   f"training.{kind} in the preset", i, column))
             elif r is not None and r.exists and i != ref_i and x.sha256 != r.sha256:
-                out.append(Finding(ERROR, "DATA_DIFFERS" if kind == "data" else "MODEL_DIFFERS",
-                                   f"{lab}: {kind} {x.path} differs from the master's "
+                out.append(Finding(ERROR, "MODEL_DIFFERS" if kind == "model" else "DATA_DIFFERS",
+                                   f"{lab}: {said} {x.path} differs from the master's "
                                    f"({x.size_bytes} vs {r.size_bytes} bytes, sha256 {x.sha256[:12]} vs {r.sha256[:12]})",
-                                   "qwen-tui check --sync --overwrite replaces it with the master's copy", i, kind))
+                                   "qwen-tui check --sync --overwrite replaces it with the master's copy", i, column))
     return out
 
 
@@ -315,7 +319,7 @@ def run_checks(preset: Preset, transports: dict[int, Transport], *, connect_erro
                     rep.not_checked[(i, c)] = why
             continue
         checked[i] |= {"python", "gpu", "code", "disk"} | ({"limits"} if raw.get("shm_bytes") is not None else set())
-        if raw.get("data") is not None:
+        if raw.get("data") is not None or any(raw.get("data_files") or {}):
             checked[i].add("data")
         if raw.get("model") is not None:
             checked[i].add("model")

@@ -1,7 +1,7 @@
 # The node probe (qwen_tui.nodes.probe): python3 -c PROGRAM ARGS_JSON, run by the node's own Python in the
 # node's workdir. Prints one JSON object (the last line) that becomes NodeFacts: host, Python, addresses and
 # the route to the master, tools, nvidia-smi's raw answers, InfiniBand ports, versions, disk, limits, and the
-# data file's and model's digests. Comes after ib_sysfs.py and digests.py (read_sysfs, sha_file).
+# data files' and model's digests. Comes after ib_sysfs.py and digests.py (read_sysfs, sha_file).
 
 import hashlib, json, os, platform, shutil, socket, subprocess, sys
 a = json.loads(sys.argv[1])
@@ -112,6 +112,20 @@ def fact(p):
         return {"path": q, "exists": True, "size_bytes": sum(i[1] for i in items), "sha256": h}
     return {"path": q, "exists": False}
 out["data"] = fact(a["data"]); out["model"] = fact(a["model"])
+out["data_files"] = files = {k: fact(p) for k, p in (a.get("data_files") or {}).items()}
+for k, name in (a.get("dataset_entries") or {}).items():
+    # a dataset_info.json entry's own file, beside the json, as LLaMA-Factory (and the worker) read it
+    info = files.get(k)
+    if not info or not info["exists"] or not os.path.isfile(info["path"]):
+        continue
+    try:
+        with open(info["path"]) as fh:
+            entry = json.load(fh).get(name)
+    except (OSError, ValueError, AttributeError):
+        continue  # the worker names an unreadable file itself
+    if isinstance(entry, dict) and isinstance(entry.get("file_name"), str):
+        files[k.rsplit(".", 1)[0] + ".file_name"] = fact(os.path.join(os.path.dirname(info["path"]),
+                                                                       entry["file_name"]))
 if a.get("hub_model") and out["model"] is None:
     # a hub id: the copy qwen-tui synced into the workdir, else the node's hub cache (the snapshot refs/main names)
     synced, repo = a["hub_model"]

@@ -36,7 +36,8 @@ from ...cluster.facts import ClusterFacts
 from ...nodes.programs import program
 from ...nodes.transport.protocol import Transport, TransportError
 from ...plan.launch import LaunchPlan, NodeCommand, make_plan
-from ...preset.schema import Preset, load_preset, save_preset
+from ...preset.files import load_preset, save_preset
+from ...preset.schema import Preset
 from ..launcher import Launcher, LaunchError, RunOutcome
 from ..rundir import RunDir
 from ..runs import attempt_note

@@ -23,7 +23,8 @@ from ...base.redact import printable
 from ...nodes.slurm import queries
 from ...nodes.slurm.job_watch import ENDED_WORDS
 from ...plan.launch import make_plan
-from ...preset.schema import Preset, save_preset
+from ...preset.files import save_preset
+from ...preset.schema import Preset
 from .. import api
 from ..events import Failure, Stage, Started
 from ..export.slurm_preset import batch_script

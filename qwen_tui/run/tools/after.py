@@ -19,7 +19,8 @@ from typing import Any
 
 from ...nodes.transport.protocol import Transport
 from ...plan.container import with_stdin
-from ...preset.schema import Preset, load_preset
+from ...preset.files import load_preset
+from ...preset.schema import Preset
 from ..rundir import RunDir
 from ..states import RunState
 from .json_tool import run_json_tool

@@ -19,7 +19,7 @@ from ...base.atomic import write_text_atomic
 from ...base.levels import Level
 from ...base.redact import shown_env
 from ...plan.launch import LaunchPlan, make_plan
-from ...preset.schema import dump_preset
+from ...preset.files import dump_preset
 from ...wizard.state import BAD, OK, STEPS, TITLES, TODO, WARN, NodeStatus, ProbeState, SshState, step_of
 from ..modals import Form, Notice
 from ..styles import ERROR, GOOD, NOTE_STRONG, WARNING, tone
