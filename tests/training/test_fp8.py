@@ -64,6 +64,16 @@ def test_auto_stays_off_and_on_refuses_without_fp8_tensor_cores_or_torchao(monke
         decide("on")
 
 
+def test_an_older_torch_keeps_auto_off_and_a_much_older_one_refuses_on(hopper, monkeypatch):
+    monkeypatch.setattr(fp8, "torch_version", lambda: (2, 8))
+    on, why = decide()
+    assert not on and "older than 2.11 (FP8 was measured with torch 2.11)" in why
+    assert decide("on")[0]
+    monkeypatch.setattr(fp8, "torch_version", lambda: (2, 5))
+    with pytest.raises(InputError, match="older than 2.6"):
+        decide("on")
+
+
 def test_on_runs_where_it_can_even_unmeasured_and_refuses_where_it_cannot(hopper, monkeypatch):
     assert decide("on", config=ONE_FIVE_B)[0]  # the user's choice, though auto would not
     on, why = decide("on", compiled=False)

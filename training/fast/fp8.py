@@ -52,6 +52,8 @@ RECIPE = "tensorwise"
 ZERO3_NOTE = ("ZeRO-3: the matmuls run in FP8, the weights' all-gather stays bf16 (torchao's FP8 all-gather is "
               "FSDP2's, which DeepSpeed does not use)")
 CPU_ENV = "TRAINING_FP8_ON_CPU"
+MEASURED_TORCH = (2, 11)  # the torch the measurement ran (auto asks for it or newer)
+MIN_TORCH = (2, 6)  # torch.compiler.set_stance, which the loss guard's bf16 reference needs
 
 
 def torchao_version() -> tuple[str | None, str]:
@@ -68,6 +70,11 @@ def capability_of(device: torch.device) -> tuple[int, int] | None:
     if device.type != "cuda":
         return None
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
 
 
 def decide(given: str, *, method: str, model_config: dict, device: torch.device, bf16: bool, compiled: bool,
@@ -98,6 +105,12 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
         return no("FP8 was measured on NVIDIA GPUs only")
     if not bf16:
         return no("FP8 matmuls take bf16 activations: it needs --bf16")
+    tv = torch_version()
+    if tv < (MIN_TORCH if explicit else MEASURED_TORCH):
+        want = MIN_TORCH if explicit else MEASURED_TORCH
+        return no(f"torch {torch.__version__} is older than {want[0]}.{want[1]}"
+                  + (" (FP8 was measured with torch 2.11)" if not explicit else " (the loss guard needs "
+                     "torch.compiler.set_stance)"))
     if not explicit:  # what was measured, before torchao is imported (seconds of a start-up) for nothing
         if moe:
             return no("FP8 was not measured on a mixture of experts (its experts are not nn.Linear layers)")
