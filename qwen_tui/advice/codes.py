@@ -62,20 +62,24 @@ ADVICE: dict[str, CodeDoc] = {
         "`training.fp8: auto`, `training.precision: bf16`, or hint: `pip install torchao` on the node"),
     "FP8_UNMEASURED": CodeDoc(
         "warning",
-        "`training.fp8: on` for a model auto keeps in bf16 (hidden size under 3584, or a mixture of experts): the "
-        "1.5B shape measured 1.03x, so it may run no faster; the estimate counts no speed-up",
+        "`training.fp8: on` for a mixture of experts, where FP8 was not measured (its experts are not linear layers "
+        "torchao converts): the estimate counts no change, and it may run slower, as every shape measured through "
+        "the worker did",
         "`training.fp8: auto`"),
     "FP8_TORCHAO": CodeDoc(
         "info / warning",
-        "`training.fp8: auto` would run FP8 here (a 7B-class model on GPUs with FP8 tensor cores) but a node's probe "
-        "found no torchao: every node stays bf16; a warning when the other nodes have it",
+        "`training.fp8: auto` would run FP8 here but a node's probe found no torchao: every node stays bf16; a "
+        "warning when the other nodes have it. Silent while auto runs FP8 nowhere (through the worker it measured "
+        "slower than bf16 on every shape, bench/results/fp8_worker-2026-12-05-H100.md)",
         "hint: `pip install torchao` (or qwen-tui's `[gpu]` extra) on the node"),
     "FP8_ON": CodeDoc(
-        "info",
-        "FP8 matmuls run on this preset (auto on a 7B-class model on GPUs with FP8 tensor cores, or `on`): the "
-        "measured speed-up the estimate counts (1.257x LoRA, 1.253x full), what stays bf16, and how the run proves "
-        "it (converted layers, FP8 matmuls of step 2, the loss checked against bf16 over the first 8 steps)",
-        "`training.fp8: off`"),
+        "warning / info",
+        "FP8 matmuls run on this preset (`training.fp8: on` on GPUs with FP8 tensor cores; auto runs them nowhere): "
+        "what converts and what stays bf16, the FP8/bf16 ratio measured through the worker that the estimate counts "
+        "(0.941x LoRA at the 7B shape, 0.799x full at the 1.5B, bench/results/fp8_worker-2026-12-05-H100.md: a "
+        "warning, since it measured slower), and how the run proves FP8 engaged (converted layers, FP8 matmuls of "
+        "step 2, the loss checked against bf16 over the first 8 steps)",
+        "`training.fp8: auto`"),
     "OFFLOAD_HOST_MEMORY": CodeDoc(
         "error / warning / info",
         "ZeRO offload keeps the optimizer's fp32 states on the nodes' hosts (DeepSpeed's estimators: 16 bytes a "

@@ -92,11 +92,12 @@ Step time (`estimate_step`, `scaling`)
   adapters). A micro-batch never takes less than its host needs to issue it
   (estimate_comm.host_floor_s): tiny models are host-bound.
 - FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
-  from the preset and the GPU type): where it runs on a shape measured faster
-  (hidden size 3584 or more), compute time is divided by the measured FP8/bf16
-  ratio, 1.257 with a frozen LoRA base and 1.253 in full fine-tuning (one H200,
-  bench/results/fp8_speed-2026-12-05-H200.md); elsewhere by 1. Memory is counted
-  as in bf16 (FP8 measured no higher).
+  from the preset and the GPU type): through the worker FP8 measured slower than
+  bf16 on one H100 (bench/results/fp8_worker-2026-12-05-H100.md: 7B LoRA 0.941x,
+  1.5B full 0.799x), so auto runs none; where `on` runs it on a dense model,
+  compute time is divided by the worker's measured ratio of its method (LoRA's
+  0.941, full's 0.799, whatever the shape), for a mixture of experts by 1 (not
+  measured). Memory is counted as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -520,7 +521,7 @@ class StepEstimate:
     interference_s: float = 0.0  # compute slowed by the collectives that run beside it
     link_known: bool = True  # False: several nodes and no bandwidth between them; the figures assume NVLink
     fp8: bool = False  # the matmuls run in FP8 (the worker's --fp8 on this GPU type)
-    fp8_speedup: float = 1.0  # what compute time was divided by for it
+    fp8_speedup: float = 1.0  # what compute time was divided by for it (under 1: FP8 measured slower)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -552,14 +553,23 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
     return fwd * mult + recompute
 
 
-# FP8 against bf16 on one H200, tokens/s with compiled layers, tensorwise scaling
-# (bench/results/fp8_speed-2026-12-05-H200.md): the 7B shape (hidden 3584) ran 1.257x with LoRA on a frozen FP8
-# base and 1.253x in full fine-tuning; the 1.5B shape (hidden 1536) 1.035x, within noise. The worker's --fp8 auto
-# turns FP8 on from the same hidden size (training/fast/fp8.py AUTO_MIN_HIDDEN: tests/unit/test_fp8_plan.py holds the
-# two equal); below it, or for a mixture of experts, an --fp8 on run counts no speed-up.
-FP8_AUTO_MIN_HIDDEN = 3584
-FP8_SPEEDUP = {"lora": 1.257, "full": 1.253}
-FP8_MEASURED = "bench/results/fp8_speed-2026-12-05-H200.md"
+# FP8 against bf16 through the worker on one H100, tokens/s of its fast path with compiled layers and tensorwise
+# scaling (bench/results/fp8_worker-2026-12-05-H100.md): 7B LoRA on a frozen FP8 base ran 0.941x, 1.5B full
+# fine-tuning 0.799x; 7B full was not measured. The worker's --fp8 auto turns FP8 on only from the smallest hidden
+# size measured faster through the worker, per method (training/fast/fp8.py AUTO_ON_FROM, which
+# tests/unit/test_fp8_plan.py holds equal to FP8_AUTO_ON_FROM): none was, so auto runs none. For an --fp8 on run
+# of a dense model the step time takes its method's ratio as measured through the worker, whatever the shape
+# (LoRA's at the 7B shape, full's at the 1.5B: the only figures there are); a mixture of experts was not measured
+# and counts 1. No ratio over 1 is counted that the worker did not measure.
+FP8_AUTO_ON_FROM: dict[str, int] = {}
+FP8_RATIO = {"lora": 0.941, "full": 0.799}
+FP8_RATIO_SHAPE = {"lora": "7B", "full": "1.5B"}  # the shape each method's ratio was measured at
+FP8_MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
+
+
+def fp8_method(run: RunShape) -> str:
+    """The row of FP8_RATIO and FP8_AUTO_ON_FROM a run reads: full, or lora for a frozen base."""
+    return "full" if run.method == "full" else "lora"
 
 
 def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool, str]:
@@ -579,17 +589,21 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool
         return False, "auto: not measured on a mixture of experts"
     if not run.compiled:
         return False, "auto: measured with compiled layers only (extra_args say --no_compile)"
-    if spec.hidden < FP8_AUTO_MIN_HIDDEN:
-        return False, f"auto: hidden size {spec.hidden} is under {FP8_AUTO_MIN_HIDDEN}, the smallest measured faster"
-    return True, f"auto: hidden size {spec.hidden}, 7B-class or larger"
+    smallest = FP8_AUTO_ON_FROM.get(fp8_method(run))
+    if smallest is None:
+        return False, "auto: through the worker FP8 measured slower than bf16"
+    if spec.hidden < smallest:
+        return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster"
+    return True, f"auto: hidden size {spec.hidden}, measured faster from {smallest}"
 
 
 def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> float:
-    """What compute time is divided by for FP8: the measured ratio where the shape was measured faster, else 1."""
+    """What compute time is divided by for FP8: the worker's measured ratio of the run's method where FP8 runs on a
+    dense model (under 1: slower than bf16), else 1."""
     on, _ = fp8_runs(spec, run, fp8_gpu)
-    if not on or spec.is_moe or spec.hidden < FP8_AUTO_MIN_HIDDEN:
+    if not on or spec.is_moe:
         return 1.0
-    return FP8_SPEEDUP["full" if run.method == "full" else "lora"]
+    return FP8_RATIO[fp8_method(run)]
 
 
 def path_efficiency(run: RunShape) -> float:
@@ -624,8 +638,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     intra_node_gbs: NCCL bus bandwidth inside a node, GB/s (the GPU table's, or the node's measured topology).
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
-    fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8 on a shape measured
-    faster, compute time is divided by the measured ratio (fp8_speedup).
+    fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8, compute time is divided
+    by the worker's measured FP8/bf16 ratio (fp8_speedup; under 1: FP8 measured slower).
     """
     from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
 

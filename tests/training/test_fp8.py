@@ -36,14 +36,28 @@ def hopper(monkeypatch):
     monkeypatch.setattr(fp8, "capability_of", lambda device: (9, 0) if device.type == "cuda" else None)
 
 
-def test_auto_turns_fp8_on_only_where_it_was_measured_faster(hopper):
+def test_auto_turns_fp8_on_only_where_it_was_measured_faster_through_the_worker(hopper, monkeypatch):
+    # through the worker nothing was: auto is off for the 7B and 1.5B shapes, LoRA and full, saying what was measured
+    for kwargs in ({}, {"method": "full"}, {"config": ONE_FIVE_B}, {"config": {"hidden_size": 5120}}):
+        on, why = decide(**kwargs)
+        assert not on and "0.94x of bf16 for 7B LoRA and 0.80x for 1.5B full" in why, (kwargs, why)
+        assert fp8.MEASURED in why and "--fp8 on runs it anyway" in why
+    # and it says so before torchao is imported (seconds of a start-up saved)
+    monkeypatch.setattr(fp8, "torchao_version", lambda: pytest.fail("auto imported torchao to stay off"))
+    assert not decide()[0]
+    monkeypatch.undo()
+    # a method and the smallest hidden size a later measurement finds faster turn it on from there, that method only
+    monkeypatch.setattr(fp8, "capability_of", lambda device: (9, 0) if device.type == "cuda" else None)
+    monkeypatch.setattr(fp8, "AUTO_ON_FROM", {"lora": 3584})
     on, why = decide()
-    assert on and "hidden size 3584" in why and fp8.MEASURED in why and "sm_90" in why
-    assert decide(method="full")[0]
+    assert on and "hidden size 3584" in why and "from 3584" in why and fp8.MEASURED in why and "sm_90" in why
     assert decide(config={"hidden_size": 5120})[0]  # wider than measured: wider matmuls still
-    for kwargs, words in [({"config": ONE_FIVE_B}, "ran 1.03x"), ({"method": "qlora"}, "Q-LoRA"),
-                          ({"bf16": False}, "needs --bf16"), ({"compiled": False}, "compiled layers"),
-                          ({"moe": True}, "mixture of experts"), ({"device": torch.device("cpu")}, "no CUDA GPU")]:
+    assert not decide(method="full")[0]
+    on, why = decide(config=ONE_FIVE_B)
+    assert not on and "hidden size 1536 is under 3584" in why
+    for kwargs, words in [({"method": "qlora"}, "Q-LoRA"), ({"bf16": False}, "needs --bf16"),
+                          ({"compiled": False}, "compiled layers"), ({"moe": True}, "mixture of experts"),
+                          ({"device": torch.device("cpu")}, "no CUDA GPU")]:
         on, why = decide(**kwargs)
         assert not on and why.startswith("off: ") and words in why, (kwargs, why)
     assert decide("off") == (False, "off as given")
@@ -58,6 +72,7 @@ def test_auto_stays_off_and_on_refuses_without_fp8_tensor_cores_or_torchao(monke
         decide("on")
     monkeypatch.setattr(fp8, "capability_of", lambda device: (9, 0))
     monkeypatch.setattr(fp8, "torchao_version", lambda: (None, "torchao's float8 training does not import"))
+    monkeypatch.setattr(fp8, "AUTO_ON_FROM", {"lora": 3584})  # a shape auto would turn on, once one is measured
     assert decide() == (False, "off: torchao's float8 training does not import: pip install torchao (the gpu extra, "
                                 "qwen-tui[gpu], brings it)")
     with pytest.raises(InputError, match="pip install torchao"):

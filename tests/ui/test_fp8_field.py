@@ -1,5 +1,6 @@
-"""The Training step's FP8 field: what auto does on the chosen GPU type is said live in the advice, and FP8 on where
-the worker would refuse it (a GPU without FP8 tensor cores, Q-LoRA) is an error whose fix puts auto back."""
+"""The Training step's FP8 field: auto keeps the matmuls bf16 (through the worker FP8 measured slower) and says
+nothing; FP8 on is said live in the advice with the ratio measured through the worker, and where the worker would
+refuse it (a GPU without FP8 tensor cores, Q-LoRA) it is an error whose fix puts auto back."""
 
 from __future__ import annotations
 
@@ -30,9 +31,14 @@ async def test_the_fp8_field_and_its_live_advice(tmp_path):
 
         scr.query_one("#gpu-type", Select).value = "H200"
         await pilot.pause()
+        assert fp8_advice(app) == []  # auto: bf16 on an H200 too
+        fp8.value = "on"
+        await pilot.pause()
         (on,) = fp8_advice(app)
-        assert on[0] == "FP8_ON" and "FP8 matmuls on H200" in on[1] and "1.26x" in on[1]
+        assert on[0] == "FP8_ON" and "FP8 matmuls on H200" in on[1] and "measured slower: 0.94x" in on[1]
         assert "FP8_ON" in [a.code for a in scr.query_one(AdviceList).items]
+        fp8.value = "auto"
+        await pilot.pause()
 
         scr.query_one("#gpu-type", Select).value = "A100-80G"
         await pilot.pause()

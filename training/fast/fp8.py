@@ -2,8 +2,10 @@
 linear layers, inside the compiled layers.
 
 decide()        --fp8 auto|on|off for this run: (on, why); an explicit `on` that cannot run here is an InputError
-                (no GPU of compute capability 8.9+, no torchao, Q-LoRA, no --bf16), and `auto` is on only where
-                it was measured faster (AUTO_MIN_HIDDEN), saying why it stays off elsewhere
+                (no GPU of compute capability 8.9+, no torchao, Q-LoRA, no --bf16), and `auto` is on only for a
+                method and hidden size measured faster through the worker (AUTO_ON_FROM), saying why it stays off
+                elsewhere. Nothing was: through the worker FP8 ran slower than bf16 on every shape measured
+                (MEASURED), so auto is off everywhere, and `on` is there to try it
 select()        which linears convert: every nn.Linear inside the decoder layers but a mixture of experts'
                 routers; under LoRA the frozen ones only (peft's base_layer of each adapted projection, and any
                 projection left without an adapter), never lora_A / lora_B; the embedding and the LM head are
@@ -37,13 +39,17 @@ from training.runtime.errors import InputError
 
 log = logging.getLogger("training")
 
-# FP8 against bf16 on one H200, tokens/s with compiled layers and tensorwise scaling
-# (bench/results/fp8_speed-2026-12-05-H200.md): the 7B shape (hidden 3584) ran 1.257x with LoRA on a frozen FP8
-# base and 1.253x in full fine-tuning; the 1.5B shape (hidden 1536) ran 1.035x, within noise: its matmuls are too
-# narrow to repay the casts. auto turns FP8 on from the smallest hidden size measured faster (larger shapes have
-# wider matmuls still); between 1536 and 3584 nothing was measured, so it stays off there.
-AUTO_MIN_HIDDEN = 3584
-MEASURED = "bench/results/fp8_speed-2026-12-05-H200.md"
+# FP8 against bf16 through the worker itself (bench/fp8_worker.py: its fast path, compiled layers, tensorwise
+# scaling), on one H100: 7B LoRA on a frozen FP8 base ran 0.941x of bf16's tokens/s and 1.5B full fine-tuning
+# 0.799x, the loss within 1% and FP8 engaged in both. A plain training loop had measured the 7B shape 1.25x faster
+# (bench/results/fp8_speed-2026-12-05-H200.md), but the worker is what runs, so auto follows the worker's figures.
+# AUTO_ON_FROM maps a method ("lora" for LoRA's frozen base, "full") to the smallest hidden size measured faster
+# through the worker, from which auto turns FP8 on; a method missing from it stays bf16. Nothing was measured
+# faster, so it is empty: auto is off everywhere and returns before torchao is imported.
+AUTO_ON_FROM: dict[str, int] = {}
+MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
+MEASURED_SLOWER = ("through the worker FP8 ran 0.94x of bf16 for 7B LoRA and 0.80x for 1.5B full on an H100 "
+                   f"({MEASURED})")
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x)
 ALIGN = 16  # torch._scaled_mm wants both dimensions of the weight divisible by 16
 ROUTERS = ("gate", "shared_expert_gate")  # a mixture of experts' routing layers stay bf16: they pick the experts
@@ -89,7 +95,7 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
 
     def no(why: str) -> tuple[bool, str]:
         if explicit:
-            raise InputError(f"--fp8 on: {why}; use --fp8 auto (FP8 where it runs and pays) or --fp8 off")
+            raise InputError(f"--fp8 on: {why}; use --fp8 auto (FP8 only where measured faster) or --fp8 off")
         return False, f"off: {why}"
 
     if method == "qlora":
@@ -116,16 +122,19 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
             return no("FP8 was not measured on a mixture of experts (its experts are not nn.Linear layers)")
         if not compiled:
             return no("FP8 was measured with compiled layers only (--compile)")
-        if hidden < AUTO_MIN_HIDDEN:
-            return no(f"hidden size {hidden} is under {AUTO_MIN_HIDDEN}, the smallest shape measured faster (the "
-                      f"1.5B shape, hidden 1536, ran 1.03x: {MEASURED})")
+        smallest = AUTO_ON_FROM.get("full" if method == "full" else "lora")
+        if smallest is None:
+            return no(f"{MEASURED_SLOWER}; --fp8 on runs it anyway")
+        if hidden < smallest:
+            return no(f"hidden size {hidden} is under {smallest}, the smallest measured faster through the worker "
+                      f"({MEASURED}); --fp8 on runs it anyway")
     version, why_not = torchao_version()
     if version is None:
         return no(f"{why_not}: pip install torchao (the gpu extra, qwen-tui[gpu], brings it)")
     where = f"sm_{cap[0]}{cap[1]}" if cap else f"CPU ({CPU_ENV}=1)"
     if not explicit:
-        return True, (f"on: hidden size {hidden}, 7B-class or larger (1.25x measured: {MEASURED}); torchao "
-                      f"{version}, {RECIPE}, {where}")
+        return True, (f"on: hidden size {hidden}, measured faster through the worker from {smallest} ({MEASURED}); "
+                      f"torchao {version}, {RECIPE}, {where}")
     why = f"on as given (torchao {version}, {RECIPE}, {where})"
     if not compiled:
         why += ("; without compiled layers torchao's casts run eagerly (and a frozen base's weight-gradient "
