@@ -274,9 +274,9 @@ class FastFlags:
                     "--bf16, torchao, torch 2.6+ and an NVIDIA GPU of compute capability 8.9 or newer (Ada, "
                     "Hopper, Blackwell); not with --q_lora. The log and metrics.jsonl say how many layers were converted "
                     "and how many FP8 matmuls a profiled early step ran, and the first --fp8_guard_steps steps "
-                    "compare the FP8 loss with bf16's on the same batch. Default auto: on where it was measured "
-                    "faster (7B-class shapes, hidden size 3584 or more, with compiled layers and torch 2.11+; 1.5B "
-                    "ran 1.03x and stays bf16), off elsewhere, saying why; on: FP8 or a clear error")
+                    "compare the FP8 loss with bf16's on the same batch. Default auto: on only where it was measured "
+                    "faster through the worker, which is nowhere yet (7B LoRA ran 0.94x of bf16, 1.5B full 0.80x, "
+                    "on an H100), so off, saying why; on: FP8 or a clear error")
     fp8_guard_steps: int = flag(8, metavar="N", help="with FP8 on: the first N optimizer steps also compute the "
                                 "first micro-batch's loss with the FP8 layers run in bf16 (a no-grad forward, "
                                 "eager), and compare; past --fp8_parity_bound, --fp8 auto goes back to bf16 and "
