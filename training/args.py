@@ -162,11 +162,29 @@ def check_args(flags: WorkerFlags) -> None:
         raise InputError(f"--heartbeat_interval must be positive, got {s.heartbeat_interval:g}")
     if d.model_max_length < 8:
         raise InputError(f"--model_max_length {d.model_max_length} is too short for a chat turn")
+    check_fp8(flags)
     if not d.data_path and not d.datasets:
         raise InputError("give --data_path (one source) or --datasets (several mixed)")
     if d.data_path and d.datasets:
         raise InputError("--data_path and --datasets both name the data: give one")
     check_pref(flags)
+
+
+def check_fp8(flags: WorkerFlags) -> None:
+    """What --fp8 on needs of the other flags (the GPU and torchao are checked at set-up, training.fast.fp8)."""
+    f = flags.fast
+    if f.fp8_guard_steps < 0:
+        raise InputError(f"--fp8_guard_steps must be 0 or more, got {f.fp8_guard_steps}")
+    if f.fp8_parity_bound < 0:
+        raise InputError(f"--fp8_parity_bound must be 0 or more, got {f.fp8_parity_bound:g}")
+    if f.fp8 != "on":
+        return
+    if flags.lora.q_lora:
+        raise InputError("--fp8 on cannot run with --q_lora: Q-LoRA's 4-bit base dequantizes to bf16 for every "
+                         "matmul, there is no FP8 matmul to run; drop --fp8 on (or use --use_lora on a bf16 base)")
+    if not flags.train.bf16:
+        raise InputError("--fp8 on needs --bf16: torchao's FP8 matmuls take bf16 activations (measured that way); "
+                         f"{'--fp16 is' if flags.train.fp16 else 'fp32 is'} not supported with it")
 
 
 def check_pref(flags: WorkerFlags) -> None:

@@ -12,8 +12,9 @@
 `--help` lists every flag. Exit codes: 0 trained and saved; 2 bad input or
 configuration (one line on stderr naming the file, record or flag; nothing
 written to the output directory); SIGTERM stops it quietly with one line, "stopped by
-request at step N" (exit 0 under torchrun, see training/runtime/stop.py); 1 anything else (the traceback is on stderr
-and metrics.jsonl gets an {"event": "end", "status": "error"} record).
+request at step N" (exit 0 under torchrun, see training/runtime/stop.py); 1 anything else (the traceback is on stderr,
+or one `error:` line where the worker explains the failure itself, as FP8's loss guard does under --fp8 on; and
+metrics.jsonl gets an {"event": "end", "status": "error"} record).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import traceback
 from training.args import parse_args
 from training.flags import Resolved
 from training.runtime import heartbeat, save_request, stacks
-from training.runtime.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, InputError
+from training.runtime.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ExplainedFailure, InputError
 from training.runtime.stop import PEER_STOP_WAIT_S, StopRequested, StopSignal, let_peer_agents_check_out, peer_gone
 
 log = logging.getLogger("training")
@@ -137,6 +138,10 @@ def _train(args, stop: StopSignal, held: dict, beat) -> int:
             print(f"error: {e}", file=sys.stderr)
             recipe.fail(e)
             return EXIT_BAD_INPUT
+        if isinstance(e, ExplainedFailure):  # the worker's own verdict, in full: no traceback
+            print(f"error: {e}", file=sys.stderr)
+            recipe.fail(e)
+            return EXIT_FAILED
         traceback.print_exc()  # report, record in metrics.jsonl, and exit non-zero
         recipe.fail(e)
         return EXIT_FAILED

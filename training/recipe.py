@@ -35,7 +35,7 @@ from training.checkpoints.checkpointer import Checkpointer
 from training.data.batches import build_dataset, eval_batches
 from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
-from training.fast import apply, choice, long_context, sequence_parallel
+from training.fast import apply, choice, fp8, fp8_watch, long_context, sequence_parallel
 from training.flags import Resolved, WorkerFlags
 from training.model.pretrained import (
     check_method,
@@ -108,6 +108,8 @@ class FinetuneRecipe:
         self.pairs = False  # DPO (--stage dpo): the data are preference pairs
         self.reference_timing: dict | None = None  # DPO: the reference pass's rows, tokens and seconds on this rank
         self.data_sources: list[dict] | None = None  # --datasets: each source's name, format and records taken
+        self.fp8_layers: fp8.Fp8Layers | None = None  # the layers --fp8 converted (training.fast.fp8)
+        self.fp8_watch: fp8_watch.Fp8Watch | None = None  # their profiled step and loss guard
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -135,6 +137,12 @@ class FinetuneRecipe:
                                   deepspeed=bool(a.train.deepspeed), zero_stage=self.stage,
                                   expandable=self.resolved.expandable_segments,
                                   expandable_why=self.resolved.expandable_why)
+        from training.model import moe
+
+        # FP8 matmuls (training.fast.fp8): an explicit --fp8 on that cannot run here fails now, before anything runs
+        self.fast.fp8, self.fast.why["fp8"] = fp8.decide(
+            a.fast.fp8, method=self.method, model_config=self.model_config, device=self.device,
+            bf16=bool(a.train.bf16), compiled=self.fast.compile, moe=moe.moe_shape(self.model_config) is not None)
         sequence_parallel.check_shape(a.train.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a.train.sequence_parallel_size, a.fast, self.fast)
         # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing
@@ -193,6 +201,10 @@ class FinetuneRecipe:
         # The logging gather of every rank's compute and wait (training.runtime.step_timing), on the host and on a
         # group of its own: on the default NCCL group it would wait for the GPU work queued before it.
         self.timing_group = dist.cpu_group(a.train.ddp_timeout)
+        if a.fast.fp8 != "off" and apply.any_rank(self.device, not self.fast.fp8) and self.fast.fp8:
+            # every rank runs the same matmuls, or none does FP8 (the guard's collectives need them all)
+            self.fast.fp8, self.fast.why["fp8"] = False, "off: another rank cannot run FP8 (" + \
+                self.fast.why["fp8"] + " here)"
         if a.train.deepspeed:
             import deepspeed
 
@@ -205,6 +217,10 @@ class FinetuneRecipe:
             self.resume_dir, self.ds_config, train=a.train, lora=a.lora, moe=a.moe, random_init=a.model.random_init,
             checkpointed=bool(self.resolved.gradient_checkpointing))
         self.router = self._router_aux()
+        if self.fast.fp8:  # before ZeRO-3's leaf modules and the compiled layers, which must see the FP8 layers
+            self.fp8_layers = fp8.convert(self.model, self.method, pad_inner_dim=self._fp8_pads())
+            if env.is_main:
+                fp8_watch.log_conversion(self.fp8_layers, self.stage)
         # Before the optimizer: DeepSpeed's hooks (ZeRO-3) and DDP must see the loss module and compiled layers.
         self.loss_module = apply.prepare(self.model, self.fast, self.model_config, self.device, self.stage,
                                          train=a.train, pref=a.pref, max_length=a.data.model_max_length,
@@ -271,6 +287,11 @@ class FinetuneRecipe:
                 "moe_layers": self.router.layers, "router_aux_loss_coef": self.router.coef,
                 "shared_expert": self.router.shape.shared_expert, "train_router": bool(a.moe.train_router)},
         })
+        if self.fp8_layers is not None:
+            self.fp8_watch = self._fp8_watch()
+            self.metrics.write(fp8_watch.conversion_record(
+                self.fp8_layers, a.fast.fp8, self.fast.why["fp8"], self.stage, a.fast.fp8_guard_steps,
+                a.fast.fp8_parity_bound, self.fp8_watch.profile_step))
         self.started = True
         if env.is_main:
             log.info("%s", self.fast.summary())
@@ -359,6 +380,24 @@ class FinetuneRecipe:
                      else " (the model config's router_aux_loss_coef)")
         return router
 
+    def _fp8_pads(self) -> bool:
+        """torchao pads the matmuls' inner dimension where a micro-batch's tokens may not be a multiple of 16:
+        padded batches (their length rounds to 8), or packed rows whose memory probes are --model_max_length
+        long. Packed rows on CUDA round to multiples of 128 tokens (StepLoop._pad_multiple): no padding there."""
+        return self.device.type == "cuda" and not (self.fast.packing and self.args.data.model_max_length % 16 == 0)
+
+    def _fp8_watch(self) -> fp8_watch.Fp8Watch:
+        a = self.args
+        assert self.fp8_layers is not None and self.metrics is not None
+
+        def reference(batch, num_items, num_tokens):
+            return self._forward_loss(batch, num_items, num_tokens, train=False)
+
+        return fp8_watch.Fp8Watch(self.fp8_layers, mode=a.fast.fp8, reference=reference, device=self.device,
+                                  guard_steps=a.fast.fp8_guard_steps, bound=a.fast.fp8_parity_bound,
+                                  start_step=self.start_step, total_steps=self.total_steps, write=self.metrics.write,
+                                  is_main=self.env.is_main, method=self.method, compiled=self.fast.compile)
+
     def trainable_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -394,7 +433,7 @@ class FinetuneRecipe:
             steps_per_epoch=self.steps_per_epoch, start_step=self.start_step,
             aux_loss=self.router is not None and self.router.coef > 0, forward_loss=self._forward_loss,
             evaluate=self.evaluate if self.eval_ds is not None else None, save_checkpoint=self.save_checkpoint,
-            pairs=self.pairs))
+            pairs=self.pairs, fp8=self.fp8_watch))
         self.trained = self.loop.run()
         return self.trained
 
@@ -497,6 +536,8 @@ class FinetuneRecipe:
 
     def save_final(self) -> None:
         self.heartbeat.phase("checkpoint")
+        if self.fp8_layers is not None and self.fp8_layers.active:
+            self.fp8_layers.restore()  # the saved model (and a merged one) is made of plain nn.Linear layers
         self.checkpointer.save_final()
 
     # ----------------------------------------------------------------- end

@@ -24,6 +24,7 @@ import torch
 from training.data.encoding import IGNORE_INDEX
 from training.fast import allocator, apply, sequence_parallel
 from training.fast.choice import FastChoice
+from training.fast.fp8_watch import Fp8Watch
 from training.flags import DataFlags, SaveFlags, TrainFlags
 from training.runtime import dist, profiling, save_request, step_timing
 from training.runtime.dist import DistEnv
@@ -75,6 +76,7 @@ class LoopState:
     evaluate: Callable[[int], float] | None  # at a step; None without evaluation data
     save_checkpoint: Callable[[int], None]  # at a step
     pairs: bool = False  # DPO: the loader yields preference pairs, and the loss is normalised by pairs, not tokens
+    fp8: Fp8Watch | None = None  # FP8 on: its profiled step and its loss guard (training.fast.fp8_watch)
 
 
 @dataclass
@@ -130,18 +132,19 @@ class StepLoop:
 
     def _train_loop(self, batches, pending, pack_next) -> LoopResult:
         st = self.state
-        save, env, hb, timer = self.save, self.env, self.heartbeat, self.timer
+        env, hb, timer = self.env, self.heartbeat, self.timer
         gas = self.train.gradient_accumulation_steps
         hb.step = self.step
         t_start = time.perf_counter()
         queued = None  # with --overlap_steps: the last step, queued on the GPU and not yet read back
         try:
             while self.step < st.total_steps:
-                if queued is not None and save.profile_step == self.step + 1:
+                profiled = self._profiled(self.step + 1)
+                if queued is not None and profiled:
                     # Read back before the profiler starts: its start-up would count as the queued step's time.
                     self._record_step(queued, seconds=None)
                     queued = None
-                prof = profiling.start(self.device) if save.profile_step == self.step + 1 and env.is_main else None
+                prof = profiling.start(self.device) if profiled and env.is_main else None
                 mark = profiling.marker(prof)
                 t0 = time.perf_counter()
                 now = self.step + 1  # the step under way
@@ -183,8 +186,12 @@ class StepLoop:
                     sync = contextlib.nullcontext() if (last or st.ddp is None) else st.ddp.no_sync()
                     with sync:
                         hb.phase("forward")
+                        # FP8's loss guard: the first micro-batch of an early step, with bf16 matmuls, first
+                        ref = st.fp8.reference(now, batch, num_items, num_tokens) if st.fp8 and i == 0 else None
                         with mark("step: forward"):
                             out = st.forward_loss(batch, num_items, num_tokens)
+                        if ref is not None:
+                            st.fp8.check(now, ref, out)
                         hb.phase("backward")
                         if last:  # the micro-batch whose backward waits for every rank's gradients
                             timer.arm()
@@ -235,16 +242,13 @@ class StepLoop:
                 due_eval = st.evaluate is not None and self._eval_due()
                 # Decided alike on every rank (the profiled step is main's only): the logging gather of a queued
                 # step comes a step later, and all ranks must meet it at the same point.
-                if (self.fast.overlap_steps and save.profile_step != self.step and self.step < st.total_steps
+                if (self.fast.overlap_steps and not self._profiled(self.step) and self.step < st.total_steps
                         and not due_eval and not self._should_save() and not self.save_and_stop):
                     queued = done
                     continue
                 self._record_step(done, seconds=None)  # reads the step back: waits for the GPU
                 if prof is not None:
-                    out = Path(self.train.output_dir) / f"profile-step{self.step}.txt"
-                    trace = out.with_suffix(".json.gz") if save.profile_trace else None
-                    text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
-                    log.info("profile of step %d (%s):\n%s", self.step, out, text)
+                    self._profile_done(prof, t0, len(micro))
                 if due_eval:
                     st.evaluate(self.step)
                     self.evaluated_step = self.step  # the run's end need not evaluate the same weights again
@@ -354,6 +358,25 @@ class StepLoop:
         micro = [{k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
                  for r in rows]
         return micro, torch.tensor(counts, dtype=torch.float64)
+
+    def _profiled(self, step: int) -> bool:
+        """Whether `step` runs under the profiler: --profile_step, or FP8's proof (the same on every rank; the
+        profiler itself runs on the main process)."""
+        fp8 = self.state.fp8
+        return self.save.profile_step == step or (fp8 is not None and fp8.profile_step == step)
+
+    def _profile_done(self, prof, t0: float, micro_batches: int) -> None:
+        """The profiled step's ends: --profile_step's table (and trace), FP8's count of its FP8 matmuls."""
+        if self.save.profile_step == self.step:
+            out = Path(self.train.output_dir) / f"profile-step{self.step}.txt"
+            trace = out.with_suffix(".json.gz") if self.save.profile_trace else None
+            text = profiling.finish(prof, self.device, out, time.perf_counter() - t0, trace=trace)
+            log.info("profile of step %d (%s):\n%s", self.step, out, text)
+        else:
+            profiling.stop(prof, self.device)
+        fp8 = self.state.fp8
+        if fp8 is not None and fp8.profile_step == self.step:
+            fp8.profiled(self.step, prof, micro_batches)
 
     def _current_lr(self) -> float:
         return float(self.state.scheduler.get_last_lr()[0])

@@ -54,6 +54,32 @@ ADVICE: dict[str, CodeDoc] = {
         "what a DPO step costs: both answers of every pair through the policy (twice an SFT step's tokens and "
         "activations at the same micro-batch, which the estimate counts), the reference's forward once before the "
         "first step, no second model"),
+    "FP8_CANNOT_RUN": CodeDoc(
+        "error",
+        "`training.fp8: on` where the worker refuses it at set-up: Q-LoRA, a precision other than bf16, CPU "
+        "processes, a GPU type without FP8 tensor cores (compute capability under 8.9), or a node whose probe found "
+        "no torchao",
+        "`training.fp8: auto`, `training.precision: bf16`, or hint: `pip install torchao` on the node"),
+    "FP8_UNMEASURED": CodeDoc(
+        "warning",
+        "`training.fp8: on` for a mixture of experts, where FP8 was not measured (its experts are not linear layers "
+        "torchao converts): the estimate counts no change, and it may run slower, as every shape measured through "
+        "the worker did",
+        "`training.fp8: auto`"),
+    "FP8_TORCHAO": CodeDoc(
+        "info / warning",
+        "`training.fp8: auto` would run FP8 here but a node's probe found no torchao: every node stays bf16; a "
+        "warning when the other nodes have it. Silent while auto runs FP8 nowhere (through the worker it measured "
+        "slower than bf16 on every shape, bench/results/fp8_worker-2026-12-05-H100.md)",
+        "hint: `pip install torchao` (or qwen-tui's `[gpu]` extra) on the node"),
+    "FP8_ON": CodeDoc(
+        "warning / info",
+        "FP8 matmuls run on this preset (`training.fp8: on` on GPUs with FP8 tensor cores; auto runs them nowhere): "
+        "what converts and what stays bf16, the FP8/bf16 ratio measured through the worker that the estimate counts "
+        "(0.941x LoRA at the 7B shape, 0.799x full at the 1.5B, bench/results/fp8_worker-2026-12-05-H100.md: a "
+        "warning, since it measured slower), and how the run proves FP8 engaged (converted layers, FP8 matmuls of "
+        "step 2, the loss checked against bf16 over the first 8 steps)",
+        "`training.fp8: auto`"),
     "OFFLOAD_HOST_MEMORY": CodeDoc(
         "error / warning / info",
         "ZeRO offload keeps the optimizer's fp32 states on the nodes' hosts (DeepSpeed's estimators: 16 bytes a "

@@ -106,12 +106,24 @@ class Context:
         assert self.spec is not None
         return estimate_memory(self.spec, self.t, self.preset.world_size, **overrides)
 
+    def torchao_missing(self) -> list[int]:
+        """The GPU nodes whose probe found no torchao (the worker's FP8 needs it on every rank)."""
+        return [i for i, nf in self.node_facts() if nf.gpus and "torchao" in nf.versions and nf.versions["torchao"] is None]
+
+    @property
+    def fp8_gpu(self) -> bool | None:
+        """Whether the worker can run FP8 matmuls here: the GPU type has FP8 tensor cores and no probed node lacks
+        torchao (None: the GPU type is unknown)."""
+        if self.gpu is None or self.cpu:
+            return None if not self.cpu else False
+        return self.gpu.fp8 and not self.torchao_missing() if self.gpu.fp8 is not None else None
+
     def step_kwargs(self) -> dict[str, Any]:
         """The GPU's figures for estimate_step. With the GPU type unknown these are an H100's: a caller shows no
         speed then (speed_known), and a rule compares two estimates only."""
         g = self.gpu or GPUS["H100"]
         return dict(gpu_tflops=g.bf16_tflops, efficiency=self.efficiency,
-                    intra_node_gbs=self.intra_node_gbs or g.intra_node_gbs, hbm_gbs=g.hbm_gbs)
+                    intra_node_gbs=self.intra_node_gbs or g.intra_node_gbs, hbm_gbs=g.hbm_gbs, fp8_gpu=self.fp8_gpu)
 
     def step_here(self, **overrides: Any):
         """estimate_step for this preset's own cluster (its nodes, its real GPU count)."""

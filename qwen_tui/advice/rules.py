@@ -416,6 +416,7 @@ def timeouts(c: Context) -> Iterable[Advice]:
 from . import cluster  # noqa: E402,F401 - registers the rules about the nodes' facts
 from . import moe  # noqa: E402,F401 - registers the mixture-of-experts rules
 from . import preference  # noqa: E402,F401 - registers the DPO rules
+from . import fp8  # noqa: E402,F401 - registers the FP8 rules
 from . import longcontext  # noqa: E402,F401 - and those about long records and sequence parallelism
 
 # isort: on

@@ -97,6 +97,13 @@ Step time (`estimate_step`, `scaling`)
   tokens/s) and at LoRA's speed under ZeRO-2 and ZeRO-3 (the engine's bf16
   adapters). A micro-batch never takes less than its host needs to issue it
   (estimate_comm.host_floor_s): tiny models are host-bound.
+- FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
+  from the preset and the GPU type): through the worker FP8 measured slower than
+  bf16 on one H100 (bench/results/fp8_worker-2026-12-05-H100.md: 7B LoRA 0.941x,
+  1.5B full 0.799x), so auto runs none; where `on` runs it on a dense model,
+  compute time is divided by the worker's measured ratio of its method (LoRA's
+  0.941, full's 0.799, whatever the shape), for a mixture of experts by 1 (not
+  measured). Memory is counted as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -146,22 +153,24 @@ class GPUSpec:
     bf16_tflops: float  # dense
     hbm_gbs: float
     intra_node_gbs: float  # NCCL bus bandwidth inside one node (NVLink or PCIe)
+    # FP8 tensor cores that the worker's --fp8 uses (NVIDIA compute capability 8.9 or newer); None: not known here
+    fp8: bool | None = False
 
 
 # Datasheet numbers (dense bf16, no sparsity); memory as nvidia-smi's memory.total / 1024.
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (
-    GPUSpec("H200", 143771 / 1024, 989, 4800, 360),
-    GPUSpec("H100", 81559 / 1024, 989, 3350, 360),
-    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25),
-    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720),
+    GPUSpec("H200", 143771 / 1024, 989, 4800, 360, fp8=True),
+    GPUSpec("H100", 81559 / 1024, 989, 3350, 360, fp8=True),
+    GPUSpec("H100-PCIe", 81559 / 1024, 756, 2000, 25, fp8=True),
+    GPUSpec("B200", 183359 / 1024, 2250, 8000, 720, fp8=True),
     GPUSpec("A100-80G", 81920 / 1024, 312, 2039, 230),
     GPUSpec("A100-40G", 40960 / 1024, 312, 1555, 230),
-    GPUSpec("L40S", 46068 / 1024, 362, 864, 25),
+    GPUSpec("L40S", 46068 / 1024, 362, 864, 25, fp8=True),
     GPUSpec("A10", 23028 / 1024, 125, 600, 25),
-    GPUSpec("L4", 23034 / 1024, 121, 300, 25),
-    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25),
+    GPUSpec("L4", 23034 / 1024, 121, 300, 25, fp8=True),
+    GPUSpec("RTX4090", 24564 / 1024, 165, 1008, 25, fp8=True),
     GPUSpec("V100-32G", 32768 / 1024, 125, 900, 130),
-    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300),
+    GPUSpec("MI300X", 196592 / 1024, 1307, 5300, 300, fp8=None),  # FP8 there is ROCm's: not measured
 )}
 
 
@@ -207,6 +216,10 @@ class RunShape:
     # time. A preset's run has it unless extra_args say --fused_ce off; a bare RunShape is the plain path.
     fused_loss: bool = False
     stage: str = "sft"  # dpo: micro_batch counts pairs, two sequences each, through DPO's own head and loss
+    # the worker's --fp8 (auto, on, off: training/fast/fp8.py) and whether its layers are compiled (--no_compile in
+    # extra_args: no); a bare RunShape runs bf16
+    fp8: str = "off"
+    compiled: bool = True
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -229,6 +242,8 @@ class RunShape:
                 lora_dropout=g("lora_dropout", 0.05),
                 lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
                 fused_loss=_fused_loss(g("extra_args", None) or []),
+                fp8=_flag_value(g("extra_args", None) or [], "--fp8") or g("fp8", "auto"),
+                compiled="--no_compile" not in [str(a) for a in (g("extra_args", None) or [])],
             )
         base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
         if "lora_targets" in base:
@@ -257,6 +272,17 @@ def _fused_loss(extra_args: list) -> bool:
         if a == "--fused_ce=off" or (a == "--fused_ce" and i + 1 < len(args) and args[i + 1] == "off"):
             return False
     return True
+
+
+def _flag_value(extra_args: list, name: str) -> str | None:
+    """The last value extra_args give a worker flag (argparse's last one wins): `--fp8 on` or `--fp8=on`."""
+    args, got = [str(a) for a in extra_args], None
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            got = a.split("=", 1)[1]
+        elif a == name and i + 1 < len(args):
+            got = args[i + 1]
+    return got
 
 
 FUSED_CE_ROWS = 4096  # the chunked loss's rows a chunk (training/fast/loss.py; Liger's are 2,048: this is the larger)
@@ -508,6 +534,8 @@ class StepEstimate:
     latency_s: float = 0.0  # collectives' latency per step (part of exposed_comm_s)
     interference_s: float = 0.0  # compute slowed by the collectives that run beside it
     link_known: bool = True  # False: several nodes and no bandwidth between them; the figures assume NVLink
+    fp8: bool = False  # the matmuls run in FP8 (the worker's --fp8 on this GPU type)
+    fp8_speedup: float = 1.0  # what compute time was divided by for it (under 1: FP8 measured slower)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -539,6 +567,59 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
     return fwd * mult + recompute
 
 
+# FP8 against bf16 through the worker on one H100, tokens/s of its fast path with compiled layers and tensorwise
+# scaling (bench/results/fp8_worker-2026-12-05-H100.md): 7B LoRA on a frozen FP8 base ran 0.941x, 1.5B full
+# fine-tuning 0.799x; 7B full was not measured. The worker's --fp8 auto turns FP8 on only from the smallest hidden
+# size measured faster through the worker, per method (training/fast/fp8.py AUTO_ON_FROM, which
+# tests/unit/test_fp8_plan.py holds equal to FP8_AUTO_ON_FROM): none was, so auto runs none. For an --fp8 on run
+# of a dense model the step time takes its method's ratio as measured through the worker, whatever the shape
+# (LoRA's at the 7B shape, full's at the 1.5B: the only figures there are); a mixture of experts was not measured
+# and counts 1. No ratio over 1 is counted that the worker did not measure.
+FP8_AUTO_ON_FROM: dict[str, int] = {}
+FP8_RATIO = {"lora": 0.941, "full": 0.799}
+FP8_RATIO_SHAPE = {"lora": "7B", "full": "1.5B"}  # the shape each method's ratio was measured at
+FP8_MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
+
+
+def fp8_method(run: RunShape) -> str:
+    """The row of FP8_RATIO and FP8_AUTO_ON_FROM a run reads: full, or lora for a frozen base."""
+    return "full" if run.method == "full" else "lora"
+
+
+def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool, str]:
+    """(the worker runs this run's matmuls in FP8, why), as its --fp8 decides from the preset and the GPU type
+    (fp8_gpu: FP8 tensor cores; None: unknown). Where `on` cannot run it is not run: the advice says so."""
+    if run.fp8 == "off":
+        return False, "off as set"
+    if run.method == "qlora":
+        return False, "Q-LoRA's 4-bit base has no FP8 matmul"
+    if run.precision != "bf16":
+        return False, "FP8 needs bf16 precision"
+    if not fp8_gpu:
+        return False, "the GPU type is unknown" if fp8_gpu is None else "the GPU has no FP8 tensor cores"
+    if run.fp8 == "on":
+        return True, "on as set"
+    if spec.is_moe:
+        return False, "auto: not measured on a mixture of experts"
+    if not run.compiled:
+        return False, "auto: measured with compiled layers only (extra_args say --no_compile)"
+    smallest = FP8_AUTO_ON_FROM.get(fp8_method(run))
+    if smallest is None:
+        return False, "auto: through the worker FP8 measured slower than bf16"
+    if spec.hidden < smallest:
+        return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster"
+    return True, f"auto: hidden size {spec.hidden}, measured faster from {smallest}"
+
+
+def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> float:
+    """What compute time is divided by for FP8: the worker's measured ratio of the run's method where FP8 runs on a
+    dense model (under 1: slower than bf16), else 1."""
+    on, _ = fp8_runs(spec, run, fp8_gpu)
+    if not on or spec.is_moe:
+        return 1.0
+    return FP8_RATIO[fp8_method(run)]
+
+
 def path_efficiency(run: RunShape) -> float:
     """The worker's measured model FLOPs utilisation on its path: plain DDP, or DeepSpeed's ZeRO stage with a
     trained (full) or frozen (LoRA, Q-LoRA) base."""
@@ -561,7 +642,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
                   bandwidth_gbps: float | None, gpu_tflops: float = GPUS["H100"].bf16_tflops,
                   efficiency: float | None = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
                   hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: int | None = None,
-                  **overrides: Any) -> StepEstimate:
+                  fp8_gpu: bool | None = False, **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
     estimate_comm's.
 
@@ -571,6 +652,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     intra_node_gbs: NCCL bus bandwidth inside a node, GB/s (the GPU table's, or the node's measured topology).
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
+    fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8, compute time is divided
+    by the worker's measured FP8/bf16 ratio (fp8_speedup; under 1: FP8 measured slower).
     """
     from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
 
@@ -583,7 +666,9 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
     eff = effective_efficiency(run, efficiency, spec)
     fpt = flops_per_token(spec, run)
-    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff), host_floor_s(spec.layers))
+    fp8_on, _ = fp8_runs(spec, run, fp8_gpu)
+    fp8_x = fp8_speedup(spec, run, fp8_gpu)
+    micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff * fp8_x), host_floor_s(spec.layers))
     micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum
     passes = (2 if lora else 3) + (1 if run.gradient_checkpointing else 0)  # in units of one forward
@@ -634,7 +719,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
         comm_bytes_per_gpu=cm.bytes_per_gpu, comm_s=cm.total_s, exposed_comm_s=cm.exposed_s, optimizer_s=opt,
         step_time_s=step, step_time_no_overlap_s=step_no, tokens_per_second=tokens / step,
         bus_gbps=bus, strategy=strategy, world_size=world, latency_s=cm.latency_s,
-        interference_s=cm.interference_s, link_known=link_known,
+        interference_s=cm.interference_s, link_known=link_known, fp8=fp8_on, fp8_speedup=fp8_x,
     )
 
 

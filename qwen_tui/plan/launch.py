@@ -130,6 +130,8 @@ def worker_args(t: Training, *, metrics_file: str, save_on_each_node: bool = Fal
         a.append("--bf16")
     elif t.precision == "fp16":
         a.append("--fp16")
+    if t.fp8 != "auto":  # auto is the worker's own default
+        a += ["--fp8", t.fp8]
     if t.gradient_checkpointing:
         a.append("--gradient_checkpointing")
     if t.method in ("lora", "qlora"):

@@ -147,6 +147,9 @@ class Training(_Strict):
                                                          "the optimizer states, or (ZeRO-3) the weights too")
     precision: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="mixed-precision dtype; fp32 "
                                                        "on CPU")
+    fp8: Literal["auto", "on", "off"] = Field(default="auto", description="FP8 matmuls (the worker's --fp8, "
+                                              "torchao): auto only where measured faster through the worker, "
+                                              "nowhere yet, so bf16; on runs it anyway; off")
     device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="auto: CUDA where the nodes have "
                                                    "GPUs, else CPU over gloo")
     model_max_length: int = Field(default=2048, ge=8, le=1_048_576, description="tokens a record may have; longer "
@@ -208,6 +211,12 @@ class Training(_Strict):
         if isinstance(v, list) and [str(n).lower() for n in v] == ["none"]:
             return []
         return [n.lower() if isinstance(n, str) else n for n in v] if isinstance(v, list) else v
+
+    @field_validator("fp8", mode="before")
+    @classmethod
+    def _fp8(cls, v: Any) -> Any:
+        # YAML 1.1 reads an unquoted on / off as a boolean: `fp8: on` means on
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("zero_stage")
     @classmethod

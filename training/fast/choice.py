@@ -40,6 +40,7 @@ class FastChoice:
     packing_tokens: int | None = None  # set by the recipe (flag, probe or default)
     gradient_checkpointing: bool = False
     experts: str | None = None  # a mixture of experts' kernel (training.model.moe_experts), set when the model loads
+    fp8: bool = False  # torchao's FP8 matmuls (training.fast.fp8), set once the model's shape is known
     why: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -61,7 +62,7 @@ class FastChoice:
                  f"labelled logits only {on(self.labelled_logits)}",
                  f"overlapped steps {on(self.overlap_steps)}",
                  f"expandable segments {on(self.expandable_segments)}",
-                 f"gradient checkpointing {on(self.gradient_checkpointing)}"]
+                 f"gradient checkpointing {on(self.gradient_checkpointing)}", f"fp8 {on(self.fp8)}"]
         parts += [f"experts {self.experts}"] if self.experts else []
         return "fast path: " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in self.why.items())
 

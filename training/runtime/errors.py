@@ -9,6 +9,11 @@ class InputError(Exception):
     """
 
 
+class ExplainedFailure(Exception):
+    """A failure during training that the worker found itself and explains in one line (FP8's loss leaving bf16's
+    under --fp8 on): finetune.main prints it without a traceback and exits with 1."""
+
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -34,14 +34,19 @@ def marker(prof):
     return torch.profiler.record_function
 
 
+def stop(prof, device: torch.device) -> None:
+    """Stops the profiler once the step's kernels have run (its events are read afterwards)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    prof.stop()
+
+
 def finish(prof, device: torch.device, path: Path, wall_s: float, rows: int = 30, trace: Path | None = None) -> str:
     """Stops the profiler and writes the step's wall time, how much of it the GPU was busy (the rest is the
     GPU waiting for the host: Python, data, synchronisation) and the table of the `rows` most expensive
     kernels (device time on CUDA, CPU time otherwise) to `path`, atomically; returns the text. With `trace`,
     the step's Chrome trace goes there too (gzip-compressed when the name ends in .gz)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    prof.stop()
+    stop(prof, device)
     if trace is not None:
         _write_trace(prof, Path(trace))
     events = prof.key_averages()

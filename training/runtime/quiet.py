@@ -7,7 +7,11 @@ words at its source (never a whole logger or warning category):
 - torch warns that `all_gather_into_tensor` and `reduce_scatter_tensor` are deprecated each time DeepSpeed's
   ZeRO calls them, dozens of lines a step;
 - DeepSpeed, on a machine without a GPU, says it is "Setting accelerator to CPU": dropped only for a CPU run,
-  where that is the plan (`cpu_run(True)`), not where a GPU went missing.
+  where that is the plan (`cpu_run(True)`), not where a GPU went missing;
+- torchao, where its CUDA extensions (CUTLASS, MX kernels) do not load (a machine without a GPU, another torch),
+  says so at import: its float8 training runs torch's own _scaled_mm and needs none of them;
+- torch warns that torchao registers its Enums (KernelPreference, ...) as pytree constants, which it no longer
+  needs.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ class _Drop(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.only_cpu and not _state["cpu_run"]:
             return True
-        return not str(record.msg).startswith(self.start)
+        # the message as it will be written (torch's carries the class in its arguments)
+        return not record.getMessage().startswith(self.start)
 
 
 def install() -> None:
@@ -34,6 +39,8 @@ def install() -> None:
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
         _Drop("Failed to load CPU gemm_4bit_forward from kernels-community"))
     logging.getLogger("DeepSpeed").addFilter(_Drop("Setting accelerator to CPU", only_cpu=True))
+    logging.getLogger("torchao").addFilter(_Drop("Failed to load "))
+    logging.getLogger("torch.utils._pytree").addFilter(_Drop("<enum '"))
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning,
                             module=r"transformers\.modeling_utils")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.c10d_logger",

@@ -26,7 +26,7 @@ from qwen_tui.preset.schema import Preset
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv"]
 VERSIONED = ("qwen-tui", "torch", "transformers", "peft", "deepspeed", "accelerate", "tokenizers", "bitsandbytes",
-             "liger-kernel", "nvidia-cudnn-frontend")
+             "liger-kernel", "nvidia-cudnn-frontend", "torchao")
 TOOLS = ("iperf3", "nvidia-smi", "torchrun", "ssh", "ssh-keygen", "ip")
 
 SNIPPET = program("probe.py")  # remote/ib_sysfs.py, digests.py and probe.py

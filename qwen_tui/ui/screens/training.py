@@ -51,6 +51,7 @@ FIELDS: list[tuple[str, str, Any]] = [
     ("training.lora_dropout", "LoRA dropout", "text"),
     ("training.zero_stage", "ZeRO stage", [("none (DDP)", "none"), ("ZeRO-2", 2), ("ZeRO-3", 3)]),
     ("training.precision", "precision", [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]),
+    ("training.fp8", "FP8 matmuls", [("auto: where measured faster", "auto"), ("on", "on"), ("off", "off")]),
     ("training.device", "device", [("auto", "auto"), ("GPU (cuda)", "cuda"), ("CPU", "cpu")]),
     ("training.model_max_length", "sequence length", "text"),
     ("training.sequence_parallel_size", "GPUs a sequence spans", "text"),
