@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qwen_tui.model.spec import ModelSpec
-from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, flops_per_token
+from qwen_tui.plan.estimate import GPUS, RunShape
 from qwen_tui.plan.estimate_comm import NIC_EFFICIENCY
+from qwen_tui.plan.estimate_time import estimate_step, flops_per_token
 
 LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md")
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"

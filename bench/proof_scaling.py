@@ -64,7 +64,8 @@ def estimator_with(ctx: Context, intra_gbs: float, n: int, rows: int = 2,
         return None
     sys.path.insert(0, str(ROOT))
     from qwen_tui.model.spec import known_spec
-    from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, flops_per_token, gpu_spec
+    from qwen_tui.plan.estimate import GPUS, RunShape, gpu_spec
+    from qwen_tui.plan.estimate_time import estimate_step, flops_per_token
 
     g = gpu_spec(_gpu_name()) or GPUS["H100"]
     w = scaling_run_shape(rows)

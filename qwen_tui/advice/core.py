@@ -127,7 +127,7 @@ class Context:
 
     def step_here(self, **overrides: Any):
         """estimate_step for this preset's own cluster (its nodes, its real GPU count)."""
-        from ..plan.estimate import estimate_step
+        from ..plan.estimate_time import estimate_step
 
         assert self.spec is not None
         return estimate_step(self.spec, self.t, self.nodes, self.gpus_per_node(), self.bandwidth_gbps,

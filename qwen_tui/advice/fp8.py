@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..base.levels import Level
-from ..plan.estimate import FP8_MEASURED, FP8_RATIO_SHAPE, RunShape, fp8_method, fp8_runs, fp8_speedup
+from ..plan.estimate import RunShape
+from ..plan.estimate_time import FP8_MEASURED, FP8_RATIO_SHAPE, fp8_method, fp8_runs, fp8_speedup
 from .core import Advice, Context, Fix, rule
 
 AUTO = Fix("FP8 auto (only where measured faster)", {"training.fp8": "auto"})

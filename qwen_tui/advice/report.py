@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster.facts import ClusterFacts
-from ..plan.estimate import RunShape, effective_efficiency, estimate_memory, max_micro_batch, nodes_worth_it, scaling
+from ..plan.estimate import RunShape, estimate_memory, max_micro_batch
 from ..plan.estimate_comm import MEASURE_HINT
+from ..plan.estimate_time import effective_efficiency, nodes_worth_it, scaling
 from ..plan.longcontext import is_long, longest_record, row_memory
 from ..preset.schema import Preset
 from .rules import CKPT_OFF_HEADROOM, advise, make_context

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..base.levels import Level, loudest_first
 from ..cluster.facts import ClusterFacts
-from ..plan.estimate import estimate_memory, estimate_step, host_memory_gib, max_micro_batch, nodes_worth_it
+from ..plan.estimate import estimate_memory, host_memory_gib, max_micro_batch
+from ..plan.estimate_time import estimate_step, nodes_worth_it
 from ..plan.longcontext import is_long
 from ..preset.schema import Preset
 from .core import (  # noqa: F401 - the names users of the advice import from here
@@ -350,7 +351,7 @@ def low_bandwidth(c: Context) -> Iterable[Advice]:
 @rule
 def nodes_past_worth(c: Context) -> Iterable[Advice]:
     """More nodes than the model says pay for themselves: past that count, a node's GPUs add less than half of
-    what each GPU does alone (estimate.nodes_worth_it), at the link's bandwidth and its source."""
+    what each GPU does alone (estimate_time.nodes_worth_it), at the link's bandwidth and its source."""
     if c.spec is None or c.cpu or c.nodes < 2 or not c.speed_known:
         return
     g = c.gpus_per_node()

@@ -13,8 +13,9 @@ import sys
 from typing import Any
 
 from ..advice.report import NODES_WORTH_LIMIT, build_report, human_count, model_line
-from ..plan.estimate import FAST_PATH_EFFICIENCY, GPUS, ZERO_EFFICIENCY
+from ..plan.estimate import GPUS
 from ..plan.estimate_comm import NIC_EFFICIENCY
+from ..plan.estimate_time import FAST_PATH_EFFICIENCY, ZERO_EFFICIENCY
 from ..preset.files import load_preset
 from . import styles
 from .facts_file import read_facts_file

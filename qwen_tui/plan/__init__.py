@@ -1,2 +1,3 @@
-"""The plan: the commands each node runs (launch.LaunchPlan), the step's memory and time (estimate, estimate_comm),
-where outputs go (outputs) and the long-row path's memory (longcontext). Pure: no node is touched."""
+"""The plan: the commands each node runs (launch.LaunchPlan), the step's memory (estimate), time and scaling
+(estimate_time, estimate_comm), where outputs go (outputs) and the long-row path's memory (longcontext). Pure: no
+node is touched."""

@@ -26,7 +26,7 @@ reduce-scatter; 2x for all-reduce), n-1 of them over the network; a tree all-red
 as rings, so their latency grows with the rank count. The bandwidth is the slower of the link inside a node
 (NVLink/PCIe, GPU table or the node's topology) and, with several nodes, the link between nodes.
 
-Overlap (`StepComm`, built by estimate.estimate_step)
+Overlap (`StepComm`, built by estimate_time.estimate_step)
 =====================================================
 What can hide under compute does, except:
 

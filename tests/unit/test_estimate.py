@@ -9,16 +9,8 @@ from pathlib import Path
 import pytest
 
 from qwen_tui.model.spec import resolve_model, spec_from_config
-from qwen_tui.plan.estimate import (
-    GIB,
-    GPUS,
-    RunShape,
-    estimate_memory,
-    estimate_step,
-    gpu_spec,
-    max_micro_batch,
-    scaling,
-)
+from qwen_tui.plan.estimate import GIB, GPUS, RunShape, estimate_memory, gpu_spec, max_micro_batch
+from qwen_tui.plan.estimate_time import estimate_step, scaling
 
 # measured on an H200 (tests/fixtures/README.md)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -11,7 +11,7 @@ import pytest
 from qwen_tui.cli.main import main
 from qwen_tui.cluster.facts import GPU, ClusterFacts, IBPort, LinkFacts, NodeFacts
 from qwen_tui.model.spec import resolve_model
-from qwen_tui.plan.estimate import GPUS, RunShape, estimate_step, nodes_worth_it, scaling
+from qwen_tui.plan.estimate import GPUS, RunShape
 from qwen_tui.plan.estimate_comm import (
     NIC_EFFICIENCY,
     REHEARSAL_BUCKET_MB,
@@ -20,6 +20,7 @@ from qwen_tui.plan.estimate_comm import (
     resolve_bandwidth,
     step_comm,
 )
+from qwen_tui.plan.estimate_time import estimate_step, nodes_worth_it, scaling
 from support.paths import ROOT as REPO
 
 SEVEN = resolve_model("Qwen/Qwen2.5-7B")

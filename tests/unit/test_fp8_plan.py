@@ -12,6 +12,7 @@ from qwen_tui.advice.rules import advise, apply_fix
 from qwen_tui.cluster.facts import GPU, ClusterFacts, NodeFacts
 from qwen_tui.model.spec import known_spec
 from qwen_tui.plan import estimate as est
+from qwen_tui.plan import estimate_time as est_time
 from qwen_tui.plan.launch import worker_args
 from qwen_tui.preset.files import dump_preset, parse_preset
 from qwen_tui.preset.schema import Preset, PresetError
@@ -66,18 +67,18 @@ def test_the_plan_passes_fp8_and_the_worker_takes_it(fp8, argv):
 def test_the_worker_and_the_estimate_share_the_rule_and_the_ratios_measured_through_the_worker():
     from training.fast import fp8
 
-    assert fp8.AUTO_ON_FROM == est.FP8_AUTO_ON_FROM and fp8.MEASURED == est.FP8_MEASURED
-    measured = json.loads((ROOT / est.FP8_MEASURED.replace(".md", ".json")).read_text())
+    assert fp8.AUTO_ON_FROM == est_time.FP8_AUTO_ON_FROM and fp8.MEASURED == est_time.FP8_MEASURED
+    measured = json.loads((ROOT / est_time.FP8_MEASURED.replace(".md", ".json")).read_text())
     ratio = {c["case"]: c["compare"]["ratio"] for c in measured["cases"] if "compare" in c}
     hidden = {c["case"]: c["hidden_size"] for c in measured["cases"]}
-    assert est.FP8_RATIO == {"lora": ratio["lora-7b"], "full": ratio["full-1.5b"]}
+    assert est_time.FP8_RATIO == {"lora": ratio["lora-7b"], "full": ratio["full-1.5b"]}
     assert hidden["lora-7b"] == known_spec(SEVEN_B).hidden and hidden["full-1.5b"] == known_spec(ONE_FIVE_B).hidden
-    assert est.FP8_RATIO_SHAPE == {"lora": "7B", "full": "1.5B"}
+    assert est_time.FP8_RATIO_SHAPE == {"lora": "7B", "full": "1.5B"}
     # auto turns FP8 on for a method only from a hidden size measured faster (by the results' own threshold)
     faster = [c for c in measured["cases"] if "compare" in c and c["compare"]["ratio"] >= measured["pays_at"]]
-    for method, smallest in est.FP8_AUTO_ON_FROM.items():
+    for method, smallest in est_time.FP8_AUTO_ON_FROM.items():
         assert smallest in {c["hidden_size"] for c in faster if (c["method"] == "full") == (method == "full")}
-    assert not faster and est.FP8_AUTO_ON_FROM == {}  # nothing was: auto runs FP8 nowhere
+    assert not faster and est_time.FP8_AUTO_ON_FROM == {}  # nothing was: auto runs FP8 nowhere
 
 
 @pytest.mark.parametrize("model,training,gpu,runs,x", [
@@ -100,24 +101,24 @@ def test_the_estimate_counts_fp8_where_the_worker_runs_it_at_the_ratio_measured_
                                                                                           runs, x):
     spec = known_spec(model)
     run = est.RunShape.of(preset(model=model, **training).training)
-    assert est.fp8_runs(spec, run, gpu)[0] is runs
-    assert est.fp8_speedup(spec, run, gpu) == x
+    assert est_time.fp8_runs(spec, run, gpu)[0] is runs
+    assert est_time.fp8_speedup(spec, run, gpu) == x
 
 
 def test_auto_follows_a_measured_shape_once_the_table_holds_one(monkeypatch):
-    monkeypatch.setattr(est, "FP8_AUTO_ON_FROM", {"lora": 3584})
+    monkeypatch.setattr(est_time, "FP8_AUTO_ON_FROM", {"lora": 3584})
     for model, method, runs in ((SEVEN_B, "lora", True), ("Qwen/Qwen2.5-72B-Instruct", "lora", True),
                                 (ONE_FIVE_B, "lora", False), (SEVEN_B, "full", False)):
         run = est.RunShape.of(preset(model=model, method=method).training)
-        assert est.fp8_runs(known_spec(model), run, True)[0] is runs, (model, method)
+        assert est_time.fp8_runs(known_spec(model), run, True)[0] is runs, (model, method)
 
 
 def test_the_step_time_divides_compute_by_the_ratio_measured_through_the_worker():
     spec, kw = known_spec(SEVEN_B), dict(gpu_tflops=989, hbm_gbs=3350)
-    auto = est.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=True, **kw)
-    bf16 = est.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=False, **kw)
+    auto = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=True, **kw)
+    bf16 = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=False, **kw)
     assert not auto.fp8 and auto.compute_s == bf16.compute_s  # auto: bf16 on an H100
-    fp8 = est.estimate_step(spec, preset(fp8="on").training, 1, 1, None, fp8_gpu=True, **kw)
+    fp8 = est_time.estimate_step(spec, preset(fp8="on").training, 1, 1, None, fp8_gpu=True, **kw)
     assert fp8.fp8 and fp8.fp8_speedup == 0.941
     assert fp8.compute_s == pytest.approx(bf16.compute_s / 0.941)
     assert fp8.optimizer_s == bf16.optimizer_s and fp8.tokens_per_second < 0.95 * bf16.tokens_per_second
@@ -154,7 +155,7 @@ def test_auto_runs_no_fp8_and_on_warns_it_measured_slower_through_the_worker():
         adv = [a for a in advise(preset(fp8="on", **training), facts()) if a.code.startswith("FP8")]
         assert [(a.code, a.level) for a in adv] == [("FP8_ON", "warning")], training
         assert "measured slower" in adv[0].message and words in adv[0].message
-        assert est.FP8_MEASURED in adv[0].message and "counted in the step time" in adv[0].message
+        assert est_time.FP8_MEASURED in adv[0].message and "counted in the step time" in adv[0].message
         assert "faster" not in adv[0].message  # no speed-up claimed
         assert adv[0].fix.changes == {"training.fp8": "auto"}
         assert codes(apply_fix(preset(fp8="on", **training), adv[0].fix), facts()) == []
@@ -164,14 +165,14 @@ def test_auto_runs_no_fp8_and_on_warns_it_measured_slower_through_the_worker():
 def test_fp8_on_for_a_mixture_of_experts_is_unmeasured():
     adv = [a for a in advise(preset(model="Qwen/Qwen3-30B-A3B", fp8="on"), facts()) if a.code.startswith("FP8")]
     assert [(a.code, a.level) for a in adv] == [("FP8_UNMEASURED", "warning")]
-    assert "mixture of experts, where FP8 was not measured" in adv[0].message and est.FP8_MEASURED in adv[0].message
+    assert "mixture of experts, where FP8 was not measured" in adv[0].message and est_time.FP8_MEASURED in adv[0].message
     assert adv[0].fix.changes == {"training.fp8": "auto"}
 
 
 def test_a_node_without_torchao_keeps_auto_in_bf16_everywhere_and_the_estimate_too(monkeypatch):
     p = preset(nodes=2)
     assert codes(p, facts(nodes=2, torchao=(None,))) == []  # auto runs FP8 nowhere: nothing to say
-    monkeypatch.setattr(est, "FP8_AUTO_ON_FROM", {"lora": 3584})  # once a shape is measured faster, it speaks
+    monkeypatch.setattr(est_time, "FP8_AUTO_ON_FROM", {"lora": 3584})  # once a shape is measured faster, it speaks
     for versions, level in (((None,), "info"), (("0.17.0", None), "warning")):
         f = facts(nodes=2, torchao=versions)
         adv = [a for a in advise(p, f) if a.code.startswith("FP8")]

@@ -8,7 +8,8 @@ import pytest
 from qwen_tui.advice.rules import advise
 from qwen_tui.cli.main import main
 from qwen_tui.model.spec import KNOWN_MOE, UnknownModel, known_hub_ids, resolve_model, spec_from_config
-from qwen_tui.plan.estimate import RunShape, estimate_memory, estimate_step, flops_per_token
+from qwen_tui.plan.estimate import RunShape, estimate_memory
+from qwen_tui.plan.estimate_time import estimate_step, flops_per_token
 from qwen_tui.preset.schema import Preset
 from support.paths import ROOT as REPO
 
