@@ -50,6 +50,7 @@ class AgentLink:
         self._proc: subprocess.Popen | None = None
         self._waiting: dict[int, queue.Queue] = {}
         self._errors: deque[str] = deque(maxlen=20)  # the launcher's own words (srun: error: ...)
+        self._errors_reader: threading.Thread | None = None
         # pids whose output has ended: gone, even while the kernel has not reaped them yet (a write to one can
         # still succeed for a moment, and would wait for an answer that never comes)
         self._ended: set[int] = set()
@@ -68,6 +69,7 @@ class AgentLink:
             self._proc = p
             errors = threading.Thread(target=self._read_errors, args=(p,), daemon=True)
             errors.start()
+            self._errors_reader = errors
             threading.Thread(target=self._read, args=(p, errors), daemon=True, name=f"agent-{self.label}").start()
         try:
             self.hello = self._call(p, {"op": "hello"}, self.start_bound)
@@ -102,8 +104,12 @@ class AgentLink:
         said = [ln for ln in self._errors if ln]
         return "; ".join(said[-3:])
 
-    def _gone(self, what: str) -> TransportError:
-        """The error for a server that went away: SessionEnded when its launcher says the job is over."""
+    def _gone(self, what: str, ended: bool = True) -> TransportError:
+        """The error for a server that went away (ended) or stays silent: SessionEnded when its launcher says the
+        job is over."""
+        reader = self._errors_reader
+        if ended and reader is not None:
+            reader.join(2.0)  # its last words (the job is over, say) may still be in the pipe: stderr ends with it
         why = self.why()
         text = f"{self.label}: {what}" + (f" ({why})" if why else "")
         return SessionEnded(text) if _JOB_OVER.search(why) else TransportError(text)
@@ -160,7 +166,7 @@ class AgentLink:
                     if p.pid in self._ended and q.empty():
                         raise self._gone("the node's command server went away") from None
                     if time.monotonic() >= deadline:
-                        raise self._gone(f"no answer within {bound:g}s") from None
+                        raise self._gone(f"no answer within {bound:g}s", ended=False) from None
         finally:
             self._waiting.pop(rid, None)
         if ans is _GONE or ans.get("error") == _GONE["error"]:
