@@ -292,18 +292,20 @@ def compare(case_name: str, arms: dict, fp8_key: str) -> dict:
     parity = out["max_rel_loss_diff"] is not None and out["max_rel_loss_diff"] <= PARITY_LIMIT
     out["fp8_engaged"] = engaged
     out["parity"] = parity
-    if not engaged:
-        out["verdict"] = "fp8 did not engage"
-    elif not parity:
-        out["verdict"] = "loss drifts"
-    elif out["ratio"] >= PAYS_AT:
-        out["verdict"] = "fp8 pays"
-    elif out["ratio"] >= 1.0:
-        out["verdict"] = "fp8 within noise"
-    else:
-        out["verdict"] = "fp8 slower"
+    out["verdict"] = verdict(engaged, parity, out["ratio"])
     out["auto"] = "on" if out["verdict"] == "fp8 pays" else "off"
     return out
+
+
+def verdict(engaged: bool, parity: bool, ratio: float) -> str:
+    """One case's word: FP8 engaged, the loss held, and how its tokens/s compare with bf16's."""
+    if not engaged:
+        return "fp8 did not engage"
+    if not parity:
+        return "loss drifts"
+    if ratio >= PAYS_AT:
+        return "fp8 pays"
+    return "fp8 within noise" if ratio >= 1.0 else "fp8 slower"
 
 
 def markdown(doc: dict) -> str:

@@ -70,12 +70,11 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
-from train_speed import SHAPES  # noqa: E402  (bench/ is not a package)
+from fp8_speed import PARITY_LIMIT, PAYS_AT, verdict  # noqa: E402  (bench/ is not a package)
+from train_speed import SHAPES  # noqa: E402
 
 VOCAB = 1024  # the tiny built-in tokenizer's (training.model.tiny.VOCAB_SIZE)
 MOTIF = 16
-PARITY_LIMIT = 0.02  # bench/fp8_speed.py's
-PAYS_AT = 1.05
 GUARD_STEPS = 8
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -326,16 +325,8 @@ def compare(entry: dict) -> dict:
     out["parity"] = parity
     if a.get("fast_path_fp8") is not False:
         out["verdict"] = "bf16 arm ran FP8"
-    elif not engaged:
-        out["verdict"] = "fp8 did not engage"
-    elif not parity:
-        out["verdict"] = "loss drifts"
-    elif out["ratio"] >= PAYS_AT:
-        out["verdict"] = "fp8 pays"
-    elif out["ratio"] >= 1.0:
-        out["verdict"] = "fp8 within noise"
     else:
-        out["verdict"] = "fp8 slower"
+        out["verdict"] = verdict(engaged, parity, out["ratio"])
     auto_on = bool(entry.get("auto", {}).get("on"))
     out["auto_agrees"] = auto_on == (out["verdict"] == "fp8 pays")
     return out
