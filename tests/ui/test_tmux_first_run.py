@@ -92,9 +92,9 @@ def test_new_preset_to_two_finished_runs(tmp_path):
         choose(session, ("none (DDP)", "ZeRO-2", "ZeRO-3"), ("Up",), "none (DDP)")  # ZeRO-2 -> none (DDP)
         keys(session, "Tab")
         choose(session, ("bf16", "fp16", "fp32"), ("Down", "Down"), "fp32")  # precision bf16 -> fp32
-        keys(session, "Tab")
+        keys(session, *["Tab"] * _tabs("training.precision", "training.device"))  # FP8 stays auto; -> device
         choose(session, ("auto", "GPU (cuda)", "CPU"), ("Down", "Down"), "CPU")  # device auto -> CPU
-        keys(session, "Tab", "Tab")  # GPU type stays; -> sequence length
+        keys(session, *["Tab"] * _tabs("training.device", "training.model_max_length"))  # GPU type stays
         type_into(session, "128")
         keys(session, "Tab", "Tab")  # GPUs a sequence spans stays; -> batch per GPU
         type_into(session, "4")  # batch per GPU
