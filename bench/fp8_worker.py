@@ -243,10 +243,17 @@ def run_arm(name: str, arm: str, cmd: list[str], out: Path, steps: int, warmup: 
     recs = read_metrics(metrics)
     res = {"arm": arm, "wall_s": round(wall, 1), "rc": proc.returncode, "stop": why}
     res.update(summarise(recs, steps, warmup))
+    cut_by_budget(res, steps)
     if res["status"] != "ok":
         log.flush()
         res["log_tail"] = tail_of(log.name, name, arm)
     return res
+
+
+def cut_by_budget(res: dict, steps: int) -> None:
+    """An arm the budget's end stopped short is "cut", not "failed": the worker did nothing wrong."""
+    if res["status"] != "ok" and (res.get("stop") or "").startswith("cut"):
+        res.update(status="cut", error=f"cut at the budget after {res['steps_recorded']} of {steps} steps")
 
 
 def tail_of(log_path: str, name: str, arm: str, n: int = 25) -> list[str]:
@@ -311,7 +318,9 @@ def auto_decision(case: dict, device, smoke: bool) -> dict:
 def compare(entry: dict) -> dict:
     a, b = entry["arms"].get("bf16", {}), entry["arms"].get("fp8", {})
     if a.get("status") != "ok" or b.get("status") != "ok":
-        return {"verdict": "error", "why": a.get("error") or b.get("error") or "an arm did not run"}
+        cut = "cut" in (a.get("status"), b.get("status"))
+        return {"verdict": "cut" if cut else "error",
+                "why": a.get("error") or b.get("error") or "an arm did not run"}
     rel = [abs(x - y) / abs(x) for x, y in zip(a["losses"], b["losses"]) if x]
     prof = b.get("fp8_profile") or {}
     engaged = bool(prof.get("engaged")) and b.get("fast_path_fp8") is True
@@ -357,7 +366,7 @@ def markdown(doc: dict) -> str:
         a, b, cmp_ = c["arms"].get("bf16", {}), c["arms"].get("fp8", {}), c.get("compare", {})
 
         def tps(x):
-            return "error" if x.get("status") not in (None, "ok") else _f(x.get("tokens_per_s"))
+            return x["status"] if x.get("status") not in (None, "ok") else _f(x.get("tokens_per_s"))
 
         at = cmp_.get("loss_at") or {}
 
@@ -384,7 +393,7 @@ def markdown(doc: dict) -> str:
         for arm in ("bf16", "fp8"):
             r = c.get("arms", {}).get(arm, {})
             if r.get("status") not in (None, "ok"):
-                lines.append(f"- {c['case']} {arm} failed: {r.get('error')}")
+                lines.append(f"- {c['case']} {arm} {r['status']}: {r.get('error')}")
         if c.get("auto"):
             lines.append(f"- {c['case']}: --fp8 auto here: {c['auto']['why']}")
     return "\n".join(lines) + "\n"
@@ -489,7 +498,7 @@ def main(argv=None) -> int:
     print(markdown(doc), flush=True)
     if args.cpu_smoke:
         bad = [c["case"] for c in doc["cases"]
-               if c.get("skipped") or c.get("compare", {}).get("verdict") == "error"
+               if c.get("skipped") or c.get("compare", {}).get("verdict") in ("error", "cut")
                or not c.get("compare", {}).get("fp8_engaged") or c["compare"].get("bf16_arm_fp8") is not False]
         written = (out / "fp8_worker.json").is_file() and (out / "fp8_worker.md").is_file()
         if bad or not written:

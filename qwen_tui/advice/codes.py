@@ -76,7 +76,8 @@ ADVICE: dict[str, CodeDoc] = {
         "warning / info",
         "FP8 matmuls run on this preset (`training.fp8: on` on GPUs with FP8 tensor cores; auto runs them nowhere): "
         "what converts and what stays bf16, the FP8/bf16 ratio measured through the worker that the estimate counts "
-        "(0.941x LoRA at the 7B shape, 0.799x full at the 1.5B, bench/results/fp8_worker-2026-12-05-H100.md: a "
+        "(0.941x LoRA at the 7B shape, 0.799x full at the 1.5B and 0.916x at the 7B under ZeRO-3, "
+        "bench/results/fp8_worker-2026-12-05-H100*.md: a "
         "warning, since it measured slower), and how the run proves FP8 engaged (converted layers, FP8 matmuls of "
         "step 2, the loss checked against bf16 over the first 8 steps)",
         "`training.fp8: auto`"),

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from ..base.levels import Level
 from ..plan.estimate import RunShape
-from ..plan.estimate_time import FP8_MEASURED, FP8_RATIO_SHAPE, fp8_method, fp8_runs, fp8_speedup
+from ..plan.estimate_time import FP8_MEASURED, fp8_measured, fp8_method, fp8_runs, fp8_speedup
 from .core import Advice, Context, Fix, rule
 
 AUTO = Fix("FP8 auto (only where measured faster)", {"training.fp8": "auto"})
@@ -94,8 +94,9 @@ def fp8_on(c: Context) -> Iterable[Advice]:
     method = fp8_method(run)
     what = ("the frozen base's linears of the decoder layers (LoRA's adapters stay bf16)" if method == "lora"
             else "the decoder layers' linears")
+    row = fp8_measured(c.spec, run)
     measured = (f"{x:.2f}x bf16's tokens/s through the worker for {'LoRA' if method == 'lora' else 'full fine-tuning'} "
-                f"at the {FP8_RATIO_SHAPE[method]} shape ({FP8_MEASURED}), counted in the step time")
+                f"at the {row.shape} shape ({row.source}), counted in the step time")
     slower = x < 1.0
     yield Advice(Level.WARNING if slower else Level.INFO, "FP8_ON",
                  f"FP8 matmuls on {c.gpu.name} ({why}; torchao, tensorwise) for {what}; the embedding and LM head "

@@ -26,11 +26,12 @@ Step time (`estimate_step`, `scaling`)
   (estimate_comm.host_floor_s): tiny models are host-bound.
 - FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
   from the preset and the GPU type): through the worker FP8 measured slower than
-  bf16 on one H100 (bench/results/fp8_worker-2026-12-05-H100.md: 7B LoRA 0.941x,
-  1.5B full 0.799x), so auto runs none; where `on` runs it on a dense model,
-  compute time is divided by the worker's measured ratio of its method (LoRA's
-  0.941, full's 0.799, whatever the shape), for a mixture of experts by 1 (not
-  measured). Memory is counted as in bf16 (FP8 measured no higher).
+  bf16 on one H100 (bench/results/fp8_worker-2026-12-05-H100*.md: 7B LoRA 0.941x,
+  1.5B full 0.799x, 7B full under ZeRO-3 0.916x), so auto runs none; where `on`
+  runs it on a dense model, compute time is divided by the ratio measured for its
+  method at the nearest measured size not above it (FP8_RATIOS), for a mixture
+  of experts by 1 (not measured). Memory is counted as in bf16 (FP8 measured no
+  higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -46,7 +47,7 @@ Step time (`estimate_step`, `scaling`)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..model.spec import ModelSpec
 from .estimate import GPUS, QUANT_BYTES, RunShape
@@ -120,17 +121,32 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
 
 
 # FP8 against bf16 through the worker on one H100, tokens/s of its fast path with compiled layers and tensorwise
-# scaling (bench/results/fp8_worker-2026-12-05-H100.md): 7B LoRA on a frozen FP8 base ran 0.941x, 1.5B full
-# fine-tuning 0.799x; 7B full was not measured. The worker's --fp8 auto turns FP8 on only from the smallest hidden
-# size measured faster through the worker, per method (training/fast/fp8.py AUTO_ON_FROM, which
+# scaling (bench/fp8_worker.py): 7B LoRA on a frozen FP8 base ran 0.941x, 1.5B full fine-tuning 0.799x
+# (bench/results/fp8_worker-2026-12-05-H100.md), the 7B layer shape in full under ZeRO-3 0.916x
+# (bench/results/fp8_worker-2026-12-05-H100-zero3.md). The worker's --fp8 auto turns FP8 on only from the smallest
+# hidden size measured faster through the worker, per method (training/fast/fp8.py AUTO_ON_FROM, which
 # tests/unit/test_fp8_plan.py holds equal to FP8_AUTO_ON_FROM): none was, so auto runs none. For an --fp8 on run
-# of a dense model the step time takes its method's ratio as measured through the worker, whatever the shape
-# (LoRA's at the 7B shape, full's at the 1.5B: the only figures there are); a mixture of experts was not measured
-# and counts 1. No ratio over 1 is counted that the worker did not measure.
+# of a dense model the step time takes the ratio measured for its method at the largest measured hidden size not
+# above its own (the smallest measured where none is below); a mixture of experts was not measured and counts 1.
+# No ratio over 1 is counted that the worker did not measure.
 FP8_AUTO_ON_FROM: dict[str, int] = {}
-FP8_RATIO = {"lora": 0.941, "full": 0.799}
-FP8_RATIO_SHAPE = {"lora": "7B", "full": "1.5B"}  # the shape each method's ratio was measured at
 FP8_MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
+
+
+class Fp8Measured(NamedTuple):
+    method: str  # "lora" (a frozen base) or "full"
+    hidden: int  # the hidden size of the shape measured
+    ratio: float  # FP8's tokens/s over bf16's through the worker
+    shape: str  # the shape measured, as the advice names it
+    case: str  # bench/fp8_worker.py's case
+    source: str  # the results file
+
+
+FP8_RATIOS = (
+    Fp8Measured("lora", 3584, 0.941, "7B", "lora-7b", FP8_MEASURED),
+    Fp8Measured("full", 1536, 0.799, "1.5B", "full-1.5b", FP8_MEASURED),
+    Fp8Measured("full", 3584, 0.916, "7B (ZeRO-3)", "full-7b-zero3", "bench/results/fp8_worker-2026-12-05-H100-zero3.md"),
+)
 
 
 def fp8_method(run: RunShape) -> str:
@@ -163,13 +179,20 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool
     return True, f"auto: hidden size {spec.hidden}, measured faster from {smallest}"
 
 
+def fp8_measured(spec: ModelSpec, run: RunShape) -> Fp8Measured:
+    """The measurement an FP8 run of this shape is counted at: its method's at the largest measured hidden size not
+    above the model's, else its method's smallest."""
+    rows = sorted((r for r in FP8_RATIOS if r.method == fp8_method(run)), key=lambda r: r.hidden)
+    return next((r for r in reversed(rows) if r.hidden <= spec.hidden), rows[0])
+
+
 def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> float:
-    """What compute time is divided by for FP8: the worker's measured ratio of the run's method where FP8 runs on a
-    dense model (under 1: slower than bf16), else 1."""
+    """What compute time is divided by for FP8: the worker's measured ratio for the run's method and size where FP8
+    runs on a dense model (under 1: slower than bf16), else 1."""
     on, _ = fp8_runs(spec, run, fp8_gpu)
     if not on or spec.is_moe:
         return 1.0
-    return FP8_RATIO[fp8_method(run)]
+    return fp8_measured(spec, run).ratio
 
 
 def path_efficiency(run: RunShape) -> float:

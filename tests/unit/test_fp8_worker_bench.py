@@ -91,6 +91,24 @@ def test_a_bf16_arm_that_ran_fp8_or_a_failed_arm_is_no_measurement():
     assert fw.compare(c)["verdict"] == "error"
 
 
+def test_an_arm_the_budget_stopped_is_cut_not_failed():
+    arm = {"stop": "cut: past the budget", **fw.summarise(records(steps=18, fp8=True), 50, 10)}
+    fw.cut_by_budget(arm, 50)
+    assert arm["status"] == "cut" and arm["error"] == "cut at the budget after 18 of 50 steps"
+    failed = {"stop": None, **fw.summarise(records(steps=18, fp8=True), 50, 10)}
+    fw.cut_by_budget(failed, 50)
+    assert failed["status"] == "failed"
+    c = case_with(records(), records(), True)
+    c["arms"]["fp8"] = arm
+    c["compare"] = fw.compare(c)
+    assert c["compare"]["verdict"] == "cut"
+    c.update(case="lora-7b", layers=28, tokens_per_step=8192)
+    doc = {"date": "2026-12-05", "gpu": "H100", "versions": {}, "elapsed_s": 402.0, "budget_s": 400.0, "steps": 50,
+           "warmup": 10, "cases": [c]}
+    text = fw.markdown(doc)
+    assert "| cut |" in text and "**cut**" in text and "- lora-7b fp8 cut: cut at the budget after 18" in text
+
+
 def test_the_cases_fit_the_budget_and_the_budget_a_call():
     """The three cases' estimates fit the default budget; the budget, the wheels' install and the longest stop of a
     cut arm fit the device call."""

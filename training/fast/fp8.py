@@ -40,16 +40,17 @@ from training.runtime.errors import InputError
 log = logging.getLogger("training")
 
 # FP8 against bf16 through the worker itself (bench/fp8_worker.py: its fast path, compiled layers, tensorwise
-# scaling), on one H100: 7B LoRA on a frozen FP8 base ran 0.941x of bf16's tokens/s and 1.5B full fine-tuning
-# 0.799x, the loss within 1% and FP8 engaged in both. A plain training loop had measured the 7B shape 1.25x faster
+# scaling), on one H100: 7B LoRA on a frozen FP8 base ran 0.941x of bf16's tokens/s, 1.5B full fine-tuning 0.799x
+# and the 7B layer shape in full under ZeRO-3 0.916x (MEASURED, and its -zero3 beside it), the loss within 1.1% and
+# FP8 engaged in all three. A plain training loop had measured the 7B shape 1.25x faster
 # (bench/results/fp8_speed-2026-12-05-H200.md), but the worker is what runs, so auto follows the worker's figures.
 # AUTO_ON_FROM maps a method ("lora" for LoRA's frozen base, "full") to the smallest hidden size measured faster
 # through the worker, from which auto turns FP8 on; a method missing from it stays bf16. Nothing was measured
 # faster, so it is empty: auto is off everywhere and returns before torchao is imported.
 AUTO_ON_FROM: dict[str, int] = {}
 MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
-MEASURED_SLOWER = ("through the worker FP8 ran 0.94x of bf16 for 7B LoRA and 0.80x for 1.5B full on an H100 "
-                   f"({MEASURED})")
+MEASURED_SLOWER = ("through the worker FP8 ran 0.94x of bf16 for 7B LoRA, 0.80x for 1.5B full and 0.92x for 7B full "
+                   f"under ZeRO-3 on an H100 ({MEASURED}, and -zero3)")
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x)
 ALIGN = 16  # torch._scaled_mm wants both dimensions of the weight divisible by 16
 ROUTERS = ("gate", "shared_expert_gate")  # a mixture of experts' routing layers stay bf16: they pick the experts
