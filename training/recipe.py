@@ -36,6 +36,8 @@ from training.data.batches import build_dataset, eval_batches
 from training.data.encoding import IGNORE_INDEX, ChatEncoder
 from training.data.records import load_conversations
 from training.fast import apply, choice, fp8, fp8_watch, long_context, sequence_parallel
+from training.fast.apply import FastLoss
+from training.fast.preference import PreferenceLoss
 from training.flags import Resolved, WorkerFlags
 from training.model.pretrained import (
     check_method,
@@ -148,7 +150,7 @@ class FinetuneRecipe:
         # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing
         long_context.decide(self.resolved, self.fast, env.world_size, self.stage if a.train.deepspeed else None,
                             bool(a.train.deepspeed), train=a.train, given=a.fast, max_length=a.data.model_max_length,
-                            sequences=2 if a.pref.stage == "dpo" else 1)
+                            sequences=(PreferenceLoss if a.pref.stage == "dpo" else FastLoss).SEQUENCES)
         self.data_env = sequence_parallel.data_env(env, a.train.sequence_parallel_size)  # one data rank per SP group
 
         # 2. Tokenize (or, with --lazy_preprocess, only check) the data and plan the steps.

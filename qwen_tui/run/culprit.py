@@ -13,25 +13,17 @@ import re
 import time
 from typing import Any, Protocol
 
-from ..nodes.transport.protocol import Transport
-from ..plan.launch import LaunchPlan
-from .rundir import RunDir
 from .states import JobState
 from .watch.blame import CAUSE_GRACE_S
-from .watch.monitor import RunMonitor
+from .watch.monitor import Attempt, RunMonitor
 
 # torchrun's failure summary for a rank that died of SIGKILL (the OOM killer, or by hand)
 _RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b")
 
 
-class Failing(Protocol):
+class Failing(Attempt, Protocol):
     """What the search reads of the launcher whose attempt failed (run/launcher.py)."""
 
-    plan: LaunchPlan
-    nodes: dict[int, Any]  # rank -> launcher.NodeState
-    transports: dict[int, Transport]
-    run_dir: RunDir
-    attempt: int
     monitor: RunMonitor
 
     def log_tail(self, rank: int, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]: ...

@@ -39,15 +39,20 @@ from .stragglers import StragglerWatch
 from .watchdog import READ_BEATS, HangVerdict, HangWatch, own_beats, parse_beats
 
 
-class Watched(Protocol):
-    """What the monitor reads of the launcher that owns it (run/launcher.py)."""
+class Attempt(Protocol):
+    """A launcher's attempt as its readers see it (run/launcher.py): this monitor, and the culprit search."""
 
     plan: LaunchPlan
     nodes: dict[int, Any]  # rank -> launcher.NodeState
     transports: dict[int, Transport]
     run_dir: RunDir
-    metrics: MetricsFollower
     attempt: int
+
+
+class Watched(Attempt, Protocol):
+    """What the monitor reads of the launcher that owns it."""
+
+    metrics: MetricsFollower
 
     def _ref(self, rank: int) -> JobRef | None: ...
 
