@@ -87,11 +87,39 @@ def build_bare_image() -> str:
     return BARE_TAG
 
 
+# Where podman (cgroupfs) puts every container's cgroup, and the CPU weight file of that parent: v1's cpu.shares
+# (default 1024), v2's cpu.weight (default 100).
+LIBPOD_PARENT = (("/sys/fs/cgroup/cpu/libpod_parent", "cpu.shares", 1024),
+                 ("/sys/fs/cgroup/libpod_parent", "cpu.weight", 100))
+# The nodes' containers together weigh as this many busy processes. Every container of the three "machines" sits
+# under one parent cgroup, which the CPU scheduler weighs as one process against each process outside cgroups: with
+# the rest of the suite busy beside them, the containers' ranks ran 5x slower than alone (each node is a machine
+# of its own in what the tests mean). A scheduling weight only: what runs and what is asserted are unchanged.
+CONTAINER_WEIGHT = 6
+
+
+def weigh_containers(weight: int) -> tuple[Path, str] | None:
+    """Gives podman's parent cgroup the CPU weight of `weight` processes; its earlier value, to restore (None where
+    this machine has no such CPU controller: nothing to weigh)."""
+    for parent, name, one in LIBPOD_PARENT:
+        ctl = Path(parent).parent
+        if not (ctl / name).exists() and not (ctl / "cgroup.subtree_control").exists():
+            continue
+        Path(parent).mkdir(exist_ok=True)  # podman takes it as it finds it
+        f = Path(parent) / name
+        if f.exists():
+            before = f.read_text().strip()
+            f.write_text(str(one * weight))
+            return f, before
+    return None
+
+
 class PodmanNodes:
     def __init__(self, cluster, base: Path):
         self.cluster = cluster
         self.base = base
         self._mounted: list[tuple[int, str]] = []
+        self._weight: tuple[Path, str] | None = None
 
     def node_dir(self, i: int) -> Path:
         return self.base / f"podman-n{i}"
@@ -134,6 +162,7 @@ class PodmanNodes:
         self._mounted.append((i, "-R /sys/fs/cgroup"))
 
     def up(self) -> "PodmanNodes":
+        self._weight = weigh_containers(CONTAINER_WEIGHT)
         for n in self.cluster.nodes:
             self._mount_cgroups(n.index)
             self._write(n.index, with_store=False)
@@ -200,6 +229,10 @@ class PodmanNodes:
                 errors.append(str(e))
         for n in self.cluster.nodes:
             shutil.rmtree(self.node_dir(n.index), ignore_errors=True)
+        if self._weight:
+            f, before = self._weight
+            f.write_text(before)
+            self._weight = None
         if errors:
             raise RuntimeError("podman nodes teardown: " + "; ".join(errors))
 
