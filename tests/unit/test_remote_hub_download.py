@@ -75,3 +75,23 @@ def test_no_library_or_a_failed_download_exits_with_its_reason(tmp_path, body, r
     assert r.returncode == rc and r.stderr.strip().startswith(said) and r.stdout == ""
     assert "and more" not in r.stderr  # the first line of the error only
     assert not (tmp_path / "work" / DEST).exists()
+
+
+def test_a_model_folder_in_the_workdir_spelled_like_a_hub_id_is_taken_as_it_is(tmp_path):
+    """`model: org/tiny` where the master's workdir holds org/tiny/config.json: the worker loads that folder
+    (training.model.pretrained), so the master downloads nothing and the hub is never asked."""
+    lib = fake_hub(tmp_path, f"""
+def snapshot_download(repo, token=None):
+    open({str(tmp_path / 'asked')!r}, "w").write(repo)
+    raise RuntimeError("the hub was asked")
+""")
+    local = tmp_path / "work" / "org" / "tiny"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text("{}")
+    r = download(tmp_path, lib)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == {"path": str(local), "already": True, "local": True}
+    assert not (tmp_path / "asked").exists() and not (tmp_path / "work" / DEST).exists()
+    (local / "config.json").unlink()  # a folder without a model is no model: the hub is asked
+    r = download(tmp_path, lib)
+    assert r.returncode == 4 and "the hub was asked" in r.stderr

@@ -9,6 +9,9 @@ repo, dest = sys.argv[1], os.path.abspath(sys.argv[2])
 kind = sys.argv[3] if len(sys.argv) > 3 else "model"
 if os.path.isfile(os.path.join(dest, "config.json")) or (kind == "dataset" and os.path.isdir(dest) and os.listdir(dest)):
     print(json.dumps({"path": dest, "already": True})); sys.exit(0)
+if kind == "model" and os.path.isfile(os.path.join(repo, "config.json")):
+    # a model folder in the workdir spelled like ORG/NAME: the worker loads it as it is (training.model.pretrained)
+    print(json.dumps({"path": os.path.abspath(repo), "already": True, "local": True})); sys.exit(0)
 try:
     from huggingface_hub import snapshot_download
 except ImportError:
