@@ -70,6 +70,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("cluster"))
         elif _takes_turns(str(path)):
             item.add_marker(pytest.mark.xdist_group("demo-and-terminal"))
+        elif path.is_relative_to(_TESTS / "training"):
+            # a worker module's tests on one worker: its module-scoped runs (the reference curves, the shared
+            # models) are trained once, not once on each worker its tests were spread over
+            item.add_marker(pytest.mark.xdist_group(f"module-{path.stem}"))
 
 
 @pytest.fixture(scope="session")
