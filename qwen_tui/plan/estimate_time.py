@@ -150,7 +150,7 @@ FP8_RATIOS = (
 
 
 def fp8_method(run: RunShape) -> str:
-    """The row of FP8_RATIO and FP8_AUTO_ON_FROM a run reads: full, or lora for a frozen base."""
+    """The rows of FP8_RATIOS and FP8_AUTO_ON_FROM a run reads: full, or lora for a frozen base."""
     return "full" if run.method == "full" else "lora"
 
 
