@@ -19,6 +19,13 @@ packed rows, Liger's fused loss on supervised positions, compiled layers, fused 
   full-1.5b      Qwen2.5-1.5B's shape (28 layers), full fine-tuning without DeepSpeed (fp32 weights, bf16
                  autocast); 8 records a step in one row of 8,192
 
+and, when named in --cases, the same shapes in rows the worker sizes itself (no --packing_tokens: its memory probe
+picks the longest row the GPU holds, as a user's run gets by default), with more records a step:
+
+  lora-7b-rows       lora-7b with 16 records a step
+  full-1.5b-rows     full-1.5b with 32 records a step
+  full-7b-zero3-rows full-7b-zero3 with 8 records a step
+
 Every model is random-init (--random_init) with the tiny built-in tokenizer's vocabulary (1,024): the embedding
 and the LM head, which stay bf16 under FP8, are then negligible, so the ratio is the decoder's (the real vocabulary's
 LM head would add about 8% of a 7B step in bf16 to both arms, and pull the ratio down a little). The data: chat
@@ -78,8 +85,8 @@ MOTIF = 16
 GUARD_STEPS = 8
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-# shape, method, ZeRO stage, layers (None: the shape's), records a step, record length, packed row, learning rate,
-# rough seconds of both arms on one H100 (for the budget)
+# shape, method, ZeRO stage, layers (None: the shape's), records a step, record length, packed row (None: the
+# worker's memory probe sizes it), learning rate, rough seconds of both arms on one H100 (for the budget)
 CASES = {
     "lora-7b": dict(shape="7b", method="lora", zero=None, layers=None, records=8, seq=1024, row=4096, lr=5e-4,
                     est_s=190),
@@ -87,7 +94,14 @@ CASES = {
                           est_s=160),
     "full-1.5b": dict(shape="1.5b", method="full", zero=None, layers=None, records=8, seq=1024, row=8192, lr=1e-4,
                       est_s=110),
+    "lora-7b-rows": dict(shape="7b", method="lora", zero=None, layers=None, records=16, seq=1024, row=None, lr=5e-4,
+                         est_s=360),
+    "full-1.5b-rows": dict(shape="1.5b", method="full", zero=None, layers=None, records=32, seq=1024, row=None,
+                           lr=1e-4, est_s=200),
+    "full-7b-zero3-rows": dict(shape="7b", method="full", zero=3, layers=12, records=8, seq=1024, row=None, lr=2e-5,
+                               est_s=260),
 }
+DEFAULT_CASES = ("lora-7b", "full-7b-zero3", "full-1.5b")
 SMOKE_CASES = {
     "lora-tiny": dict(shape="tiny", method="lora", zero=None, layers=None, records=4, seq=64, row=128, lr=2e-3,
                       est_s=60),
@@ -103,6 +117,7 @@ CALL_S, INSTALL_S, BUDGET_S, STOP_WAIT_S, KILL_WAIT_S = 600, 20, 500, 30, 15
 SMOKE_STEPS, SMOKE_WARMUP, SMOKE_GUARD = 6, 3, 3
 # The plain loop's ratios (bench/results/fp8_speed-2026-12-05-H200.md), printed beside the worker's.
 LOOP_RATIOS = {"lora-7b": 1.257, "full-7b-zero3": 1.253, "full-1.5b": 1.035}
+LOOP_RATIOS.update({f"{k}-rows": v for k, v in LOOP_RATIOS.items()})
 
 
 # ------------------------------------------------------------------ inputs
@@ -181,10 +196,12 @@ def worker_cmd(case: dict, model_dir: Path, data: Path, out: Path, fp8: str, ste
     cmd = ["-m", "training.finetune", "--model_name_or_path", str(model_dir), "--random_init", "--data_path", str(data),
            "--output_dir", str(out), "--max_steps", str(steps), "--per_device_train_batch_size", str(case["records"]),
            "--gradient_accumulation_steps", "1", "--model_max_length", str(case["seq"]),
-           "--packing_tokens", str(case["row"]), "--learning_rate", str(case["lr"]), "--lr_scheduler_type", "constant",
+           "--learning_rate", str(case["lr"]), "--lr_scheduler_type", "constant",
            "--weight_decay", "0.0", "--save_strategy", "no", "--logging_steps", "1", "--seed", "42", "--bf16",
            "--tokenized_cache_dir", str(tok_cache), "--fp8", fp8,
            "--fp8_guard_steps", str(SMOKE_GUARD if smoke else GUARD_STEPS)]
+    if case["row"]:
+        cmd += ["--packing_tokens", str(case["row"])]
     if case["method"] == "lora":
         cmd += ["--use_lora", "--lora_r", "64", "--lora_alpha", "16", "--lora_dropout", "0.05"]
     if case["zero"]:
@@ -268,8 +285,10 @@ def summarise(recs: list[dict], steps: int, warmup: int) -> dict:
     start = next((r for r in recs if r.get("event") == "start"), {})
     end = next((r for r in recs if r.get("event") == "end"), {})
     ev = {k: [r for r in recs if r.get("event") == k] for k in ("fp8", "fp8_profile", "fp8_guard", "warning")}
-    out: dict = {"steps_recorded": len(step_recs), "fast_path_fp8": start.get("fast_path", {}).get("fp8"),
-                 "fp8_why": start.get("fast_path", {}).get("why", {}).get("fp8")}
+    fast = start.get("fast_path", {})
+    out: dict = {"steps_recorded": len(step_recs), "fast_path_fp8": fast.get("fp8"),
+                 "fp8_why": fast.get("why", {}).get("fp8"), "packing_tokens": fast.get("packing_tokens"),
+                 "gradient_checkpointing": fast.get("gradient_checkpointing")}
     if len(step_recs) < steps:
         out["status"] = "failed"
         out["error"] = end.get("error") or f"{len(step_recs)} of {steps} steps recorded"
@@ -394,6 +413,12 @@ def markdown(doc: dict) -> str:
             r = c.get("arms", {}).get(arm, {})
             if r.get("status") not in (None, "ok"):
                 lines.append(f"- {c['case']} {arm} {r['status']}: {r.get('error')}")
+        rows = [f"{arm} {r['packing_tokens']:,} tokens ({r.get('micro_batches') or '-'} a step"
+                + (", gradient checkpointing)" if r.get("gradient_checkpointing") else ")")
+                for arm, r in c.get("arms", {}).items() if r.get("packing_tokens")]
+        if rows:
+            how = "as given" if c.get("row") else "sized by the worker's memory probe"
+            lines.append(f"- {c['case']}: rows {how}: " + "; ".join(rows))
         if c.get("auto"):
             lines.append(f"- {c['case']}: --fp8 auto here: {c['auto']['why']}")
     return "\n".join(lines) + "\n"
@@ -414,7 +439,8 @@ def versions() -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for fp8_worker.json, fp8_worker.md and fp8_worker.log")
-    p.add_argument("--cases", default=None, help="comma-separated case names (default: all, in order)")
+    p.add_argument("--cases", default=None, help=f"comma-separated case names, run in the order given (default: "
+                   f"{','.join(DEFAULT_CASES)}; known: {', '.join(CASES)})")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="skip a case whose estimate no longer fits; cut "
                    f"an arm past it (default {BUDGET_S}: a call is cut at {CALL_S}, the wheels' install comes first, "
                    f"and a cut arm takes up to {STOP_WAIT_S + KILL_WAIT_S} s to stop)")
@@ -427,7 +453,7 @@ def main(argv=None) -> int:
 
     table = SMOKE_CASES if args.cpu_smoke else CASES
     steps, warmup = (SMOKE_STEPS, SMOKE_WARMUP) if args.cpu_smoke else (STEPS, WARMUP)
-    names = args.cases.split(",") if args.cases else list(table)
+    names = args.cases.split(",") if args.cases else list(table if args.cpu_smoke else DEFAULT_CASES)
     for n in names:
         if n not in table:
             p.error(f"--cases: unknown case {n!r} (known: {', '.join(table)})")

@@ -29,7 +29,18 @@ def test_every_case_gives_the_worker_flags_it_accepts(name):
         assert flags.fast.fp8 == fp8 and flags.train.bf16 and flags.fast.packing_tokens == case["row"]
         assert (cmd[1:3] == ["-m", "torch.distributed.run"]) == bool(case["zero"])
         assert flags.train.deepspeed == (f"builtin:zero{case['zero']}" if case["zero"] else None)
-        assert case["row"] % case["seq"] == 0 and (case["records"] * case["seq"]) % case["row"] == 0
+        if case["row"]:
+            assert case["row"] % case["seq"] == 0 and (case["records"] * case["seq"]) % case["row"] == 0
+        else:  # the worker's memory probe sizes the rows, as a user's run gets them
+            assert "--packing_tokens" not in argv and flags.fast.auto_micro_batch is not False
+
+
+def test_the_default_cases_are_known_and_each_sized_case_has_a_probed_twin():
+    assert set(fw.DEFAULT_CASES) <= set(fw.CASES)
+    for name in fw.DEFAULT_CASES:
+        twin = fw.CASES[f"{name}-rows"]
+        assert twin["row"] is None and twin["shape"] == fw.CASES[name]["shape"]
+        assert fw.LOOP_RATIOS[f"{name}-rows"] == fw.LOOP_RATIOS[name]
 
 
 def test_the_data_has_records_of_exactly_the_asked_length(tmp_path, tiny_model):
@@ -38,8 +49,10 @@ def test_the_data_has_records_of_exactly_the_asked_length(tmp_path, tiny_model):
     assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 6
 
 
-def records(steps=50, tps=10_000.0, fp8=False, loss0=7.0, drift=0.0, matmuls=588, guard_ok=True):
-    out = [{"event": "start", "fast_path": {"fp8": fp8, "why": {"fp8": "on as given" if fp8 else "off as given"}}}]
+def records(steps=50, tps=10_000.0, fp8=False, loss0=7.0, drift=0.0, matmuls=588, guard_ok=True, row=4096,
+            checkpointing=False):
+    out = [{"event": "start", "fast_path": {"fp8": fp8, "why": {"fp8": "on as given" if fp8 else "off as given"},
+                                            "packing_tokens": row, "gradient_checkpointing": checkpointing}}]
     if fp8:
         out.append({"event": "fp8", "converted": 196, "skipped": 0, "skipped_layers": [], "torchao": "0.17.0"})
     for s in range(1, steps + 1):
@@ -110,9 +123,10 @@ def test_an_arm_the_budget_stopped_is_cut_not_failed():
 
 
 def test_the_cases_fit_the_budget_and_the_budget_a_call():
-    """The three cases' estimates fit the default budget; the budget, the wheels' install and the longest stop of a
-    cut arm fit the device call."""
-    assert sum(c["est_s"] for c in fw.CASES.values()) <= fw.BUDGET_S
+    """The default cases' estimates fit the default budget, and any one case alone; the budget, the wheels' install
+    and the longest stop of a cut arm fit the device call."""
+    assert sum(fw.CASES[n]["est_s"] for n in fw.DEFAULT_CASES) <= fw.BUDGET_S
+    assert max(c["est_s"] for c in fw.CASES.values()) <= fw.BUDGET_S
     assert fw.INSTALL_S + fw.BUDGET_S + fw.STOP_WAIT_S + fw.KILL_WAIT_S < fw.CALL_S
 
 
@@ -132,3 +146,16 @@ def test_the_table_shows_every_case_skips_and_failures():
     assert "**fp8 pays**" in rows[0] and "196 (0)" in rows[0] and "588 / 588" in rows[0]
     assert "**error**" in rows[1] and "**skipped**: 20 s of the budget left" in rows[2]
     assert "- full-7b-zero3 fp8 failed: 3 of 50 steps recorded" in text
+
+
+def test_the_table_says_how_long_each_arms_rows_were_and_who_sized_them():
+    probed = case_with(records(row=9216), records(row=10240, fp8=True, checkpointing=True), False)
+    probed.update(case="lora-7b-rows", row=None)
+    given = case_with(records(), records(fp8=True), False)
+    given.update(row=4096)
+    doc = {"date": "2026-12-06", "gpu": "H100", "versions": {}, "elapsed_s": 1.0, "budget_s": 500.0, "steps": 50,
+           "warmup": 10, "cases": [given, probed]}
+    text = fw.markdown(doc)
+    assert "- lora-7b: rows as given: bf16 4,096 tokens (1 a step); fp8 4,096 tokens (1 a step)" in text
+    assert ("- lora-7b-rows: rows sized by the worker's memory probe: bf16 9,216 tokens (1 a step); fp8 10,240 "
+            "tokens (1 a step, gradient checkpointing)") in text
