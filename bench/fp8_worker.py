@@ -25,6 +25,7 @@ picks the longest row the GPU holds, as a user's run gets by default), with more
   lora-7b-rows       lora-7b with 16 records a step
   full-1.5b-rows     full-1.5b with 32 records a step
   full-7b-zero3-rows full-7b-zero3 with 8 records a step
+  lora-7b-zero2-rows lora-7b-rows under DeepSpeed ZeRO-2 (torchrun, one process): qwen-tui's default strategy
 
 Every model is random-init (--random_init) with the tiny built-in tokenizer's vocabulary (1,024): the embedding
 and the LM head, which stay bf16 under FP8, are then negligible, so the ratio is the decoder's (the real vocabulary's
@@ -100,6 +101,8 @@ CASES = {
                            lr=1e-4, est_s=200),
     "full-7b-zero3-rows": dict(shape="7b", method="full", zero=3, layers=12, records=8, seq=1024, row=None, lr=2e-5,
                                est_s=260),
+    "lora-7b-zero2-rows": dict(shape="7b", method="lora", zero=2, layers=None, records=16, seq=1024, row=None,
+                               lr=5e-4, est_s=380),
 }
 DEFAULT_CASES = ("lora-7b", "full-7b-zero3", "full-1.5b")
 SMOKE_CASES = {
@@ -117,7 +120,7 @@ CALL_S, INSTALL_S, BUDGET_S, STOP_WAIT_S, KILL_WAIT_S = 600, 20, 500, 30, 15
 SMOKE_STEPS, SMOKE_WARMUP, SMOKE_GUARD = 6, 3, 3
 # The plain loop's ratios (bench/results/fp8_speed-2026-12-05-H200.md), printed beside the worker's.
 LOOP_RATIOS = {"lora-7b": 1.257, "full-7b-zero3": 1.253, "full-1.5b": 1.035}
-LOOP_RATIOS.update({f"{k}-rows": v for k, v in LOOP_RATIOS.items()})
+LOOP_RATIOS.update({f"{k}-rows": v for k, v in LOOP_RATIOS.items()}, **{"lora-7b-zero2-rows": LOOP_RATIOS["lora-7b"]})
 
 
 # ------------------------------------------------------------------ inputs
