@@ -331,10 +331,26 @@ def auto_decision(case: dict, device, smoke: bool) -> dict:
 
     try:
         on, why = decide("auto", method=case["method"], model_config=model_config(case), device=device, bf16=True,
-                         compiled=not smoke or device.type == "cuda", moe=False)
+                         compiled=not smoke or device.type == "cuda", moe=False, deepspeed=bool(case["zero"]),
+                         rows=case["row"])
     except InputError as e:  # auto never raises; said rather than lost if it ever does
         on, why = False, f"error: {e}"
     return {"on": on, "why": why}
+
+
+def auto_rows(entry: dict) -> None:
+    """Auto's second look (training.fast.fp8.short_rows), as the worker takes it once its probe has sized the rows:
+    from the FP8 arm's rows and the case's records a step."""
+    from training.fast.fp8 import row_tokens, short_rows
+
+    auto, rows = entry.get("auto") or {}, entry["arms"].get("fp8", {}).get("packing_tokens")
+    if not auto.get("on") or not rows:
+        return
+    tokens = row_tokens(rows, entry["records"] * entry["seq"])
+    why = short_rows("auto", True, tokens, f"{entry['records']} records of {entry['seq']:,} tokens a step in rows "
+                     f"of {rows:,}")
+    if why:
+        entry["auto"] = {"on": False, "why": why, "before_rows": auto["why"]}
 
 
 def compare(entry: dict) -> dict:
@@ -358,6 +374,7 @@ def compare(entry: dict) -> dict:
         out["verdict"] = "bf16 arm ran FP8"
     else:
         out["verdict"] = verdict(engaged, parity, out["ratio"])
+    auto_rows(entry)
     auto_on = bool(entry.get("auto", {}).get("on"))
     out["auto_agrees"] = auto_on == (out["verdict"] == "fp8 pays")
     return out

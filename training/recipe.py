@@ -144,7 +144,9 @@ class FinetuneRecipe:
         # FP8 matmuls (training.fast.fp8): an explicit --fp8 on that cannot run here fails now, before anything runs
         self.fast.fp8, self.fast.why["fp8"] = fp8.decide(
             a.fast.fp8, method=self.method, model_config=self.model_config, device=self.device,
-            bf16=bool(a.train.bf16), compiled=self.fast.compile, moe=moe.moe_shape(self.model_config) is not None)
+            bf16=bool(a.train.bf16), compiled=self.fast.compile, moe=moe.moe_shape(self.model_config) is not None,
+            deepspeed=bool(a.train.deepspeed), checkpointing=self.resolved.gradient_checkpointing is True,
+            rows=a.fast.packing_tokens // a.train.sequence_parallel_size if a.fast.packing_tokens else None)
         sequence_parallel.check_shape(a.train.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a.train.sequence_parallel_size, a.fast, self.fast)
         # resolves --tiled_mlp, and for the longest records --packing_tokens and --gradient_checkpointing
@@ -239,6 +241,7 @@ class FinetuneRecipe:
         self.timer = StepTimer(self.device, self.model, env.world_size > 1)
         if not a.train.deepspeed:
             self._size_rows()  # the probes add the optimizer states that are not there yet
+            self._fp8_rows_check()  # before the optimizer and DDP, which then never see an FP8 layer
         opt = builders.build_optimization(a.train, a.hf.warmup_steps, env, self.model, self.loss_module, self.fast,
                                           self.ds_config, self.device, self.total_steps)
         self.optimizer, self.scheduler, self.engine, self.ddp, self.scaler = (
@@ -381,6 +384,33 @@ class FinetuneRecipe:
                      else "", coef, " (--router_aux_loss_coef)" if self.args.moe.router_aux_loss_coef is not None
                      else " (the model config's router_aux_loss_coef)")
         return router
+
+    def _fp8_rows_check(self) -> None:
+        """--fp8 auto's second look, once the rows are sized: back to bf16 where a GPU's micro-batch holds too
+        few tokens for FP8 to pay (training.fast.fp8.short_rows). Every rank sees the same rows and data."""
+        a = self.args
+        if self.fp8_layers is None:
+            return
+        s, pair = self.train_ds.stats, 2 if self.pairs else 1
+        mean = (s.tokens / s.records if s.records and s.tokens and not a.data.lazy_preprocess
+                else pair * a.data.model_max_length)
+        mb, gas, sp = (a.train.per_device_train_batch_size, a.train.gradient_accumulation_steps,
+                       a.train.sequence_parallel_size)
+        if self.fast.packing:
+            tokens = fp8.row_tokens(self.fast.packing_tokens or 0, mean * mb * gas, sp)
+            source = f"{mb * gas} records of {mean:,.0f} tokens on average a step in rows of " \
+                     f"{self.fast.packing_tokens:,}"
+        else:
+            tokens, source = int(mean * mb), f"{mb} records of {mean:,.0f} tokens on average, padded"
+        checkpointing = bool(self.fast.gradient_checkpointing or self.resolved.gradient_checkpointing)
+        why = fp8.short_rows(a.fast.fp8, self.fast.fp8, tokens, source, checkpointing)
+        if why is None:
+            return
+        self.fp8_layers.restore()  # the compiled layers compile again once, in bf16
+        self.fp8_layers = None
+        self.fast.fp8, self.fast.why["fp8"] = False, why
+        if self.env.is_main:
+            log.info("--fp8 auto: %s", why)
 
     def _fp8_pads(self) -> bool:
         """torchao pads the matmuls' inner dimension where a micro-batch's tokens may not be a multiple of 16:

@@ -123,7 +123,8 @@ class Context:
         speed then (speed_known), and a rule compares two estimates only."""
         g = self.gpu or GPUS["H100"]
         return dict(gpu_tflops=g.bf16_tflops, efficiency=self.efficiency,
-                    intra_node_gbs=self.intra_node_gbs or g.intra_node_gbs, hbm_gbs=g.hbm_gbs, fp8_gpu=self.fp8_gpu)
+                    intra_node_gbs=self.intra_node_gbs or g.intra_node_gbs, hbm_gbs=g.hbm_gbs, fp8_gpu=self.fp8_gpu,
+                    gpu_gib=g.memory_gib)
 
     def step_here(self, **overrides: Any):
         """estimate_step for this preset's own cluster (its nodes, its real GPU count)."""

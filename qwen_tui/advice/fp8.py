@@ -1,12 +1,13 @@
 """Advice for FP8 (training.fp8: the worker's --fp8, torchao's float8 matmuls), with what was measured through the
-worker (bench/results/fp8_worker-2026-12-05-H100.md: slower than bf16 on every shape measured, so auto runs none).
+worker (bench/results/fp8_worker-2026-12-05-H100*.md: faster than bf16 only for a 7B-class LoRA base without
+DeepSpeed in rows of 8,192+ tokens, where auto runs it; within noise or slower on every other shape measured).
 
 FP8_CANNOT_RUN   training.fp8 is on where the worker refuses it at set-up: Q-LoRA, a precision other than bf16,
                  CPU processes, a GPU type without FP8 tensor cores, or a node whose probe found no torchao
 FP8_UNMEASURED   training.fp8 is on for a mixture of experts, where FP8 was not measured at all: the estimate counts
                  no change, and it may run slower
 FP8_TORCHAO      auto would run FP8 here, but a node has no torchao: every node stays bf16 (the ranks run the same
-                 matmuls or none in FP8). Silent while auto runs FP8 nowhere
+                 matmuls or none in FP8). Silent where auto would keep bf16 anyway
 FP8_ON           FP8 runs on this preset: what converts, the ratio measured through the worker that the estimate
                  counts (a warning where it measured slower than bf16), and how the run proves it
 """
@@ -70,7 +71,7 @@ def fp8_torchao(c: Context) -> Iterable[Advice]:
     missing = c.torchao_missing()
     if run.fp8 != "auto" or not missing or c.spec is None or c.gpu is None or not c.gpu.fp8:
         return
-    if not fp8_runs(c.spec, run, True)[0]:
+    if not fp8_runs(c.spec, run, True, c.gpu.memory_gib, c.preset.world_size)[0]:
         return  # auto would keep this run in bf16 anyway
     gpu_nodes = [i for i, nf in c.node_facts() if nf.gpus and "torchao" in nf.versions]
     mixed = len(missing) < len(gpu_nodes)
@@ -87,20 +88,26 @@ def fp8_on(c: Context) -> Iterable[Advice]:
     run = _run(c)
     if c.spec is None or c.cpu or c.gpu is None or not c.gpu.fp8 or c.spec.is_moe:
         return  # a mixture of experts: FP8_UNMEASURED
-    on, why = fp8_runs(c.spec, run, c.fp8_gpu)
+    on, why = fp8_runs(c.spec, run, c.fp8_gpu, c.gpu.memory_gib, c.preset.world_size)
     if not on:
         return
-    x = fp8_speedup(c.spec, run, c.fp8_gpu)
+    x = fp8_speedup(c.spec, run, c.fp8_gpu, c.gpu.memory_gib, c.preset.world_size)
     method = fp8_method(run)
     what = ("the frozen base's linears of the decoder layers (LoRA's adapters stay bf16)" if method == "lora"
             else "the decoder layers' linears")
-    row = fp8_measured(c.spec, run)
-    measured = (f"{x:.2f}x bf16's tokens/s through the worker for {'LoRA' if method == 'lora' else 'full fine-tuning'} "
-                f"at the {row.shape} shape ({row.source}), counted in the step time")
+    row = fp8_measured(c.spec, run, c.gpu.memory_gib, c.preset.world_size)
+    who = "LoRA" if method == "lora" else "full fine-tuning"
+    if x == 1.0:  # within noise, or measured faster only at a larger size or in longer rows
+        verdict = (f"no faster: {row.ratio:.2f}x bf16's tokens/s through the worker for {who}, {row.shape} "
+                   f"({row.source}), is within noise or measured past this run's size or rows; the step time "
+                   "counts no change")
+    else:
+        verdict = (f"{'slower' if x < 1.0 else 'faster'}: {x:.2f}x bf16's tokens/s through the worker for {who}, "
+                   f"{row.shape} ({row.source}), counted in the step time")
     slower = x < 1.0
     yield Advice(Level.WARNING if slower else Level.INFO, "FP8_ON",
                  f"FP8 matmuls on {c.gpu.name} ({why}; torchao, tensorwise) for {what}; the embedding and LM head "
-                 f"stay bf16. It measured {'slower' if slower else 'faster'}: {measured}. The run proves FP8 "
+                 f"stay bf16. It measured {verdict}. The run proves FP8 "
                  "engaged: its log and metrics.jsonl name the converted layers and the FP8 matmuls of step 2, and its "
                  "first 8 steps check the FP8 loss against bf16's (past 2%, on stops the run and auto goes back to "
                  "bf16)",

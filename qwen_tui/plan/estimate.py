@@ -167,6 +167,7 @@ class RunShape:
     # extra_args: no); a bare RunShape runs bf16
     fp8: str = "off"
     compiled: bool = True
+    sequence_parallel: int = 1  # ranks sharing each packed row (training.sequence_parallel_size)
 
     @classmethod
     def of(cls, training: Any = None, **overrides: Any) -> "RunShape":
@@ -191,6 +192,7 @@ class RunShape:
                 fused_loss=_fused_loss(g("extra_args", None) or []),
                 fp8=_flag_value(g("extra_args", None) or [], "--fp8") or g("fp8", "auto"),
                 compiled="--no_compile" not in [str(a) for a in (g("extra_args", None) or [])],
+                sequence_parallel=int(g("sequence_parallel_size", 1) or 1),
             )
         base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})
         if "lora_targets" in base:

@@ -25,13 +25,14 @@ Step time (`estimate_step`, `scaling`)
   adapters). A micro-batch never takes less than its host needs to issue it
   (estimate_comm.host_floor_s): tiny models are host-bound.
 - FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
-  from the preset and the GPU type): through the worker FP8 measured slower than
-  bf16 on one H100 (bench/results/fp8_worker-2026-12-05-H100*.md: 7B LoRA 0.941x,
-  1.5B full 0.799x, 7B full under ZeRO-3 0.916x), so auto runs none; where `on`
-  runs it on a dense model, compute time is divided by the ratio measured for its
-  method at the nearest measured size not above it (FP8_RATIOS), for a mixture
-  of experts by 1 (not measured). Memory is counted as in bf16 (FP8 measured no
-  higher).
+  from the preset, the GPU type and its memory): through the worker on one H100
+  (bench/results/fp8_worker-2026-12-05-H100*.md) 7B LoRA ran 1.10-1.12x of bf16
+  in the rows its memory probe sized (8,192 tokens), 0.94x in rows of 4,096 and
+  1.03x under ZeRO-2; full fine-tuning 0.80-1.05x. So auto runs FP8 for a LoRA
+  base from the 7B hidden size on, without DeepSpeed or checkpointing, in rows
+  of 8,192+ tokens; where FP8 runs on a dense model, compute time is divided by
+  the ratio measured nearest its shape (FP8_RATIOS), for a mixture of experts by
+  1 (not measured). Memory is counted as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
   2020 (ZeRO, section 7): DDP all-reduces the gradients once per step (no_sync while accumulating); ZeRO-2
   reduce-scatters the bf16 gradients every micro-batch and all-gathers the updated weights once per step;
@@ -121,21 +122,30 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
 
 
 # FP8 against bf16 through the worker on one H100, tokens/s of its fast path with compiled layers and tensorwise
-# scaling (bench/fp8_worker.py): 7B LoRA on a frozen FP8 base ran 0.941x, 1.5B full fine-tuning 0.799x
-# (bench/results/fp8_worker-2026-12-05-H100.md), the 7B layer shape in full under ZeRO-3 0.916x
-# (bench/results/fp8_worker-2026-12-05-H100-zero3.md). The worker's --fp8 auto turns FP8 on only from the smallest
-# hidden size measured faster through the worker, per method (training/fast/fp8.py AUTO_ON_FROM, which
-# tests/unit/test_fp8_plan.py holds equal to FP8_AUTO_ON_FROM): none was, so auto runs none. For an --fp8 on run
-# of a dense model the step time takes the ratio measured for its method at the largest measured hidden size not
-# above its own (the smallest measured where none is below); a mixture of experts was not measured and counts 1.
-# No ratio over 1 is counted that the worker did not measure.
-FP8_AUTO_ON_FROM: dict[str, int] = {}
-FP8_MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
+# scaling (bench/fp8_worker.py, results in FP8_RESULTS*): 7B LoRA on a frozen FP8 base 1.102x and 1.124x in the rows
+# its memory probe sized (8,192-8,320 tokens), 0.941x in rows of 4,096, 1.034x under ZeRO-2; 1.5B full 0.980x in
+# its probe's rows, 0.799x in rows of 8,192; the 7B layer shape in full under ZeRO-3 1.047x and 0.916x. The worker's
+# --fp8 auto (training/fast/fp8.py, whose AUTO_ON_FROM, AUTO_MIN_ROW and MEASURED tests/unit/test_fp8_plan.py holds
+# equal to these) turns FP8 on for LoRA's frozen base from the 7B hidden size on, without DeepSpeed, and, once its
+# probe has sized the rows, only where a GPU's micro-batch holds 8,192 tokens or more. The estimate follows it; the
+# rows it cannot know before the probe it takes from the memory model (fp8_row_tokens), which puts more memory on a
+# token than the worker's fast path uses (8.9 MiB against 6.5 measured for 7B LoRA): where the model's rows fall
+# short of 8,192 but a step could fill them, the estimate counts bf16 and says so, never a gain the run may not get.
+# For an --fp8 on run of a dense model the step time takes the measured ratio nearest its shape (fp8_measured); a
+# mixture of experts was not measured and counts 1. No ratio over 1 is counted that the worker did not measure.
+FP8_AUTO_ON_FROM: dict[str, int] = {"lora": 3584}
+FP8_AUTO_MIN_ROW = 8192
+FP8_RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
+FP8_MEASURED = f"{FP8_RESULTS}-rows.md"
+FP8_PAYS_AT = 1.05  # bench/fp8_speed.py's PAYS_AT: below it a gain is within call-to-call noise
+FP8_MEMORY_FRACTION = 0.85  # the share of a GPU the worker's memory probe plans for (--auto_memory_fraction)
 
 
 class Fp8Measured(NamedTuple):
     method: str  # "lora" (a frozen base) or "full"
     hidden: int  # the hidden size of the shape measured
+    rows: int  # the tokens the FP8 arm's micro-batch held (its records a step in as few rows as held them)
+    deepspeed: bool  # measured under DeepSpeed (ZeRO-2 or -3)
     ratio: float  # FP8's tokens/s over bf16's through the worker
     shape: str  # the shape measured, as the advice names it
     case: str  # bench/fp8_worker.py's case
@@ -143,9 +153,17 @@ class Fp8Measured(NamedTuple):
 
 
 FP8_RATIOS = (
-    Fp8Measured("lora", 3584, 0.941, "7B", "lora-7b", FP8_MEASURED),
-    Fp8Measured("full", 1536, 0.799, "1.5B", "full-1.5b", FP8_MEASURED),
-    Fp8Measured("full", 3584, 0.916, "7B (ZeRO-3)", "full-7b-zero3", "bench/results/fp8_worker-2026-12-05-H100-zero3.md"),
+    Fp8Measured("lora", 3584, 8192, False, 1.102, "7B in rows of 8,192", "lora-7b-rows", FP8_MEASURED),
+    Fp8Measured("lora", 3584, 4096, False, 0.941, "7B in rows of 4,096", "lora-7b", f"{FP8_RESULTS}.md"),
+    Fp8Measured("lora", 3584, 8192, True, 1.034, "7B under ZeRO-2 in rows of 8,192", "lora-7b-zero2-rows",
+                f"{FP8_RESULTS}-rows-zero2.md"),
+    Fp8Measured("full", 1536, 8192, False, 0.799, "1.5B in rows of 8,192", "full-1.5b", f"{FP8_RESULTS}.md"),
+    Fp8Measured("full", 1536, 32768, False, 0.980, "1.5B in rows of 32,768", "full-1.5b-rows",
+                f"{FP8_RESULTS}-rows-full.md"),
+    Fp8Measured("full", 3584, 4096, True, 0.916, "7B (ZeRO-3) in rows of 4,096", "full-7b-zero3",
+                f"{FP8_RESULTS}-zero3.md"),
+    Fp8Measured("full", 3584, 8192, True, 1.047, "7B (ZeRO-3) in rows of 8,192", "full-7b-zero3-rows",
+                f"{FP8_RESULTS}-rows-full.md"),
 )
 
 
@@ -154,9 +172,32 @@ def fp8_method(run: RunShape) -> str:
     return "full" if run.method == "full" else "lora"
 
 
-def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool, str]:
+def fp8_row_tokens(spec: ModelSpec, run: RunShape, gpu_gib: float | None, world: int = 1) -> tuple[int, int | None]:
+    """(the most tokens a GPU's micro-batch can hold: a step's records packed, over the sequence-parallel group; the
+    tokens it holds in the rows the memory model sizes as the worker's probe would, None with no GPU memory given).
+    A step's records fill as few rows as hold them (training.fast.fp8.row_tokens). world: the GPUs ZeRO shards
+    over."""
+    from .estimate import max_micro_batch
+
+    sp = max(1, run.sequence_parallel)
+    step = run.seq * run.micro_batch * run.grad_accum * run.sequences
+    bound = step // sp
+    if gpu_gib is None:
+        return bound, None
+    unit = 1024  # rows counted in records of 1,024 tokens, as the probe's two rows are
+    capacity = unit * max_micro_batch(spec, run, world, gpu_gib * FP8_MEMORY_FRACTION, seq=unit, grad_accum=1,
+                                      gradient_checkpointing=run.gradient_checkpointing)
+    if capacity <= 0:
+        return bound, 0
+    rows = -(-step // capacity)
+    return bound, int(min(step / rows, capacity)) // sp
+
+
+def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
+             world: int = 1) -> tuple[bool, str]:
     """(the worker runs this run's matmuls in FP8, why), as its --fp8 decides from the preset and the GPU type
-    (fp8_gpu: FP8 tensor cores; None: unknown). Where `on` cannot run it is not run: the advice says so."""
+    (fp8_gpu: FP8 tensor cores; None: unknown; gpu_gib: its memory, for the rows auto looks at). Where `on` cannot
+    run it is not run: the advice says so."""
     if run.fp8 == "off":
         return False, "off as set"
     if run.method == "qlora":
@@ -173,26 +214,59 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> tuple[bool
         return False, "auto: measured with compiled layers only (extra_args say --no_compile)"
     smallest = FP8_AUTO_ON_FROM.get(fp8_method(run))
     if smallest is None:
-        return False, "auto: through the worker FP8 measured slower than bf16"
+        return False, "auto: full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B ZeRO-3 1.05x)"
+    if run.zero_stage is not None:
+        return False, "auto: under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x)"
     if spec.hidden < smallest:
         return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster"
-    return True, f"auto: hidden size {spec.hidden}, measured faster from {smallest}"
+    if run.gradient_checkpointing:
+        return False, "auto: measured without gradient checkpointing (the worker keeps bf16 with it)"
+    bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
+    if bound < FP8_AUTO_MIN_ROW:
+        return False, (f"auto: a GPU's micro-batch holds at most {bound:,} tokens (a step's records), under the "
+                       f"{FP8_AUTO_MIN_ROW:,} FP8 was measured faster from")
+    if modelled == 0:
+        return False, ("auto: by the memory model not even a 1,024-token row fits this GPU without gradient "
+                       "checkpointing; the worker then turns checkpointing on and keeps bf16")
+    if modelled is not None and modelled < FP8_AUTO_MIN_ROW:
+        return False, (f"auto: the memory model puts this GPU's rows at about {modelled:,} tokens, under "
+                       f"{FP8_AUTO_MIN_ROW:,}; the worker's memory probe may size them longer and then runs FP8 "
+                       "(its log says), so the estimate counts bf16, not a gain the run may not get")
+    return True, f"auto: hidden size {spec.hidden} without DeepSpeed, in rows of 8,192+ tokens, measured faster"
 
 
-def fp8_measured(spec: ModelSpec, run: RunShape) -> Fp8Measured:
-    """The measurement an FP8 run of this shape is counted at: its method's at the largest measured hidden size not
-    above the model's, else its method's smallest."""
-    rows = sorted((r for r in FP8_RATIOS if r.method == fp8_method(run)), key=lambda r: r.hidden)
-    return next((r for r in reversed(rows) if r.hidden <= spec.hidden), rows[0])
+def fp8_measured(spec: ModelSpec, run: RunShape, gpu_gib: float | None = None, world: int = 1) -> Fp8Measured:
+    """The measurement an FP8 run of this shape is counted at: its method's, under DeepSpeed or not as the run is
+    (either, where that was not measured), at the largest measured hidden size not above the model's (else the
+    smallest), in the longest measured rows not above the run's (else the shortest)."""
+    mine = [r for r in FP8_RATIOS if r.method == fp8_method(run)]
+    ds = run.zero_stage is not None
+    mine = [r for r in mine if r.deepspeed == ds] or mine
+    hiddens = sorted({r.hidden for r in mine})
+    hidden = next((h for h in reversed(hiddens) if h <= spec.hidden), hiddens[0])
+    at = sorted((r for r in mine if r.hidden == hidden), key=lambda r: r.rows)
+    return next((r for r in reversed(at) if r.rows <= _fp8_row(spec, run, gpu_gib, world)), at[0])
 
 
-def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None) -> float:
-    """What compute time is divided by for FP8: the worker's measured ratio for the run's method and size where FP8
-    runs on a dense model (under 1: slower than bf16), else 1."""
-    on, _ = fp8_runs(spec, run, fp8_gpu)
+def _fp8_row(spec: ModelSpec, run: RunShape, gpu_gib: float | None, world: int) -> int:
+    bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
+    return modelled if modelled is not None else bound
+
+
+def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
+                world: int = 1) -> float:
+    """What compute time is divided by for FP8: the worker's measured ratio nearest the run's shape where FP8
+    runs on a dense model (under 1: slower than bf16), else 1. A gain is counted only at or above the size and the
+    rows it was measured at, without gradient checkpointing (as every case was), and only one past the measurements'
+    noise (FP8_PAYS_AT): a smaller model, shorter rows, checkpointing or a gain within noise count 1."""
+    on, _ = fp8_runs(spec, run, fp8_gpu, gpu_gib, world)
     if not on or spec.is_moe:
         return 1.0
-    return fp8_measured(spec, run).ratio
+    m = fp8_measured(spec, run, gpu_gib, world)
+    if m.ratio > 1.0 and (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or run.gradient_checkpointing
+                          or _fp8_row(spec, run, gpu_gib, world) < m.rows):
+        return 1.0
+    return m.ratio
 
 
 def path_efficiency(run: RunShape) -> float:
@@ -217,7 +291,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
                   bandwidth_gbps: float | None, gpu_tflops: float = GPUS["H100"].bf16_tflops,
                   efficiency: float | None = None, intra_node_gbs: float = GPUS["H100"].intra_node_gbs,
                   hbm_gbs: float = GPUS["H100"].hbm_gbs, world_size: int | None = None,
-                  fp8_gpu: bool | None = False, **overrides: Any) -> StepEstimate:
+                  fp8_gpu: bool | None = False, gpu_gib: float | None = GPUS["H100"].memory_gib,
+                  **overrides: Any) -> StepEstimate:
     """Predicted optimizer-step time on `nodes` x `gpus_per_node` GPUs; formulas in the module docstring and in
     estimate_comm's.
 
@@ -228,7 +303,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
     fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8, compute time is divided
-    by the worker's measured FP8/bf16 ratio (fp8_speedup; under 1: FP8 measured slower).
+    by the worker's measured FP8/bf16 ratio (fp8_speedup; under 1: FP8 measured slower). gpu_gib: a GPU's memory,
+    for the rows FP8's auto looks at (None: unknown).
     """
     from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm
 
@@ -241,8 +317,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
     eff = effective_efficiency(run, efficiency, spec)
     fpt = flops_per_token(spec, run)
-    fp8_on, _ = fp8_runs(spec, run, fp8_gpu)
-    fp8_x = fp8_speedup(spec, run, fp8_gpu)
+    fp8_on, _ = fp8_runs(spec, run, fp8_gpu, gpu_gib, world)
+    fp8_x = fp8_speedup(spec, run, fp8_gpu, gpu_gib, world)
     micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff * fp8_x), host_floor_s(spec.layers))
     micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum

@@ -68,64 +68,99 @@ def test_the_worker_and_the_estimate_share_the_rule_and_the_ratios_measured_thro
     from training.fast import fp8
 
     assert fp8.AUTO_ON_FROM == est_time.FP8_AUTO_ON_FROM and fp8.MEASURED == est_time.FP8_MEASURED
-    faster = []
-    for row in est_time.FP8_RATIOS:  # each ratio counted is its results file's, for its method and hidden size
+    assert fp8.AUTO_MIN_ROW == est_time.FP8_AUTO_MIN_ROW and fp8.RESULTS == est_time.FP8_RESULTS
+    cases = []
+    for row in est_time.FP8_RATIOS:  # each ratio counted is its results file's, for its method, size and rows
         measured = json.loads((ROOT / row.source.replace(".md", ".json")).read_text())
         (case,) = [c for c in measured["cases"] if c["case"] == row.case]
         assert case["compare"]["ratio"] == row.ratio and case["hidden_size"] == row.hidden, row
         assert (case["method"] == "full") == (row.method == "full") and case["compare"]["fp8_engaged"], row
-        faster += [c for c in measured["cases"] if c.get("compare", {}).get("ratio", 0) >= measured["pays_at"]]
+        assert bool(case["zero"]) == row.deepspeed, row
+        rows = case["arms"]["fp8"].get("packing_tokens") or case["row"]
+        assert fp8.row_tokens(rows, case["records"] * case["seq"]) == row.rows, row
+        cases.append((row, case["compare"]["ratio"] >= measured["pays_at"] and case["compare"]["parity"]))
     assert {r.method for r in est_time.FP8_RATIOS} == {"lora", "full"}
-    # auto turns FP8 on for a method only from a hidden size measured faster (by the results' own threshold)
+    # auto turns FP8 on for a method from a hidden size measured faster without DeepSpeed in rows of AUTO_MIN_ROW
+    # tokens or more, and no measured case outside that rule paid
+    faster = [r for r, pays in cases if pays]
+    assert faster and all(not r.deepspeed and r.rows >= fp8.AUTO_MIN_ROW for r in faster)
     for method, smallest in est_time.FP8_AUTO_ON_FROM.items():
-        assert smallest in {c["hidden_size"] for c in faster if (c["method"] == "full") == (method == "full")}
-    assert not faster and est_time.FP8_AUTO_ON_FROM == {}  # nothing was: auto runs FP8 nowhere
+        assert smallest == min(r.hidden for r in faster if r.method == method)
+    assert {r.method for r in faster} == set(est_time.FP8_AUTO_ON_FROM)
+    assert not [r for r, pays in cases if not pays and r.method in est_time.FP8_AUTO_ON_FROM and not r.deepspeed
+                and r.rows >= fp8.AUTO_MIN_ROW and r.hidden >= est_time.FP8_AUTO_ON_FROM[r.method]]
 
 
-@pytest.mark.parametrize("model,training,gpu,runs,x", [
-    (SEVEN_B, {}, True, False, 1.0),  # auto: measured slower through the worker
-    (SEVEN_B, {"method": "full", "zero_stage": 3}, True, False, 1.0),
-    ("Qwen/Qwen2.5-72B-Instruct", {}, True, False, 1.0),
-    (ONE_FIVE_B, {"method": "full"}, True, False, 1.0),
-    (SEVEN_B, {"fp8": "on"}, True, True, 0.941),  # on runs it, at the worker's measured ratio
-    (ONE_FIVE_B, {"fp8": "on"}, True, True, 0.941),  # LoRA's ratio, measured at the 7B shape
-    (SEVEN_B, {"fp8": "on", "method": "full", "zero_stage": 3}, True, True, 0.916),  # full's at the 7B shape
-    (ONE_FIVE_B, {"fp8": "on", "method": "full"}, True, True, 0.799),  # full's at the 1.5B shape
-    ("Qwen/Qwen2.5-0.5B-Instruct", {"fp8": "on", "method": "full"}, True, True, 0.799),  # none below: the smallest
-    ("Qwen/Qwen2.5-72B-Instruct", {"fp8": "on", "method": "full", "zero_stage": 3}, True, True, 0.916),
-    (SEVEN_B, {"extra_args": ["--fp8", "on"]}, True, True, 0.941),  # extra_args win, as in the argv
-    ("Qwen/Qwen3-30B-A3B", {"fp8": "on"}, True, True, 1.0),  # a mixture of experts: not measured
-    (SEVEN_B, {"fp8": "on", "method": "qlora"}, True, False, 1.0),
-    (SEVEN_B, {"fp8": "on", "precision": "fp16"}, True, False, 1.0),
-    (SEVEN_B, {"fp8": "on", "extra_args": ["--fp8", "off"]}, True, False, 1.0),
-    (SEVEN_B, {"fp8": "on"}, False, False, 1.0),  # an A100
-    (SEVEN_B, {"fp8": "on"}, None, False, 1.0),  # the GPU type unknown
+H100_GIB, H200_GIB = est.GPUS["H100"].memory_gib, est.GPUS["H200"].memory_gib
+NO_CKPT = {"gradient_checkpointing": False}
+
+
+@pytest.mark.parametrize("model,training,gpu,gib,runs,x", [
+    (SEVEN_B, NO_CKPT, True, H200_GIB, True, 1.102),  # auto: a 7B LoRA base, rows of 8,192+ by the memory model
+    (SEVEN_B, NO_CKPT, True, H100_GIB, False, 1.0),  # the model's rows on an H100: about 4,700 (the probe's: 8,320)
+    (SEVEN_B, {}, True, H200_GIB, False, 1.0),  # with gradient checkpointing: not measured, bf16
+    (SEVEN_B, {**NO_CKPT, "zero_stage": 2}, True, H200_GIB, False, 1.0),  # DeepSpeed: within noise
+    (SEVEN_B, {**NO_CKPT, "model_max_length": 1024, "gradient_accumulation_steps": 1}, True, H200_GIB, False, 1.0),
+    ("Qwen/Qwen2.5-72B-Instruct", NO_CKPT, True, H200_GIB, False, 1.0),  # nothing fits without checkpointing
+    (ONE_FIVE_B, NO_CKPT, True, H200_GIB, False, 1.0),  # under the 7B hidden size
+    (SEVEN_B, {"method": "full", "zero_stage": 3}, True, H100_GIB, False, 1.0),
+    (ONE_FIVE_B, {"method": "full"}, True, H100_GIB, False, 1.0),
+    (SEVEN_B, {**NO_CKPT, "fp8": "on"}, True, H100_GIB, True, 0.941),  # on: measured nearest, rows of 4,096
+    (SEVEN_B, {"fp8": "on"}, True, H100_GIB, True, 1.0),  # checkpointing: no gain counted (all measured without)
+    (SEVEN_B, {**NO_CKPT, "fp8": "on"}, True, H200_GIB, True, 1.102),
+    (ONE_FIVE_B, {**NO_CKPT, "fp8": "on"}, True, H100_GIB, True, 1.0),  # 7B's gain is not counted for a 1.5B
+    (SEVEN_B, {"fp8": "on", "method": "full", "zero_stage": 3}, True, H100_GIB, True, 1.0),  # 1.047: within noise
+    (ONE_FIVE_B, {"fp8": "on", "method": "full"}, True, H100_GIB, True, 0.98),  # in the probe's long rows
+    (ONE_FIVE_B, {"fp8": "on", "method": "full", "model_max_length": 1024}, True, H100_GIB, True, 0.799),
+    ("Qwen/Qwen2.5-0.5B-Instruct", {"fp8": "on", "method": "full"}, True, H100_GIB, True, 0.98),  # the smallest
+    (SEVEN_B, {**NO_CKPT, "extra_args": ["--fp8", "on"]}, True, H100_GIB, True, 0.941),  # extra_args win
+    ("Qwen/Qwen3-30B-A3B", {"fp8": "on"}, True, H100_GIB, True, 1.0),  # a mixture of experts: not measured
+    (SEVEN_B, {"fp8": "on", "method": "qlora"}, True, H100_GIB, False, 1.0),
+    (SEVEN_B, {"fp8": "on", "precision": "fp16"}, True, H100_GIB, False, 1.0),
+    (SEVEN_B, {"fp8": "on", "extra_args": ["--fp8", "off"]}, True, H100_GIB, False, 1.0),
+    (SEVEN_B, {"fp8": "on"}, False, H100_GIB, False, 1.0),  # an A100
+    (SEVEN_B, {"fp8": "on"}, None, None, False, 1.0),  # the GPU type unknown
 ])
-def test_the_estimate_counts_fp8_where_the_worker_runs_it_at_the_ratio_measured_through_it(model, training, gpu,
+def test_the_estimate_counts_fp8_where_the_worker_runs_it_at_the_ratio_measured_through_it(model, training, gpu, gib,
                                                                                           runs, x):
     spec = known_spec(model)
     run = est.RunShape.of(preset(model=model, **training).training)
-    assert est_time.fp8_runs(spec, run, gpu)[0] is runs
-    assert est_time.fp8_speedup(spec, run, gpu) == x
+    on, why = est_time.fp8_runs(spec, run, gpu, gib, 8)
+    assert on is runs, why
+    assert est_time.fp8_speedup(spec, run, gpu, gib, 8) == x
 
 
-def test_auto_follows_a_measured_shape_once_the_table_holds_one(monkeypatch):
-    monkeypatch.setattr(est_time, "FP8_AUTO_ON_FROM", {"lora": 3584})
-    for model, method, runs in ((SEVEN_B, "lora", True), ("Qwen/Qwen2.5-72B-Instruct", "lora", True),
-                                (ONE_FIVE_B, "lora", False), (SEVEN_B, "full", False)):
-        run = est.RunShape.of(preset(model=model, method=method).training)
-        assert est_time.fp8_runs(known_spec(model), run, True)[0] is runs, (model, method)
+def test_auto_says_why_it_keeps_bf16_naming_the_rows():
+    spec = known_spec(SEVEN_B)
+
+    def why(gib, **training):
+        return est_time.fp8_runs(spec, est.RunShape.of(preset(**training).training), True, gib, 1)[1]
+
+    assert "about 4,681 tokens, under 8,192; the worker's memory probe may size them longer" in why(H100_GIB, **NO_CKPT)
+    assert "at most 2,048 tokens (a step's records)" in why(H200_GIB, gradient_checkpointing=False,
+                                                             model_max_length=1024, per_device_train_batch_size=2,
+                                                             gradient_accumulation_steps=1)
+    two = est.RunShape.of(preset(gradient_checkpointing=False, sequence_parallel_size=4).training)
+    assert est_time.fp8_row_tokens(spec, two, None) == (8192, None)  # a step of 32,768 over 4 GPUs
+    assert "measured without gradient checkpointing" in why(H200_GIB)
+    assert "under DeepSpeed" in why(H200_GIB, zero_stage=2, gradient_checkpointing=False)
+    assert "full fine-tuning measured no faster" in why(H200_GIB, method="full")
 
 
 def test_the_step_time_divides_compute_by_the_ratio_measured_through_the_worker():
     spec, kw = known_spec(SEVEN_B), dict(gpu_tflops=989, hbm_gbs=3350)
     auto = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=True, **kw)
     bf16 = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=False, **kw)
-    assert not auto.fp8 and auto.compute_s == bf16.compute_s  # auto: bf16 on an H100
-    fp8 = est_time.estimate_step(spec, preset(fp8="on").training, 1, 1, None, fp8_gpu=True, **kw)
+    assert not auto.fp8 and auto.compute_s == bf16.compute_s  # auto, with checkpointing: bf16
+    fp8 = est_time.estimate_step(spec, preset(fp8="on", **NO_CKPT).training, 1, 1, None, fp8_gpu=True, **kw)
+    bf16 = est_time.estimate_step(spec, preset(**NO_CKPT).training, 1, 1, None, fp8_gpu=False, **kw)
     assert fp8.fp8 and fp8.fp8_speedup == 0.941
     assert fp8.compute_s == pytest.approx(bf16.compute_s / 0.941)
     assert fp8.optimizer_s == bf16.optimizer_s and fp8.tokens_per_second < 0.95 * bf16.tokens_per_second
+    t = preset(gradient_checkpointing=False).training
+    fast = est_time.estimate_step(spec, t, 1, 1, None, fp8_gpu=True, gpu_gib=H200_GIB, **kw)
+    plain = est_time.estimate_step(spec, t, 1, 1, None, fp8_gpu=False, gpu_gib=H200_GIB, **kw)
+    assert fast.fp8 and fast.fp8_speedup == 1.102 and fast.compute_s == pytest.approx(plain.compute_s / 1.102)
 
 
 def test_fp8_on_where_the_worker_would_refuse_it_is_an_error_with_its_fix():
@@ -146,25 +181,31 @@ def test_fp8_on_where_the_worker_would_refuse_it_is_an_error_with_its_fix():
     assert "FP8_CANNOT_RUN" not in codes(preset(fp8="on"), facts())
 
 
-def test_auto_runs_no_fp8_and_on_warns_it_measured_slower_through_the_worker():
-    # auto: nothing on an H100, an H200, an A100, for a 7B or a 1.5B, LoRA or full, with the GPU type unknown, or off
+def test_auto_runs_fp8_only_where_measured_faster_and_on_says_what_it_measured():
+    # auto: nothing on an H100 for the preset's 7B LoRA with checkpointing, nor for full, a 1.5B, an A100, an unknown
+    # GPU type, or off
     assert codes(preset(), facts()) == [] and codes(preset(method="full", zero_stage=3), facts()) == []
     assert codes(preset(model=ONE_FIVE_B), facts()) == [] and codes(preset(), gpu="H200") == []
     assert codes(preset(), facts(name="NVIDIA A100-SXM4-80GB")) == [] and codes(preset()) == []
     assert codes(preset(fp8="off"), facts()) == []
-    for training, words in (({}, "0.94x bf16's tokens/s through the worker for LoRA at the 7B shape"),
-                            ({"model": ONE_FIVE_B}, "0.94x bf16's tokens/s through the worker for LoRA at the 7B"),
-                            ({"method": "full", "zero_stage": 3}, "0.92x bf16's tokens/s through the worker for "
-                                                                  "full fine-tuning at the 7B (ZeRO-3) shape "
-                                                                  "(bench/results/fp8_worker-2026-12-05-H100-zero3.md)"),
-                            ({"model": ONE_FIVE_B, "method": "full"}, "0.80x bf16's tokens/s through the worker "
-                                                                      "for full fine-tuning at the 1.5B shape "
-                                                                      f"({est_time.FP8_MEASURED})")):
+    # auto on an H200, 7B LoRA without checkpointing: FP8 runs, faster, counted
+    adv = [a for a in advise(preset(**NO_CKPT), gpu="H200") if a.code.startswith("FP8")]
+    assert [(a.code, a.level) for a in adv] == [("FP8_ON", "info")]
+    assert ("faster: 1.10x bf16's tokens/s through the worker for LoRA, 7B in rows of 8,192 "
+            f"({est_time.FP8_MEASURED}), counted in the step time") in adv[0].message
+    assert adv[0].fix.changes == {"training.fp8": "off"}
+    for training, level, words in (
+            (NO_CKPT, "warning", "slower: 0.94x bf16's tokens/s through the worker for LoRA, 7B in rows of 4,096"),
+            ({}, "info", "no faster: 1.10x bf16's tokens/s through the worker for LoRA, 7B in rows of 8,192"),
+            ({"model": ONE_FIVE_B}, "info", "no faster: 1.10x bf16's tokens/s through the worker for LoRA"),
+            ({"method": "full", "zero_stage": 3}, "info", "no faster: 1.05x bf16's tokens/s through the worker for "
+                                                          "full fine-tuning, 7B (ZeRO-3) in rows of 8,192"),
+            ({"model": ONE_FIVE_B, "method": "full"}, "warning", "slower: 0.98x bf16's tokens/s through the worker "
+                                                                 "for full fine-tuning, 1.5B in rows of 32,768")):
         adv = [a for a in advise(preset(fp8="on", **training), facts()) if a.code.startswith("FP8")]
-        assert [(a.code, a.level) for a in adv] == [("FP8_ON", "warning")], training
-        assert "measured slower" in adv[0].message and words in adv[0].message
-        assert "counted in the step time" in adv[0].message
-        assert "faster" not in adv[0].message  # no speed-up claimed
+        assert [(a.code, a.level) for a in adv] == [("FP8_ON", level)], (training, adv)
+        assert words in adv[0].message, adv[0].message
+        assert "It measured faster" not in adv[0].message  # no speed-up claimed
         assert adv[0].fix.changes == {"training.fp8": "auto"}
         assert codes(apply_fix(preset(fp8="on", **training), adv[0].fix), facts()) == []
     assert codes(preset(fp8="on"), gpu="H200") == ["FP8_ON"]  # the GPU type the wizard or --gpu gives
@@ -177,12 +218,12 @@ def test_fp8_on_for_a_mixture_of_experts_is_unmeasured():
     assert adv[0].fix.changes == {"training.fp8": "auto"}
 
 
-def test_a_node_without_torchao_keeps_auto_in_bf16_everywhere_and_the_estimate_too(monkeypatch):
-    p = preset(nodes=2)
-    assert codes(p, facts(nodes=2, torchao=(None,))) == []  # auto runs FP8 nowhere: nothing to say
-    monkeypatch.setattr(est_time, "FP8_AUTO_ON_FROM", {"lora": 3584})  # once a shape is measured faster, it speaks
+def test_a_node_without_torchao_keeps_auto_in_bf16_everywhere_and_the_estimate_too():
+    assert codes(preset(nodes=2), facts(nodes=2, torchao=(None,))) == []  # auto keeps bf16 here anyway: silent
+    p = preset(nodes=2, **NO_CKPT)
+    h200 = dict(name="NVIDIA H200", mib=143771)
     for versions, level in (((None,), "info"), (("0.17.0", None), "warning")):
-        f = facts(nodes=2, torchao=versions)
+        f = facts(nodes=2, torchao=versions, **h200)
         adv = [a for a in advise(p, f) if a.code.startswith("FP8")]
         assert [(a.code, a.level) for a in adv] == [("FP8_TORCHAO", level)], versions
         assert "stays off, on every node" in adv[0].message and "pip install torchao" in adv[0].fix.hint
@@ -191,7 +232,7 @@ def test_a_node_without_torchao_keeps_auto_in_bf16_everywhere_and_the_estimate_t
     assert make_context(p, facts(nodes=2, torchao=(None,))).fp8_gpu is False
     assert make_context(p, facts(nodes=2)).fp8_gpu is True
     # a probe from before torchao was asked about says nothing of it: the GPU type decides
-    old = facts(nodes=2)
+    old = facts(nodes=2, **h200)
     for nf in old.nodes.values():
         del nf.versions["torchao"]
     assert make_context(p, old).fp8_gpu is True and codes(p.with_changes({"training.fp8": "on"}), old) == ["FP8_ON"]

@@ -49,7 +49,7 @@ def test_the_data_has_records_of_exactly_the_asked_length(tmp_path, tiny_model):
     assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 6
 
 
-def records(steps=50, tps=10_000.0, fp8=False, loss0=7.0, drift=0.0, matmuls=588, guard_ok=True, row=4096,
+def records(steps=50, tps=10_000.0, fp8=False, loss0=7.0, drift=0.0, matmuls=588, guard_ok=True, row=8192,
             checkpointing=False):
     out = [{"event": "start", "fast_path": {"fp8": fp8, "why": {"fp8": "on as given" if fp8 else "off as given"},
                                             "packing_tokens": row, "gradient_checkpointing": checkpointing}}]
@@ -77,7 +77,8 @@ def test_an_arm_is_timed_after_its_warm_up_and_its_fp8_proof_read():
 
 
 def case_with(bf16, fp8, auto_on):
-    return {"case": "lora-7b", "layers": 28, "tokens_per_step": 8192, "auto": {"on": auto_on, "why": "..."},
+    return {"case": "lora-7b", "layers": 28, "tokens_per_step": 8192, "records": 8, "seq": 1024,
+            "auto": {"on": auto_on, "why": "..."},
             "arms": {"bf16": fw.summarise(bf16, 50, 10), "fp8": fw.summarise(fp8, 50, 10)}}
 
 
@@ -151,7 +152,7 @@ def test_the_table_shows_every_case_skips_and_failures():
 def test_the_table_says_how_long_each_arms_rows_were_and_who_sized_them():
     probed = case_with(records(row=9216), records(row=10240, fp8=True, checkpointing=True), False)
     probed.update(case="lora-7b-rows", row=None)
-    given = case_with(records(), records(fp8=True), False)
+    given = case_with(records(row=4096), records(row=4096, fp8=True), False)
     given.update(row=4096)
     doc = {"date": "2026-12-06", "gpu": "H100", "versions": {}, "elapsed_s": 1.0, "budget_s": 500.0, "steps": 50,
            "warmup": 10, "cases": [given, probed]}
@@ -159,3 +160,12 @@ def test_the_table_says_how_long_each_arms_rows_were_and_who_sized_them():
     assert "- lora-7b: rows as given: bf16 4,096 tokens (1 a step); fp8 4,096 tokens (1 a step)" in text
     assert ("- lora-7b-rows: rows sized by the worker's memory probe: bf16 9,216 tokens (1 a step); fp8 10,240 "
             "tokens (1 a step, gradient checkpointing)") in text
+
+
+def test_auto_takes_its_second_look_at_the_rows_the_fp8_arm_ran():
+    short = case_with(records(row=4096), records(row=4096, fp8=True, tps=9_400.0), True)
+    cmp_ = fw.compare(short)
+    assert short["auto"]["on"] is False and "about 4,096 tokens (8 records of 1,024" in short["auto"]["why"]
+    assert short["auto"]["before_rows"] == "..." and cmp_["auto_agrees"] is True  # slower, and auto now off
+    long = case_with(records(), records(fp8=True, tps=11_200.0), True)
+    assert fw.compare(long)["auto_agrees"] is True and long["auto"]["on"] is True

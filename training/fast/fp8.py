@@ -3,9 +3,11 @@ linear layers, inside the compiled layers.
 
 decide()        --fp8 auto|on|off for this run: (on, why); an explicit `on` that cannot run here is an InputError
                 (no GPU of compute capability 8.9+, no torchao, Q-LoRA, no --bf16), and `auto` is on only for a
-                method and hidden size measured faster through the worker (AUTO_ON_FROM), saying why it stays off
-                elsewhere. Nothing was: through the worker FP8 ran slower than bf16 on every shape measured
-                (MEASURED), so auto is off everywhere, and `on` is there to try it
+                method and hidden size measured faster through the worker (AUTO_ON_FROM), without DeepSpeed,
+                saying why it stays off elsewhere: LoRA's frozen base from the 7B shape on (1.10-1.12x in rows of
+                8,192 tokens, MEASURED); full fine-tuning and DeepSpeed runs measured no faster
+short_rows()    auto's second look, once the memory probe has sized the rows: FP8 back off where a GPU's
+                micro-batch holds fewer than AUTO_MIN_ROW tokens (the same 7B LoRA ran 0.94x in rows of 4,096)
 select()        which linears convert: every nn.Linear inside the decoder layers but a mixture of experts'
                 routers; under LoRA the frozen ones only (peft's base_layer of each adapted projection, and any
                 projection left without an adapter), never lora_A / lora_B; the embedding and the LM head are
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -40,17 +43,26 @@ from training.runtime.errors import InputError
 log = logging.getLogger("training")
 
 # FP8 against bf16 through the worker itself (bench/fp8_worker.py: its fast path, compiled layers, tensorwise
-# scaling), on one H100: 7B LoRA on a frozen FP8 base ran 0.941x of bf16's tokens/s, 1.5B full fine-tuning 0.799x
-# and the 7B layer shape in full under ZeRO-3 0.916x (MEASURED, and its -zero3 beside it), the loss within 1.1% and
-# FP8 engaged in all three. A plain training loop had measured the 7B shape 1.25x faster
-# (bench/results/fp8_speed-2026-12-05-H200.md), but the worker is what runs, so auto follows the worker's figures.
-# AUTO_ON_FROM maps a method ("lora" for LoRA's frozen base, "full") to the smallest hidden size measured faster
-# through the worker, from which auto turns FP8 on; a method missing from it stays bf16. Nothing was measured
-# faster, so it is empty: auto is off everywhere and returns before torchao is imported.
-AUTO_ON_FROM: dict[str, int] = {}
-MEASURED = "bench/results/fp8_worker-2026-12-05-H100.md"
-MEASURED_SLOWER = ("through the worker FP8 ran 0.94x of bf16 for 7B LoRA, 0.80x for 1.5B full and 0.92x for 7B full "
-                   f"under ZeRO-3 on an H100 ({MEASURED}, and -zero3)")
+# scaling), on one H100. In the rows its memory probe sizes (as a user's run gets them): 7B LoRA on a frozen FP8
+# base ran 1.102x and 1.124x of bf16's tokens/s in two calls (rows of 8,192-8,320 tokens, MEASURED and -rows-again),
+# the same under DeepSpeed ZeRO-2 1.034x (-rows-zero2), 1.5B full fine-tuning 0.980x and the 7B layer shape in full
+# under ZeRO-3 1.047x (-rows-full), the loss within 0.7% of bf16's over 50 steps in all but 1.5B full (5.2% apart at
+# step 23). In rows of 4,096 tokens the same 7B LoRA ran 0.941x (fp8_worker-2026-12-05-H100.md): the FP8 step's
+# host side then outlasts its GPU work. So auto turns FP8 on for LoRA's frozen base from the 7B hidden size on
+# (AUTO_ON_FROM: method -> smallest hidden size measured faster), without DeepSpeed, where a GPU's micro-batch holds
+# AUTO_MIN_ROW tokens or more; everything else stays bf16 unless --fp8 on.
+AUTO_ON_FROM: dict[str, int] = {"lora": 3584}
+AUTO_MIN_ROW = 8192
+RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
+MEASURED = f"{RESULTS}-rows.md"
+MEASURED_ON = (f"7B LoRA ran 1.10-1.12x of bf16 through the worker in rows of 8,192 tokens on an H100 ({MEASURED}, "
+               "and -rows-again)")
+CHECKPOINTING = ("FP8 was measured faster without gradient checkpointing only (the memory probe turns it on where "
+                 "rows would be short: then FP8 would not pay anyway)")
+NOT_FASTER = {"full": f"full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B under ZeRO-3 1.05x: "
+                      f"{RESULTS}-rows-full.md)",
+              "deepspeed": f"under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x: "
+                           f"{RESULTS}-rows-zero2.md; 7B full under ZeRO-3 1.05x)"}
 MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x)
 ALIGN = 16  # torch._scaled_mm wants both dimensions of the weight divisible by 16
 ROUTERS = ("gate", "shared_expert_gate")  # a mixture of experts' routing layers stay bf16: they pick the experts
@@ -85,9 +97,13 @@ def torch_version() -> tuple[int, int]:
 
 
 def decide(given: str, *, method: str, model_config: dict, device: torch.device, bf16: bool, compiled: bool,
-           moe: bool) -> tuple[bool, str]:
+           moe: bool, deepspeed: bool = False, rows: int | None = None, checkpointing: bool = False
+           ) -> tuple[bool, str]:
     """(FP8 on, why) for --fp8 `given`. method: full, lora or qlora; compiled: the decoder layers are compiled
-    (the fast path's --compile); moe: a mixture of experts. Raises InputError where `on` cannot run."""
+    (the fast path's --compile); moe: a mixture of experts; deepspeed: the run is under DeepSpeed; checkpointing:
+    --gradient_checkpointing was given (the probe may still turn it on: short_rows looks again); rows: the
+    tokens a GPU's micro-batch holds where known before the memory probe (--packing_tokens), else None (auto then
+    looks again once they are known: short_rows). Raises InputError where `on` cannot run."""
     if given == "off":
         return False, "off as given"
     explicit = given == "on"
@@ -125,17 +141,24 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
             return no("FP8 was measured with compiled layers only (--compile)")
         smallest = AUTO_ON_FROM.get("full" if method == "full" else "lora")
         if smallest is None:
-            return no(f"{MEASURED_SLOWER}; --fp8 on runs it anyway")
+            return no(f"{NOT_FASTER['full']}; --fp8 on runs it anyway")
+        if deepspeed:
+            return no(f"{NOT_FASTER['deepspeed']}; --fp8 on runs it anyway")
         if hidden < smallest:
             return no(f"hidden size {hidden} is under {smallest}, the smallest measured faster through the worker "
                       f"({MEASURED}); --fp8 on runs it anyway")
+        if checkpointing:
+            return no(f"{CHECKPOINTING}; --fp8 on runs it anyway")
+        if rows is not None and rows < AUTO_MIN_ROW:
+            return no(rows_why(rows, "--packing_tokens"))
     version, why_not = torchao_version()
     if version is None:
         return no(f"{why_not}: pip install torchao (the gpu extra, qwen-tui[gpu], brings it)")
     where = f"sm_{cap[0]}{cap[1]}" if cap else f"CPU ({CPU_ENV}=1)"
     if not explicit:
-        return True, (f"on: hidden size {hidden}, measured faster through the worker from {smallest} ({MEASURED}); "
-                      f"torchao {version}, {RECIPE}, {where}")
+        return True, (f"on: a LoRA base of hidden size {hidden} without DeepSpeed ({MEASURED_ON}); torchao {version}, "
+                      f"{RECIPE}, {where}" + ("" if rows is not None else "; rows checked once the memory probe "
+                                             "has sized them"))
     why = f"on as given (torchao {version}, {RECIPE}, {where})"
     if not compiled:
         why += ("; without compiled layers torchao's casts run eagerly (and a frozen base's weight-gradient "
@@ -143,6 +166,32 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
         log.warning("--fp8 on without compiled layers (--no_compile, or a CPU run): torchao's casts run "
                     "eagerly, slower than with --compile")
     return True, why
+
+
+def rows_why(tokens: int, source: str) -> str:
+    return (f"off: a GPU's micro-batch holds about {tokens:,} tokens ({source}), under the {AUTO_MIN_ROW:,} FP8 was "
+            f"measured faster from (7B LoRA ran 0.94x in rows of 4,096 tokens, 1.10-1.12x in rows of 8,192: "
+            f"{RESULTS}.md, {MEASURED}); --fp8 on runs it anyway")
+
+
+def row_tokens(capacity: int, step_tokens: float, sequence_parallel: int = 1) -> int:
+    """The tokens a GPU's micro-batch holds on average: a step's `step_tokens` (a rank's records a step) packed into
+    as few rows of `capacity` as hold them, each row split over the sequence-parallel group."""
+    if step_tokens <= 0 or capacity <= 0:
+        return 0
+    rows = max(1, math.ceil(step_tokens / capacity))
+    return int(min(step_tokens / rows, capacity) // max(sequence_parallel, 1))
+
+
+def short_rows(given: str, on: bool, tokens: int, source: str, checkpointing: bool = False) -> str | None:
+    """Auto's second look once the rows are sized: why FP8 goes back off (a GPU's micro-batch of `tokens` is
+    under AUTO_MIN_ROW, or the probe turned gradient checkpointing on), or None to keep what decide() chose. `on`
+    runs whatever the rows."""
+    if given != "auto" or not on:
+        return None
+    if checkpointing:
+        return f"off: {CHECKPOINTING}; --fp8 on runs it anyway"
+    return None if tokens >= AUTO_MIN_ROW else rows_why(tokens, source)
 
 
 # ---------------------------------------------------------------- which layers
