@@ -33,7 +33,7 @@ from training.checkpoints import directories as ckpt
 from training.checkpoints import shared_output
 from training.checkpoints.checkpointer import Checkpointer
 from training.data.batches import build_dataset, eval_batches
-from training.data.encoding import IGNORE_INDEX, ChatEncoder
+from training.data.encoding import IGNORE_INDEX, ChatEncoder, log_stats
 from training.data.records import load_conversations
 from training.fast import apply, choice, fp8, fp8_watch, long_context, sequence_parallel
 from training.fast.apply import FastLoss
@@ -169,7 +169,9 @@ class FinetuneRecipe:
         else:
             self.train_ds = build_dataset(train_convs, encoder, a.data.lazy_preprocess)
             self.eval_ds = build_dataset(eval_convs, encoder, a.data.lazy_preprocess) if eval_convs else None
-        self._log_data_stats()
+        if env.is_main:  # every rank tokenizes the same data: one report is enough
+            log_stats(self.train_ds.stats, self.data_label, "pairs" if self.pairs else "records",
+                      a.data.lazy_preprocess, a.data.model_max_length)
         mb, gas = a.train.per_device_train_batch_size, a.train.gradient_accumulation_steps
         self.global_batch = self.data_env.world_size * mb * gas
         self.steps_per_epoch = len(self.train_ds) // self.global_batch
@@ -324,25 +326,6 @@ class FinetuneRecipe:
         return load_pairs(path or d.data_path, d.data_format) if self.pairs else \
             load_conversations(path or d.data_path, d.data_format)
 
-    def _log_data_stats(self) -> None:
-        s, a = self.train_ds.stats, self.args
-        if not self.env.is_main:
-            return  # every rank tokenizes the same data: one report is enough
-        if a.data.lazy_preprocess:
-            log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)",
-                     self.data_label, s.records)
-            return
-        log.info("%s: %d %s, %d tokens, %d of them supervised", self.data_label, s.records,
-                 "pairs" if self.pairs else "records", s.tokens,
-                 s.label_tokens)
-        if s.truncated:
-            shown = ", ".join(s.truncated_ids[:5]) + (" ..." if s.truncated > 5 else "")
-            log.warning("%s: %d record(s) longer than --model_max_length %d were truncated (ids: %s)",
-                        self.data_label, s.truncated, a.data.model_max_length, shown)
-        if s.dropped:
-            log.warning("%s: %d record(s) had no assistant token left after truncation and are skipped",
-                        self.data_label, s.dropped)
-
     def _check_resume_compatible(self) -> None:
         st = self.resume_state
         if int(st.get("global_batch_size", self.global_batch)) != self.global_batch:
@@ -386,31 +369,19 @@ class FinetuneRecipe:
         return router
 
     def _fp8_rows_check(self) -> None:
-        """--fp8 auto's second look, once the rows are sized: back to bf16 where a GPU's micro-batch holds too
-        few tokens for FP8 to pay (training.fast.fp8.short_rows). Every rank sees the same rows and data."""
+        """--fp8 auto's second look, once the rows are sized (training.fast.fp8.second_look)."""
         a = self.args
         if self.fp8_layers is None:
             return
-        s, pair = self.train_ds.stats, 2 if self.pairs else 1
-        mean = (s.tokens / s.records if s.records and s.tokens and not a.data.lazy_preprocess
-                else pair * a.data.model_max_length)
-        mb, gas, sp = (a.train.per_device_train_batch_size, a.train.gradient_accumulation_steps,
-                       a.train.sequence_parallel_size)
-        if self.fast.packing:
-            tokens = fp8.row_tokens(self.fast.packing_tokens or 0, mean * mb * gas, sp)
-            source = f"{mb * gas} records of {mean:,.0f} tokens on average a step in rows of " \
-                     f"{self.fast.packing_tokens:,}"
-        else:
-            tokens, source = int(mean * mb), f"{mb} records of {mean:,.0f} tokens on average, padded"
-        checkpointing = bool(self.fast.gradient_checkpointing or self.resolved.gradient_checkpointing)
-        why = fp8.short_rows(a.fast.fp8, self.fast.fp8, tokens, source, checkpointing)
-        if why is None:
-            return
-        self.fp8_layers.restore()  # the compiled layers compile again once, in bf16
-        self.fp8_layers = None
-        self.fast.fp8, self.fast.why["fp8"] = False, why
-        if self.env.is_main:
-            log.info("--fp8 auto: %s", why)
+        why = fp8.second_look(a.fast.fp8, self.fast, self.train_ds.stats, a.train, lazy=a.data.lazy_preprocess,
+                              max_length=(2 if self.pairs else 1) * a.data.model_max_length,
+                              checkpointing=bool(self.resolved.gradient_checkpointing))
+        if why is not None:
+            self.fp8_layers.restore()  # the compiled layers compile again once, in bf16
+            self.fp8_layers = None
+            self.fast.fp8, self.fast.why["fp8"] = False, why
+            if self.env.is_main:
+                log.info("--fp8 auto: %s", why)
 
     def _fp8_pads(self) -> bool:
         """torchao pads the matmuls' inner dimension where a micro-batch's tokens may not be a multiple of 16:

@@ -49,6 +49,22 @@ class DataStats:
     truncated_ids: list[str] = field(default_factory=list)
 
 
+def log_stats(s: DataStats, label: str, unit: str, lazy: bool, max_length: int) -> None:
+    """The data's counts in the log: records (or pairs), tokens, truncations and records dropped."""
+    if lazy:
+        log.info("%s: %d records checked; tokenizing lazily (truncations are counted as they happen)", label,
+                 s.records)
+        return
+    log.info("%s: %d %s, %d tokens, %d of them supervised", label, s.records, unit, s.tokens, s.label_tokens)
+    if s.truncated:
+        shown = ", ".join(s.truncated_ids[:5]) + (" ..." if s.truncated > 5 else "")
+        log.warning("%s: %d record(s) longer than --model_max_length %d were truncated (ids: %s)", label,
+                    s.truncated, max_length, shown)
+    if s.dropped:
+        log.warning("%s: %d record(s) had no assistant token left after truncation and are skipped", label,
+                    s.dropped)
+
+
 class ChatEncoder:
     """Renders conversations with the chat template and labels the assistant turns."""
 

@@ -183,6 +183,22 @@ def row_tokens(capacity: int, step_tokens: float, sequence_parallel: int = 1) ->
     return int(min(step_tokens / rows, capacity) // max(sequence_parallel, 1))
 
 
+def second_look(given: str, fast, stats, train, *, lazy: bool, max_length: int, checkpointing: bool) -> str | None:
+    """Auto's second look from the run itself, once the memory probe has sized the rows: why FP8 goes back off,
+    or None. fast: the fast path's choices (its rows, packing and checkpointing); stats: the training data's
+    DataStats (a record's mean length; `max_length`, a sample's longest, when --lazy_preprocess has not counted
+    them); train: TrainFlags (records a step, sequence parallelism); checkpointing: --gradient_checkpointing as
+    set-up resolved it. Every rank sees the same rows and data, so every rank decides alike."""
+    mean = stats.tokens / stats.records if stats.records and stats.tokens and not lazy else max_length
+    mb, gas = train.per_device_train_batch_size, train.gradient_accumulation_steps
+    if fast.packing:
+        tokens = row_tokens(fast.packing_tokens or 0, mean * mb * gas, train.sequence_parallel_size)
+        source = f"{mb * gas} records of {mean:,.0f} tokens on average a step in rows of {fast.packing_tokens or 0:,}"
+    else:
+        tokens, source = int(mean * mb), f"{mb} records of {mean:,.0f} tokens on average, padded"
+    return short_rows(given, fast.fp8, tokens, source, bool(fast.gradient_checkpointing or checkpointing))
+
+
 def short_rows(given: str, on: bool, tokens: int, source: str, checkpointing: bool = False) -> str | None:
     """Auto's second look once the rows are sized: why FP8 goes back off (a GPU's micro-batch of `tokens` is
     under AUTO_MIN_ROW, or the probe turned gradient checkpointing on), or None to keep what decide() chose. `on`
