@@ -603,6 +603,9 @@ def run_ours_worker(name: str, cfg: dict, args, log_path: Path, extra_env: dict 
            "--save_strategy", "no", "--logging_steps", "1", "--seed", "42"]
     if shape != "tiny":
         cmd += ["--bf16", "--auto_memory_fraction", str(args.mem_fraction), "--auto_max_tokens", str(args.max_tokens)]
+        # bf16's figures (MFU on bf16's peak, the README's and the GPU proof's): --fp8 auto would run a 7B LoRA
+        # base in FP8 where torchao is installed (bench/fp8_worker.py measures that against bf16)
+        cmd += ["--fp8", "off"]
     if args.tokens:
         cmd += ["--packing_tokens", str(args.tokens)]
     if method in ("lora", "qlora"):
