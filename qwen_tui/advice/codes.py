@@ -63,23 +63,25 @@ ADVICE: dict[str, CodeDoc] = {
     "FP8_UNMEASURED": CodeDoc(
         "warning",
         "`training.fp8: on` for a mixture of experts, where FP8 was not measured (its experts are not linear layers "
-        "torchao converts): the estimate counts no change, and it may run slower, as every shape measured through "
+        "torchao converts): the estimate counts no change, and it may run slower, as most shapes measured through "
         "the worker did",
         "`training.fp8: auto`"),
     "FP8_TORCHAO": CodeDoc(
         "info / warning",
         "`training.fp8: auto` would run FP8 here but a node's probe found no torchao: every node stays bf16; a "
-        "warning when the other nodes have it. Silent while auto runs FP8 nowhere (through the worker it measured "
-        "slower than bf16 on every shape, bench/results/fp8_worker-2026-12-05-H100.md)",
+        "warning when the other nodes have it. Silent where auto would keep bf16 anyway (it runs FP8 only for a "
+        "7B-class LoRA base without DeepSpeed or checkpointing in rows of 8,192+ tokens, measured 1.10-1.12x: "
+        "bench/results/fp8_worker-2026-12-05-H100-rows.md)",
         "hint: `pip install torchao` (or qwen-tui's `[gpu]` extra) on the node"),
     "FP8_ON": CodeDoc(
         "warning / info",
-        "FP8 matmuls run on this preset (`training.fp8: on` on GPUs with FP8 tensor cores; auto runs them nowhere): "
-        "what converts and what stays bf16, the FP8/bf16 ratio measured through the worker that the estimate counts "
-        "(0.941x LoRA at the 7B shape, 0.799x full at the 1.5B and 0.916x at the 7B under ZeRO-3, "
-        "bench/results/fp8_worker-2026-12-05-H100*.md: a "
-        "warning, since it measured slower), and how the run proves FP8 engaged (converted layers, FP8 matmuls of "
-        "step 2, the loss checked against bf16 over the first 8 steps)",
+        "FP8 matmuls run on this preset (`training.fp8: on` on GPUs with FP8 tensor cores, or auto where it was "
+        "measured faster): what converts and what stays bf16, the FP8/bf16 ratio measured through the worker "
+        "nearest the run's shape that the estimate counts (1.10x for a 7B LoRA base in rows of 8,192, 0.94x in rows "
+        "of 4,096, 0.80-0.98x for 1.5B full; a gain within noise, or measured only at a larger size or in longer "
+        "rows, counts as none: bench/results/fp8_worker-2026-12-05-H100*.md; a warning where it measured slower), "
+        "and how the run proves FP8 engaged (converted layers, FP8 matmuls of step 2, the loss checked against bf16 "
+        "over the first 8 steps)",
         "`training.fp8: auto`"),
     "OFFLOAD_HOST_MEMORY": CodeDoc(
         "error / warning / info",

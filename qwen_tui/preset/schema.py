@@ -148,8 +148,9 @@ class Training(_Strict):
     precision: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="mixed-precision dtype; fp32 "
                                                        "on CPU")
     fp8: Literal["auto", "on", "off"] = Field(default="auto", description="FP8 matmuls (the worker's --fp8, "
-                                              "torchao): auto only where measured faster through the worker, "
-                                              "nowhere yet, so bf16; on runs it anyway; off")
+                                              "torchao): auto only where measured faster through the worker "
+                                              "(a 7B-class LoRA base without DeepSpeed or checkpointing, in rows "
+                                              "of 8,192+ tokens), else bf16; on runs it anyway; off")
     device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="auto: CUDA where the nodes have "
                                                    "GPUs, else CPU over gloo")
     model_max_length: int = Field(default=2048, ge=8, le=1_048_576, description="tokens a record may have; longer "

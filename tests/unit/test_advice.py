@@ -38,7 +38,7 @@ def test_clean_preset_has_no_advice():
     # checkpointing is needed at micro-batch 4 x 4096 tokens; without it the baseline would get CKPT_UNNEEDED.
     # ZeRO-2 would get ZERO_NOT_NEEDED: the model fits without it, and DeepSpeed turns the fast path off.
     p = preset(per_device_train_batch_size=4, gradient_accumulation_steps=2, model_max_length=4096, zero_stage=None)
-    # FP8's auto keeps a 7B on H100s in bf16 (through the worker it measured slower): nothing to say either
+    # FP8's auto keeps this 7B LoRA in bf16 (it trains with gradient checkpointing): nothing to say either
     assert advise(p, f) == [] and advise(p.with_changes({"training.fp8": "off"}), f) == []
 
 
