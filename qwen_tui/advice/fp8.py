@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from ..base.levels import Level
 from ..plan.estimate import RunShape
-from ..plan.estimate_time import FP8_MEASURED, fp8_measured, fp8_method, fp8_runs, fp8_speedup
+from ..plan.estimate_time import FP8_MEASURED, fp8_decision, fp8_method, fp8_runs
 from .core import Advice, Context, Fix, rule
 
 AUTO = Fix("FP8 auto (only where measured faster)", {"training.fp8": "auto"})
@@ -88,14 +88,12 @@ def fp8_on(c: Context) -> Iterable[Advice]:
     run = _run(c)
     if c.spec is None or c.cpu or c.gpu is None or not c.gpu.fp8 or c.spec.is_moe:
         return  # a mixture of experts: FP8_UNMEASURED
-    on, why = fp8_runs(c.spec, run, c.fp8_gpu, c.gpu.memory_gib, c.preset.world_size)
-    if not on:
+    d = fp8_decision(c.spec, run, c.fp8_gpu, c.gpu.memory_gib, c.preset.world_size)
+    if not d.on or d.measured is None:
         return
-    x = fp8_speedup(c.spec, run, c.fp8_gpu, c.gpu.memory_gib, c.preset.world_size)
-    method = fp8_method(run)
+    x, why, row, method = d.speedup, d.why, d.measured, fp8_method(run)
     what = ("the frozen base's linears of the decoder layers (LoRA's adapters stay bf16)" if method == "lora"
             else "the decoder layers' linears")
-    row = fp8_measured(c.spec, run, c.gpu.memory_gib, c.preset.world_size)
     who = "LoRA" if method == "lora" else "full fine-tuning"
     if x == 1.0:  # within noise, or measured faster only at a larger size or in longer rows
         verdict = (f"no faster: {row.ratio:.2f}x bf16's tokens/s through the worker for {who}, {row.shape} "

@@ -139,6 +139,7 @@ FP8_RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
 FP8_MEASURED = f"{FP8_RESULTS}-rows.md"
 FP8_PAYS_AT = 1.05  # bench/fp8_speed.py's PAYS_AT: below it a gain is within call-to-call noise
 FP8_MEMORY_FRACTION = 0.85  # the share of a GPU the worker's memory probe plans for (--auto_memory_fraction)
+FP8_MAX_ROW = 65536  # the longest row it picks (--auto_max_tokens)
 
 
 class Fp8Measured(NamedTuple):
@@ -174,9 +175,9 @@ def fp8_method(run: RunShape) -> str:
 
 def fp8_row_tokens(spec: ModelSpec, run: RunShape, gpu_gib: float | None, world: int = 1) -> tuple[int, int | None]:
     """(the most tokens a GPU's micro-batch can hold: a step's records packed, over the sequence-parallel group; the
-    tokens it holds in the rows the memory model sizes as the worker's probe would, None with no GPU memory given).
-    A step's records fill as few rows as hold them (training.fast.fp8.row_tokens). world: the GPUs ZeRO shards
-    over."""
+    tokens it holds in the rows the memory model sizes as the worker's probe would, at most FP8_MAX_ROW, None with
+    no GPU memory given). A step's records fill as few rows as hold them (training.fast.fp8.row_tokens). world:
+    the GPUs ZeRO shards over."""
     from .estimate import max_micro_batch
 
     sp = max(1, run.sequence_parallel)
@@ -185,19 +186,48 @@ def fp8_row_tokens(spec: ModelSpec, run: RunShape, gpu_gib: float | None, world:
     if gpu_gib is None:
         return bound, None
     unit = 1024  # rows counted in records of 1,024 tokens, as the probe's two rows are
-    capacity = unit * max_micro_batch(spec, run, world, gpu_gib * FP8_MEMORY_FRACTION, seq=unit, grad_accum=1,
-                                      gradient_checkpointing=run.gradient_checkpointing)
+    capacity = unit * max_micro_batch(spec, run, world, gpu_gib * FP8_MEMORY_FRACTION, limit=FP8_MAX_ROW // unit,
+                                      seq=unit, grad_accum=1, gradient_checkpointing=run.gradient_checkpointing)
     if capacity <= 0:
         return bound, 0
     rows = -(-step // capacity)
     return bound, int(min(step / rows, capacity)) // sp
 
 
-def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
-             world: int = 1) -> tuple[bool, str]:
-    """(the worker runs this run's matmuls in FP8, why), as its --fp8 decides from the preset and the GPU type
-    (fp8_gpu: FP8 tensor cores; None: unknown; gpu_gib: its memory, for the rows auto looks at). Where `on` cannot
-    run it is not run: the advice says so."""
+class Fp8Decision(NamedTuple):
+    on: bool  # the worker runs this run's matmuls in FP8
+    why: str
+    speedup: float  # what compute time is divided by (1: no change counted)
+    measured: Fp8Measured | None  # the measurement counted, where FP8 runs on a dense model
+
+
+def fp8_decision(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
+                 world: int = 1) -> Fp8Decision:
+    """What the worker's --fp8 does with this run, as it decides from the preset and the GPU type (fp8_gpu: FP8
+    tensor cores, None: unknown; gpu_gib: its memory, for the rows), and the ratio the step time counts. Where `on`
+    cannot run it is not run: the advice says so. The rows are sized once (the memory model's search)."""
+    rows: list[int] = []
+
+    def row() -> int:
+        if not rows:
+            bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
+            rows.append(modelled if modelled is not None else bound)
+        return rows[0]
+
+    on, why = _fp8_runs(spec, run, fp8_gpu, gpu_gib, world, rows)
+    if not on or spec.is_moe:
+        return Fp8Decision(on, why, 1.0, None)
+    m = fp8_measured(spec, run, row())
+    # A gain is counted only at or above the size and the rows it was measured at, without gradient checkpointing
+    # (as every case was), and only one past the measurements' noise (FP8_PAYS_AT).
+    gain = m.ratio > 1.0 and not (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or run.gradient_checkpointing
+                                  or row() < m.rows)
+    return Fp8Decision(on, why, m.ratio if m.ratio <= 1.0 or gain else 1.0, m)
+
+
+def _fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None, world: int,
+              rows: list[int]) -> tuple[bool, str]:
+    """(on, why) of fp8_decision; `rows` receives the modelled rows where auto sized them."""
     if run.fp8 == "off":
         return False, "off as set"
     if run.method == "qlora":
@@ -222,6 +252,7 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: floa
     if run.gradient_checkpointing:
         return False, "auto: measured without gradient checkpointing (the worker keeps bf16 with it)"
     bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
+    rows.append(modelled if modelled is not None else bound)
     if bound < FP8_AUTO_MIN_ROW:
         return False, (f"auto: a GPU's micro-batch holds at most {bound:,} tokens (a step's records), under the "
                        f"{FP8_AUTO_MIN_ROW:,} FP8 was measured faster from")
@@ -235,38 +266,29 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: floa
     return True, f"auto: hidden size {spec.hidden} without DeepSpeed, in rows of 8,192+ tokens, measured faster"
 
 
-def fp8_measured(spec: ModelSpec, run: RunShape, gpu_gib: float | None = None, world: int = 1) -> Fp8Measured:
-    """The measurement an FP8 run of this shape is counted at: its method's, under DeepSpeed or not as the run is
-    (either, where that was not measured), at the largest measured hidden size not above the model's (else the
-    smallest), in the longest measured rows not above the run's (else the shortest)."""
+def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
+             world: int = 1) -> tuple[bool, str]:
+    """(the worker runs this run's matmuls in FP8, why): fp8_decision's."""
+    return _fp8_runs(spec, run, fp8_gpu, gpu_gib, world, [])
+
+
+def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
+                world: int = 1) -> float:
+    """What compute time is divided by for FP8: fp8_decision's (under 1: slower than bf16; 1: no change)."""
+    return fp8_decision(spec, run, fp8_gpu, gpu_gib, world).speedup
+
+
+def fp8_measured(spec: ModelSpec, run: RunShape, row: int) -> Fp8Measured:
+    """The measurement an FP8 run of this shape, in rows of `row` tokens a GPU, is counted at: its method's, under
+    DeepSpeed or not as the run is (either, where that was not measured), at the largest measured hidden size not
+    above the model's (else the smallest), in the longest measured rows not above the run's (else the shortest)."""
     mine = [r for r in FP8_RATIOS if r.method == fp8_method(run)]
     ds = run.zero_stage is not None
     mine = [r for r in mine if r.deepspeed == ds] or mine
     hiddens = sorted({r.hidden for r in mine})
     hidden = next((h for h in reversed(hiddens) if h <= spec.hidden), hiddens[0])
     at = sorted((r for r in mine if r.hidden == hidden), key=lambda r: r.rows)
-    return next((r for r in reversed(at) if r.rows <= _fp8_row(spec, run, gpu_gib, world)), at[0])
-
-
-def _fp8_row(spec: ModelSpec, run: RunShape, gpu_gib: float | None, world: int) -> int:
-    bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
-    return modelled if modelled is not None else bound
-
-
-def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
-                world: int = 1) -> float:
-    """What compute time is divided by for FP8: the worker's measured ratio nearest the run's shape where FP8
-    runs on a dense model (under 1: slower than bf16), else 1. A gain is counted only at or above the size and the
-    rows it was measured at, without gradient checkpointing (as every case was), and only one past the measurements'
-    noise (FP8_PAYS_AT): a smaller model, shorter rows, checkpointing or a gain within noise count 1."""
-    on, _ = fp8_runs(spec, run, fp8_gpu, gpu_gib, world)
-    if not on or spec.is_moe:
-        return 1.0
-    m = fp8_measured(spec, run, gpu_gib, world)
-    if m.ratio > 1.0 and (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or run.gradient_checkpointing
-                          or _fp8_row(spec, run, gpu_gib, world) < m.rows):
-        return 1.0
-    return m.ratio
+    return next((r for r in reversed(at) if r.rows <= row), at[0])
 
 
 def path_efficiency(run: RunShape) -> float:
@@ -317,8 +339,8 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     Pt = spec.lora_params(run.lora_r, list(run.lora_targets)) if lora else P
     eff = effective_efficiency(run, efficiency, spec)
     fpt = flops_per_token(spec, run)
-    fp8_on, _ = fp8_runs(spec, run, fp8_gpu, gpu_gib, world)
-    fp8_x = fp8_speedup(spec, run, fp8_gpu, gpu_gib, world)
+    fp8 = fp8_decision(spec, run, fp8_gpu, gpu_gib, world)
+    fp8_on, fp8_x = fp8.on, fp8.speedup
     micro_compute = max(run.tokens * fpt / (gpu_tflops * 1e12 * eff * fp8_x), host_floor_s(spec.layers))
     micro_compute *= slowest_gpu_factor(world_size or nodes * g)  # the step waits for its slowest GPU
     compute = micro_compute * run.grad_accum
