@@ -120,7 +120,8 @@ CALL_S, INSTALL_S, BUDGET_S, STOP_WAIT_S, KILL_WAIT_S = 600, 20, 500, 30, 15
 SMOKE_STEPS, SMOKE_WARMUP, SMOKE_GUARD = 6, 3, 3
 # The plain loop's ratios (bench/results/fp8_speed-2026-12-05-H200.md), printed beside the worker's.
 LOOP_RATIOS = {"lora-7b": 1.257, "full-7b-zero3": 1.253, "full-1.5b": 1.035}
-LOOP_RATIOS.update({f"{k}-rows": v for k, v in LOOP_RATIOS.items()}, **{"lora-7b-zero2-rows": LOOP_RATIOS["lora-7b"]})
+LOOP_RATIOS.update({f"{k}-rows": v for k, v in LOOP_RATIOS.items()})
+LOOP_RATIOS["lora-7b-zero2-rows"] = LOOP_RATIOS["lora-7b"]
 
 
 # ------------------------------------------------------------------ inputs

@@ -206,70 +206,68 @@ def fp8_decision(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: 
     """What the worker's --fp8 does with this run, as it decides from the preset and the GPU type (fp8_gpu: FP8
     tensor cores, None: unknown; gpu_gib: its memory, for the rows), and the ratio the step time counts. Where `on`
     cannot run it is not run: the advice says so. The rows are sized once (the memory model's search)."""
-    rows: list[int] = []
-
-    def row() -> int:
-        if not rows:
-            bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
-            rows.append(modelled if modelled is not None else bound)
-        return rows[0]
-
-    on, why = _fp8_runs(spec, run, fp8_gpu, gpu_gib, world, rows)
+    on, why, row = _fp8_runs(spec, run, fp8_gpu, gpu_gib, world)
     if not on or spec.is_moe:
         return Fp8Decision(on, why, 1.0, None)
-    m = fp8_measured(spec, run, row())
+    if row is None:  # `on` as set: auto's checks, which size the rows, did not run
+        bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
+        row = modelled if modelled is not None else bound
+    m = fp8_measured(spec, run, row)
     # A gain is counted only at or above the size and the rows it was measured at, without gradient checkpointing
     # (as every case was), and only one past the measurements' noise (FP8_PAYS_AT).
     gain = m.ratio > 1.0 and not (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or run.gradient_checkpointing
-                                  or row() < m.rows)
+                                  or row < m.rows)
     return Fp8Decision(on, why, m.ratio if m.ratio <= 1.0 or gain else 1.0, m)
 
 
-def _fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None, world: int,
-              rows: list[int]) -> tuple[bool, str]:
-    """(on, why) of fp8_decision; `rows` receives the modelled rows where auto sized them."""
+def _fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None,
+              world: int) -> tuple[bool, str, int | None]:
+    """(on, why, the rows a GPU's micro-batch holds where auto sized them, else None) of fp8_decision."""
     if run.fp8 == "off":
-        return False, "off as set"
+        return False, "off as set", None
     if run.method == "qlora":
-        return False, "Q-LoRA's 4-bit base has no FP8 matmul"
+        return False, "Q-LoRA's 4-bit base has no FP8 matmul", None
     if run.precision != "bf16":
-        return False, "FP8 needs bf16 precision"
+        return False, "FP8 needs bf16 precision", None
     if not fp8_gpu:
-        return False, "the GPU type is unknown" if fp8_gpu is None else "the GPU has no FP8 tensor cores"
+        return False, "the GPU type is unknown" if fp8_gpu is None else "the GPU has no FP8 tensor cores", None
     if run.fp8 == "on":
-        return True, "on as set"
+        return True, "on as set", None
     if spec.is_moe:
-        return False, "auto: not measured on a mixture of experts"
+        return False, "auto: not measured on a mixture of experts", None
     if not run.compiled:
-        return False, "auto: measured with compiled layers only (extra_args say --no_compile)"
+        return False, "auto: measured with compiled layers only (extra_args say --no_compile)", None
     smallest = FP8_AUTO_ON_FROM.get(fp8_method(run))
     if smallest is None:
-        return False, "auto: full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B ZeRO-3 1.05x)"
+        return False, "auto: full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B ZeRO-3 1.05x)", \
+            None
     if run.zero_stage is not None:
-        return False, "auto: under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x)"
+        return False, "auto: under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x)", \
+            None
     if spec.hidden < smallest:
-        return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster"
+        return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster", None
     if run.gradient_checkpointing:
-        return False, "auto: measured without gradient checkpointing (the worker keeps bf16 with it)"
+        return False, "auto: measured without gradient checkpointing (the worker keeps bf16 with it)", None
     bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
-    rows.append(modelled if modelled is not None else bound)
+    row = modelled if modelled is not None else bound
     if bound < FP8_AUTO_MIN_ROW:
         return False, (f"auto: a GPU's micro-batch holds at most {bound:,} tokens (a step's records), under the "
-                       f"{FP8_AUTO_MIN_ROW:,} FP8 was measured faster from")
+                       f"{FP8_AUTO_MIN_ROW:,} FP8 was measured faster from"), None
     if modelled == 0:
         return False, ("auto: by the memory model not even a 1,024-token row fits this GPU without gradient "
-                       "checkpointing; the worker then turns checkpointing on and keeps bf16")
+                       "checkpointing; the worker then turns checkpointing on and keeps bf16"), None
     if modelled is not None and modelled < FP8_AUTO_MIN_ROW:
         return False, (f"auto: the memory model puts this GPU's rows at about {modelled:,} tokens, under "
                        f"{FP8_AUTO_MIN_ROW:,}; the worker's memory probe may size them longer and then runs FP8 "
-                       "(its log says), so the estimate counts bf16, not a gain the run may not get")
-    return True, f"auto: hidden size {spec.hidden} without DeepSpeed, in rows of 8,192+ tokens, measured faster"
+                       "(its log says), so the estimate counts bf16, not a gain the run may not get"), None
+    return True, f"auto: hidden size {spec.hidden} without DeepSpeed, in rows of 8,192+ tokens, measured faster", \
+        row
 
 
 def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
              world: int = 1) -> tuple[bool, str]:
     """(the worker runs this run's matmuls in FP8, why): fp8_decision's."""
-    return _fp8_runs(spec, run, fp8_gpu, gpu_gib, world, [])
+    return _fp8_runs(spec, run, fp8_gpu, gpu_gib, world)[:2]
 
 
 def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
