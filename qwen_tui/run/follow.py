@@ -50,7 +50,7 @@ def follow(la: Launcher, *, interval: float = 0.5, max_seconds: float | None = N
     while True:
         if cancelled():
             return
-        if la.stop_requested:
+        if la.stop_requested and not la.failing:  # a failure already named ends as one at the next step
             stopped, _ = yield from _stopping(la)
             yield snapshot(la, log_rank() if log_rank else None, log_lines)
             yield Ended(stopped)
@@ -96,6 +96,8 @@ class Stopped:
 def stop(la: Launcher) -> Stopped:
     """Stop every node of a running job now and record it (a job that ended meanwhile is left alone)."""
     ended = la.poll()  # every node may have written its exit code since
+    if ended is None and la.failing:  # a failure named at that look: recorded as the failure it is
+        ended = la.poll()
     if ended is not None:
         return Stopped(ended, [], already_ended=True)
     out, left = la.stop_and_record()
@@ -105,6 +107,8 @@ def stop(la: Launcher) -> Stopped:
 def stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, Stopped]:
     """stop(), saying how far each node is while it runs (`res = yield from stopping(la)`)."""
     ended = la.poll()
+    if ended is None and la.failing:
+        ended = la.poll()
     if ended is not None:
         return Stopped(ended, [], already_ended=True)
     out, left = yield from _stopping(la, every)

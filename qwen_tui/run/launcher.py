@@ -128,6 +128,7 @@ class Launcher:
         self._phases_lock = threading.Lock()
         self.monitor = RunMonitor(self)
         self.culprit = Culprit(self)  # which node a failure blames (run/culprit.py)
+        self._blamed: tuple | None = None  # the failure named at the last look, stopped at this one (poll)
         self.slurm = _job_watch(plan)  # SLURM's word on the job and its nodes, when SLURM gave them
 
     # ------------------------------------------------------------ start / attach
@@ -229,7 +230,12 @@ class Launcher:
 
     def poll(self) -> RunOutcome | None:
         """Refresh node states and metrics (run/watch/monitor.py: never decided from one failed read, never held
-        up by a node that does not answer). Returns the outcome once the run is over."""
+        up by a node that does not answer). Returns the outcome once the run is over.
+
+        A failure is named at one look and the nodes are stopped at the next: the faces show the notices that
+        named it first, not after a stop that waits out a connect timeout for each node that does not answer."""
+        if self._blamed is not None:
+            return self._end_failed(*self._blamed)
         self.monitor.look(self._check_node)
         said = self.slurm.look() if self.slurm is not None else None
         if said is not None:
@@ -246,29 +252,11 @@ class Launcher:
             self._record(out)
             return out
         if bad:
-            from ..cluster.failures import worker_error
-
             found = self.culprit.find(bad)
             if found is None:
                 return None  # survivors' errors only: the node that caused them shows itself within a grace
-            first, diag, tail = self.culprit.agree(*found)
-            self.stop_all()
-            why = first.error or (f"exited with code {first.rc}" if first.rc is not None
-                                  else "failed (seen first by another view of this run)")
-            msg = f"node {first.rank} ({first.label}) failed: {why}"
-            said = worker_error(tail)
-            if said is not None and diag is None:  # the worker refused its input: its own words say what
-                msg += f": {said}"
-            if diag is not None:
-                msg += f"; cause: {diag.cause}; fix: {diag.fix}"
-                if diag.code == "MACHINE_LOST":
-                    msg += f"\n  evidence: {diag.line}"
-            if tail:
-                msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
-            cause = first.cause or (diag.code if diag else None)
-            out = RunOutcome(RunState.FAILED, msg, first.rank, self.nodes, cause=cause)
-            self._record(out)
-            return out
+            self._blamed = self.culprit.agree(*found)
+            return None
         if all(s.status == JobState.OK for s in self.nodes.values()):
             self._read_all_metrics()
             end = self.metrics.progress.end
@@ -285,6 +273,34 @@ class Launcher:
             self._record(out)
             return out
         return None
+
+    @property
+    def failing(self) -> bool:
+        """A failure was named at the last look; the next poll() stops every node and records it."""
+        return self._blamed is not None
+
+    def _end_failed(self, first, diag, tail) -> RunOutcome:
+        """Stop every node and record the failure blamed on `first` (what the last look named)."""
+        from ..cluster.failures import worker_error
+
+        self._blamed = None
+        self.stop_all()
+        why = first.error or (f"exited with code {first.rc}" if first.rc is not None
+                              else "failed (seen first by another view of this run)")
+        msg = f"node {first.rank} ({first.label}) failed: {why}"
+        said = worker_error(tail)
+        if said is not None and diag is None:  # the worker refused its input: its own words say what
+            msg += f": {said}"
+        if diag is not None:
+            msg += f"; cause: {diag.cause}; fix: {diag.fix}"
+            if diag.code == "MACHINE_LOST":
+                msg += f"\n  evidence: {diag.line}"
+        if tail:
+            msg += "\n  last log lines:\n" + "\n".join("    " + ln for ln in tail[-10:])
+        cause = first.cause or (diag.code if diag else None)
+        out = RunOutcome(RunState.FAILED, msg, first.rank, self.nodes, cause=cause)
+        self._record(out)
+        return out
 
     def _stopped_elsewhere(self) -> bool:
         """Whether a stop of this attempt was asked for in the run directory (stop_and_record writes it first)."""
@@ -365,10 +381,10 @@ class Launcher:
         """One look at the run: its outcome once it has ended, else None. A requested stop ends it
         (every node stopped, recorded), and so does time.monotonic() passing `deadline` (the run's
         `max_seconds`, named in the message). What wait() and run.api.follow() repeat."""
-        if self._stop_requested.is_set():
+        if self._stop_requested.is_set() and not self.failing:  # a failure already named is recorded as one
             return self.stop_and_record()[0]
         out = self.poll()
-        if out is None and deadline is not None and time.monotonic() > deadline:
+        if out is None and not self.failing and deadline is not None and time.monotonic() > deadline:
             self.stop_all()
             out = RunOutcome(RunState.FAILED, f"run did not finish within {max_seconds:g}s", None, self.nodes)
             self._record(out)

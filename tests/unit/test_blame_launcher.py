@@ -12,6 +12,8 @@ import yaml
 from qwen_tui.nodes.transport.local import LocalTransport
 from qwen_tui.plan.launch import make_plan
 from qwen_tui.preset.schema import Preset
+from qwen_tui.run.events import Ended, Snapshot
+from qwen_tui.run.follow import follow, stop
 from qwen_tui.run.launcher import Launcher
 from qwen_tui.run.rundir import RunDir
 from qwen_tui.run.states import JobState
@@ -71,3 +73,31 @@ def test_past_the_grace_the_first_node_that_lost_a_peer_is_named(tmp_path, monke
     la.culprit._survivors_since -= blame.CAUSE_GRACE_S + 1  # the grace is over and node 1 still answers
     st, d, _ = la.culprit.find([la.nodes[0], la.nodes[2]])
     assert st.rank == 0 and d.code == "CONN_RESET"
+
+
+def test_a_failure_is_shown_at_the_look_that_names_it_and_the_nodes_are_stopped_at_the_next(tmp_path, monkeypatch):
+    """A stop can wait out a connect timeout for each node that does not answer: the faces get the look that named
+    the failure (its node's state, the monitor's notices) before it, not after."""
+    la = _launcher(tmp_path, n=2)
+    la.nodes[0].status = JobState.RUNNING
+    _fail(la, 1, "ValueError: something of this node's own")
+    stops: list[dict] = []
+    real_stop = la.stop_all
+    monkeypatch.setattr(la, "stop_all", lambda *a, **k: stops.append(dict(la.nodes)) or real_stop(*a, **k))
+    events = follow(la, interval=0.01)
+    named = next(events)
+    assert isinstance(named, Snapshot) and named.nodes[1][0] == JobState.FAILED and la.failing and not stops
+    rest = list(events)
+    assert len(stops) == 1 and not la.failing
+    ended = rest[-1]
+    assert isinstance(ended, Ended) and ended.outcome.status == "failed" and ended.outcome.failed_rank == 1
+    assert "node 1 (localhost) failed" in ended.outcome.message
+
+
+def test_a_stop_asked_for_at_the_look_that_named_a_failure_records_the_failure(tmp_path):
+    la = _launcher(tmp_path, n=2)
+    la.nodes[0].status = JobState.RUNNING
+    _fail(la, 1, "ValueError: something of this node's own")
+    got = stop(la)
+    assert got.already_ended and got.outcome.status == "failed" and got.outcome.failed_rank == 1, got
+    assert la.run_dir.read_state()["status"] == "failed"
