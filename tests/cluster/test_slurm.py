@@ -46,8 +46,8 @@ def _nothing_left(cluster, bound: float = 60.0) -> dict:
 
 
 def test_a_submitted_run_pends_behind_another_job_then_trains_to_completed(cluster, slurm, field, tmp_path):
-    blocker = slurm.client("sbatch", "--parsable", "-N3", "--exclusive", "--job-name=other-users-job", "--wrap",
-                           "sleep 600").stdout.strip()
+    blocker = slurm.client("sbatch", "--parsable", "-N3", "--exclusive", "--job-name=other-users-job",
+                           "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()  # no slurm-N.out in the cwd
     rp = field.replay(slurm_preset(field, "submitted"), tmp_path / "replay.log", env=slurm.env)
     try:
         rp.wait_for("PENDING with SLURM's reason", lambda: re.search(r"PENDING \((Resources|Priority)\)", rp.text()),

@@ -32,7 +32,8 @@ async def test_a_wizard_launch_pends_with_slurms_reason_and_its_stop_cancels_the
         "network": {"backend": "gloo", "master_port": 29543},
         "training": {"model": "builtin:tiny", "data": "builtin:demo-chat", "device": "cpu", "precision": "fp32",
                      "zero_stage": None, "max_steps": 2, "output_dir": str(tmp_path / "out")}}), path)
-    blocker = slurm.client("sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 600").stdout.strip()
+    blocker = slurm.client("sbatch", "--parsable", "-N3", "--exclusive", "--output=/dev/null", "--wrap",
+                           "sleep 600").stdout.strip()  # no slurm-N.out in the cwd
     try:
         app = WizardApp(str(path), runs_root=str(tmp_path / "runs"), reattach=False)
         async with app.run_test(size=(160, 48)) as pilot:
