@@ -93,11 +93,16 @@ class Stopped:
     already_ended: bool = False
 
 
+def _ended(la: Launcher) -> RunOutcome | None:
+    """The outcome if the job ended meanwhile (every node may have written its exit code since the last look); a
+    failure this look names is recorded as the failure it is, not as a stop."""
+    ended = la.poll()
+    return la.poll() if ended is None and la.failing else ended
+
+
 def stop(la: Launcher) -> Stopped:
     """Stop every node of a running job now and record it (a job that ended meanwhile is left alone)."""
-    ended = la.poll()  # every node may have written its exit code since
-    if ended is None and la.failing:  # a failure named at that look: recorded as the failure it is
-        ended = la.poll()
+    ended = _ended(la)
     if ended is not None:
         return Stopped(ended, [], already_ended=True)
     out, left = la.stop_and_record()
@@ -106,9 +111,7 @@ def stop(la: Launcher) -> Stopped:
 
 def stopping(la: Launcher, every: float = 0.25) -> Generator[Stopping, None, Stopped]:
     """stop(), saying how far each node is while it runs (`res = yield from stopping(la)`)."""
-    ended = la.poll()
-    if ended is None and la.failing:
-        ended = la.poll()
+    ended = _ended(la)
     if ended is not None:
         return Stopped(ended, [], already_ended=True)
     out, left = yield from _stopping(la, every)
