@@ -24,7 +24,7 @@ Step time (`estimate_step`, `scaling`)
   tokens/s) and at LoRA's speed under ZeRO-2 and ZeRO-3 (the engine's bf16
   adapters). A micro-batch never takes less than its host needs to issue it
   (estimate_comm.host_floor_s): tiny models are host-bound.
-- FP8 (the worker's --fp8, `training.fp8`; fp8_runs decides as the worker does
+- FP8 (the worker's --fp8, `training.fp8`; fp8_decision decides as the worker does
   from the preset, the GPU type and its memory): through the worker on one H100
   (bench/results/fp8_worker-2026-12-05-H100*.md) 7B LoRA ran 1.10-1.12x of bf16
   in the rows its memory probe sized (8,192 tokens), 0.94x in rows of 4,096 and
@@ -270,12 +270,6 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: floa
     return _fp8_runs(spec, run, fp8_gpu, gpu_gib, world)[:2]
 
 
-def fp8_speedup(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: float | None = None,
-                world: int = 1) -> float:
-    """What compute time is divided by for FP8: fp8_decision's (under 1: slower than bf16; 1: no change)."""
-    return fp8_decision(spec, run, fp8_gpu, gpu_gib, world).speedup
-
-
 def fp8_measured(spec: ModelSpec, run: RunShape, row: int) -> Fp8Measured:
     """The measurement an FP8 run of this shape, in rows of `row` tokens a GPU, is counted at: its method's, under
     DeepSpeed or not as the run is (either, where that was not measured), at the largest measured hidden size not
@@ -323,7 +317,7 @@ def estimate_step(spec: ModelSpec, training: Any, nodes: int, gpus_per_node: int
     world_size: the real number of GPUs when nodes differ (2 + 1 GPUs: 3); default nodes x gpus_per_node.
     efficiency: model FLOPs utilisation of bf16 matmuls (None: the worker path's, see path_efficiency).
     fp8_gpu: the GPU has FP8 tensor cores (None: unknown): where the worker's --fp8 runs FP8, compute time is divided
-    by the worker's measured FP8/bf16 ratio (fp8_speedup; under 1: FP8 measured slower). gpu_gib: a GPU's memory,
+    by the worker's measured FP8/bf16 ratio (fp8_decision's speedup; under 1: FP8 measured slower). gpu_gib: a GPU's memory,
     for the rows FP8's auto looks at (None: unknown).
     """
     from .estimate_comm import host_floor_s, intra_kind, slowest_gpu_factor, step_comm

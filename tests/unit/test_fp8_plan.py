@@ -127,7 +127,7 @@ def test_the_estimate_counts_fp8_where_the_worker_runs_it_at_the_ratio_measured_
     run = est.RunShape.of(preset(model=model, **training).training)
     on, why = est_time.fp8_runs(spec, run, gpu, gib, 8)
     assert on is runs, why
-    assert est_time.fp8_speedup(spec, run, gpu, gib, 8) == x
+    assert est_time.fp8_decision(spec, run, gpu, gib, 8).speedup == x
 
 
 def test_auto_says_why_it_keeps_bf16_naming_the_rows():
