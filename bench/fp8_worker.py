@@ -26,6 +26,8 @@ picks the longest row the GPU holds, as a user's run gets by default), with more
   full-1.5b-rows     full-1.5b with 32 records a step
   full-7b-zero3-rows full-7b-zero3 with 8 records a step
   lora-7b-zero2-rows lora-7b-rows under DeepSpeed ZeRO-2 (torchrun, one process): qwen-tui's default strategy
+  lora-7b-ckpt-rows  lora-7b with --gradient_checkpointing and 24 records a step (the probe's rows are then longer
+                     than a step's records: one row a step)
 
 Every model is random-init (--random_init) with the tiny built-in tokenizer's vocabulary (1,024): the embedding
 and the LM head, which stay bf16 under FP8, are then negligible, so the ratio is the decoder's (the real vocabulary's
@@ -103,6 +105,8 @@ CASES = {
                                est_s=260),
     "lora-7b-zero2-rows": dict(shape="7b", method="lora", zero=2, layers=None, records=16, seq=1024, row=None,
                                lr=5e-4, est_s=380),
+    "lora-7b-ckpt-rows": dict(shape="7b", method="lora", zero=None, layers=None, records=24, seq=1024, row=None,
+                              lr=5e-4, est_s=300, ckpt=True),
 }
 DEFAULT_CASES = ("lora-7b", "full-7b-zero3", "full-1.5b")
 SMOKE_CASES = {
@@ -210,6 +214,8 @@ def worker_cmd(case: dict, model_dir: Path, data: Path, out: Path, fp8: str, ste
         cmd += ["--use_lora", "--lora_r", "64", "--lora_alpha", "16", "--lora_dropout", "0.05"]
     if case["zero"]:
         cmd += ["--deepspeed", f"builtin:zero{case['zero']}"]
+    if case.get("ckpt"):
+        cmd += ["--gradient_checkpointing"]
     if smoke:
         cmd += ["--compile"]  # traced by aot_eager (TRAINING_COMPILE_BACKEND), as the GPU compiles with Inductor
     launcher = [sys.executable]
@@ -265,6 +271,8 @@ def run_arm(name: str, arm: str, cmd: list[str], out: Path, steps: int, warmup: 
     res = {"arm": arm, "wall_s": round(wall, 1), "rc": proc.returncode, "stop": why}
     res.update(summarise(recs, steps, warmup))
     cut_by_budget(res, steps)
+    log.flush()
+    res["probes"] = probe_lines(log.name, name, arm)
     if res["status"] != "ok":
         log.flush()
         res["log_tail"] = tail_of(log.name, name, arm)
@@ -277,10 +285,22 @@ def cut_by_budget(res: dict, steps: int) -> None:
         res.update(status="cut", error=f"cut at the budget after {res['steps_recorded']} of {steps} steps")
 
 
-def tail_of(log_path: str, name: str, arm: str, n: int = 25) -> list[str]:
+def _arm_lines(log_path: str, name: str, arm: str) -> list[str]:
     lines = Path(log_path).read_text(errors="replace").splitlines()
     start = max((i for i, ln in enumerate(lines) if ln.startswith(f"===== {name} {arm}:")), default=0)
-    return [ln[:300] for ln in lines[start:][-n:]]
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("===== ")), len(lines))
+    return lines[start:end]  # up to the next arm's header
+
+
+def tail_of(log_path: str, name: str, arm: str, n: int = 25) -> list[str]:
+    return [ln[:300] for ln in _arm_lines(log_path, name, arm)[-n:]]
+
+
+def probe_lines(log_path: str, name: str, arm: str) -> list[str]:
+    """The worker's memory probe as it logged it (the peaks it measured, the rows it planned): what the rows cases
+    show of the sizing."""
+    return [ln[ln.index("auto micro-batch"):][:400] for ln in _arm_lines(log_path, name, arm)
+            if "auto micro-batch" in ln]
 
 
 def summarise(recs: list[dict], steps: int, warmup: int) -> dict:
@@ -333,7 +353,7 @@ def auto_decision(case: dict, device, smoke: bool) -> dict:
     try:
         on, why = decide("auto", method=case["method"], model_config=model_config(case), device=device, bf16=True,
                          compiled=not smoke or device.type == "cuda", moe=False, deepspeed=bool(case["zero"]),
-                         rows=case["row"])
+                         rows=case["row"], checkpointing=bool(case.get("ckpt")))
     except InputError as e:  # auto never raises; said rather than lost if it ever does
         on, why = False, f"error: {e}"
     return {"on": on, "why": why}
@@ -440,6 +460,9 @@ def markdown(doc: dict) -> str:
         if rows:
             how = "as given" if c.get("row") else "sized by the worker's memory probe"
             lines.append(f"- {c['case']}: rows {how}: " + "; ".join(rows))
+        for arm, r in c.get("arms", {}).items():
+            for ln in r.get("probes") or []:
+                lines.append(f"- {c['case']} {arm}: {ln}")
         if c.get("auto"):
             lines.append(f"- {c['case']}: --fp8 auto here: {c['auto']['why']}")
     return "\n".join(lines) + "\n"

@@ -426,6 +426,76 @@ def test_token_budget_from_two_probes():
     assert not tight.fits and tight.tokens == 0  # not one 2048-token record: checkpointing is needed
 
 
+GIB, MIB = 2**30, 2**20
+
+
+def _fp8_full_peak(tokens: int) -> float:
+    """A step's peak as the largest of two moments, shaped like FP8 full fine-tuning of a 1.5B model on an H100: a
+    moment that hardly grows with the row (the weights' FP8 casts) is the largest in rows of 1,024 and 2,048 tokens
+    (9.85 and 9.90 GiB: 0.05 MiB a token between them); the activations' (0.9 MiB a token) from about 7,000 on."""
+    return max(9.80 * GIB + 0.05 * MIB * tokens, 4.0 * GIB + 0.9 * MIB * tokens)
+
+
+def test_a_plan_reaching_far_past_its_probes_is_measured_again_nearer_to_it():
+    """Two small rows see only the flat moment and promise 65,536 tokens, which would need 73 GiB of the 67.7 the
+    fraction allows; the confirming probes (16,384 and 32,768 tokens: half the plan, at most 8 times the largest
+    probe) find the activations' slope and size rows that fit."""
+    total, extra, fraction = 79.65 * GIB, 11.5 * GIB, 0.85
+    two = autobatch.plan_from_probes(1024, _fp8_full_peak(1024), 2048, _fp8_full_peak(2048), total, extra, 1024,
+                                     fraction)
+    assert two.tokens == 65536 and _fp8_full_peak(two.tokens) + extra > fraction * total  # the old plan overflowed
+    asked = []
+
+    def measure(c):
+        asked.append(c)
+        return _fp8_full_peak(c)
+
+    plan, points = autobatch.plan_by_probing(measure, 1024, total, extra, fraction)
+    assert asked == [1024, 2048, 16384, 32768] and [c for c, _ in points] == asked
+    assert _fp8_full_peak(plan.tokens) + extra <= fraction * total
+    assert _fp8_full_peak(plan.tokens + 1024) + extra > fraction * total * 0.99  # and not much shorter
+    assert abs(plan.bytes_per_token - 0.9 * MIB) < 1
+
+
+def test_memory_that_grows_evenly_needs_no_more_probes_and_plans_the_same():
+    def linear(c):
+        return 20 * GIB + 5 * MIB * c
+
+    asked = []
+    plan, points = autobatch.plan_by_probing(lambda c: asked.append(c) or linear(c), 2048, 100 * GIB, 10 * GIB,
+                                             0.9)
+    assert asked == [2048, 4096] and len(points) == 2  # the plan (12,288) is within 4x the largest probe
+    assert plan.tokens == autobatch.plan_from_probes(2048, linear(2048), 4096, linear(4096), 100 * GIB,
+                                                     10 * GIB, 2048, 0.9).tokens
+    far, far_points = autobatch.plan_by_probing(lambda c: 1 * GIB + 0.1 * MIB * c, 1024, 80 * GIB, 0.0)
+    assert [c for c, _ in far_points] == [1024, 2048, 16384, 32768]  # the cap hides how far it reaches: measured
+    assert far.tokens == 65536  # the confirming probes agree: the cap
+
+
+def test_every_rank_runs_the_probes_any_rank_asks_for():
+    """Under ZeRO a probe is a collective step: a rank whose own plan needs no confirming probe runs the one
+    another rank asks for (agree gives the largest), and none runs where every rank agrees on none (0)."""
+    asked = []
+
+    def other_rank_wants(c):
+        return max(c, 8192)  # another rank asks for a probe of 8,192 tokens
+
+    autobatch.plan_by_probing(lambda c: asked.append(c) or 20 * GIB + 5 * MIB * c, 2048, 100 * GIB, 10 * GIB, 0.9,
+                              agree=other_rank_wants)
+    assert asked[:3] == [2048, 4096, 8192]
+    asked.clear()
+    autobatch.plan_by_probing(lambda c: asked.append(c) or _fp8_full_peak(c), 1024, 79.65 * GIB, 11.5 * GIB,
+                              agree=lambda c: 0)
+    assert asked == [1024, 2048]
+
+
+def test_probes_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="each larger"):
+        autobatch.plan_from_points([(2048, 1.0), (2048, 2.0)], 80 * GIB, 0.0, 1024)
+    with pytest.raises(ValueError, match="two or more"):
+        autobatch.plan_from_points([(2048, 1.0)], 80 * GIB, 0.0, 1024)
+
+
 def _h200_plan(gib_2048: float, gib_4096: float, states_gib: float) -> "autobatch.Plan":
     gib = 2**30
     return autobatch.plan_from_probes(2048, gib_2048 * gib, 4096, gib_4096 * gib, 139.8 * gib, states_gib * gib,

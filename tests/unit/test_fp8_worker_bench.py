@@ -29,6 +29,7 @@ def test_every_case_gives_the_worker_flags_it_accepts(name):
         assert flags.fast.fp8 == fp8 and flags.train.bf16 and flags.fast.packing_tokens == case["row"]
         assert (cmd[1:3] == ["-m", "torch.distributed.run"]) == bool(case["zero"])
         assert flags.train.deepspeed == (f"builtin:zero{case['zero']}" if case["zero"] else None)
+        assert flags.train.gradient_checkpointing == (True if case.get("ckpt") else None)
         if case["row"]:
             assert case["row"] % case["seq"] == 0 and (case["records"] * case["seq"]) % case["row"] == 0
         else:  # the worker's memory probe sizes the rows, as a user's run gets them
@@ -41,6 +42,22 @@ def test_the_default_cases_are_known_and_each_sized_case_has_a_probed_twin():
         twin = fw.CASES[f"{name}-rows"]
         assert twin["row"] is None and twin["shape"] == fw.CASES[name]["shape"]
         assert fw.LOOP_RATIOS[f"{name}-rows"] == fw.LOOP_RATIOS[name]
+
+
+def test_the_probe_an_arm_logged_is_read_from_its_own_part_of_the_log(tmp_path):
+    log = tmp_path / "fp8_worker.log"
+    log.write_text("===== full-1.5b-rows bf16: python -m training.finetune\n"
+                   "[rank0] auto micro-batch probes: 1024 tokens -> 9.00 GiB peak, 2048 tokens -> 9.90 GiB peak\n"
+                   "===== full-1.5b-rows fp8: python -m training.finetune\n"
+                   "12:00:01 INFO auto micro-batch probes: 1024 tokens -> 9.88 GiB peak, 2048 tokens -> 9.93 GiB "
+                   "peak, 16384 tokens -> 18.40 GiB peak\n"
+                   "12:00:02 INFO auto micro-batch: 0.90 MiB a token, 15.5 GiB fixed -> packed rows of 59392 tokens\n")
+    fp8 = fw.probe_lines(str(log), "full-1.5b-rows", "fp8")
+    assert fp8 == ["auto micro-batch probes: 1024 tokens -> 9.88 GiB peak, 2048 tokens -> 9.93 GiB peak, "
+                   "16384 tokens -> 18.40 GiB peak",
+                   "auto micro-batch: 0.90 MiB a token, 15.5 GiB fixed -> packed rows of 59392 tokens"]
+    assert fw.probe_lines(str(log), "full-1.5b-rows", "bf16") == [
+        "auto micro-batch probes: 1024 tokens -> 9.00 GiB peak, 2048 tokens -> 9.90 GiB peak"]
 
 
 def test_the_data_has_records_of_exactly_the_asked_length(tmp_path, tiny_model):

@@ -259,7 +259,8 @@ def pack_step(items, capacity: int, pad_id: int, pad_multiple: int, max_segment:
 
 def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, autocast, fraction: float,
                  max_tokens: int, engine=None):
-    """Two forward+backward probes of packed rows of full-length records; returns training.fast.autobatch.Plan.
+    """Forward+backward probes of packed rows of full-length records (two, and up to two more where the plan
+    reaches far past them: autobatch.plan_by_probing); returns training.fast.autobatch.Plan.
     The rows are the loss module's own (FastLoss.probe_row): chat records for SFT, pairs of two full-length
     answers for DPO (whose head keeps float32 log-probabilities a chunk at a time and recomputes them in the
     backward), so the probes measure the step that trains; their sizes are one and two of the loss module's
@@ -285,10 +286,13 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
         (s * 0.0).backward()
         loss_module.zero_grad(set_to_none=True)
 
+    def agree(tokens: int) -> int:  # every rank runs the same probes (each is a collective step under ZeRO)
+        return int(dist.all_reduce_max(torch.tensor([float(tokens)], dtype=torch.float64, device=device)).item())
+
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         return autobatch.probe_plan(loss_module.model, run, device, max_segment * loss_module.SEQUENCES,
-                                    fraction=fraction,
+                                    fraction=fraction, agree=agree,
                                     max_tokens=max_tokens, states_built=engine is not None,
                                     optimizer=_torch_optimizer_of(engine) if engine is not None else None,
                                     optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)

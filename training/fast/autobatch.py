@@ -3,7 +3,12 @@
 Two probe micro-batches (forward and backward, no optimizer step, gradients dropped after) of
 c1 and c2 tokens measure the peak memory; activation memory grows linearly in the tokens of a
 micro-batch (attention is flash/varlen, linear too), so the two peaks give bytes per token and
-the fixed part. Adding the optimizer states that are not there yet (AdamW: two per trainable
+the fixed part. A peak is the largest of several moments of the step, though, and in small rows a
+moment that does not grow with the row can be the largest (FP8 full fine-tuning's weight casts: two
+rows of a 1.5B model peaked at 9.88 and 9.93 GiB, 0.06 MiB a token, where its rows take 0.9): the
+slope of two small rows then promises far longer rows than fit. So where the plan reaches well past
+the probes (confirm_size), one or two more probes at up to half of it measure the slope there, and the
+plan takes the steepest slope measured, through the largest probe (plan_from_points). Adding the optimizer states that are not there yet (AdamW: two per trainable
 parameter) gives the token budget that fills `fraction` of the device. The rows are the training
 step's own (the loss module's probe_row: DPO probes rows of pairs through its DPO head and loss), and
 the smallest is one sample of the longest allowed length (a record; DPO: a pair, two answers). If
@@ -32,15 +37,60 @@ def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: 
                      seq_len: int, fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 128) -> Plan:
     """Token budget from two probe peaks (bytes at c1 and c2 tokens); a multiple of `multiple`, at most
     max_tokens, at least seq_len when it fits at all."""
-    if c2 <= c1:
-        raise ValueError("the second probe must be larger than the first")
-    per_token = max((peak2 - peak1) / (c2 - c1), 1.0)
-    fixed = peak1 - per_token * c1 + extra_bytes
+    return plan_from_points([(c1, peak1), (c2, peak2)], total_bytes, extra_bytes, seq_len, fraction, max_tokens,
+                            multiple)
+
+
+def plan_from_points(points: list[tuple[int, float]], total_bytes: float, extra_bytes: float, seq_len: int,
+                     fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 128) -> Plan:
+    """Token budget from probe peaks [(tokens, bytes)], in increasing tokens: the steepest slope between
+    neighbouring probes, drawn through the largest probe (memory that grows faster in longer rows is never
+    extrapolated from the shorter ones)."""
+    if len(points) < 2 or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+        raise ValueError("the probes must be two or more, each larger than the one before")
+    per_token = max(max((p2 - p1) / (c2 - c1) for (c1, p1), (c2, p2) in zip(points, points[1:])), 1.0)
+    c_last, peak_last = points[-1]
+    fixed = peak_last - per_token * c_last + extra_bytes
     room = fraction * total_bytes - fixed
     tokens = int(room // per_token) if room > 0 else 0
     tokens = min(tokens, max_tokens) // multiple * multiple
     fits = tokens >= seq_len
     return Plan(tokens=max(tokens, seq_len) if fits else 0, bytes_per_token=per_token, fixed_bytes=fixed, fits=fits)
+
+
+CONFIRM_REACH = 4  # a plan reaching this many times past the largest probe is measured again nearer to it
+CONFIRM_STEP = 8  # a confirming probe is at most this many times the largest before it
+MAX_PROBES = 4
+
+
+def confirm_size(plan: Plan, largest: int, seq_len: int) -> int:
+    """The tokens of one more probe where `plan` reaches far past the largest probe so far (0: none): half the
+    plan (memory to spare should the slope there be steeper, as it may), at most CONFIRM_STEP times the largest
+    probe, whole records of seq_len tokens (the probe's rows hold whole records)."""
+    if not plan.fits or plan.tokens < CONFIRM_REACH * largest:
+        return 0
+    tokens = min(plan.tokens // 2, CONFIRM_STEP * largest) // seq_len * seq_len
+    return tokens if tokens >= 2 * largest else 0
+
+
+def plan_by_probing(measure, seq_len: int, total_bytes: float, extra_bytes: float, fraction: float = 0.85,
+                    max_tokens: int = 65536, agree=None) -> tuple[Plan, list[tuple[int, float]]]:
+    """(plan, the probes [(tokens, peak bytes)]): measure(tokens) -> the peak bytes of a forward and backward of a
+    packed row of that many tokens; two probes of one and two records, then confirming ones while the plan
+    reaches far past them (confirm_size), at most MAX_PROBES. agree(tokens) -> the tokens every rank probes next
+    (the largest any rank asks for: a probe is a collective step under ZeRO, every rank runs the same ones);
+    None: this rank alone."""
+    points = [(c, measure(c)) for c in (seq_len, 2 * seq_len)]
+    plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
+    while len(points) < MAX_PROBES:
+        more = confirm_size(plan, points[-1][0], seq_len)
+        if agree is not None:
+            more = agree(more)
+        if more <= points[-1][0]:
+            break
+        points.append((more, measure(more)))
+        plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
+    return plan, points
 
 
 # Rows shorter than this leave each micro-batch's fixed cost (ZeRO-3 gathers every weight and reduces every
@@ -82,33 +132,35 @@ def lazy_state_bytes(optimizer, params=None, count_host: bool = False) -> int:
 
 
 def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536,
-               states_built: bool = False, optimizer=None, optimizer_params=None) -> Plan:
+               states_built: bool = False, optimizer=None, optimizer_params=None, agree=None) -> Plan:
     """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads.
     states_built: the optimizer exists already (a DeepSpeed engine builds it with its fp32 partitions and
     gradient buffers), so the probes measure those; `optimizer` (the torch optimizer the engine steps) then says
-    which Adam states are still to come for `optimizer_params` (lazy_state_bytes), added to the fixed part."""
+    which Adam states are still to come for `optimizer_params` (lazy_state_bytes), added to the fixed part.
+    agree: as plan_by_probing's."""
     import torch
 
-    peaks = []
-    sizes = (seq_len, 2 * seq_len)
     if states_built:
         # An engine allocates some buffers at its first backward (ZeRO-2's partitioned gradients, ZeRO-3's
         # reduce buckets): one unmeasured probe first, so they count as fixed, not as a cost per token.
         run_probe(seq_len)
-    for c in sizes:
+
+    def measure(c: int) -> float:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         run_probe(c)
         torch.cuda.synchronize(device)
-        peaks.append(torch.cuda.max_memory_allocated(device))
+        return float(torch.cuda.max_memory_allocated(device))
+
     total = torch.cuda.get_device_properties(device).total_memory
     if states_built:
         extra = lazy_state_bytes(optimizer, optimizer_params) if optimizer is not None else 0
     else:
         extra = optimizer_state_bytes(model)
+    plan, points = plan_by_probing(measure, seq_len, total, extra, fraction, max_tokens, agree)
     # The raw peaks behind the plan: what to read first when a run's rows look short for its memory.
     log.info("auto micro-batch probes: %s", ", ".join(
-        f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in zip(sizes, peaks)) + f"; optimizer states still to "
+        f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in points) + f"; optimizer states still to "
         f"come {extra / 2**30:.2f} GiB")
-    return plan_from_probes(sizes[0], peaks[0], sizes[1], peaks[1], total, extra, seq_len, fraction, max_tokens)
+    return plan
