@@ -26,8 +26,8 @@ picks the longest row the GPU holds, as a user's run gets by default), with more
   full-1.5b-rows     full-1.5b with 32 records a step
   full-7b-zero3-rows full-7b-zero3 with 8 records a step
   lora-7b-zero2-rows lora-7b-rows under DeepSpeed ZeRO-2 (torchrun, one process): qwen-tui's default strategy
-  lora-7b-ckpt-rows  lora-7b with --gradient_checkpointing and 24 records a step (the probe's rows are then longer
-                     than a step's records: one row a step)
+  lora-7b-ckpt-rows  lora-7b-rows with --gradient_checkpointing (the probe's rows are then longer than a step's
+                     16 records: one row a step)
 
 Every model is random-init (--random_init) with the tiny built-in tokenizer's vocabulary (1,024): the embedding
 and the LM head, which stay bf16 under FP8, are then negligible, so the ratio is the decoder's (the real vocabulary's
@@ -105,8 +105,8 @@ CASES = {
                                est_s=260),
     "lora-7b-zero2-rows": dict(shape="7b", method="lora", zero=2, layers=None, records=16, seq=1024, row=None,
                                lr=5e-4, est_s=380),
-    "lora-7b-ckpt-rows": dict(shape="7b", method="lora", zero=None, layers=None, records=24, seq=1024, row=None,
-                              lr=5e-4, est_s=300, ckpt=True),
+    "lora-7b-ckpt-rows": dict(shape="7b", method="lora", zero=None, layers=None, records=16, seq=1024, row=None,
+                              lr=5e-4, est_s=250, ckpt=True),
 }
 DEFAULT_CASES = ("lora-7b", "full-7b-zero3", "full-1.5b")
 SMOKE_CASES = {
