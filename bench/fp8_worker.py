@@ -107,6 +107,8 @@ CASES = {
                                lr=5e-4, est_s=380),
     "lora-7b-ckpt-rows": dict(shape="7b", method="lora", zero=None, layers=None, records=16, seq=1024, row=None,
                               lr=5e-4, est_s=250, ckpt=True),
+    "full-7b-zero3-ckpt-rows": dict(shape="7b", method="full", zero=3, layers=12, records=8, seq=1024, row=None,
+                                    lr=2e-5, est_s=240, ckpt=True),
 }
 DEFAULT_CASES = ("lora-7b", "full-7b-zero3", "full-1.5b")
 SMOKE_CASES = {
@@ -353,7 +355,7 @@ def auto_decision(case: dict, device, smoke: bool) -> dict:
     try:
         on, why = decide("auto", method=case["method"], model_config=model_config(case), device=device, bf16=True,
                          compiled=not smoke or device.type == "cuda", moe=False, deepspeed=bool(case["zero"]),
-                         rows=case["row"], checkpointing=bool(case.get("ckpt")))
+                         rows=case["row"])
     except InputError as e:  # auto never raises; said rather than lost if it ever does
         on, why = False, f"error: {e}"
     return {"on": on, "why": why}

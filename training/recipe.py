@@ -145,7 +145,7 @@ class FinetuneRecipe:
         self.fast.fp8, self.fast.why["fp8"] = fp8.decide(
             a.fast.fp8, method=self.method, model_config=self.model_config, device=self.device,
             bf16=bool(a.train.bf16), compiled=self.fast.compile, moe=moe.moe_shape(self.model_config) is not None,
-            deepspeed=bool(a.train.deepspeed), checkpointing=self.resolved.gradient_checkpointing is True,
+            deepspeed=bool(a.train.deepspeed),
             rows=a.fast.packing_tokens // a.train.sequence_parallel_size if a.fast.packing_tokens else None)
         sequence_parallel.check_shape(a.train.sequence_parallel_size, env.world_size, self.model_config)
         sequence_parallel.check_fast_path(a.train.sequence_parallel_size, a.fast, self.fast)
@@ -374,8 +374,7 @@ class FinetuneRecipe:
         if self.fp8_layers is None:
             return
         why = fp8.second_look(a.fast.fp8, self.fast, self.train_ds.stats, a.train, lazy=a.data.lazy_preprocess,
-                              max_length=(2 if self.pairs else 1) * a.data.model_max_length,
-                              checkpointing=bool(self.resolved.gradient_checkpointing))
+                              max_length=(2 if self.pairs else 1) * a.data.model_max_length)
         if why is not None:
             self.fp8_layers.restore()  # the compiled layers compile again once, in bf16
             self.fp8_layers = None

@@ -28,9 +28,9 @@ Step time (`estimate_step`, `scaling`)
   from the preset, the GPU type and its memory): through the worker on one H100
   (bench/results/fp8_worker-2026-12-05-H100*.md) 7B LoRA ran 1.10-1.12x of bf16
   in the rows its memory probe sized (8,192 tokens), 0.94x in rows of 4,096 and
-  1.03x under ZeRO-2; full fine-tuning 0.80-1.05x. So auto runs FP8 for a LoRA
-  base from the 7B hidden size on, without DeepSpeed or checkpointing, in rows
-  of 8,192+ tokens; where FP8 runs on a dense model, compute time is divided by
+  1.03x under ZeRO-2; full fine-tuning 0.80-1.05x; on one H200 with gradient
+  checkpointing 7B LoRA ran 1.21x (-H200-ckpt.md). So auto runs FP8 for a LoRA
+  base from the 7B hidden size on, without DeepSpeed, in rows of 8,192+ tokens; where FP8 runs on a dense model, compute time is divided by
   the ratio measured nearest its shape (FP8_RATIOS), for a mixture of experts by
   1 (not measured). Memory is counted as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
@@ -124,9 +124,13 @@ def flops_per_token(spec: ModelSpec, run: RunShape) -> float:
 # FP8 against bf16 through the worker on one H100, tokens/s of its fast path with compiled layers and tensorwise
 # scaling (bench/fp8_worker.py, results in FP8_RESULTS*): 7B LoRA on a frozen FP8 base 1.102x and 1.124x in the rows
 # its memory probe sized (8,192-8,320 tokens), 0.941x in rows of 4,096, 1.034x under ZeRO-2; 1.5B full 0.980x in
-# its probe's rows, 0.799x in rows of 8,192; the 7B layer shape in full under ZeRO-3 1.047x and 0.916x. The worker's
+# its probe's rows, 0.799x in rows of 8,192; the 7B layer shape in full under ZeRO-3 1.047x and 0.916x. On one H200
+# with gradient checkpointing (its recomputed forward in FP8 too): 7B LoRA 1.208x and 1.211x in rows of 16,384
+# (FP8_MEASURED_CKPT, and -probe-ckpt), the 7B layer shape in full under ZeRO-3 1.082x (not counted: auto keeps bf16
+# under DeepSpeed, whose all-gather stays bf16 and was measured on one GPU only). The worker's
 # --fp8 auto (training/fast/fp8.py, whose AUTO_ON_FROM, AUTO_MIN_ROW and MEASURED tests/unit/test_fp8_plan.py holds
-# equal to these) turns FP8 on for LoRA's frozen base from the 7B hidden size on, without DeepSpeed, and, once its
+# equal to these) turns FP8 on for LoRA's frozen base from the 7B hidden size on, with or without checkpointing,
+# without DeepSpeed, and, once its
 # probe has sized the rows, only where a GPU's micro-batch holds 8,192 tokens or more. The estimate follows it; the
 # rows it cannot know before the probe it takes from the memory model (fp8_row_tokens), which puts more memory on a
 # token than the worker's fast path uses (8.9 MiB against 6.5 measured for 7B LoRA): where the model's rows fall
@@ -137,6 +141,7 @@ FP8_AUTO_ON_FROM: dict[str, int] = {"lora": 3584}
 FP8_AUTO_MIN_ROW = 8192
 FP8_RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
 FP8_MEASURED = f"{FP8_RESULTS}-rows.md"
+FP8_MEASURED_CKPT = "bench/results/fp8_worker-2026-12-05-H200-ckpt.md"
 FP8_PAYS_AT = 1.05  # bench/fp8_speed.py's PAYS_AT: below it a gain is within call-to-call noise
 FP8_MEMORY_FRACTION = 0.85  # the share of a GPU the worker's memory probe plans for (--auto_memory_fraction)
 FP8_MAX_ROW = 65536  # the longest row it picks (--auto_max_tokens)
@@ -151,6 +156,7 @@ class Fp8Measured(NamedTuple):
     shape: str  # the shape measured, as the advice names it
     case: str  # bench/fp8_worker.py's case
     source: str  # the results file
+    checkpointing: bool = False  # measured with gradient checkpointing
 
 
 FP8_RATIOS = (
@@ -165,6 +171,8 @@ FP8_RATIOS = (
                 f"{FP8_RESULTS}-zero3.md"),
     Fp8Measured("full", 3584, 8192, True, 1.047, "7B (ZeRO-3) in rows of 8,192", "full-7b-zero3-rows",
                 f"{FP8_RESULTS}-rows-full.md"),
+    Fp8Measured("lora", 3584, 16384, False, 1.208, "7B with gradient checkpointing in rows of 16,384, on an H200",
+                "lora-7b-ckpt-rows", FP8_MEASURED_CKPT, checkpointing=True),
 )
 
 
@@ -213,10 +221,10 @@ def fp8_decision(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: 
         bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
         row = modelled if modelled is not None else bound
     m = fp8_measured(spec, run, row)
-    # A gain is counted only at or above the size and the rows it was measured at, without gradient checkpointing
-    # (as every case was), and only one past the measurements' noise (FP8_PAYS_AT).
-    gain = m.ratio > 1.0 and not (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or run.gradient_checkpointing
-                                  or row < m.rows)
+    # A gain is counted only at or above the size and the rows it was measured at, with gradient checkpointing as
+    # it was measured (on or off), and only one past the measurements' noise (FP8_PAYS_AT).
+    gain = m.ratio > 1.0 and not (m.ratio < FP8_PAYS_AT or spec.hidden < m.hidden or row < m.rows
+                                  or bool(run.gradient_checkpointing) != m.checkpointing)
     return Fp8Decision(on, why, m.ratio if m.ratio <= 1.0 or gain else 1.0, m)
 
 
@@ -246,8 +254,6 @@ def _fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: flo
             None
     if spec.hidden < smallest:
         return False, f"auto: hidden size {spec.hidden} is under {smallest}, the smallest measured faster", None
-    if run.gradient_checkpointing:
-        return False, "auto: measured without gradient checkpointing (the worker keeps bf16 with it)", None
     bound, modelled = fp8_row_tokens(spec, run, gpu_gib, world)
     row = modelled if modelled is not None else bound
     if bound < FP8_AUTO_MIN_ROW:
@@ -255,7 +261,8 @@ def _fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: flo
                        f"{FP8_AUTO_MIN_ROW:,} FP8 was measured faster from"), None
     if modelled == 0:
         return False, ("auto: by the memory model not even a 1,024-token row fits this GPU without gradient "
-                       "checkpointing; the worker then turns checkpointing on and keeps bf16"), None
+                       "checkpointing; the worker then turns it on and runs FP8 where its rows hold 8,192 tokens "
+                       "(its log says), so the estimate counts bf16, not a gain the run may not get"), None
     if modelled is not None and modelled < FP8_AUTO_MIN_ROW:
         return False, (f"auto: the memory model puts this GPU's rows at about {modelled:,} tokens, under "
                        f"{FP8_AUTO_MIN_ROW:,}; the worker's memory probe may size them longer and then runs FP8 "
@@ -272,11 +279,13 @@ def fp8_runs(spec: ModelSpec, run: RunShape, fp8_gpu: bool | None, gpu_gib: floa
 
 def fp8_measured(spec: ModelSpec, run: RunShape, row: int) -> Fp8Measured:
     """The measurement an FP8 run of this shape, in rows of `row` tokens a GPU, is counted at: its method's, under
-    DeepSpeed or not as the run is (either, where that was not measured), at the largest measured hidden size not
+    DeepSpeed or not and with gradient checkpointing or not as the run is (either, where that was not measured),
+    at the largest measured hidden size not
     above the model's (else the smallest), in the longest measured rows not above the run's (else the shortest)."""
     mine = [r for r in FP8_RATIOS if r.method == fp8_method(run)]
     ds = run.zero_stage is not None
     mine = [r for r in mine if r.deepspeed == ds] or mine
+    mine = [r for r in mine if r.checkpointing == bool(run.gradient_checkpointing)] or mine
     hiddens = sorted({r.hidden for r in mine})
     hidden = next((h for h in reversed(hiddens) if h <= spec.hidden), hiddens[0])
     at = sorted((r for r in mine if r.hidden == hidden), key=lambda r: r.rows)

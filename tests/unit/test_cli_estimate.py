@@ -115,9 +115,10 @@ def test_the_shipped_7b_lora_presets_get_the_advice_the_readme_says(capsys):
     assert ddp["step"]["fp8"] is False and ddp["step"]["fp8_speedup"] == 1.0
     zero2 = run_json(capsys, REPO / "presets" / "qwen2.5-7b-lora-2node-zero2.yaml", "--gpu", "H100",
                      "--bus-gbps", "400")
-    # ZeRO-2 keeps the worker's fast path (0.95x plain DDP measured): only the checkpointing is advised against
+    # ZeRO-2 keeps the worker's fast path (0.95x plain DDP measured) but its matmuls in bf16, where plain DDP with
+    # its checkpointing runs FP8's auto (1.21x measured with checkpointing): both are advised against
     codes = {a["code"] for a in zero2["advice"]}
-    assert "CKPT_UNNEEDED" in codes and "ZERO_NOT_NEEDED" not in codes
+    assert {"CKPT_UNNEEDED", "ZERO_NOT_NEEDED"} <= codes
     assert ddp["tokens_per_second"] > zero2["tokens_per_second"]
 
 

@@ -4,17 +4,18 @@ Two probe micro-batches (forward and backward, no optimizer step, gradients drop
 c1 and c2 tokens measure the peak memory; activation memory grows linearly in the tokens of a
 micro-batch (attention is flash/varlen, linear too), so the two peaks give bytes per token and
 the fixed part. A peak is the largest of several moments of the step, though, and in small rows a
-moment that does not grow with the row can be the largest (FP8 full fine-tuning's weight casts: two
-rows of a 1.5B model peaked at 9.88 and 9.93 GiB, 0.06 MiB a token, where its rows take 0.9): the
-slope of two small rows then promises far longer rows than fit. So where the plan reaches well past
-the probes (confirm_size), one or two more probes at up to half of it measure the slope there, and the
-plan takes the steepest slope measured, through the largest probe (plan_from_points). Adding the optimizer states that are not there yet (AdamW: two per trainable
+moment that does not grow with the row can be the largest (FP8 full fine-tuning of a 1.5B model: rows
+of 1,024 and 2,048 tokens peaked at 9.88 and 9.93 GiB, 0.06 MiB a token, where rows of 16,384 and
+32,768 take 1.6 on an H200): the slope of two small rows then promises far longer rows than fit. So
+where the plan reaches past the probes (confirm_size), one or two more probes nearer to it measure the
+slope there, and the plan takes the steepest slope measured, through the largest probe
+(plan_from_points). Adding the optimizer states that are not there yet (AdamW: two per trainable
 parameter) gives the token budget that fills `fraction` of the device. The rows are the training
 step's own (the loss module's probe_row: DPO probes rows of pairs through its DPO head and loss), and
 the smallest is one sample of the longest allowed length (a record; DPO: a pair, two answers). If
-not even that fits, gradient checkpointing is needed: the caller turns it on
-and probes again; it does the same when rows would be short without it (worth_checkpointing). With compiled layers the worker compiles them before probing, so the probes measure
-what training will use.
+not even that fits, gradient checkpointing is needed: the caller turns it on and probes again; it
+does the same when rows would be short without it (worth_checkpointing). With compiled layers the
+worker compiles them before probing, so the probes measure what training will use.
 """
 
 from __future__ import annotations
@@ -58,32 +59,34 @@ def plan_from_points(points: list[tuple[int, float]], total_bytes: float, extra_
     return Plan(tokens=max(tokens, seq_len) if fits else 0, bytes_per_token=per_token, fixed_bytes=fixed, fits=fits)
 
 
-CONFIRM_REACH = 4  # a plan reaching this many times past the largest probe is measured again nearer to it
 CONFIRM_STEP = 8  # a confirming probe is at most this many times the largest before it
+CONFIRM_GROWTH = 1.25  # and at least this many times it (closer probes read the allocator's rounding as a slope)
 MAX_PROBES = 4
 
 
-def confirm_size(plan: Plan, largest: int, seq_len: int) -> int:
-    """The tokens of one more probe where `plan` reaches far past the largest probe so far (0: none): half the
-    plan (memory to spare should the slope there be steeper, as it may), at most CONFIRM_STEP times the largest
-    probe, whole records of seq_len tokens (the probe's rows hold whole records)."""
-    if not plan.fits or plan.tokens < CONFIRM_REACH * largest:
+def confirm_size(plan: Plan, largest: int, seq_len: int, first: bool = True) -> int:
+    """The tokens of one more probe where `plan` reaches past the largest probe so far (0: none), in whole records
+    of seq_len tokens (the probe's rows hold whole records). The first is at half the plan (memory to spare where
+    the slope of two small rows was far too shallow, as FP8's was), a later one at three quarters (the slope is
+    then measured in long rows); either at most CONFIRM_STEP and at least CONFIRM_GROWTH times the largest."""
+    if not plan.fits:
         return 0
-    tokens = min(plan.tokens // 2, CONFIRM_STEP * largest) // seq_len * seq_len
-    return tokens if tokens >= 2 * largest else 0
+    share = 0.5 if first else 0.75
+    tokens = int(min(plan.tokens * share, CONFIRM_STEP * largest)) // seq_len * seq_len
+    return tokens if tokens >= CONFIRM_GROWTH * largest else 0
 
 
 def plan_by_probing(measure, seq_len: int, total_bytes: float, extra_bytes: float, fraction: float = 0.85,
                     max_tokens: int = 65536, agree=None) -> tuple[Plan, list[tuple[int, float]]]:
     """(plan, the probes [(tokens, peak bytes)]): measure(tokens) -> the peak bytes of a forward and backward of a
     packed row of that many tokens; two probes of one and two records, then confirming ones while the plan
-    reaches far past them (confirm_size), at most MAX_PROBES. agree(tokens) -> the tokens every rank probes next
+    reaches past them (confirm_size), at most MAX_PROBES. agree(tokens) -> the tokens every rank probes next
     (the largest any rank asks for: a probe is a collective step under ZeRO, every rank runs the same ones);
     None: this rank alone."""
     points = [(c, measure(c)) for c in (seq_len, 2 * seq_len)]
     plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
     while len(points) < MAX_PROBES:
-        more = confirm_size(plan, points[-1][0], seq_len)
+        more = confirm_size(plan, points[-1][0], seq_len, first=len(points) == 2)
         if agree is not None:
             more = agree(more)
         if more <= points[-1][0]:

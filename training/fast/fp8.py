@@ -5,7 +5,8 @@ decide()        --fp8 auto|on|off for this run: (on, why); an explicit `on` that
                 (no GPU of compute capability 8.9+, no torchao, Q-LoRA, no --bf16), and `auto` is on only for a
                 method and hidden size measured faster through the worker (AUTO_ON_FROM), without DeepSpeed,
                 saying why it stays off elsewhere: LoRA's frozen base from the 7B shape on (1.10-1.12x in rows of
-                8,192 tokens, MEASURED); full fine-tuning and DeepSpeed runs measured no faster
+                8,192 tokens, MEASURED; 1.21x with gradient checkpointing, MEASURED_CKPT); full fine-tuning and
+                DeepSpeed runs measured no faster
 short_rows()    auto's second look, once the memory probe has sized the rows: FP8 back off where a GPU's
                 micro-batch holds fewer than AUTO_MIN_ROW tokens (the same 7B LoRA ran 0.94x in rows of 4,096)
 select()        which linears convert: every nn.Linear inside the decoder layers but a mixture of experts'
@@ -48,17 +49,19 @@ log = logging.getLogger("training")
 # the same under DeepSpeed ZeRO-2 1.034x (-rows-zero2), 1.5B full fine-tuning 0.980x and the 7B layer shape in full
 # under ZeRO-3 1.047x (-rows-full), the loss within 0.7% of bf16's over 50 steps in all but 1.5B full (5.2% apart at
 # step 23). In rows of 4,096 tokens the same 7B LoRA ran 0.941x (fp8_worker-2026-12-05-H100.md): the FP8 step's
-# host side then outlasts its GPU work. So auto turns FP8 on for LoRA's frozen base from the 7B hidden size on
-# (AUTO_ON_FROM: method -> smallest hidden size measured faster), without DeepSpeed, where a GPU's micro-batch holds
+# host side then outlasts its GPU work. On one H200, with gradient checkpointing (whose recomputed forward runs its
+# matmuls in FP8 too), the same 7B LoRA ran 1.211x and 1.208x in two calls (rows of 16,384 tokens, MEASURED_CKPT and
+# -probe-ckpt), 1.156x without it (-H200-rows); the 7B layer shape in full under ZeRO-3 with checkpointing 1.082x.
+# So auto turns FP8 on for LoRA's frozen base from the 7B hidden size on (AUTO_ON_FROM: method -> smallest hidden
+# size measured faster), with or without checkpointing, without DeepSpeed, where a GPU's micro-batch holds
 # AUTO_MIN_ROW tokens or more; everything else stays bf16 unless --fp8 on.
 AUTO_ON_FROM: dict[str, int] = {"lora": 3584}
 AUTO_MIN_ROW = 8192
 RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
 MEASURED = f"{RESULTS}-rows.md"
+MEASURED_CKPT = "bench/results/fp8_worker-2026-12-05-H200-ckpt.md"
 MEASURED_ON = (f"7B LoRA ran 1.10-1.12x of bf16 through the worker in rows of 8,192 tokens on an H100 ({MEASURED}, "
-               "and -rows-again)")
-CHECKPOINTING = ("FP8 was measured faster without gradient checkpointing only (the memory probe turns it on where "
-                 "rows would be short: then FP8 would not pay anyway)")
+               f"and -rows-again), 1.21x with gradient checkpointing in rows of 16,384 on an H200 ({MEASURED_CKPT})")
 NOT_FASTER = {"full": f"full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B under ZeRO-3 1.05x: "
                       f"{RESULTS}-rows-full.md)",
               "deepspeed": f"under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x: "
@@ -97,12 +100,10 @@ def torch_version() -> tuple[int, int]:
 
 
 def decide(given: str, *, method: str, model_config: dict, device: torch.device, bf16: bool, compiled: bool,
-           moe: bool, deepspeed: bool = False, rows: int | None = None, checkpointing: bool = False
-           ) -> tuple[bool, str]:
+           moe: bool, deepspeed: bool = False, rows: int | None = None) -> tuple[bool, str]:
     """(FP8 on, why) for --fp8 `given`. method: full, lora or qlora; compiled: the decoder layers are compiled
-    (the fast path's --compile); moe: a mixture of experts; deepspeed: the run is under DeepSpeed; checkpointing:
-    --gradient_checkpointing was given (the probe may still turn it on: short_rows looks again); rows: the
-    tokens a GPU's micro-batch holds where known before the memory probe (--packing_tokens), else None (auto then
+    (the fast path's --compile); moe: a mixture of experts; deepspeed: the run is under DeepSpeed (gradient
+    checkpointing, given or turned on by the memory probe, changes nothing: MEASURED_CKPT); rows: the tokens a GPU's micro-batch holds where known before the memory probe (--packing_tokens), else None (auto then
     looks again once they are known: short_rows). Raises InputError where `on` cannot run."""
     if given == "off":
         return False, "off as given"
@@ -147,8 +148,6 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
         if hidden < smallest:
             return no(f"hidden size {hidden} is under {smallest}, the smallest measured faster through the worker "
                       f"({MEASURED}); --fp8 on runs it anyway")
-        if checkpointing:
-            return no(f"{CHECKPOINTING}; --fp8 on runs it anyway")
         if rows is not None and rows < AUTO_MIN_ROW:
             return no(rows_why(rows, "--packing_tokens"))
     version, why_not = torchao_version()
@@ -183,12 +182,12 @@ def row_tokens(capacity: int, step_tokens: float, sequence_parallel: int = 1) ->
     return int(min(step_tokens / rows, capacity) // max(sequence_parallel, 1))
 
 
-def second_look(given: str, fast, stats, train, *, lazy: bool, max_length: int, checkpointing: bool) -> str | None:
+def second_look(given: str, fast, stats, train, *, lazy: bool, max_length: int) -> str | None:
     """Auto's second look from the run itself, once the memory probe has sized the rows: why FP8 goes back off,
-    or None. fast: the fast path's choices (its rows, packing and checkpointing); stats: the training data's
+    or None. fast: the fast path's choices (its rows and packing); stats: the training data's
     DataStats (a record's mean length; `max_length`, a sample's longest, when --lazy_preprocess has not counted
-    them); train: TrainFlags (records a step, sequence parallelism); checkpointing: --gradient_checkpointing as
-    set-up resolved it. Every rank sees the same rows and data, so every rank decides alike."""
+    them); train: TrainFlags (records a step, sequence parallelism). Every rank sees the same rows and data, so
+    every rank decides alike."""
     mean = stats.tokens / stats.records if stats.records and stats.tokens and not lazy else max_length
     mb, gas = train.per_device_train_batch_size, train.gradient_accumulation_steps
     if fast.packing:
@@ -196,18 +195,16 @@ def second_look(given: str, fast, stats, train, *, lazy: bool, max_length: int, 
         source = f"{mb * gas} records of {mean:,.0f} tokens on average a step in rows of {fast.packing_tokens or 0:,}"
     else:
         tokens, source = int(mean * mb), f"{mb} records of {mean:,.0f} tokens on average, padded"
-    return short_rows(given, fast.fp8, tokens, source, bool(fast.gradient_checkpointing or checkpointing))
+    return short_rows(given, fast.fp8, tokens, source)
 
 
-def short_rows(given: str, on: bool, tokens: int, source: str, checkpointing: bool = False) -> str | None:
+def short_rows(given: str, on: bool, tokens: int, source: str) -> str | None:
     """Auto's second look once the rows are sized: why FP8 goes back off (a GPU's micro-batch of `tokens` is
-    under AUTO_MIN_ROW, or the probe turned gradient checkpointing on), or None to keep what decide() chose. `on`
-    runs whatever the rows."""
-    if given != "auto" or not on:
+    under AUTO_MIN_ROW), or None to keep what decide() chose. `on` runs whatever the rows. Checkpointing, which the
+    probe may have turned on, changes nothing: FP8 was measured faster with it too (MEASURED_CKPT)."""
+    if given != "auto" or not on or tokens >= AUTO_MIN_ROW:
         return None
-    if checkpointing:
-        return f"off: {CHECKPOINTING}; --fp8 on runs it anyway"
-    return None if tokens >= AUTO_MIN_ROW else rows_why(tokens, source)
+    return rows_why(tokens, source)
 
 
 # ---------------------------------------------------------------- which layers
