@@ -414,14 +414,14 @@ def test_token_budget_from_two_probes():
     gib = 2**30
     # fixed 20 GiB, 5 MiB per token, 100 GiB device, 10 GiB of optimizer states still to come
     per_tok = 5 * 2**20
-    p = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+    p = autobatch.plan_from_points([(2048, 20 * gib + 2048 * per_tok), (4096, 20 * gib + 4096 * per_tok)],
                                    100 * gib, 10 * gib, seq_len=2048, fraction=0.9)
     want = int((90 * gib - 30 * gib) // per_tok) // 128 * 128
     assert p.fits and p.tokens == want and abs(p.bytes_per_token - per_tok) < 1
-    capped = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+    capped = autobatch.plan_from_points([(2048, 20 * gib + 2048 * per_tok), (4096, 20 * gib + 4096 * per_tok)],
                                         100 * gib, 10 * gib, seq_len=2048, fraction=0.9, max_tokens=8192)
     assert capped.tokens == 8192
-    tight = autobatch.plan_from_probes(2048, 20 * gib + 2048 * per_tok, 4096, 20 * gib + 4096 * per_tok,
+    tight = autobatch.plan_from_points([(2048, 20 * gib + 2048 * per_tok), (4096, 20 * gib + 4096 * per_tok)],
                                        35 * gib, 10 * gib, seq_len=2048, fraction=0.9)
     assert not tight.fits and tight.tokens == 0  # not one 2048-token record: checkpointing is needed
 
@@ -445,7 +445,7 @@ def test_a_plan_reaching_far_past_its_probes_is_measured_again_nearer_to_it():
     confirming probes (16,384: half the plan, at most 8 times the largest probe; then 26,624, three quarters of
     the next plan) find the activations' slope and size rows that fit in the fraction asked for."""
     fraction = 0.85
-    two = autobatch.plan_from_probes(1024, _fp8_full_peak(1024), 2048, _fp8_full_peak(2048), H100_BYTES, STATES,
+    two = autobatch.plan_from_points([(1024, _fp8_full_peak(1024)), (2048, _fp8_full_peak(2048))], H100_BYTES, STATES,
                                      1024, fraction)
     assert two.tokens == 65536 and _fp8_full_peak(two.tokens) + STATES > H100_BYTES  # the old plan: out of memory
     asked = []
@@ -470,7 +470,7 @@ def test_memory_that_grows_evenly_is_confirmed_and_planned_the_same():
                                              0.9)
     # the plan (12,288) reaches past 4,096: half of it (6,144), then three quarters of it (8,192 in whole records)
     assert asked == [2048, 4096, 6144, 8192]
-    assert plan.tokens == autobatch.plan_from_probes(2048, linear(2048), 4096, linear(4096), 100 * GIB,
+    assert plan.tokens == autobatch.plan_from_points([(2048, linear(2048)), (4096, linear(4096))], 100 * GIB,
                                                      10 * GIB, 2048, 0.9).tokens
     asked.clear()
     near, _ = autobatch.plan_by_probing(lambda c: asked.append(c) or linear(c), 4096, 100 * GIB, 10 * GIB, 0.9)
@@ -506,7 +506,7 @@ def test_probes_out_of_order_are_refused():
 
 def _h200_plan(gib_2048: float, gib_4096: float, states_gib: float) -> "autobatch.Plan":
     gib = 2**30
-    return autobatch.plan_from_probes(2048, gib_2048 * gib, 4096, gib_4096 * gib, 139.8 * gib, states_gib * gib,
+    return autobatch.plan_from_points([(2048, gib_2048 * gib), (4096, gib_4096 * gib)], 139.8 * gib, states_gib * gib,
                                       seq_len=2048, fraction=0.9, max_tokens=49152)  # bench/train_speed.py's
 
 

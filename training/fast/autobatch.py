@@ -34,14 +34,6 @@ class Plan:
     fits: bool  # at least one longest record fits
 
 
-def plan_from_probes(c1: int, peak1: float, c2: int, peak2: float, total_bytes: float, extra_bytes: float,
-                     seq_len: int, fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 128) -> Plan:
-    """Token budget from two probe peaks (bytes at c1 and c2 tokens); a multiple of `multiple`, at most
-    max_tokens, at least seq_len when it fits at all."""
-    return plan_from_points([(c1, peak1), (c2, peak2)], total_bytes, extra_bytes, seq_len, fraction, max_tokens,
-                            multiple)
-
-
 def plan_from_points(points: list[tuple[int, float]], total_bytes: float, extra_bytes: float, seq_len: int,
                      fraction: float = 0.85, max_tokens: int = 65536, multiple: int = 128) -> Plan:
     """Token budget from probe peaks [(tokens, bytes)], in increasing tokens: the steepest slope between
