@@ -275,10 +275,10 @@ class FastFlags:
                     "Hopper, Blackwell); not with --q_lora. The log and metrics.jsonl say how many layers were converted "
                     "and how many FP8 matmuls a profiled early step ran, and the first --fp8_guard_steps steps "
                     "compare the FP8 loss with bf16's on the same batch. Default auto: on only where it was measured "
-                    "faster through the worker: a LoRA base of the 7B hidden size or wider, without --deepspeed or "
-                    "gradient checkpointing, once the rows hold 8,192+ tokens a GPU (1.10-1.12x of bf16 on an H100; "
-                    "0.94x in rows of 4,096, 0.98-1.05x for full fine-tuning and under DeepSpeed), else off, saying "
-                    "why; on: FP8 or a clear error")
+                    "faster through the worker: a LoRA base of the 7B hidden size or wider, without --deepspeed, "
+                    "once the rows hold 8,192+ tokens a GPU (1.10-1.12x of bf16 on an H100; 1.21x with gradient "
+                    "checkpointing on an H200; 0.94x in rows of 4,096, 0.98-1.05x for full fine-tuning and under "
+                    "DeepSpeed), else off, saying why; on: FP8 or a clear error")
     fp8_guard_steps: int = flag(8, metavar="N", help="with FP8 on: the first N optimizer steps also compute the "
                                 "first micro-batch's loss with the FP8 layers run in bf16 (a no-grad forward, "
                                 "eager), and compare; past --fp8_parity_bound, --fp8 auto goes back to bf16 and "

@@ -149,7 +149,7 @@ class Training(_Strict):
                                                        "on CPU")
     fp8: Literal["auto", "on", "off"] = Field(default="auto", description="FP8 matmuls (the worker's --fp8, "
                                               "torchao): auto only where measured faster through the worker "
-                                              "(a 7B-class LoRA base without DeepSpeed or checkpointing, in rows "
+                                              "(a 7B-class LoRA base without DeepSpeed, in rows "
                                               "of 8,192+ tokens), else bf16; on runs it anyway; off")
     device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="auto: CUDA where the nodes have "
                                                    "GPUs, else CPU over gloo")
