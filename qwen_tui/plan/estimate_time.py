@@ -30,7 +30,8 @@ Step time (`estimate_step`, `scaling`)
   in the rows its memory probe sized (8,192 tokens), 0.94x in rows of 4,096 and
   1.03x under ZeRO-2; full fine-tuning 0.80-1.05x; on one H200 with gradient
   checkpointing 7B LoRA ran 1.21x (-H200-ckpt.md). So auto runs FP8 for a LoRA
-  base from the 7B hidden size on, without DeepSpeed, in rows of 8,192+ tokens; where FP8 runs on a dense model, compute time is divided by
+  base from the 7B hidden size on, without DeepSpeed, in rows of 8,192+ tokens;
+  where FP8 runs on a dense model, compute time is divided by
   the ratio measured nearest its shape (FP8_RATIOS), for a mixture of experts by
   1 (not measured). Memory is counted as in bf16 (FP8 measured no higher).
 - Communication (qwen_tui/plan/estimate_comm.py, sources there): bytes per collective after Rajbhandari et al.
@@ -171,7 +172,8 @@ FP8_RATIOS = (
                 f"{FP8_RESULTS}-zero3.md"),
     Fp8Measured("full", 3584, 8192, True, 1.047, "7B (ZeRO-3) in rows of 8,192", "full-7b-zero3-rows",
                 f"{FP8_RESULTS}-rows-full.md"),
-    Fp8Measured("lora", 3584, 16384, False, 1.208, "7B with gradient checkpointing in rows of 16,384, on an H200",
+    Fp8Measured("lora", 3584, 16384, False, 1.208,
+                "7B with gradient checkpointing in rows of 16,384, on an H200",
                 "lora-7b-ckpt-rows", FP8_MEASURED_CKPT, checkpointing=True),
 )
 

@@ -94,9 +94,14 @@ def prepare(model, fast, model_config: dict, device, stage: int, *, train: Train
     return loss_module
 
 
+def rank_max(device, value: float) -> float:
+    """The largest `value` any rank has (the value itself without torch.distributed)."""
+    return float(dist.all_reduce_max(torch.tensor([float(value)], dtype=torch.float64, device=device)).item())
+
+
 def any_rank(device, flag: bool) -> bool:
-    """flag or-ed over every rank (the flag itself without torch.distributed)."""
-    return bool(dist.all_reduce_max(torch.tensor([float(flag)], dtype=torch.float64, device=device)).item())
+    """flag or-ed over every rank."""
+    return bool(rank_max(device, float(flag)))
 
 
 def size_rows(model, loss_module, fast, model_config: dict, device, autocast, train_module, engine=None,
@@ -139,8 +144,7 @@ def size_rows(model, loss_module, fast, model_config: dict, device, autocast, tr
                              f"{given.auto_memory_fraction:.0%} of the GPU with gradient checkpointing; lower "
                              "--model_max_length, use LoRA/Q-LoRA, ZeRO-3 or more GPUs")
         # Every rank packs to the same budget: the smallest any rank measured.
-        t = dist.all_reduce_max(torch.tensor([-plan.tokens], dtype=torch.float64, device=device))
-        fast.packing_tokens = int(-t.item())
+        fast.packing_tokens = int(-rank_max(device, -plan.tokens))
         log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
                  plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, fast.packing_tokens)
     if fast.packing and fast.attention == "cudnn":
@@ -264,9 +268,9 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     The rows are the loss module's own (FastLoss.probe_row): chat records for SFT, pairs of two full-length
     answers for DPO (whose head keeps float32 log-probabilities a chunk at a time and recomputes them in the
     backward), so the probes measure the step that trains; their sizes are one and two of the loss module's
-    full-length samples (SEQUENCES records: a record, or a pair). engine: the DeepSpeed engine that wraps loss_module. Its optimizer states
-    and gradient buffers exist already, so the probes measure them; they run through the engine, as training
-    does, with the loss times zero: the gradients they add to the first step's accumulation are zeros (ZeRO-2/3
+    full-length samples (SEQUENCES records: a record, or a pair). engine: the DeepSpeed engine that wraps
+    loss_module. Its optimizer states and gradient buffers exist already, so the probes measure them; they run
+    through the engine, as training does, with the loss times zero: the gradients they add to the first step's accumulation are zeros (ZeRO-2/3
     reduce every micro-batch, so gradients cannot simply be dropped), with the same memory and kernels as a
     real micro-batch. max_segment: --model_max_length, the length of the probe's records."""
     from training.fast import autobatch
@@ -287,7 +291,7 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
         loss_module.zero_grad(set_to_none=True)
 
     def agree(tokens: int) -> int:  # every rank runs the same probes (each is a collective step under ZeRO)
-        return int(dist.all_reduce_max(torch.tensor([float(tokens)], dtype=torch.float64, device=device)).item())
+        return int(rank_max(device, tokens))
 
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -103,8 +103,9 @@ def decide(given: str, *, method: str, model_config: dict, device: torch.device,
            moe: bool, deepspeed: bool = False, rows: int | None = None) -> tuple[bool, str]:
     """(FP8 on, why) for --fp8 `given`. method: full, lora or qlora; compiled: the decoder layers are compiled
     (the fast path's --compile); moe: a mixture of experts; deepspeed: the run is under DeepSpeed (gradient
-    checkpointing, given or turned on by the memory probe, changes nothing: MEASURED_CKPT); rows: the tokens a GPU's micro-batch holds where known before the memory probe (--packing_tokens), else None (auto then
-    looks again once they are known: short_rows). Raises InputError where `on` cannot run."""
+    checkpointing, given or turned on by the memory probe, changes nothing: MEASURED_CKPT); rows: the tokens a
+    GPU's micro-batch holds where known before the memory probe (--packing_tokens), else None (auto then looks
+    again once they are known: short_rows). Raises InputError where `on` cannot run."""
     if given == "off":
         return False, "off as given"
     explicit = given == "on"
