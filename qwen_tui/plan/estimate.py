@@ -173,7 +173,7 @@ class RunShape:
     fused_loss: bool = False
     stage: str = "sft"  # dpo: micro_batch counts pairs, two sequences each, through DPO's own head and loss
     # the worker's --fp8 (auto, on, off: training/fast/fp8.py) and whether its layers are compiled (--no_compile in
-    # extra_args: no); a bare RunShape runs bf16
+    # extra_args, or training.device cpu: no); a bare RunShape runs bf16
     fp8: str = "off"
     compiled: bool = True
     sequence_parallel: int = 1  # ranks sharing each packed row (training.sequence_parallel_size)
@@ -200,7 +200,9 @@ class RunShape:
                 lora_targets=tuple(targets) if targets else LORA_TARGETS_ALL,
                 fused_loss=_fused_loss(g("extra_args", None) or []),
                 fp8=_flag_value(g("extra_args", None) or [], "--fp8") or g("fp8", "auto"),
-                compiled="--no_compile" not in [str(a) for a in (g("extra_args", None) or [])],
+                # the worker compiles its layers on CUDA only (training/fast/compile.py)
+                compiled=("--no_compile" not in [str(a) for a in (g("extra_args", None) or [])]
+                          and g("device", "auto") != "cpu"),
                 sequence_parallel=int(g("sequence_parallel_size", 1) or 1),
             )
         base.update({k: v for k, v in overrides.items() if v is not None or k == "zero_stage"})

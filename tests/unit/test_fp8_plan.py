@@ -243,3 +243,16 @@ def test_a_node_without_torchao_keeps_auto_in_bf16_everywhere_and_the_estimate_t
     for nf in old.nodes.values():
         del nf.versions["torchao"]
     assert make_context(p, old).fp8_gpu is True and codes(p.with_changes({"training.fp8": "on"}), old) == ["FP8_ON"]
+
+
+@pytest.mark.parametrize("training, compiled", [
+    ({}, True), ({"device": "cuda"}, True), ({"device": "cpu"}, False), ({"extra_args": ["--no_compile"]}, False),
+])
+def test_the_estimate_counts_compiled_layers_where_the_worker_compiles_them(training, compiled):
+    # the worker compiles on CUDA only: a CPU run's layers keep what transformers' eager layers keep
+    run = est.RunShape.of(preset(method="full", gradient_checkpointing=False, **training).training)
+    assert run.compiled is compiled
+    spec = known_spec(ONE_FIVE_B)
+    eager = est.RunShape.of(run, compiled=False)
+    same = est.estimate_memory(spec, run, 1).activations == est.estimate_memory(spec, eager, 1).activations
+    assert same is not compiled
