@@ -276,8 +276,8 @@ class FastFlags:
                     "and how many FP8 matmuls a profiled early step ran, and the first --fp8_guard_steps steps "
                     "compare the FP8 loss with bf16's on the same batch. Default auto: on only where it was measured "
                     "faster through the worker: a LoRA base of the 7B hidden size or wider, without --deepspeed, "
-                    "once the rows hold 8,192+ tokens a GPU (1.10-1.12x of bf16 on an H100; 1.21x with gradient "
-                    "checkpointing on an H200; 0.94x in rows of 4,096, 0.98-1.05x for full fine-tuning and under "
+                    "once the rows hold 8,192+ tokens a GPU (1.10-1.12x of bf16 on an H100; 1.17x with gradient "
+                    "checkpointing, 1.21x on an H200; 0.94x in rows of 4,096, 0.98-1.05x for full fine-tuning and under "
                     "DeepSpeed), else off, saying why; on: FP8 or a clear error")
     fp8_guard_steps: int = flag(8, metavar="N", help="with FP8 on: the first N optimizer steps also compute the "
                                 "first micro-batch's loss with the FP8 layers run in bf16 (a no-grad forward, "

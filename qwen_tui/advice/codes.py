@@ -71,7 +71,7 @@ ADVICE: dict[str, CodeDoc] = {
         "`training.fp8: auto` would run FP8 here but a node's probe found no torchao: every node stays bf16; a "
         "warning when the other nodes have it. Silent where auto would keep bf16 anyway (it runs FP8 only for a "
         "7B-class LoRA base without DeepSpeed in rows of 8,192+ tokens, measured 1.10-1.12x: "
-        "bench/results/fp8_worker-2026-12-05-H100-rows.md; 1.21x with gradient checkpointing: -H200-ckpt.md)",
+        "bench/results/fp8_worker-2026-12-05-H100-rows.md; 1.17x with gradient checkpointing: fp8_worker-2026-12-06-H100-ckpt.md)",
         "hint: `pip install torchao` (or qwen-tui's `[gpu]` extra) on the node"),
     "FP8_ON": CodeDoc(
         "warning / info",

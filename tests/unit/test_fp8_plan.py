@@ -98,7 +98,7 @@ NO_CKPT = {"gradient_checkpointing": False}
 @pytest.mark.parametrize("model,training,gpu,gib,runs,x", [
     (SEVEN_B, NO_CKPT, True, H200_GIB, True, 1.102),  # auto: a 7B LoRA base, rows of 8,192+ by the memory model
     (SEVEN_B, NO_CKPT, True, H100_GIB, False, 1.0),  # the model's rows on an H100: about 4,700 (the probe's: 8,320)
-    (SEVEN_B, {}, True, H200_GIB, True, 1.208),  # with gradient checkpointing: 1.21x measured with it
+    (SEVEN_B, {}, True, H200_GIB, True, 1.171),  # with gradient checkpointing: 1.17x measured with it
     (SEVEN_B, {**NO_CKPT, "zero_stage": 2}, True, H200_GIB, False, 1.0),  # DeepSpeed: within noise
     (SEVEN_B, {**NO_CKPT, "model_max_length": 1024, "gradient_accumulation_steps": 1}, True, H200_GIB, False, 1.0),
     ("Qwen/Qwen2.5-72B-Instruct", NO_CKPT, True, H200_GIB, False, 1.0),  # nothing fits without checkpointing
@@ -106,7 +106,7 @@ NO_CKPT = {"gradient_checkpointing": False}
     (SEVEN_B, {"method": "full", "zero_stage": 3}, True, H100_GIB, False, 1.0),
     (ONE_FIVE_B, {"method": "full"}, True, H100_GIB, False, 1.0),
     (SEVEN_B, {**NO_CKPT, "fp8": "on"}, True, H100_GIB, True, 0.941),  # on: measured nearest, rows of 4,096
-    (SEVEN_B, {"fp8": "on"}, True, H100_GIB, True, 1.208),  # checkpointing: the ratio measured with it
+    (SEVEN_B, {"fp8": "on"}, True, H100_GIB, True, 1.171),  # checkpointing: the ratio measured with it
     (SEVEN_B, {"fp8": "on", "per_device_train_batch_size": 1}, True, H100_GIB, True, 1.0),  # 8,192: under its rows
     (SEVEN_B, {**NO_CKPT, "fp8": "on"}, True, H200_GIB, True, 1.102),
     (ONE_FIVE_B, {**NO_CKPT, "fp8": "on"}, True, H100_GIB, True, 1.0),  # 7B's gain is not counted for a 1.5B
@@ -151,8 +151,8 @@ def test_the_step_time_divides_compute_by_the_ratio_measured_through_the_worker(
     spec, kw = known_spec(SEVEN_B), dict(gpu_tflops=989, hbm_gbs=3350)
     auto = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=True, **kw)
     bf16 = est_time.estimate_step(spec, preset().training, 1, 1, None, fp8_gpu=False, **kw)
-    # auto with checkpointing (rows of 32,768): 7B LoRA's 1.21x, measured with checkpointing
-    assert auto.fp8 and auto.fp8_speedup == 1.208 and auto.compute_s == pytest.approx(bf16.compute_s / 1.208)
+    # auto with checkpointing (rows of 32,768): 7B LoRA's 1.17x, measured with checkpointing
+    assert auto.fp8 and auto.fp8_speedup == 1.171 and auto.compute_s == pytest.approx(bf16.compute_s / 1.171)
     fp8 = est_time.estimate_step(spec, preset(fp8="on", **NO_CKPT).training, 1, 1, None, fp8_gpu=True, **kw)
     bf16 = est_time.estimate_step(spec, preset(**NO_CKPT).training, 1, 1, None, fp8_gpu=False, **kw)
     assert fp8.fp8 and fp8.fp8_speedup == 0.941
@@ -191,8 +191,8 @@ def test_auto_runs_fp8_only_where_measured_faster_and_on_says_what_it_measured()
     for adv in ([a for a in advise(preset(), facts()) if a.code.startswith("FP8")],
                 [a for a in advise(preset(), gpu="H200") if a.code.startswith("FP8")]):
         assert [(a.code, a.level) for a in adv] == [("FP8_ON", "info")]
-        assert ("faster: 1.21x bf16's tokens/s through the worker for LoRA, 7B with gradient checkpointing in rows "
-                f"of 16,384, on an H200 ({est_time.FP8_MEASURED_CKPT})") in adv[0].message
+        assert ("faster: 1.17x bf16's tokens/s through the worker for LoRA, 7B with gradient checkpointing in rows "
+                f"of 16,384 (1.21x on an H200) ({est_time.FP8_MEASURED_CKPT})") in adv[0].message
     assert codes(preset(fp8="off"), facts()) == []
     # auto on an H200, 7B LoRA without checkpointing: FP8 runs, faster, counted
     adv = [a for a in advise(preset(**NO_CKPT), gpu="H200") if a.code.startswith("FP8")]
@@ -202,7 +202,7 @@ def test_auto_runs_fp8_only_where_measured_faster_and_on_says_what_it_measured()
     assert adv[0].fix.changes == {"training.fp8": "off"}
     for training, level, words in (
             (NO_CKPT, "warning", "slower: 0.94x bf16's tokens/s through the worker for LoRA, 7B in rows of 4,096"),
-            ({"model": ONE_FIVE_B}, "info", "no faster: 1.21x bf16's tokens/s through the worker for LoRA, 7B with "
+            ({"model": ONE_FIVE_B}, "info", "no faster: 1.17x bf16's tokens/s through the worker for LoRA, 7B with "
                                             "gradient checkpointing"),  # 7B's gain is not counted for a 1.5B
             ({"method": "full", "zero_stage": 3}, "info", "no faster: 1.05x bf16's tokens/s through the worker for "
                                                           "full fine-tuning, 7B (ZeRO-3) in rows of 8,192"),

@@ -5,7 +5,7 @@ decide()        --fp8 auto|on|off for this run: (on, why); an explicit `on` that
                 (no GPU of compute capability 8.9+, no torchao, Q-LoRA, no --bf16), and `auto` is on only for a
                 method and hidden size measured faster through the worker (AUTO_ON_FROM), without DeepSpeed,
                 saying why it stays off elsewhere: LoRA's frozen base from the 7B shape on (1.10-1.12x in rows of
-                8,192 tokens, MEASURED; 1.21x with gradient checkpointing, MEASURED_CKPT); full fine-tuning and
+                8,192 tokens, MEASURED; 1.17x with gradient checkpointing, MEASURED_CKPT); full fine-tuning and
                 DeepSpeed runs measured no faster
 short_rows()    auto's second look, once the memory probe has sized the rows: FP8 back off where a GPU's
                 micro-batch holds fewer than AUTO_MIN_ROW tokens (the same 7B LoRA ran 0.94x in rows of 4,096)
@@ -50,8 +50,9 @@ log = logging.getLogger("training")
 # under ZeRO-3 1.047x (-rows-full), the loss within 0.7% of bf16's over 50 steps in all but 1.5B full (5.2% apart at
 # step 23). In rows of 4,096 tokens the same 7B LoRA ran 0.941x (fp8_worker-2026-12-05-H100.md): the FP8 step's
 # host side then outlasts its GPU work. On one H200, with gradient checkpointing (whose recomputed forward runs its
-# matmuls in FP8 too), the same 7B LoRA ran 1.211x and 1.208x in two calls (rows of 16,384 tokens, MEASURED_CKPT and
+# matmuls in FP8 too), the same 7B LoRA ran 1.211x and 1.208x in two calls (rows of 16,384 tokens, -H200-ckpt and
 # -probe-ckpt), 1.156x without it (-H200-rows); the 7B layer shape in full under ZeRO-3 with checkpointing 1.082x.
+# On one H100 the checkpointed 7B LoRA ran 1.171x (MEASURED_CKPT).
 # So auto turns FP8 on for LoRA's frozen base from the 7B hidden size on (AUTO_ON_FROM: method -> smallest hidden
 # size measured faster), with or without checkpointing, without DeepSpeed, where a GPU's micro-batch holds
 # AUTO_MIN_ROW tokens or more; everything else stays bf16 unless --fp8 on.
@@ -59,9 +60,10 @@ AUTO_ON_FROM: dict[str, int] = {"lora": 3584}
 AUTO_MIN_ROW = 8192
 RESULTS = "bench/results/fp8_worker-2026-12-05-H100"
 MEASURED = f"{RESULTS}-rows.md"
-MEASURED_CKPT = "bench/results/fp8_worker-2026-12-05-H200-ckpt.md"
+MEASURED_CKPT = "bench/results/fp8_worker-2026-12-06-H100-ckpt.md"
 MEASURED_ON = (f"7B LoRA ran 1.10-1.12x of bf16 through the worker in rows of 8,192 tokens on an H100 ({MEASURED}, "
-               f"and -rows-again), 1.21x with gradient checkpointing in rows of 16,384 on an H200 ({MEASURED_CKPT})")
+               f"and -rows-again), 1.17x with gradient checkpointing in rows of 16,384 ({MEASURED_CKPT}; 1.21x on "
+               "an H200)")
 NOT_FASTER = {"full": f"full fine-tuning measured no faster through the worker (1.5B 0.98x, 7B under ZeRO-3 1.05x: "
                       f"{RESULTS}-rows-full.md)",
               "deepspeed": f"under DeepSpeed FP8 measured within noise of bf16 (7B LoRA under ZeRO-2 1.03x: "
