@@ -497,6 +497,44 @@ def test_every_rank_runs_the_probes_any_rank_asks_for():
     assert asked == [1024, 2048]
 
 
+def test_a_probe_that_runs_out_of_memory_bounds_the_rows():
+    """A GPU of 24 GiB with FP8's memory: two small rows see only the flat moment (0.05 MiB a token) and promise
+    65,536 tokens; the first confirming probe (16,384) runs out of memory. The next probe is halfway to it, and
+    the rows are no longer than the largest probe that ran, which fits."""
+    gpu, states = 24 * GIB, 2 * GIB
+    asked = []
+
+    def measure(c):
+        asked.append(c)
+        peak = _fp8_full_peak(c)
+        return None if peak > gpu else peak
+
+    plan, points = autobatch.plan_by_probing(measure, 1024, gpu, states, 0.85)
+    assert asked == [1024, 2048, 16384, 9216] and [c for c, _ in points] == [1024, 2048, 9216]
+    assert plan.fits and plan.ceiling == 16384 and plan.tokens <= 9216
+    assert _fp8_full_peak(plan.tokens) + states <= 0.85 * gpu
+    # where the probes that ran say the rows fit no further, their plan stands
+    tight, _ = autobatch.plan_by_probing(measure, 1024, gpu, 8 * GIB, 0.85)
+    assert tight.fits and tight.tokens < 9216 and _fp8_full_peak(tight.tokens) + 8 * GIB <= 0.85 * gpu
+
+
+@pytest.mark.parametrize("runs_out_from, states, tokens, fits", [
+    (1024, 0.0, 0, False),  # not even one record: the caller turns checkpointing on, or stops with its message
+    (2048, 1 * GIB, 1024, True),  # one record and the optimizer's states fit: rows of one
+    (2048, 15 * GIB, 0, False),  # one record runs, but the states would not fit beside it
+])
+def test_a_first_probe_that_runs_out_of_memory_says_what_fits(runs_out_from, states, tokens, fits):
+    asked = []
+
+    def measure(c):
+        asked.append(c)
+        return None if c >= runs_out_from else 10 * GIB + 1 * MIB * c
+
+    plan, points = autobatch.plan_by_probing(measure, 1024, 24 * GIB, states, 0.85)
+    assert (plan.tokens, plan.fits, plan.ceiling) == (tokens, fits, runs_out_from)
+    assert asked == [1024, 2048][:len(points) + 1] and max(asked) == runs_out_from
+
+
 def test_probes_out_of_order_are_refused():
     with pytest.raises(ValueError, match="each larger"):
         autobatch.plan_from_points([(2048, 1.0), (2048, 2.0)], 80 * GIB, 0.0, 1024)

@@ -145,8 +145,10 @@ def size_rows(model, loss_module, fast, model_config: dict, device, autocast, tr
                              "--model_max_length, use LoRA/Q-LoRA, ZeRO-3 or more GPUs")
         # Every rank packs to the same budget: the smallest any rank measured.
         fast.packing_tokens = int(-rank_max(device, -plan.tokens))
-        log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens",
-                 plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, fast.packing_tokens)
+        ran_out = (f" (a probe of {plan.ceiling} tokens ran out of memory: rows no longer than the largest that "
+                   "ran)") if plan.ceiling else ""
+        log.info("auto micro-batch: %.2f MiB a token, %.1f GiB fixed -> packed rows of %d tokens%s",
+                 plan.bytes_per_token / 2**20, plan.fixed_bytes / 2**30, fast.packing_tokens, ran_out)
     if fast.packing and fast.attention == "cudnn":
         _warm_cudnn(fast, attention_dtype(train), max_length, model_config, device, items)
 
@@ -293,10 +295,16 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     def agree(tokens: int) -> int:  # every rank runs the same probes (each is a collective step under ZeRO)
         return int(rank_max(device, tokens))
 
+    from training.fast import sequence_parallel
+
+    # Without DeepSpeed or sequence parallelism a probe waits on no other rank: each rank probes as it needs, and
+    # one that runs out of memory is caught (probe_plan); with them every rank runs the same probes, and an
+    # out-of-memory error ends the run as before (a rank cannot step out of a collective alone).
+    alone = engine is None and sequence_parallel.active() is None
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         return autobatch.probe_plan(loss_module.model, run, device, max_segment * loss_module.SEQUENCES,
-                                    fraction=fraction, agree=agree,
+                                    fraction=fraction, agree=None if alone else agree, alone=alone,
                                     max_tokens=max_tokens, states_built=engine is not None,
                                     optimizer=_torch_optimizer_of(engine) if engine is not None else None,
                                     optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)

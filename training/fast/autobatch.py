@@ -15,13 +15,17 @@ step's own (the loss module's probe_row: DPO probes rows of pairs through its DP
 the smallest is one sample of the longest allowed length (a record; DPO: a pair, two answers). If
 not even that fits, gradient checkpointing is needed: the caller turns it on and probes again; it
 does the same when rows would be short without it (worth_checkpointing). With compiled layers the
-worker compiles them before probing, so the probes measure what training will use.
+worker compiles them before probing, so the probes measure what training will use. A probe that runs
+out of memory (caught where no rank waits on another inside a probe: without DeepSpeed or sequence
+parallelism) says memory grows faster past the probes than they measured: the rows stay at the largest
+probe that ran, after one more halfway to the one that did not; where even one record runs out, the
+plan says it does not fit (then checkpointing, as above).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 log = logging.getLogger("training")
 
@@ -32,6 +36,7 @@ class Plan:
     bytes_per_token: float
     fixed_bytes: float
     fits: bool  # at least one longest record fits
+    ceiling: int | None = None  # the tokens of the smallest probe that ran out of memory (None: none did)
 
 
 def plan_from_points(points: list[tuple[int, float]], total_bytes: float, extra_bytes: float, seq_len: int,
@@ -70,21 +75,53 @@ def confirm_size(plan: Plan, largest: int, seq_len: int, first: bool = True) -> 
 
 def plan_by_probing(measure, seq_len: int, total_bytes: float, extra_bytes: float, fraction: float = 0.85,
                     max_tokens: int = 65536, agree=None) -> tuple[Plan, list[tuple[int, float]]]:
-    """(plan, the probes [(tokens, peak bytes)]): measure(tokens) -> the peak bytes of a forward and backward of a
-    packed row of that many tokens; two probes of one and two records, then confirming ones while the plan
-    reaches past them (confirm_size), at most MAX_PROBES. agree(tokens) -> the tokens every rank probes next
-    (the largest any rank asks for: a probe is a collective step under ZeRO, every rank runs the same ones);
-    None: this rank alone."""
-    points = [(c, measure(c)) for c in (seq_len, 2 * seq_len)]
+    """(plan, the probes that ran [(tokens, peak bytes)]): measure(tokens) -> the peak bytes of a forward and
+    backward of a packed row of that many tokens, or None where it ran out of memory; two probes of one and two
+    records, then confirming ones while the plan reaches past them (confirm_size), at most MAX_PROBES in all.
+    After one that ran out of memory, the next is halfway to it, and the rows are at most the largest that ran.
+    agree(tokens) -> the tokens every rank probes next (the largest any rank asks for, 0 where none does: a probe
+    is a collective step under ZeRO, every rank runs the same ones); None: this rank alone."""
+    points: list[tuple[int, float]] = []
+    ceiling = None
+    for c in (seq_len, 2 * seq_len):
+        peak = measure(c)
+        if peak is None:
+            ceiling = c
+            break
+        points.append((c, peak))
+    if not points:
+        return Plan(tokens=0, bytes_per_token=0.0, fixed_bytes=0.0, fits=False, ceiling=ceiling), points
+    if len(points) == 1:  # one record ran, two did not: a row of one, if the optimizer's states fit beside it
+        fixed = points[0][1] + extra_bytes
+        fits = fixed <= fraction * total_bytes
+        return Plan(tokens=seq_len if fits else 0, bytes_per_token=0.0, fixed_bytes=fixed, fits=fits,
+                    ceiling=ceiling), points
     plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
-    while len(points) < MAX_PROBES:
-        more = confirm_size(plan, points[-1][0], seq_len, first=len(points) == 2)
+    probed = 2
+    while probed < MAX_PROBES:
+        largest = points[-1][0]
+        if ceiling is None:
+            more = confirm_size(plan, largest, seq_len, first=probed == 2)
+        else:
+            halfway = (largest + ceiling) // 2 // seq_len * seq_len
+            more = halfway if halfway > largest else 0
         if agree is not None:
             more = agree(more)
-        if more <= points[-1][0]:
-            break
-        points.append((more, measure(more)))
-        plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
+        if more <= 0:
+            break  # the same on every rank, as every rank's count of probes
+        probed += 1
+        if more <= largest or (ceiling is not None and more >= ceiling):
+            continue  # another rank's probe; this rank's answer is known (no collective inside one: probe_plan)
+        peak = measure(more)
+        if peak is None:
+            ceiling = more
+        else:
+            points.append((more, peak))
+            plan = plan_from_points(points, total_bytes, extra_bytes, seq_len, fraction, max_tokens)
+    if ceiling is not None and plan.fits:
+        # memory grew faster between the largest probe that ran and the one that did not than any slope measured
+        top = max(points[-1][0] // 128 * 128, seq_len)
+        plan = replace(plan, tokens=min(plan.tokens, top), ceiling=ceiling)
     return plan, points
 
 
@@ -127,12 +164,14 @@ def lazy_state_bytes(optimizer, params=None, count_host: bool = False) -> int:
 
 
 def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536,
-               states_built: bool = False, optimizer=None, optimizer_params=None, agree=None) -> Plan:
+               states_built: bool = False, optimizer=None, optimizer_params=None, agree=None,
+               alone: bool = False) -> Plan:
     """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads.
     states_built: the optimizer exists already (a DeepSpeed engine builds it with its fp32 partitions and
     gradient buffers), so the probes measure those; `optimizer` (the torch optimizer the engine steps) then says
     which Adam states are still to come for `optimizer_params` (lazy_state_bytes), added to the fixed part.
-    agree: as plan_by_probing's."""
+    agree: as plan_by_probing's. alone: a probe waits on no other rank (no DeepSpeed engine, no sequence
+    parallelism), so one that runs out of memory is caught and planned around on this rank."""
     import torch
 
     if states_built:
@@ -140,11 +179,22 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
         # reduce buckets): one unmeasured probe first, so they count as fixed, not as a cost per token.
         run_probe(seq_len)
 
-    def measure(c: int) -> float:
+    def measure(c: int) -> float | None:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        run_probe(c)
+        try:
+            run_probe(c)
+            ran = True
+        except torch.cuda.OutOfMemoryError:
+            if not alone:
+                raise
+            ran = False
+        if not ran:  # outside the handler: its traceback no longer holds the probe's tensors
+            model.zero_grad(set_to_none=True)  # what the backward had made before it ran out
+            torch.cuda.empty_cache()
+            log.info("auto micro-batch: a probe of %d tokens ran out of memory", c)
+            return None
         torch.cuda.synchronize(device)
         return float(torch.cuda.max_memory_allocated(device))
 
@@ -155,7 +205,8 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
         extra = optimizer_state_bytes(model)
     plan, points = plan_by_probing(measure, seq_len, total, extra, fraction, max_tokens, agree)
     # The raw peaks behind the plan: what to read first when a run's rows look short for its memory.
+    ran_out = f"; {plan.ceiling} tokens ran out of memory" if plan.ceiling else ""
     log.info("auto micro-batch probes: %s", ", ".join(
-        f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in points) + f"; optimizer states still to "
+        f"{c} tokens -> {p / 2**30:.2f} GiB peak" for c, p in points) + ran_out + f"; optimizer states still to "
         f"come {extra / 2**30:.2f} GiB")
     return plan
