@@ -535,6 +535,33 @@ def test_a_first_probe_that_runs_out_of_memory_says_what_fits(runs_out_from, sta
     assert asked == [1024, 2048][:len(points) + 1] and max(asked) == runs_out_from
 
 
+def test_probe_plan_catches_a_probe_out_of_memory_only_where_it_runs_alone(monkeypatch):
+    """probe_plan's own handling around the probes (CUDA's memory readings replaced: no GPU here; bench/probe_oom.py
+    runs it against a real GPU's allocator): an out-of-memory error of a probe that waits on no other rank is caught,
+    the gradients its backward made are dropped, and the plan stays under it; with a DeepSpeed engine or sequence
+    parallelism (alone=False) the error ends the run as before."""
+    peak = {"now": 0.0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: peak.update(now=0.0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peak["now"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace(total_memory=24 * GIB))
+    model = torch.nn.Linear(8, 8)
+
+    def run_probe(tokens):
+        model(torch.randn(2, 8)).sum().backward()  # gradients made before it runs out
+        if _fp8_full_peak(tokens) > 24 * GIB:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        peak["now"] = _fp8_full_peak(tokens)
+        model.zero_grad(set_to_none=True)
+
+    plan = autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024, alone=True)
+    assert plan.fits and plan.ceiling == 16384 and plan.tokens <= 9216
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024, alone=False)
+
+
 def test_probes_out_of_order_are_refused():
     with pytest.raises(ValueError, match="each larger"):
         autobatch.plan_from_points([(2048, 1.0), (2048, 2.0)], 80 * GIB, 0.0, 1024)
