@@ -539,7 +539,7 @@ def test_probe_plan_catches_a_probe_out_of_memory_only_where_it_runs_alone(monke
     """probe_plan's own handling around the probes (CUDA's memory readings replaced: no GPU here; bench/probe_oom.py
     runs it against a real GPU's allocator): an out-of-memory error of a probe that waits on no other rank is caught,
     the gradients its backward made are dropped, and the plan stays under it; with a DeepSpeed engine or sequence
-    parallelism (alone=False) the error ends the run as before."""
+    parallelism (every rank agreeing on each probe) the error ends the run as before."""
     peak = {"now": 0.0}
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -555,11 +555,11 @@ def test_probe_plan_catches_a_probe_out_of_memory_only_where_it_runs_alone(monke
         peak["now"] = _fp8_full_peak(tokens)
         model.zero_grad(set_to_none=True)
 
-    plan = autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024, alone=True)
+    plan = autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024)
     assert plan.fits and plan.ceiling == 16384 and plan.tokens <= 9216
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(torch.cuda.OutOfMemoryError):
-        autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024, alone=False)
+        autobatch.probe_plan(model, run_probe, torch.device("cpu"), 1024, agree=lambda c: c)
 
 
 def test_probes_out_of_order_are_refused():

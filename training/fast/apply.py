@@ -272,9 +272,9 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     backward), so the probes measure the step that trains; their sizes are one and two of the loss module's
     full-length samples (SEQUENCES records: a record, or a pair). engine: the DeepSpeed engine that wraps
     loss_module. Its optimizer states and gradient buffers exist already, so the probes measure them; they run
-    through the engine, as training does, with the loss times zero: the gradients they add to the first step's accumulation are zeros (ZeRO-2/3
-    reduce every micro-batch, so gradients cannot simply be dropped), with the same memory and kernels as a
-    real micro-batch. max_segment: --model_max_length, the length of the probe's records."""
+    through the engine, as training does, with the loss times zero: the gradients they add to the first step's
+    accumulation are zeros (ZeRO-2/3 reduce every micro-batch, so gradients cannot simply be dropped), with the
+    same memory and kernels as a real micro-batch. max_segment: --model_max_length, the length of the probe's records."""
     from training.fast import autobatch
     from training.fast.step import to_device
 
@@ -304,7 +304,7 @@ def probe_tokens(loss_module: FastLoss, device, max_segment: int, vocab: int, au
     # The probes draw dropout masks; the run's random numbers start where they would without them.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         return autobatch.probe_plan(loss_module.model, run, device, max_segment * loss_module.SEQUENCES,
-                                    fraction=fraction, agree=None if alone else agree, alone=alone,
+                                    fraction=fraction, agree=None if alone else agree,
                                     max_tokens=max_tokens, states_built=engine is not None,
                                     optimizer=_torch_optimizer_of(engine) if engine is not None else None,
                                     optimizer_params=_fp32_partitions_of(engine) if engine is not None else None)

@@ -79,8 +79,9 @@ def plan_by_probing(measure, seq_len: int, total_bytes: float, extra_bytes: floa
     backward of a packed row of that many tokens, or None where it ran out of memory; two probes of one and two
     records, then confirming ones while the plan reaches past them (confirm_size), at most MAX_PROBES in all.
     After one that ran out of memory, the next is halfway to it, and the rows are at most the largest that ran.
-    agree(tokens) -> the tokens every rank probes next (the largest any rank asks for, 0 where none does: a probe
-    is a collective step under ZeRO, every rank runs the same ones); None: this rank alone."""
+    agree(tokens) -> the tokens every rank probes next (the largest any rank asks for: a probe is a collective step
+    under ZeRO, every rank runs the same ones, and none is caught out of memory, so every rank probes alike);
+    None: this rank alone."""
     points: list[tuple[int, float]] = []
     ceiling = None
     for c in (seq_len, 2 * seq_len):
@@ -107,11 +108,9 @@ def plan_by_probing(measure, seq_len: int, total_bytes: float, extra_bytes: floa
             more = halfway if halfway > largest else 0
         if agree is not None:
             more = agree(more)
-        if more <= 0:
-            break  # the same on every rank, as every rank's count of probes
+        if more <= largest:
+            break
         probed += 1
-        if more <= largest or (ceiling is not None and more >= ceiling):
-            continue  # another rank's probe; this rank's answer is known (no collective inside one: probe_plan)
         peak = measure(more)
         if peak is None:
             ceiling = more
@@ -164,14 +163,13 @@ def lazy_state_bytes(optimizer, params=None, count_host: bool = False) -> int:
 
 
 def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, max_tokens: int = 65536,
-               states_built: bool = False, optimizer=None, optimizer_params=None, agree=None,
-               alone: bool = False) -> Plan:
+               states_built: bool = False, optimizer=None, optimizer_params=None, agree=None) -> Plan:
     """run_probe(tokens) runs one forward+backward of a packed row of that many tokens and drops the grads.
     states_built: the optimizer exists already (a DeepSpeed engine builds it with its fp32 partitions and
     gradient buffers), so the probes measure those; `optimizer` (the torch optimizer the engine steps) then says
     which Adam states are still to come for `optimizer_params` (lazy_state_bytes), added to the fixed part.
-    agree: as plan_by_probing's. alone: a probe waits on no other rank (no DeepSpeed engine, no sequence
-    parallelism), so one that runs out of memory is caught and planned around on this rank."""
+    agree: as plan_by_probing's; None where a probe waits on no other rank (no DeepSpeed engine, no sequence
+    parallelism): only then is one that runs out of memory caught, and planned around on this rank."""
     import torch
 
     if states_built:
@@ -187,7 +185,7 @@ def probe_plan(model, run_probe, device, seq_len: int, fraction: float = 0.85, m
             run_probe(c)
             ran = True
         except torch.cuda.OutOfMemoryError:
-            if not alone:
+            if agree is not None:  # the other ranks wait inside this probe's collectives
                 raise
             ran = False
         if not ran:  # outside the handler: its traceback no longer holds the probe's tensors
