@@ -35,7 +35,13 @@ from .programs import program
 # The environment marks every process of a job carries (remote/job.sh and detach.sh set them, under these names).
 JOB_MARK = "QWEN_TUI_JOB_PGID"
 RUN_MARK = "QWEN_TUI_RUN_ID"
-MARKS = (JOB_MARK, RUN_MARK)
+# A rank that has reached the stop's waiter (training/runtime/stop.py's STOP_MARK): it ends on its own.
+STOP_MARK = "QWEN_TUI_STOPPING"
+MARKS = (JOB_MARK, RUN_MARK, STOP_MARK)
+# How much longer than its grace a stop waits for a job whose ranks have all stopped or reached the waiter (the
+# waiter imports torch again, which took more than the grace on a loaded 2-core machine), before it signals
+# torchrun's agents (which then print tracebacks over a stop that was going well).
+ENDING_EXTRA_S = 30.0
 # A detached job: its log, its exit code in a file when it ends, every process marked (remote/job.sh).
 JOB_SCRIPT = program("job.sh")
 
@@ -187,7 +193,8 @@ def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
     The ranks are asked first (SIGTERM to them alone): the worker ends quietly with one line
     (training/runtime/stop.py), its torchrun agent then sees its workers done and exits on its own, and
     the job shell writes the exit code; no agent is interrupted into printing a traceback.
-    What is left after `grace` seconds gets SIGTERM, then SIGKILL."""
+    What is left after `grace` seconds gets SIGTERM, then SIGKILL; but where every rank left has stopped or
+    reached the stop's waiter by then, the job is ending on its own and gets up to ENDING_EXTRA_S more first."""
     say = on_phase or (lambda text: None)
     if ref.pid <= 1:
         return True
@@ -203,6 +210,13 @@ def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
         if _gone_within(t, ref, grace):
             say("stopped")
             return True
+        procs = t.job_procs(ref.pid, ref.run_id)
+        if _ending(ref, procs):
+            say(f"the workers have stopped; waiting up to {ENDING_EXTRA_S:g} s more for torchrun to end")
+            if _gone_within(t, ref, ENDING_EXTRA_S, while_=_ending):
+                say("stopped")
+                return True
+            deadline = time.monotonic()
     say("SIGTERM to the rest of the job")
     signal_job(t, ref, signal.SIGTERM)
     if _gone_within(t, ref, max(1.0, deadline - time.monotonic())):
@@ -215,12 +229,22 @@ def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
     return gone
 
 
-def _gone_within(t: JobHost, ref: JobRef, bound: float) -> bool:
+def _ending(ref: JobRef, procs: list[Proc]) -> bool:
+    """Whether every rank of the job still there has reached the stop's waiter (or none is left: only the agents
+    and the job's shell, on their way out)."""
+    return all(p.marks.get(STOP_MARK) == "1" for p in workers(ref, procs))
+
+
+def _gone_within(t: JobHost, ref: JobRef, bound: float,
+                 while_: Callable[[JobRef, list[Proc]], bool] | None = None) -> bool:
+    """Whether the job is gone within `bound` seconds (looked at every 0.2 s); False as soon as `while_(ref, procs)`
+    says the wait is no longer worth it."""
     deadline = time.monotonic() + bound
     while True:
-        if not job_alive(t, ref):
+        procs = t.job_procs(ref.pid, ref.run_id)
+        if not members(ref, procs):
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (while_ is not None and not while_(ref, procs)):
             return False
         time.sleep(0.2)
 

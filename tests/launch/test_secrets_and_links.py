@@ -16,8 +16,8 @@ import yaml
 
 from qwen_tui.nodes.jobs import JobRef, job_verdict, stop_job
 from qwen_tui.nodes.transport.local import LocalTransport
-from qwen_tui.nodes.transport.ssh import SSHTarget, SSHTransport
 from support.paths import DEMO, ROOT
+from support.shell_here import ShellHere
 
 SECRET = "hf_TopSecret_4242"
 
@@ -125,18 +125,6 @@ def test_local_copy_never_writes_through_a_planted_part_link(tmp_path):
 
 
 # ---------------------------------------------------------------- the SSH transport's node-side scripts
-
-class ShellHere(SSHTransport):
-    """SSHTransport whose commands run through `sh` on this machine instead of an SSH channel:
-    the job start, process listing and checked kill scripts are the real ones."""
-
-    def __init__(self, home: Path):
-        super().__init__(SSHTarget(label="here", hostname="127.0.0.1"))
-        self._home = str(home)
-
-    def run(self, argv, *, timeout, input=None, env=None, cwd=None):
-        return LocalTransport().run(argv, timeout=timeout, input=input, env=env, cwd=cwd)
-
 
 def _cmdlines() -> list[bytes]:
     out = []

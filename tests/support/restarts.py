@@ -62,12 +62,15 @@ def cli_in(tmp_path: Path, runs: Path):
 
 
 class HoldAtFirstCheckpoint:
-    """Holds a run at its first checkpoint so the caller can act there, however loaded the machine: a thread of
-    its own polls the run directory under `runs` every 10 ms, and once the first checkpoint and a step after it
-    are logged it stops node `holder`'s ranks (SIGSTOP); every rank then waits in its next collective. A tiny run
-    steps every few tens of ms, so a caller that looked itself (every 0.25 s from a Pilot, later under load)
-    could find the run already finished. `kill(victim)` SIGKILLs node `victim`'s ranks and lets the held ones
-    go on; leaving the `with` lets them go on whatever happened."""
+    """Holds a run at its first checkpoint so the caller can act there, however loaded the machine. A thread of its
+    own finds node `holder`'s ranks and from then on lets them run in slices: it stops them (SIGSTOP), reads the
+    run's metrics, and lets them go on (SIGCONT) for SLICE_S until the first checkpoint and a step after it are
+    logged; then it keeps them stopped, and every rank waits in its next collective. The run advances only inside
+    a slice, so however late this thread is scheduled it cannot miss the checkpoint: a watcher that only looked (a
+    tiny run steps every few tens of ms) once found the run already finished under load. `kill(victim)` SIGKILLs
+    node `victim`'s ranks and lets the held ones go on; leaving the `with` lets them go on whatever happened."""
+
+    SLICE_S = 0.05
 
     def __init__(self, runs: Path, holder: str = "0"):
         self.runs, self.holder = runs, holder
@@ -86,24 +89,35 @@ class HoldAtFirstCheckpoint:
         self._thread.join(timeout=5)
         self._resume()
 
+    def _signal(self, pids: list[int], sig: int) -> list[int]:
+        """Signals the pids; those still there."""
+        out = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                out.append(pid)
+        return out
+
     def _watch(self) -> None:
+        ranks: list[int] = []
         while not self._done.is_set():
             pids = next(iter(self.runs.glob("*/pids.json")), None) if self.runs.is_dir() else None
             if pids is not None:
                 self.run_dir = pids.parent
+                ranks = ranks or ranks_of_job(json.loads(pids.read_text())[self.holder])
+                self.held = self._signal(ranks, signal.SIGSTOP)
                 ckpt = first_checkpoint(records(self.run_dir / "metrics.jsonl"))
                 if ckpt is not None:
-                    self.held = ranks_of_job(json.loads(pids.read_text())[self.holder])
-                    for pid in self.held:
-                        os.kill(pid, signal.SIGSTOP)
                     self.ckpt = ckpt  # set last: a caller that sees it finds the run held
                     return
-            self._done.wait(0.01)
+                self._resume()
+                # before its ranks exist (seconds of start-up) a look costs a scan of /proc: not every 10 ms
+                self._done.wait(self.SLICE_S if ranks else 0.1)
+            else:
+                self._done.wait(0.05)
 
     def _resume(self) -> None:
-        for pid in self.held:
-            with contextlib.suppress(ProcessLookupError):  # a rank that already ended has nothing to go on with
-                os.kill(pid, signal.SIGCONT)
+        self._signal(self.held, signal.SIGCONT)  # a rank that already ended has nothing to go on with
         self.held = []
 
     def kill(self, victim: str = "1") -> list[int]:

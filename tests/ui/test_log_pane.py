@@ -40,3 +40,35 @@ async def test_show_replaces_a_half_written_line_marks_a_gap_and_bounds_its_line
         pane.show(1, ["node 1 says"] + [f"line {i}" for i in range(KEEP + 50)])
         await pilot.pause()
         assert len(pane.lines) == KEEP and pane.lines[-1] == f"line {KEEP + 49}"
+
+
+async def test_lines_that_arrive_before_the_last_scroll_to_the_tail_ran_leave_the_pane_following():
+    """On a loaded machine the next tail often comes after the new lines are laid out but before the scroll to
+    their end has run: the pane must go on following (it once stopped there for good), yet a scroll up by the user
+    in that moment stands."""
+    import asyncio
+
+    app = _One()
+    async with app.run_test(size=(60, 12)) as pilot:
+        pane = app.query_one(LogPane)
+        lines: list[str] = []
+        for i in range(60):
+            lines += [f"line {i}.{j}" for j in range(3)]
+            pane.show(0, lines[-50:])
+            for _ in range(i % 4):  # updates at every point of the refresh and its callbacks
+                await asyncio.sleep(0)
+            assert pane.following, (i, pane.scroll_target_y, pane.max_scroll_y)
+        await pilot.pause()
+        await pilot.pause()
+        assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y
+
+        lines += ["more"]
+        pane.show(0, lines[-50:])
+        pane.scroll_home(animate=False, immediate=True)  # the user scrolls up before the scroll to the end runs
+        assert not pane.following
+        await pilot.pause()
+        await pilot.pause()
+        lines += ["and more"]
+        pane.show(0, lines[-50:])
+        await pilot.pause()
+        assert pane.scroll_y == 0 and not pane.following

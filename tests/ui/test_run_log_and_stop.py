@@ -55,14 +55,14 @@ async def test_log_pane_wraps_follows_and_stop_shows_progress(tmp_path, demo_cop
         # it follows the tail as lines arrive
         n = len(pane.lines)
         await wait_until(pilot, lambda: len(pane.lines) > n + 3, 30, "more lines")
-        await wait_until(pilot, lambda: pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y, 10,
+        await wait_until(pilot, lambda: pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y, 30,
                          "the pane at its tail")
         # scrolled up by the user, it stays there while lines arrive
         pane.focus()
         await pilot.press("home")
         assert not pane.following  # at once: where the scroll is going counts
         # Home scrolls there in an animation of fixed duration, which a loaded machine can outlast a pause
-        await wait_until(pilot, lambda: pane.scroll_y == 0, 5, "the pane at its top")
+        await wait_until(pilot, lambda: pane.scroll_y == 0, 30, "the pane at its top")
         n = len(pane.lines)
         await wait_until(pilot, lambda: len(pane.lines) > n + 3, 30, "lines while scrolled up")
         await pilot.pause()
@@ -70,7 +70,7 @@ async def test_log_pane_wraps_follows_and_stop_shows_progress(tmp_path, demo_cop
         await pilot.press("end")  # back at the tail: it follows again, as lines arrive
         n = len(pane.lines)
         await wait_until(pilot, lambda: len(pane.lines) > n + 3, 30, "lines after going back to the tail")
-        await wait_until(pilot, lambda: pane.following and pane.scroll_y > 0, 5, "the pane at its tail again")
+        await wait_until(pilot, lambda: pane.following and pane.scroll_y > 0, 30, "the pane at its tail again")
 
         # at 160x48 the long line still fits the pane
         await pilot.resize_terminal(160, 48)

@@ -33,6 +33,10 @@ import time
 # (agent/server/api.py _TERMINAL_STATE_SYNC_ID + utils/store.py _NUM_MEMBERS, under the run id's prefix)
 _EXIT_BARRIER_COUNT = "torchelastic/agent/terminal_state/num_members"
 PEERS_BOUND_S = 5.0
+# The waiter's environment carries this mark (qwen_tui.nodes.jobs.STOP_MARK reads it): whoever stops the job sees
+# a rank that has reached its waiter, which ends on its own once its imports are done (seconds on a loaded
+# machine) and it has waited at most PEERS_BOUND_S, and need not kill it, and its agent, for being slow.
+STOP_MARK = "QWEN_TUI_STOPPING"
 
 
 class StopRequested(Exception):
@@ -171,7 +175,7 @@ def let_peer_agents_check_out(code: int) -> None:
         # c10d's warnings (a client socket's unresolved host name in a network namespace, as the worker said
         # already) would end the node's log, after the stop line
         os.execve(sys.executable, [sys.executable, "-u", "-m", "training.runtime.stop", str(code)],
-                  {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"})
+                  {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", STOP_MARK: "1"})
     except OSError as e:  # no exec: wait here, as well as this process can
         print(f"cannot start the stop's waiter ({e}); waiting in the worker", file=sys.stderr)
         wait_for_peer_agents()
@@ -179,8 +183,9 @@ def let_peer_agents_check_out(code: int) -> None:
 
 def wait_for_peer_agents(bound: float = PEERS_BOUND_S) -> bool:
     """Wait until every other node's agent has checked in to the exit barrier. True when they have (or when
-    there is nothing to wait for); False after `bound` seconds or when the store cannot be read."""
-    deadline = time.monotonic() + bound
+    there is nothing to wait for); False after `bound` seconds or when the store cannot be read. The bound counts
+    from when torch is imported: on a loaded machine the import alone took longer than the bound, and the agents
+    then lost their exit barrier."""
     env = os.environ
     if not _waits_for_peers(env):
         return True
@@ -189,6 +194,7 @@ def wait_for_peer_agents(bound: float = PEERS_BOUND_S) -> bool:
 
     import torch.distributed as dist
 
+    deadline = time.monotonic() + bound
     try:
         store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"],
                                  dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), port, is_master=False,

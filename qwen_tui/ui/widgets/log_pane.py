@@ -39,7 +39,10 @@ class LogPane(VerticalScroll, can_focus=True):
         super().__init__(**kw)
         self.rank: int | None = None
         self.lines: list[str] = []
-        self._followed = True  # whether the last update found the pane at its tail
+        # Where the scroll was going when the pane last followed the tail: until the user scrolls above it, the pane
+        # follows, even while new lines are laid out before the scroll to their end has run (on a loaded machine
+        # the next tail often comes first, and a pane that looked only at the end then stopped following for good).
+        self._tail_from: float | None = 0.0
 
     def compose(self) -> ComposeResult:
         yield Static(id="log-text")
@@ -49,11 +52,17 @@ class LogPane(VerticalScroll, can_focus=True):
         """At the tail: not scrolled up by the user. (Not textual's anchor(): it pins a short log to the
         pane's bottom edge, leaving the space above it empty.)"""
         # where a scroll is going counts: End pressed a moment ago is at the tail even while it animates
-        return self.scroll_target_y >= self.max_scroll_y
+        target = self.scroll_target_y
+        return target >= self.max_scroll_y or (self._tail_from is not None and target >= self._tail_from)
+
+    def _to_tail(self) -> None:
+        """Scroll to the end as it is laid out now, and follow from there."""
+        self.scroll_end(animate=False, immediate=True)
+        self._tail_from = self.scroll_target_y
 
     def clear(self) -> None:
         """A new run: nothing of the last one's log stays."""
-        self.rank, self.lines, self._followed = None, [], True
+        self.rank, self.lines, self._tail_from = None, [], 0.0
         self.query_one("#log-text", Static).update("")
         self.scroll_home(animate=False)
 
@@ -63,11 +72,12 @@ class LogPane(VerticalScroll, can_focus=True):
             self.rank, self.lines = rank, []
             self.query_one("#log-text", Static).update("")
             self.scroll_home(animate=False)
-            self._followed = True
+            self._tail_from = 0.0
         if not tail:  # nothing read this time (a node gone for a moment): keep what is shown
             return
         # the last line shown may have been caught half-written: it is always taken again from the tail
-        follow = self._followed = self.following  # before the new lines change the height
+        follow = self.following  # before the new lines change the height
+        self._tail_from = self.scroll_target_y if follow else None
         base = self.lines[:-1]
         add, joined = new_lines(base, tail)
         lines = base + ([] if joined else [SKIPPED]) + add
@@ -76,13 +86,14 @@ class LogPane(VerticalScroll, can_focus=True):
             return
         self.lines = lines
         self.query_one("#log-text", Static).update(self._text())
-        if follow:  # once the new height is laid out
-            self.call_after_refresh(self.scroll_end, animate=False)
+        if follow:  # once the new height is laid out (on_resize hears the layout itself, where this comes early)
+            self.call_after_refresh(self.on_resize)
 
     def on_resize(self) -> None:
-        # a narrower pane wraps into more rows: a pane that followed the tail goes on following it
-        if self._followed:
-            self.call_after_refresh(self.scroll_end, animate=False)
+        # new lines laid out, or a narrower pane that wraps into more rows: a pane that followed the tail goes on
+        # following it (unless the user has scrolled up meanwhile)
+        if self.following:
+            self._to_tail()
 
     def _text(self) -> Text:
         # a log's colours arrive as ANSI codes; a word longer than the width (a path) folds
