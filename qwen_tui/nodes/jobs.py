@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,13 +36,18 @@ from .programs import program
 # The environment marks every process of a job carries (remote/job.sh and detach.sh set them, under these names).
 JOB_MARK = "QWEN_TUI_JOB_PGID"
 RUN_MARK = "QWEN_TUI_RUN_ID"
-# A rank that has reached the stop's waiter (training/runtime/stop.py's STOP_MARK): it ends on its own.
+MARKS = (JOB_MARK, RUN_MARK)
+# A rank that has reached the stop's waiter (training/runtime/stop.py's STOP_MARK, set by its exec): it ends on its
+# own. Read from a process's environment with the two above.
 STOP_MARK = "QWEN_TUI_STOPPING"
-MARKS = (JOB_MARK, RUN_MARK, STOP_MARK)
-# How much longer than its grace a stop waits for a job whose ranks have all stopped or reached the waiter (the
-# waiter imports torch again, which took more than the grace on a loaded 2-core machine), before it signals
+READ_MARKS = (*MARKS, STOP_MARK)
+# How much longer than its grace a stop waits for a job that is ending on its own (its ranks have all stopped or
+# reached the waiter, which imports torch again: more than the grace on a loaded 2-core machine), before it signals
 # torchrun's agents (which then print tracebacks over a stop that was going well).
 ENDING_EXTRA_S = 30.0
+# A job left with its agent alone (at torchrun's exit barrier, waiting for the other nodes' agents) is ending on its
+# own while some node of the run shows a waiter, or did this recently (its agent checks in a moment after it ends).
+WAITER_SEEN_S = 3.0
 # A detached job: its log, its exit code in a file when it ends, every process marked (remote/job.sh).
 JOB_SCRIPT = program("job.sh")
 
@@ -94,7 +100,7 @@ def parse_marks(environ: bytes) -> dict[str, str]:
     out = {}
     for item in environ.split(b"\0"):
         k, sep, v = item.partition(b"=")
-        if sep and k.decode(errors="replace") in MARKS:
+        if sep and k.decode(errors="replace") in READ_MARKS:
             out[k.decode()] = v.decode(errors="replace")
     return out
 
@@ -185,17 +191,37 @@ def workers(ref: JobRef, procs: Iterable[Proc]) -> list[Proc]:
     return [p for p in mine if p.pgrp != ref.pid and (p.ppid is None or p.ppid in pids)]
 
 
+class Waiters:
+    """What a run's stops (one a node, in threads of their own) saw of the stop's waiter: the waiter on node 0 lets
+    the other nodes' agents check out at torchrun's exit barrier, so an agent left alone on another node is ending on
+    its own only while a waiter runs somewhere."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: float | None = None
+
+    def saw(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+
+    def recent(self) -> bool:
+        with self._lock:
+            return self._last is not None and time.monotonic() - self._last < WAITER_SEEN_S
+
+
 def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
-             on_phase: Callable[[str], None] | None = None) -> bool:
+             on_phase: Callable[[str], None] | None = None, waiters: Waiters | None = None) -> bool:
     """Stop the job; True when nothing of it is left. Touches only processes that prove they are
     the job's. `on_phase(text)` hears each phase, for a face that shows the stop's progress.
 
     The ranks are asked first (SIGTERM to them alone): the worker ends quietly with one line
     (training/runtime/stop.py), its torchrun agent then sees its workers done and exits on its own, and
     the job shell writes the exit code; no agent is interrupted into printing a traceback.
-    What is left after `grace` seconds gets SIGTERM, then SIGKILL; but where every rank left has stopped or
-    reached the stop's waiter by then, the job is ending on its own and gets up to ENDING_EXTRA_S more first."""
+    What is left after `grace` seconds gets SIGTERM, then SIGKILL; but a job ending on its own by then (every rank
+    left is the stop's waiter, or no rank is left while `waiters`, shared by the run's stops, saw one recently) gets
+    up to ENDING_EXTRA_S more first."""
     say = on_phase or (lambda text: None)
+    waiters = waiters or Waiters()
     if ref.pid <= 1:
         return True
     procs = t.job_procs(ref.pid, ref.run_id)
@@ -207,44 +233,52 @@ def stop_job(t: JobHost, ref: JobRef, grace: float = 10.0,
     if ranks:
         t.kill_procs(ranks, signal.SIGTERM)
         say(f"waiting for {len(ranks)} worker process(es) to stop (up to {grace:g} s)")
-        if _gone_within(t, ref, grace):
+        if _gone_within(t, ref, grace, waiters):
             say("stopped")
             return True
-        procs = t.job_procs(ref.pid, ref.run_id)
-        if _ending(ref, procs):
+        if _ending(ref, t.job_procs(ref.pid, ref.run_id), waiters):
             say(f"the workers have stopped; waiting up to {ENDING_EXTRA_S:g} s more for torchrun to end")
-            if _gone_within(t, ref, ENDING_EXTRA_S, while_=_ending):
+            if _gone_within(t, ref, ENDING_EXTRA_S, waiters, while_=_ending):
                 say("stopped")
                 return True
             deadline = time.monotonic()
     say("SIGTERM to the rest of the job")
     signal_job(t, ref, signal.SIGTERM)
-    if _gone_within(t, ref, max(1.0, deadline - time.monotonic())):
+    if _gone_within(t, ref, max(1.0, deadline - time.monotonic()), waiters):
         say("stopped")
         return True
     say("SIGKILL")
     signal_job(t, ref, signal.SIGKILL)
-    gone = _gone_within(t, ref, 5.0)
+    gone = _gone_within(t, ref, 5.0, waiters)
     say("stopped (killed)" if gone else "processes survive")
     return gone
 
 
-def _ending(ref: JobRef, procs: list[Proc]) -> bool:
-    """Whether every rank of the job still there has reached the stop's waiter (or none is left: only the agents
-    and the job's shell, on their way out)."""
-    return all(p.marks.get(STOP_MARK) == "1" for p in workers(ref, procs))
+def _waiting(ref: JobRef, procs: list[Proc]) -> tuple[list[Proc], bool]:
+    """The job's ranks, and whether every one of them is the stop's waiter (none left: False)."""
+    ranks = workers(ref, procs)
+    return ranks, bool(ranks) and all(p.marks.get(STOP_MARK) == "1" for p in ranks)
 
 
-def _gone_within(t: JobHost, ref: JobRef, bound: float,
-                 while_: Callable[[JobRef, list[Proc]], bool] | None = None) -> bool:
-    """Whether the job is gone within `bound` seconds (looked at every 0.2 s); False as soon as `while_(ref, procs)`
-    says the wait is no longer worth it."""
+def _ending(ref: JobRef, procs: list[Proc], waiters: Waiters) -> bool:
+    """Whether the job is ending on its own: every rank of it still there is the stop's waiter, or none is left (the
+    agent and the job's shell, at torchrun's exit barrier) while a waiter ran somewhere a moment ago."""
+    ranks, waiting = _waiting(ref, procs)
+    return waiting or (not ranks and waiters.recent())
+
+
+def _gone_within(t: JobHost, ref: JobRef, bound: float, waiters: Waiters,
+                 while_: Callable[[JobRef, list[Proc], Waiters], bool] | None = None) -> bool:
+    """Whether the job is gone within `bound` seconds (looked at every 0.2 s, each look telling `waiters` whether
+    it saw the stop's waiter); False as soon as `while_(ref, procs, waiters)` says the wait is no longer worth it."""
     deadline = time.monotonic() + bound
     while True:
         procs = t.job_procs(ref.pid, ref.run_id)
         if not members(ref, procs):
             return True
-        if time.monotonic() >= deadline or (while_ is not None and not while_(ref, procs)):
+        if _waiting(ref, procs)[1]:
+            waiters.saw()
+        if time.monotonic() >= deadline or (while_ is not None and not while_(ref, procs, waiters)):
             return False
         time.sleep(0.2)
 

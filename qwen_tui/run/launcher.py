@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..nodes.checks.containers import remove as remove_container
-from ..nodes.jobs import JobRef, job_verdict, leader_alive, members, stop_job
+from ..nodes.jobs import JobRef, Waiters, job_verdict, leader_alive, members, stop_job
 from ..nodes.transport.protocol import Transport
 from ..plan.launch import LaunchPlan, NodeCommand
 from .culprit import Culprit
@@ -459,6 +459,7 @@ class Launcher:
         """Stop every node's process group in parallel (`grace`: how long the workers may take to end on their
         own; default the launcher's stop_grace). rank -> True when nothing is left."""
         grace = self.stop_grace if grace is None else grace
+        waiters = Waiters()  # node 0's stop sees the waiter that the other nodes' agents wait for
         with self._lock:
             with self._phases_lock:
                 self._phases = {c.rank: "stopping" for c in self.plan.nodes}
@@ -470,7 +471,7 @@ class Launcher:
                     return True
                 # only processes that prove they are this run's job are signalled
                 gone = stop_job(self.transports[c.rank], ref, grace=grace,
-                                on_phase=lambda text: self._phase(c.rank, text))
+                                on_phase=lambda text: self._phase(c.rank, text), waiters=waiters)
                 if c.container:  # a stop that had to kill the runtime's client can leave its container behind
                     left = remove_container(self.transports[c.rank], c.container)
                     if left:

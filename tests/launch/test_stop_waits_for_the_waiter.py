@@ -5,12 +5,13 @@ its group, a "rank" in a session of its own, as torchrun's are) through both tra
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from qwen_tui.nodes.jobs import ENDING_EXTRA_S, STOP_MARK, JobRef, job_verdict, stop_job
+from qwen_tui.nodes.jobs import ENDING_EXTRA_S, STOP_MARK, JobRef, Waiters, job_verdict, stop_job
 from qwen_tui.nodes.transport.local import LocalTransport
 from support.shell_here import ShellHere
 
@@ -74,3 +75,59 @@ def test_a_rank_that_has_not_reached_the_waiter_at_the_grace_gets_the_usual_stop
     assert not any(p.startswith("the workers have stopped") for p in phases), phases
     assert "agent ended on its own" not in open(log).read()
     assert took < RANK_ENDS_AFTER, took  # not waited for: signalled at the grace
+
+
+def _lone_agent(t, tmp_path, name: str, until: Path) -> tuple[JobRef, str, str]:
+    """A job whose rank ends at once when asked to stop, and whose agent then waits (as at torchrun's exit barrier)
+    until `until` exists, then says so."""
+    rank = "trap 'exit 0' TERM; echo rank-up; while :; do sleep 0.1; done"
+    agent = f'setsid sh -c "$1" & wait $!; while [ ! -e {until} ]; do sleep 0.1; done; echo "agent ended on its own"'
+    log, rc = str(tmp_path / f"{name}.log"), str(tmp_path / f"{name}.rc")
+    pid = t.start_job(["sh", "-c", agent, "agent", rank], env={}, cwd=str(tmp_path), log=log, rcfile=rc,
+                      run_id="r-stop")
+    deadline = time.monotonic() + 20
+    while "rank-up" not in _text(log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "rank-up" in _text(log), _text(log)
+    return JobRef(pid, t.proc_start(pid), "r-stop"), log, rc
+
+
+@pytest.mark.parametrize("node0_has_a_waiter", [True, False])
+def test_an_agent_left_alone_is_waited_for_only_while_another_nodes_waiter_runs(tmp_path, node0_has_a_waiter):
+    """Node 1's agent waits at the exit barrier for node 0's, which waits for node 0's waiter: the stops of both
+    nodes (in parallel, as the launcher's) share what they saw. Without a waiter anywhere (a node died and its agent
+    never checks in) the lone agent gets the usual stop at the grace."""
+    t = LocalTransport()
+    barrier = tmp_path / "node-0-agent-checked-in"
+    (tmp_path / "n0").mkdir()
+    ref0, log0, rc0 = _job(t, tmp_path / "n0", marked=node0_has_a_waiter)
+    ref1, log1, rc1 = _lone_agent(t, tmp_path, "node-1", until=barrier)
+    waiters = Waiters()
+    phases: dict[int, list[str]] = {0: [], 1: []}
+    gone: dict[int, bool] = {}
+
+    def stop(rank: int, ref: JobRef) -> None:
+        gone[rank] = stop_job(t, ref, grace=GRACE, on_phase=phases[rank].append, waiters=waiters)
+        if rank == 0 and node0_has_a_waiter:
+            barrier.touch()  # node 0's agent has checked in: the barrier lets node 1's go (else it never comes)
+
+    threads = [threading.Thread(target=stop, args=(r, ref)) for r, ref in ((0, ref0), (1, ref1))]
+    try:
+        t0 = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for ref in (ref0, ref1):
+            stop_job(LocalTransport(), ref, grace=0.1)
+    assert gone == {0: True, 1: True}
+    if node0_has_a_waiter:
+        for rank in (0, 1):
+            assert "SIGTERM to the rest of the job" not in phases[rank], (rank, phases)
+        assert "agent ended on its own" in _text(log1) and _text(rc1) == "0\n", phases
+    else:
+        assert "SIGTERM to the rest of the job" in phases[1], phases
+        assert "agent ended on its own" not in _text(log1)
+        assert took < RANK_ENDS_AFTER + 2 * GRACE + 5, took

@@ -105,8 +105,10 @@ def test_the_scripts_use_the_marks_the_python_side_reads():
     assert (jobs.JOB_MARK, jobs.RUN_MARK) == ("QWEN_TUI_JOB_PGID", "QWEN_TUI_RUN_ID")
     assert f"export {jobs.JOB_MARK}=$$;" in program("job.sh")
     assert f"export {jobs.RUN_MARK}=$4;" in program("detach.sh")
-    assert f'"{jobs.RUN_MARK}=$run"' in program("job_procs.sh") and f"({jobs.JOB_MARK}|{jobs.RUN_MARK})=" in \
+    assert f'"{jobs.RUN_MARK}=$run"' in program("job_procs.sh") and f"({'|'.join(jobs.READ_MARKS)})=" in \
         program("job_procs.sh")
+    from training.runtime.stop import STOP_MARK  # the waiter's exec sets it, the stop reads it
+    assert STOP_MARK == jobs.STOP_MARK in jobs.READ_MARKS
     assert f'"{jobs.JOB_MARK}=$pg"' in program("job_pids.sh")
     assert gpumon.CPU_LOOP_MARK in program("cpu_sampler.py").splitlines()[1]
 

@@ -184,8 +184,9 @@ def let_peer_agents_check_out(code: int) -> None:
 def wait_for_peer_agents(bound: float = PEERS_BOUND_S) -> bool:
     """Wait until every other node's agent has checked in to the exit barrier. True when they have (or when
     there is nothing to wait for); False after `bound` seconds or when the store cannot be read. The bound counts
-    from when torch is imported: on a loaded machine the import alone took longer than the bound, and the agents
-    then lost their exit barrier."""
+    the import of torch (seconds on a loaded machine, while the other agents check in); the counter is read at
+    least once after it."""
+    deadline = time.monotonic() + bound
     env = os.environ
     if not _waits_for_peers(env):
         return True
@@ -194,17 +195,18 @@ def wait_for_peer_agents(bound: float = PEERS_BOUND_S) -> bool:
 
     import torch.distributed as dist
 
-    deadline = time.monotonic() + bound
     try:
         store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"],
                                  dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), port, is_master=False,
                                                timeout=timedelta(seconds=max(1.0, deadline - time.monotonic()))))
-        while time.monotonic() < deadline:
+        while True:
             if store.add(_EXIT_BARRIER_COUNT, 0) >= nodes - 1:  # add 0: read the counter without changing it
                 # an agent counts itself in before it starts waiting on the store: give the last one that moment,
                 # or node 0's agent may leave (taking the store) between the two (seen once in CI over SSH)
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(1.0, max(0.1, deadline - time.monotonic())))
                 return True
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.1)
     except (RuntimeError, OSError):  # the store is gone (node 0's agent ended): nothing left to wait for
         return False
