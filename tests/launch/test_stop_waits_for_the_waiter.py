@@ -25,63 +25,9 @@ def _text(path: str) -> str:
     return p.read_text() if p.is_file() else ""
 
 
-def _job(t, tmp_path, marked: bool) -> tuple[JobRef, str, str]:
-    """A job whose rank, asked to stop, becomes a process that ends RANK_ENDS_AFTER s later (carrying the waiter's
-    mark where `marked`); the agent waits for it and then says so. (ref, log path, exit-code path)."""
-    ending = f"exec env {STOP_MARK}=1 sleep {RANK_ENDS_AFTER}" if marked else f"exec sleep {RANK_ENDS_AFTER}"
-    rank = f"trap '{ending}' TERM; echo rank-up; while :; do sleep 0.1; done"
-    agent = 'setsid sh -c "$1" & wait $!; echo "agent ended on its own"'
-    log, rc = str(tmp_path / "node-0.log"), str(tmp_path / "node-0.rc")
-    pid = t.start_job(["sh", "-c", agent, "agent", rank], env={}, cwd=str(tmp_path), log=log, rcfile=rc,
-                      run_id="r-stop")
-    deadline = time.monotonic() + 20
-    while "rank-up" not in _text(log) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "rank-up" in _text(log), _text(log)
-    return JobRef(pid, t.proc_start(pid), "r-stop"), log, rc
-
-
-@pytest.mark.parametrize("transport", ["local", "ssh scripts"])
-def test_a_rank_in_the_stops_waiter_is_waited_for_and_its_agent_ends_on_its_own(tmp_path, transport):
-    t = LocalTransport() if transport == "local" else ShellHere(tmp_path)
-    ref, log, rc = _job(t, tmp_path, marked=True)
-    phases: list[str] = []
-    try:
-        t0 = time.monotonic()
-        assert stop_job(t, ref, grace=GRACE, on_phase=phases.append)
-        took = time.monotonic() - t0
-    finally:
-        stop_job(LocalTransport(), ref, grace=0.1)
-    assert job_verdict(t, ref)[0] == "gone"
-    assert any(p.startswith("the workers have stopped; waiting up to") for p in phases), phases
-    assert "SIGTERM to the rest of the job" not in phases and phases[-1] == "stopped", phases
-    # the agent was never signalled: it saw its rank end and exited 0 itself
-    assert "agent ended on its own" in open(log).read()
-    assert open(rc).read() == "0\n"
-    assert RANK_ENDS_AFTER - 0.5 < took < RANK_ENDS_AFTER + ENDING_EXTRA_S / 2, took
-
-
-def test_a_rank_that_has_not_reached_the_waiter_at_the_grace_gets_the_usual_stop(tmp_path):
-    t = LocalTransport()
-    ref, log, rc = _job(t, tmp_path, marked=False)
-    phases: list[str] = []
-    try:
-        t0 = time.monotonic()
-        assert stop_job(t, ref, grace=GRACE, on_phase=phases.append)
-        took = time.monotonic() - t0
-    finally:
-        stop_job(LocalTransport(), ref, grace=0.1)
-    assert "SIGTERM to the rest of the job" in phases, phases
-    assert not any(p.startswith("the workers have stopped") for p in phases), phases
-    assert "agent ended on its own" not in open(log).read()
-    assert took < RANK_ENDS_AFTER, took  # not waited for: signalled at the grace
-
-
-def _lone_agent(t, tmp_path, name: str, until: Path) -> tuple[JobRef, str, str]:
-    """A job whose rank ends at once when asked to stop, and whose agent then waits (as at torchrun's exit barrier)
-    until `until` exists, then says so."""
-    rank = "trap 'exit 0' TERM; echo rank-up; while :; do sleep 0.1; done"
-    agent = f'setsid sh -c "$1" & wait $!; while [ ! -e {until} ]; do sleep 0.1; done; echo "agent ended on its own"'
+def _start(t, tmp_path: Path, name: str, agent: str, rank: str) -> tuple[JobRef, str, str]:
+    """Starts a job whose "agent" (`sh -c AGENT agent RANK`) runs `rank` in a session of its own; returns once the
+    rank has said "rank-up". (ref, log path, exit-code path)"""
     log, rc = str(tmp_path / f"{name}.log"), str(tmp_path / f"{name}.rc")
     pid = t.start_job(["sh", "-c", agent, "agent", rank], env={}, cwd=str(tmp_path), log=log, rcfile=rc,
                       run_id="r-stop")
@@ -90,6 +36,57 @@ def _lone_agent(t, tmp_path, name: str, until: Path) -> tuple[JobRef, str, str]:
         time.sleep(0.05)
     assert "rank-up" in _text(log), _text(log)
     return JobRef(pid, t.proc_start(pid), "r-stop"), log, rc
+
+
+def _job(t, tmp_path, marked: bool) -> tuple[JobRef, str, str]:
+    """A job whose rank, asked to stop, becomes a process that ends RANK_ENDS_AFTER s later (carrying the waiter's
+    mark where `marked`); the agent waits for it and then says so."""
+    ending = f"exec env {STOP_MARK}=1 sleep {RANK_ENDS_AFTER}" if marked else f"exec sleep {RANK_ENDS_AFTER}"
+    rank = f"trap '{ending}' TERM; echo rank-up; while :; do sleep 0.1; done"
+    return _start(t, tmp_path, "node-0", 'setsid sh -c "$1" & wait $!; echo "agent ended on its own"', rank)
+
+
+def _stopped(t, ref: JobRef) -> tuple[list[str], float]:
+    """Stops the job with the GRACE; the phases it went through and how long it took (whatever is left after a
+    failed assertion is killed)."""
+    phases: list[str] = []
+    try:
+        t0 = time.monotonic()
+        assert stop_job(t, ref, grace=GRACE, on_phase=phases.append)
+        return phases, time.monotonic() - t0
+    finally:
+        stop_job(LocalTransport(), ref, grace=0.1)
+
+
+@pytest.mark.parametrize("transport", ["local", "ssh scripts"])
+def test_a_rank_in_the_stops_waiter_is_waited_for_and_its_agent_ends_on_its_own(tmp_path, transport):
+    t = LocalTransport() if transport == "local" else ShellHere(tmp_path)
+    ref, log, rc = _job(t, tmp_path, marked=True)
+    phases, took = _stopped(t, ref)
+    assert job_verdict(t, ref)[0] == "gone"
+    assert any(p.startswith("the workers have stopped; waiting up to") for p in phases), phases
+    assert "SIGTERM to the rest of the job" not in phases and phases[-1] == "stopped", phases
+    # the agent was never signalled: it saw its rank end and exited 0 itself
+    assert "agent ended on its own" in _text(log)
+    assert _text(rc) == "0\n"
+    assert RANK_ENDS_AFTER - 0.5 < took < RANK_ENDS_AFTER + ENDING_EXTRA_S / 2, took
+
+
+def test_a_rank_that_has_not_reached_the_waiter_at_the_grace_gets_the_usual_stop(tmp_path):
+    t = LocalTransport()
+    ref, log, rc = _job(t, tmp_path, marked=False)
+    phases, took = _stopped(t, ref)
+    assert "SIGTERM to the rest of the job" in phases, phases
+    assert not any(p.startswith("the workers have stopped") for p in phases), phases
+    assert "agent ended on its own" not in _text(log)
+    assert took < RANK_ENDS_AFTER, took  # not waited for: signalled at the grace
+
+
+def _lone_agent(t, tmp_path, name: str, until: Path) -> tuple[JobRef, str, str]:
+    """A job whose rank ends at once when asked to stop, and whose agent then waits (as at torchrun's exit barrier)
+    until `until` exists, then says so."""
+    agent = f'setsid sh -c "$1" & wait $!; while [ ! -e {until} ]; do sleep 0.1; done; echo "agent ended on its own"'
+    return _start(t, tmp_path, name, agent, "trap 'exit 0' TERM; echo rank-up; while :; do sleep 0.1; done")
 
 
 @pytest.mark.parametrize("node0_has_a_waiter", [True, False])
