@@ -169,10 +169,6 @@ def job_verdict(t: JobHost, ref: JobRef) -> tuple[str, str]:
     return verdict(ref, t.job_procs(ref.pid, ref.run_id))
 
 
-def job_alive(t: JobHost, ref: JobRef) -> bool:
-    return ref.pid > 1 and bool(members(ref, t.job_procs(ref.pid, ref.run_id)))
-
-
 def signal_job(t: JobHost, ref: JobRef, sig: int) -> int:
     """Send `sig` to every live process of the job; how many were signalled."""
     if ref.pid <= 1:

@@ -1,5 +1,5 @@
 # The candidate processes of a job (qwen_tui.nodes.ssh): sh -c SCRIPT sh PGID RUN_ID. One line per candidate:
-# "pid<TAB>stat text<TAB>marks" (marks: qwen_tui.nodes.jobs.MARKS's NAME=value pairs from its environment,
+# "pid<TAB>stat text<TAB>marks" (marks: qwen_tui.nodes.jobs.READ_MARKS's NAME=value pairs from its environment,
 # space-separated).
 # Candidates: the leader $1, its group's members, and every process whose environment carries
 # QWEN_TUI_RUN_ID=$2 (qwen_tui.nodes.jobs.RUN_MARK). qwen_tui.nodes.jobs decides which of them are the job's.
