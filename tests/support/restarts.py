@@ -89,7 +89,8 @@ class HoldAtFirstCheckpoint:
         self._thread.join(timeout=5)
         self._resume()
 
-    def _signal(self, pids: list[int], sig: int) -> list[int]:
+    @staticmethod
+    def _signal(pids: list[int], sig: int) -> list[int]:
         """Signals the pids; those still there."""
         out = []
         for pid in pids:

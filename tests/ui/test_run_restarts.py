@@ -23,8 +23,8 @@ MAX_STEPS = 40
 
 
 def _no_ranks(rd, run_id: str) -> str:
-    """What the run directory and /proc say when node 1 shows no rank (once in one of four suite runs: why is not
-    known yet)."""
+    """What the run directory and /proc say when node 1 shows no rank (seen in CI when the run had ended before the
+    hold looked, which its slices now rule out)."""
     state = (rd / "state.json").read_text()[-1500:] if (rd / "state.json").is_file() else "no state.json"
     procs = {}
     for pid in run_processes(run_id):
